@@ -1,0 +1,1 @@
+"""Switchyard's HTTP edge and orchestration."""

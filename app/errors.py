@@ -1,0 +1,149 @@
+"""The gateway's error tree and its one renderer.
+
+    GatewayError                 status_code / type set at class level, like Litestar's HTTPException
+      InvalidRequest       400   invalid_request_error   (param: the failing field's path)
+      AuthenticationFailed 401   authentication_error
+      PermissionDenied     403   permission_error
+      NotFound             404   not_found_error
+      MethodNotAllowed     405   invalid_request_error
+      PayloadTooLarge      413   invalid_request_error
+      AtCapacity           429   rate_limit_error        (Retry-After)
+      AllBackendsFailed    502   upstream_error
+      NoBackendAvailable   503   unavailable             (Retry-After)
+      UpstreamTimeout      504   upstream_error
+      InternalError        500   internal_error          (never carries internal detail)
+
+Every error body carries the OpenAI view (`error`) and the fabro view (`errors[0]`) of the same
+error, plus `request_id` (api.md). Rendering is pure: `error_body(exc, request_id) -> bytes`, so the
+SSE `error` event and the JSON response say the same thing.
+"""
+
+from __future__ import annotations
+
+import math
+from http import HTTPStatus
+
+import msgspec
+from msgspec import Struct
+
+
+class GatewayError(Exception):
+    status_code: int = 500
+    type: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"retry-after": str(max(1, math.ceil(self.retry_after)))}
+
+
+class InvalidRequest(GatewayError):
+    status_code = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationFailed(GatewayError):
+    status_code = 401
+    type = "authentication_error"
+
+
+class PermissionDenied(GatewayError):
+    status_code = 403
+    type = "permission_error"
+
+
+class NotFound(GatewayError):
+    status_code = 404
+    type = "not_found_error"
+
+
+class MethodNotAllowed(GatewayError):
+    status_code = 405
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(GatewayError):
+    status_code = 413
+    type = "invalid_request_error"
+
+
+class AtCapacity(GatewayError):
+    status_code = 429
+    type = "rate_limit_error"
+
+
+class AllBackendsFailed(GatewayError):
+    status_code = 502
+    type = "upstream_error"
+
+
+class NoBackendAvailable(GatewayError):
+    status_code = 503
+    type = "unavailable"
+
+
+class UpstreamTimeout(GatewayError):
+    status_code = 504
+    type = "upstream_error"
+
+
+class InternalError(GatewayError):
+    status_code = 500
+    type = "internal_error"
+
+
+class OpenAIErrorView(Struct, omit_defaults=True):
+    message: str
+    type: str
+    code: int
+    request_id: str
+    param: str | None = None
+
+
+class FabroErrorEntry(Struct):
+    status: str
+    title: str
+    detail: str
+    code: str
+    request_id: str
+
+
+class ErrorBody(Struct):
+    error: OpenAIErrorView
+    errors: list[FabroErrorEntry]
+    request_id: str
+
+
+class StreamErrorView(Struct):
+    message: str
+    type: str
+    code: int
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def error_body(exc: GatewayError, request_id: str) -> bytes:
+    title = HTTPStatus(exc.status_code).phrase
+    body = ErrorBody(
+        error=OpenAIErrorView(
+            message=exc.message, type=exc.type, code=exc.status_code, request_id=request_id, param=exc.param
+        ),
+        errors=[
+            FabroErrorEntry(
+                status=str(exc.status_code), title=title, detail=exc.message, code=exc.type, request_id=request_id
+            )
+        ],
+        request_id=request_id,
+    )
+    return _encoder.encode(body)
+
+
+def stream_error_view(exc: GatewayError) -> StreamErrorView:
+    return StreamErrorView(message=exc.message, type=exc.type, code=exc.status_code)

@@ -1,0 +1,92 @@
+"""The running service's parts, built from `Settings` in the app's lifespan and closed there.
+
+`Gateway.start()` opens the database engine, brings the schema and catalog up to date when the
+settings ask for it, loads the catalog snapshot, builds one upstream HTTP client shared by every
+adapter, and starts the ledger writer. Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from app.logging import get_logger
+from app.pipeline import Pipeline
+from app.routing import ProviderRuntime, Router
+from app.settings import Settings, key_missing, provider_configs
+from catalog.files import load_catalog
+from catalog.ledger import LedgerWriter
+from catalog.migrate import upgrade_async
+from catalog.snapshot import load_snapshot
+from catalog.sync import sync_catalog
+from providers.adapter import Provider, make_client
+
+
+class Gateway:
+    def __init__(self, settings: Settings, *, prepare: bool = True) -> None:
+        self.settings = settings
+        self.prepare = prepare
+        self.log: Any = get_logger("switchyard")
+        self.engine: AsyncEngine | None = None
+        self.client: httpx.AsyncClient | None = None
+        self.ledger: LedgerWriter | None = None
+        self.router: Router | None = None
+        self.pipeline: Pipeline | None = None
+
+    async def start(self) -> None:
+        settings = self.settings
+        self.engine = create_async_engine(settings.database.url)
+        if self.prepare:
+            await prepare_database(settings, self.engine)
+        snapshot = await load_snapshot(self.engine)
+        self.client = make_client()
+        runtimes = {}
+        for config in provider_configs(settings):
+            reason = f"key variable {settings.providers[config.name].api_key_env} is unset" if key_missing(
+                settings, config.name
+            ) else None
+            if reason:
+                self.log.warning("provider_disabled", provider=config.name, reason=reason)
+            runtimes[config.name] = ProviderRuntime(config, Provider(config, self.client), disabled_reason=reason)
+        self.router = Router(snapshot, runtimes)
+        ledger = settings.ledger
+        self.ledger = LedgerWriter(
+            self.engine,
+            max_queue=ledger.queue_size,
+            batch_size=ledger.batch_size,
+            flush_interval=ledger.flush_interval_s,
+        )
+        self.ledger.start()
+        self.pipeline = Pipeline(self.router, self.ledger.submit, self.log)
+        self.log.info("started", providers=sorted(runtimes), models=len(snapshot.models))
+
+    async def stop(self) -> None:
+        if self.ledger is not None:
+            await self.ledger.close()
+        if self.client is not None:
+            await self.client.aclose()
+        if self.engine is not None:
+            await self.engine.dispose()
+
+    async def database_ready(self) -> bool:
+        if self.engine is None:
+            return False
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        except Exception:
+            return False
+        return True
+
+
+async def prepare_database(settings: Settings, engine: AsyncEngine) -> None:
+    """Migrate (when configured: SQLite by default) and sync the catalog files into SQL."""
+    if settings.migrate_on_start:
+        await upgrade_async(settings.database.url)
+    if settings.catalog.sync_on_start:
+        catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
+        await sync_catalog(engine, catalog)

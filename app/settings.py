@@ -1,0 +1,185 @@
+"""Operator configuration: `config.toml` decoded once into typed, frozen `Settings`.
+
+The file's shape is the contract in config.md. Decoding goes through msgspec so a wrong type or an
+unknown enum value fails with the key's path (`providers.local.kind: ...`); the CLI turns that into
+exit code 2. Secrets are never written in the file: a provider names the environment variable
+that holds its key (`api_key_env`), resolved here. A provider whose variable is unset is kept (so
+it is reported at start-up and in `/api/v1/models`) but marked `key_missing` and stays out of
+rotation.
+
+Lookup order for the file: `--config`, `$SWITCHYARD_CONFIG`, `./config.toml`, then the bundled
+`config.example.toml`. Relative paths (catalog globs, a SQLite file) are relative to the config
+file's directory, so a service started from any working directory sees the same files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+from providers.config import KIND_DEFAULTS, ProviderConfig, ProviderKind, Timeouts, WireProfile
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_CONFIG = REPO_ROOT / "config.example.toml"
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message names the file and the key."""
+
+
+class ServerSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8080
+    workers: Annotated[int, Meta(ge=1, le=64)] = 1
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 10 * 1024 * 1024
+    sse_keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = False
+
+
+class DatabaseSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    url: str = "sqlite+aiosqlite:///switchyard.db"
+    auto_migrate: bool | None = None  # default: True on SQLite, False elsewhere (`switchyard db upgrade`)
+
+
+class AuthSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    mode: Literal["none"] = "none"  # "keys" arrives with API keys and limits
+
+
+class CatalogSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    files: list[str] = field(default_factory=lambda: ["catalog/*.toml"])
+    sync_on_start: bool = True
+
+
+class LedgerSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    queue_size: Annotated[int, Meta(ge=1)] = 10_000
+    batch_size: Annotated[int, Meta(ge=1)] = 256
+    flush_interval_s: Annotated[float, Meta(gt=0)] = 0.05
+
+
+class TimeoutSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    connect: Annotated[float, Meta(gt=0)] = 5.0
+    first_byte: Annotated[float, Meta(gt=0)] = 120.0
+    idle: Annotated[float, Meta(gt=0)] = 60.0
+    total: Annotated[float, Meta(gt=0)] = 600.0
+
+
+class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    kind: ProviderKind
+    base_url: Annotated[str, Meta(pattern=r"^https?://")]
+    api_key_env: str | None = None
+    priority: int = 0
+    max_concurrency: Annotated[int, Meta(ge=1)] = 64
+    timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
+    developer_role: bool | None = None
+    reasoning_history: bool | None = None
+    stream_usage: bool | None = None
+    max_completion_tokens: bool | None = None
+
+
+class Settings(Struct, frozen=True, forbid_unknown_fields=True):
+    server: ServerSettings = field(default_factory=ServerSettings)
+    database: DatabaseSettings = field(default_factory=DatabaseSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    catalog: CatalogSettings = field(default_factory=CatalogSettings)
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)
+    providers: dict[Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_\-]*$")], ProviderSettings] = field(
+        default_factory=dict
+    )
+    base_dir: str = "."  # the config file's directory; set by `load_settings`
+
+    @property
+    def migrate_on_start(self) -> bool:
+        if self.database.auto_migrate is not None:
+            return self.database.auto_migrate
+        return self.database.url.startswith("sqlite")
+
+
+def find_config(explicit: str | None) -> Path:
+    for candidate in (explicit, os.environ.get("SWITCHYARD_CONFIG")):
+        if candidate:
+            path = Path(candidate)
+            if not path.is_file():
+                raise ConfigError(f"{candidate}: config file not found")
+            return path
+    local = Path("config.toml")
+    return local if local.is_file() else BUNDLED_CONFIG
+
+
+def load_settings(explicit: str | None = None) -> Settings:
+    path = find_config(explicit)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return settings_from_mapping(raw, base_dir=path.resolve().parent, source=str(path))
+
+
+def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str) -> Settings:
+    try:
+        settings = msgspec.convert(raw, Settings)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_key_message(str(exc))}") from None
+    url = _absolute_sqlite_url(settings.database.url, base_dir)
+    return msgspec.structs.replace(
+        settings, base_dir=str(base_dir), database=msgspec.structs.replace(settings.database, url=url)
+    )
+
+
+def provider_configs(settings: Settings) -> list[ProviderConfig]:
+    """Resolve every configured provider into the adapter's config, keys read from the environment."""
+    configs = []
+    for name, entry in settings.providers.items():
+        defaults = KIND_DEFAULTS[entry.kind]
+        overrides = {
+            key: value
+            for key in ("developer_role", "reasoning_history", "stream_usage", "max_completion_tokens")
+            if (value := getattr(entry, key)) is not None
+        }
+        wire: WireProfile = msgspec.structs.replace(defaults, **overrides)
+        api_key = os.environ.get(entry.api_key_env) if entry.api_key_env else None
+        configs.append(
+            ProviderConfig(
+                name=name,
+                kind=entry.kind,
+                base_url=entry.base_url.rstrip("/"),
+                api_key=api_key or None,
+                priority=entry.priority,
+                max_concurrency=entry.max_concurrency,
+                timeouts=Timeouts(**msgspec.structs.asdict(entry.timeouts)),
+                wire=wire,
+            )
+        )
+    return configs
+
+
+def key_missing(settings: Settings, name: str) -> bool:
+    env = settings.providers[name].api_key_env
+    return bool(env) and not os.environ.get(env or "")
+
+
+_PATH = re.compile(r"^(?P<msg>.*?) - at `\$\.?(?P<path>[^`]*)`$")
+
+
+def _key_message(message: str) -> str:
+    """msgspec says "Expected `int`, got `str` - at `$.server.port`"; operators want the key first."""
+    match = _PATH.match(message)
+    if match is None:
+        return message
+    return f"{match['path']}: {match['msg']}"
+
+
+def _absolute_sqlite_url(url: str, base_dir: Path) -> str:
+    prefix = "sqlite+aiosqlite:///"
+    if not url.startswith(prefix):
+        return url
+    path = url[len(prefix) :]
+    if not path or path == ":memory:" or path.startswith("/"):
+        return url
+    return prefix + str((base_dir / path).resolve())

@@ -1,0 +1,54 @@
+"""The SQL price catalog, cost arithmetic and the usage ledger (a leaf package: no `app`, no `providers`).
+
+- `tables`: the schema (SQLAlchemy models, one `metadata`) and the exact column types.
+- `migrate`: Alembic upgrade/downgrade/current from code (`migrations/` holds the revisions).
+- `files`: the reviewed catalog TOML files, validated into `CatalogFile`.
+- `sync`: files → SQL, idempotently; a changed price becomes a new effective-dated row.
+- `snapshot`: the in-memory view the request path reads (SQL is never queried per request).
+- `pricing`: usage times the price row → exact `Decimal` cost, or None when unpriced.
+- `ledger`: `LedgerRecord` and the batched, off-request-path `LedgerWriter`.
+
+Importing this package does nothing but define names: engines, tasks and files are opened by the
+caller (the app's lifespan or the CLI).
+"""
+
+from catalog.files import (
+    CAPABILITIES,
+    CatalogFile,
+    CatalogFileError,
+    DeploymentSpec,
+    ModelSpec,
+    PriceSpec,
+    default_catalog_path,
+    load_catalog,
+    parse_catalog,
+)
+from catalog.ledger import LedgerRecord, LedgerWriter, write_records
+from catalog.pricing import estimate_cost
+from catalog.snapshot import CatalogSnapshot, DeploymentEntry, ModelEntry, PriceRow, load_snapshot
+from catalog.sync import SyncReport, sync_catalog
+from catalog.tables import metadata
+
+__all__ = [
+    "CAPABILITIES",
+    "CatalogFile",
+    "CatalogFileError",
+    "CatalogSnapshot",
+    "DeploymentEntry",
+    "DeploymentSpec",
+    "LedgerRecord",
+    "LedgerWriter",
+    "ModelEntry",
+    "ModelSpec",
+    "PriceRow",
+    "PriceSpec",
+    "SyncReport",
+    "default_catalog_path",
+    "estimate_cost",
+    "load_catalog",
+    "load_snapshot",
+    "metadata",
+    "parse_catalog",
+    "sync_catalog",
+    "write_records",
+]

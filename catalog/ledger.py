@@ -1,0 +1,250 @@
+"""The usage ledger writer: one row per routed request, written off the request path.
+
+`LedgerWriter.submit` is synchronous and never waits on the database: the record joins a bounded
+in-memory queue, and one background task writes batches of up to `batch_size` rows as multi-row
+`INSERT ... ON CONFLICT (request_id) DO NOTHING`, so replaying a row is harmless. Rows are written
+in submission order; `flush()` waits until every row submitted before it was written.
+
+No row is dropped. When the queue is full, records go to the overflow list (and keep their order:
+while it is non-empty new records join it too). When a batch fails, the error is logged — its
+type and the row count only, never request data or keys — and the same batch is retried with
+exponential backoff. Both are in memory for now; `_on_overflow` and `_on_write_failure` are the
+hooks where the durable spill-to-file (cost.md: "rows spill to a local append-only file and are
+replayed when it returns") plugs in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Literal
+
+import msgspec
+import structlog
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError, StatementError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from catalog.tables import COST_PRECISION, COST_SCALE, ExactDecimal, LedgerRow, insert_for
+
+LedgerStatus = Literal["ok", "error", "cancelled"]
+CostSource = Literal["authoritative", "estimated"]
+
+_MAX_PARAMETERS = 30_000  # below SQLite's and PostgreSQL's bind-parameter limits per statement
+_MAX_BACKOFF = 5.0
+_COST_TYPE = ExactDecimal(COST_PRECISION, COST_SCALE)
+
+log = structlog.get_logger("switchyard.ledger")
+
+
+class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One `ledger` row. Token buckets are None when the upstream did not report them."""
+
+    request_id: str
+    started_at: datetime
+    finished_at: datetime
+    status: LedgerStatus
+    streamed: bool
+    latency_ms: int
+    attempts: int = 1
+    api_key_id: str | None = None
+    model: str | None = None
+    provider: str | None = None
+    upstream_model: str | None = None
+    upstream_request_id: str | None = None
+    error_type: str | None = None
+    error_status: int | None = None
+    stop_reason: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cost_usd: Decimal | None = None
+    estimated_cost_usd: Decimal | None = None
+    cost_source: CostSource | None = None
+    price_id: int | None = None
+    ttft_ms: int | None = None
+
+
+_COLUMNS = tuple(LedgerRecord.__struct_fields__)
+_ROWS_PER_STATEMENT = max(1, _MAX_PARAMETERS // len(_COLUMNS))
+
+
+class LedgerWriter:
+    """Batches `LedgerRecord`s into the `ledger` table from one background task."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        max_queue: int = 10_000,
+        batch_size: int = 256,
+        flush_interval: float = 0.05,
+    ) -> None:
+        self._engine = engine
+        self._max_queue = max_queue
+        self._batch_size = max(1, batch_size)
+        self._flush_interval = flush_interval
+        self._queue: deque[LedgerRecord] = deque()
+        self._overflow: list[LedgerRecord] = []
+        self._submitted = 0
+        self._written = 0
+        self._closing = False
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.rejected: list[LedgerRecord] = []  # rows the database refused as data; see `_on_rejected`
+
+    @property
+    def pending(self) -> int:
+        """Records submitted and not yet written (queue and overflow)."""
+        return self._submitted - self._written
+
+    def start(self) -> None:
+        """Start the writer task; call from inside the running event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="ledger-writer")
+
+    def submit(self, record: LedgerRecord) -> None:
+        """Queue `record` for writing. Never blocks, never raises for a full queue."""
+        if self._closing:
+            raise RuntimeError("the ledger writer is closed")
+        _check(record)
+        self._submitted += 1
+        if self._overflow or len(self._queue) >= self._max_queue:
+            self._on_overflow(record)
+        else:
+            self._queue.append(record)
+        if len(self._queue) >= self._batch_size:
+            self._wake.set()
+
+    async def flush(self) -> None:
+        """Wait until every record submitted before this call has been written."""
+        target = self._submitted
+        self._wake.set()
+        async with self._progress:
+            await self._progress.wait_for(lambda: self._written >= target or self._stopped())
+        self._raise_if_crashed()
+
+    async def close(self) -> None:
+        """Write everything still queued, then stop the writer task."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        self._raise_if_crashed()
+
+    def _stopped(self) -> bool:
+        return self._task is None or self._task.done()
+
+    def _raise_if_crashed(self) -> None:
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            error = self._task.exception()
+            if error is not None:
+                raise error
+
+    def _on_overflow(self, record: LedgerRecord) -> None:
+        """Hook: a record that found the queue full. Durable spill-to-file replaces this list."""
+        if not self._overflow:
+            log.warning("ledger_queue_full", max_queue=self._max_queue)
+        self._overflow.append(record)
+
+    def _refill(self) -> None:
+        room = self._max_queue - len(self._queue)
+        if self._overflow and room > 0:
+            moved, self._overflow = self._overflow[:room], self._overflow[room:]
+            self._queue.extend(moved)
+
+    def _take_batch(self) -> list[LedgerRecord]:
+        self._refill()
+        count = min(self._batch_size, len(self._queue))
+        return [self._queue.popleft() for _ in range(count)]
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._flush_interval)
+            self._wake.clear()
+            while batch := self._take_batch():
+                await self._write_with_retry(batch)
+                async with self._progress:
+                    self._written += len(batch)
+                    self._progress.notify_all()
+            if self._closing and not self._queue and not self._overflow:
+                return
+
+    async def _write_with_retry(self, batch: Sequence[LedgerRecord]) -> None:
+        attempt = 0
+        while True:
+            try:
+                await write_records(self._engine, batch)
+            except (SQLAlchemyError, OSError) as exc:
+                if _is_data_error(exc):
+                    await self._isolate(batch, exc)
+                    return
+                attempt += 1
+                await asyncio.sleep(self._on_write_failure(batch, exc, attempt))
+            else:
+                return
+
+    async def _isolate(self, batch: Sequence[LedgerRecord], exc: Exception) -> None:
+        """The database refused the data itself: write row by row so only the bad rows are set aside."""
+        if len(batch) == 1:
+            self._on_rejected(batch[0], exc)
+            return
+        for record in batch:
+            await self._write_with_retry([record])
+
+    def _on_write_failure(self, batch: Sequence[LedgerRecord], exc: Exception, attempt: int) -> float:
+        """Hook: the database is unreachable or failing; returns the delay before the retry.
+
+        Durable spill-to-file belongs here: append the batch to the spill file and move on.
+        """
+        log.warning("ledger_write_failed", error=type(exc).__name__, rows=len(batch), attempt=attempt)
+        return float(min(_MAX_BACKOFF, 0.05 * 2 ** min(attempt, 10)))
+
+    def _on_rejected(self, record: LedgerRecord, exc: Exception) -> None:
+        """Hook: a row the database will never accept (a bug upstream of here); kept, not dropped."""
+        log.error("ledger_row_rejected", request_id=record.request_id, error=type(exc).__name__)
+        self.rejected.append(record)
+
+
+def _as_row(record: LedgerRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in _COLUMNS}
+
+
+def _is_data_error(exc: Exception) -> bool:
+    """Errors about the data itself never heal on retry; anything else from the database (or the
+    network to it) is taken as an outage and retried."""
+    if isinstance(exc, DataError | IntegrityError):
+        return True
+    return isinstance(exc, StatementError) and not isinstance(exc, DBAPIError)
+
+
+def _check(record: LedgerRecord) -> None:
+    """Refuse at `submit` what the database would refuse later, while the caller can see it."""
+    for moment in (record.started_at, record.finished_at):
+        if moment.tzinfo is None or moment.utcoffset() is None:
+            raise ValueError(f"ledger record {record.request_id}: naive datetime {moment.isoformat()}")
+    for cost in (record.cost_usd, record.estimated_cost_usd):
+        if cost is not None:
+            _COST_TYPE.quantize(cost)
+
+
+async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) -> None:
+    """Write `records` now in one transaction, idempotently (a known request id is skipped).
+
+    The writer's batches go through here; so can replays and tools. Not for the request path.
+    """
+    if not records:
+        return
+    rows = [_as_row(record) for record in records]
+    async with engine.begin() as connection:
+        insert = insert_for(connection.dialect.name)
+        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+            statement = insert(LedgerRow).values(rows[start : start + _ROWS_PER_STATEMENT])
+            await connection.execute(statement.on_conflict_do_nothing(index_elements=["request_id"]))

@@ -1,0 +1,74 @@
+"""Alembic, driven from code: upgrade, downgrade and read the current revision of a database.
+
+There is no `alembic.ini`; the configuration is built here with `script_location` pointing at the
+`migrations` package, and the URL travels in `config.attributes["url"]` (so a `%` in a password
+needs no configparser escaping). `migrations/env.py` runs the async engine with `asyncio.run`, so
+the synchronous functions must not be called from a running event loop; the `*_async` variants
+run them in a worker thread for callers that are inside one (the app's lifespan, tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, pool
+from sqlalchemy.ext.asyncio import create_async_engine
+
+
+def _script_location() -> str:
+    import migrations
+
+    return str(Path(migrations.__file__).resolve().parent)
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic `Config` for `url` with this project's migration scripts."""
+    config = Config()
+    config.set_main_option("script_location", _script_location())
+    config.attributes["url"] = url
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def _revision_of(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+async def current_async(url: str) -> str | None:
+    """The revision stamped in the database, or None when it has never been migrated."""
+    engine = create_async_engine(url, poolclass=pool.NullPool)
+    try:
+        async with engine.connect() as connection:
+            return await connection.run_sync(_revision_of)
+    finally:
+        await engine.dispose()
+
+
+def current(url: str) -> str | None:
+    return asyncio.run(current_async(url))
+
+
+async def upgrade_async(url: str, revision: str = "head") -> None:
+    await asyncio.to_thread(upgrade, url, revision)
+
+
+async def downgrade_async(url: str, revision: str) -> None:
+    await asyncio.to_thread(downgrade, url, revision)
+
+
+def head() -> str | None:
+    """The newest revision among the migration scripts."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config("")).get_current_head()

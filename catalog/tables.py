@@ -1,0 +1,234 @@
+"""The SQL schema of the catalog and the usage ledger, and the two column types that keep it exact.
+
+One `metadata` holds every table; Alembic's `migrations/versions/0001_initial.py` creates the same
+schema explicitly, and `tests/catalog` checks the two agree.
+
+Two portability decisions live here, because SQLite and PostgreSQL must behave identically:
+
+- `UTCDateTime`: PostgreSQL keeps `timestamptz`; SQLite has no time zone type, so the value is stored
+  as naive UTC text (which sorts correctly, so range queries and indexes work) and comes back aware.
+  Naive datetimes are refused on the way in: a naive timestamp is a bug, not a guess to make.
+- `ExactDecimal`: PostgreSQL keeps `NUMERIC(p, s)`; SQLite's NUMERIC affinity would turn the value
+  into a float, so there the value is stored as its decimal text. On both databases the value is
+  first rounded (half-even) to the column's scale so a row reads back the same everywhere; a value
+  with more integer digits than the column allows is refused. Aggregating money on SQLite must
+  therefore sum `Decimal`s in Python (SQLite's `SUM` over text would go through floats).
+"""
+
+from __future__ import annotations
+
+import decimal
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Numeric,
+    String,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.type_api import TypeEngine
+
+_EXACT = decimal.Context(prec=60, rounding=decimal.ROUND_HALF_EVEN, traps=[decimal.InvalidOperation])
+
+PRICE_PRECISION, PRICE_SCALE = 20, 10
+COST_PRECISION, COST_SCALE = 30, 18
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware datetime stored as UTC; returned aware (UTC) on every database."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(DateTime(timezone=False))
+        return dialect.type_descriptor(DateTime(timezone=True))
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value.isoformat()} given for a UTC column")
+        utc = value.astimezone(UTC)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class ExactDecimal(TypeDecorator[Decimal]):
+    """`NUMERIC(precision, scale)` that round-trips `Decimal` exactly on PostgreSQL and SQLite."""
+
+    impl = Numeric
+    cache_ok = True
+
+    def __init__(self, precision: int, scale: int) -> None:
+        super().__init__(precision=precision, scale=scale, asdecimal=True)
+        self.precision = precision
+        self.scale = scale
+        self._quantum = Decimal(1).scaleb(-scale)
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(String(self.precision + 2))
+        return dialect.type_descriptor(Numeric(self.precision, self.scale, asdecimal=True))
+
+    def quantize(self, value: Decimal) -> Decimal:
+        """`value` rounded half-even to this column's scale; ValueError when it does not fit."""
+        if not value.is_finite():
+            raise ValueError(f"{value} is not a finite decimal")
+        rounded = value.quantize(self._quantum, context=_EXACT)
+        if rounded.adjusted() >= self.precision - self.scale:
+            raise ValueError(f"{value} has more than {self.precision - self.scale} integer digits")
+        return rounded
+
+    def process_bind_param(self, value: Decimal | None, dialect: Dialect) -> Decimal | str | None:
+        if value is None:
+            return None
+        rounded = self.quantize(Decimal(value))
+        return format(rounded, "f") if dialect.name == "sqlite" else rounded
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
+        if value is None:
+            return None
+        return value if isinstance(value, Decimal) else Decimal(str(value))
+
+
+def _price_column() -> ExactDecimal:
+    return ExactDecimal(PRICE_PRECISION, PRICE_SCALE)
+
+
+def insert_for(dialect_name: str) -> Any:
+    """The dialect's `insert` construct, which carries `on_conflict_do_nothing/do_update`.
+
+    Typed `Any` because SQLite's and PostgreSQL's `Insert` classes share no typed base with those
+    methods; callers use only `on_conflict_do_nothing(index_elements=...)` and
+    `on_conflict_do_update(index_elements=..., set_=...)`, which both dialects spell the same.
+    """
+    if dialect_name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert
+    if dialect_name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert
+    raise ValueError(f"unsupported database dialect {dialect_name!r} (use sqlite or postgresql)")
+
+
+metadata = MetaData()
+
+
+class Base(DeclarativeBase):
+    metadata: ClassVar[MetaData] = metadata
+
+
+class Model(Base):
+    __tablename__ = "models"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    context_window: Mapped[int] = mapped_column(Integer)
+    max_output: Mapped[int] = mapped_column(Integer)
+    capabilities: Mapped[list[str]] = mapped_column(JSON)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class ModelAlias(Base):
+    __tablename__ = "model_aliases"
+
+    alias: Mapped[str] = mapped_column(String(200), primary_key=True)
+    model_id: Mapped[str] = mapped_column(String(200), ForeignKey("models.id", ondelete="CASCADE"))
+
+
+class Deployment(Base):
+    __tablename__ = "deployments"
+    __table_args__ = (
+        UniqueConstraint("model_id", "provider", "upstream_model", name="uq_deployments_model_provider"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[str] = mapped_column(String(200), ForeignKey("models.id", ondelete="CASCADE"))
+    provider: Mapped[str] = mapped_column(String(100))
+    upstream_model: Mapped[str] = mapped_column(String(300))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Price(Base):
+    """USD per million tokens. Never updated: a change is a new row with a later `effective_from`.
+
+    `model_id` is deliberately not a foreign key: price history outlives a model's removal from
+    the catalog files, because old ledger rows still point at these rows.
+    """
+
+    __tablename__ = "prices"
+    __table_args__ = (
+        UniqueConstraint("provider", "model_id", "effective_from", name="uq_prices_provider_model_from"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    provider: Mapped[str] = mapped_column(String(100))
+    model_id: Mapped[str] = mapped_column(String(200))
+    effective_from: Mapped[datetime] = mapped_column(UTCDateTime())
+    input: Mapped[Decimal | None] = mapped_column(_price_column(), nullable=True)
+    output: Mapped[Decimal | None] = mapped_column(_price_column(), nullable=True)
+    cache_read: Mapped[Decimal | None] = mapped_column(_price_column(), nullable=True)
+    cache_write: Mapped[Decimal | None] = mapped_column(_price_column(), nullable=True)
+    reasoning: Mapped[Decimal | None] = mapped_column(_price_column(), nullable=True)
+
+
+class LedgerRow(Base):
+    """One row per request that reached routing (see cost.md). NULL token buckets mean unknown."""
+
+    __tablename__ = "ledger"
+    __table_args__ = (
+        Index("ix_ledger_started_at", "started_at"),
+        Index("ix_ledger_model_started_at", "model", "started_at"),
+        Index("ix_ledger_provider_started_at", "provider", "started_at"),
+        Index("ix_ledger_api_key_started_at", "api_key_id", "started_at"),
+        Index("ix_ledger_status_started_at", "status", "started_at"),
+    )
+
+    request_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    api_key_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    provider: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    upstream_model: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    upstream_request_id: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    streamed: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[str] = mapped_column(String(16))
+    error_type: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    error_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    input_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    output_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    reasoning_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cache_read_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cache_write_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cost_usd: Mapped[Decimal | None] = mapped_column(ExactDecimal(COST_PRECISION, COST_SCALE), nullable=True)
+    estimated_cost_usd: Mapped[Decimal | None] = mapped_column(
+        ExactDecimal(COST_PRECISION, COST_SCALE), nullable=True
+    )
+    cost_source: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    price_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    latency_ms: Mapped[int] = mapped_column(Integer)
+    ttft_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=1)

@@ -1,0 +1,1 @@
+"""Revision scripts, hand-written: each one spells out its tables and indexes explicitly."""

@@ -1,0 +1,54 @@
+"""How one configured provider is reached: its kind, its URL, its key and its wire capabilities.
+
+A provider *kind* (`local`, `fastrun`, `primalabs`, `openai_compatible`) is a set of defaults, not a
+class: every kind speaks OpenAI-style HTTP, and the differences a gateway must respect are data
+here (`KIND_DEFAULTS`). A new OpenAI-compatible vendor is therefore a config entry, never code.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from msgspec import Struct, field
+
+ProviderKind = Literal["local", "fastrun", "primalabs", "openai_compatible"]
+
+
+class Timeouts(Struct, frozen=True):
+    """Seconds. `first_byte` bounds the wait for response headers, `idle` the gap between chunks,
+    `total` the whole attempt."""
+
+    connect: float = 5.0
+    first_byte: float = 120.0
+    idle: float = 60.0
+    total: float = 600.0
+
+
+class WireProfile(Struct, frozen=True):
+    """What a host accepts on the wire, beyond plain OpenAI chat."""
+
+    developer_role: bool = False  # keep `developer` messages as such (else they become `system`)
+    reasoning_history: bool = False  # send assistant `thinking` back as `reasoning_content`
+    stream_usage: bool = True  # ask for `stream_options: {"include_usage": true}`
+    max_completion_tokens: bool = False  # host wants `max_completion_tokens` instead of `max_tokens`
+    health_path: str = "/models"  # relative to base_url's origin handling in the adapter
+
+
+KIND_DEFAULTS: dict[str, WireProfile] = {
+    "local": WireProfile(reasoning_history=True, health_path="/health"),
+    "fastrun": WireProfile(),
+    "primalabs": WireProfile(),
+    "openai_compatible": WireProfile(),
+}
+
+
+class ProviderConfig(Struct, frozen=True):
+    name: str
+    kind: ProviderKind
+    base_url: str  # ends at the API root, e.g. "http://127.0.0.1:8000/v1"
+    api_key: str | None = None  # resolved from the environment by the app; never logged
+    priority: int = 0
+    max_concurrency: int = 64
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    wire: WireProfile = field(default_factory=WireProfile)
+    headers: dict[str, str] = field(default_factory=dict)  # extra static headers (not secrets)

@@ -1,0 +1,243 @@
+"""Upstream failures, classified once at the HTTP boundary.
+
+    UpstreamError                     every failure an adapter raises; `kind` says what routing does
+      kind = Failure.TRANSIENT        connection refused/reset, 408/500/502/503/504/529, garbage:
+                                      try the next backend, cool this one down
+      kind = Failure.CAPACITY         429 (with or without a reset hint): out of rotation for
+                                      `retry_after` seconds, try the next backend
+      kind = Failure.QUOTA            402, 429 insufficient_quota, primalabs 422 budget_exceeded:
+                                      the operator's money is gone; disable the provider
+      kind = Failure.AUTH             401/403 (bad key, key not allowed): disable the provider
+      kind = Failure.CLIENT           400/404/413/422 caused by the request: no retry, 400 to client
+      kind = Failure.TIMEOUT          the upstream did not answer in time: try the next, else 504
+
+Classification reads the status code and the structured error body (`error.type`, `error.code`
+as int or string), never the prose of a message. `message` is safe to show a client: it is the
+upstream's own message for CLIENT failures and a generic description otherwise (it never holds
+a key, a URL with credentials, or a stack trace).
+
+`classify_response` reads a non-2xx answer (status, body, `Retry-After`/`x-ratelimit-reset*`);
+`classify_error_chunk` an `{"error": ...}` chunk inside a 200 stream; `classify_transport` an
+exception from the HTTP client (httpx, over aiohttp or its own transport).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import enum
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import httpx
+import msgspec
+from msgspec import Struct
+
+
+class Failure(enum.Enum):
+    TRANSIENT = "transient"
+    CAPACITY = "capacity"
+    QUOTA = "quota"
+    AUTH = "auth"
+    CLIENT = "client"
+    TIMEOUT = "timeout"
+
+
+class UpstreamError(Exception):
+    """A classified upstream failure. `mid_stream` is set when content had already been parsed."""
+
+    def __init__(
+        self,
+        kind: Failure,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+        self.code = code
+
+    def __repr__(self) -> str:
+        return f"UpstreamError({self.kind.value}, status={self.status}, code={self.code!r})"
+
+
+MAX_RETRY_AFTER = 300.0  # seconds: the longest an upstream's hint may keep a backend out
+_MESSAGE_LIMIT = 2000
+_QUOTA_CODES = frozenset({"insufficient_quota", "budget_exceeded", "billing_hard_limit_reached"})
+_CLIENT_STATUSES = frozenset({400, 404, 413, 422})
+_TRANSIENT_STATUSES = frozenset({408, 500, 502, 503, 504, 529})
+_RESET_HEADERS = (
+    ("x-ratelimit-reset-requests", "x-ratelimit-remaining-requests"),
+    ("x-ratelimit-reset-tokens", "x-ratelimit-remaining-tokens"),
+    ("x-ratelimit-reset", "x-ratelimit-remaining"),
+)
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
+
+
+class ErrorBody(Struct):
+    """The `error` object of an OpenAI-style error (`code` is an int at fastrun, a string at primalabs)."""
+
+    message: str | None = None
+    type: str | None = None
+    code: int | str | None = None
+
+
+class _ErrorEnvelope(Struct):
+    """Every error body shape seen: `{"error": {...}}`, `{"error": "text"}`, flat
+    `{"object": "error", "message", "type", "code"}` (vLLM) and FastAPI's `{"detail": ...}`."""
+
+    error: ErrorBody | str | None = None
+    message: str | None = None
+    type: str | None = None
+    code: int | str | None = None
+    detail: Any = None
+
+
+_envelope_decoder = msgspec.json.Decoder(_ErrorEnvelope, strict=False)
+
+
+def classify_response(
+    status: int, headers: Mapping[str, str], body: bytes, *, now: float | None = None
+) -> UpstreamError:
+    """Classify a non-2xx upstream answer by its status and structured body (never its prose)."""
+    error = _error_body(body)
+    lowered = {key.lower(): value for key, value in headers.items()}
+    return _classified(status, error, retry_after_from(lowered, now=now))
+
+
+def classify_error_chunk(error: ErrorBody) -> UpstreamError:
+    """An `{"error": ...}` payload inside a 200 stream: its int `code` is read as a status when it
+    looks like one; anything else is a transient upstream failure."""
+    code = error.code
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 502
+    return _classified(status, error, None)
+
+
+def _classified(status: int, error: ErrorBody, retry_after: float | None) -> UpstreamError:
+    kind = _failure_for(status, error)
+    code = error.code if isinstance(error.code, str) else error.type
+    if kind is Failure.CLIENT and error.message:
+        message = error.message[:_MESSAGE_LIMIT]
+    else:
+        message = f"upstream returned {status}"
+    return UpstreamError(kind, message, status=status, retry_after=retry_after, code=code)
+
+
+def _failure_for(status: int, error: ErrorBody) -> Failure:
+    if status == 402 or error.code in _QUOTA_CODES or error.type in _QUOTA_CODES:
+        return Failure.QUOTA
+    if status == 429:
+        return Failure.CAPACITY
+    if status in (401, 403):
+        return Failure.AUTH
+    if status in _CLIENT_STATUSES:
+        return Failure.CLIENT
+    return Failure.TRANSIENT  # 408, 5xx, 529, and anything unexpected: try another backend
+
+
+def _error_body(body: bytes) -> ErrorBody:
+    try:
+        envelope = _envelope_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ErrorBody()
+    if isinstance(envelope.error, ErrorBody):
+        return envelope.error
+    if isinstance(envelope.error, str):
+        return ErrorBody(message=envelope.error, type=envelope.type, code=envelope.code)
+    if envelope.detail is not None:
+        return ErrorBody(message=_detail_message(envelope.detail), type=envelope.type, code=envelope.code)
+    return ErrorBody(message=envelope.message, type=envelope.type, code=envelope.code)
+
+
+def _detail_message(detail: Any) -> str:
+    """FastAPI: a string, or a validation list of `{"loc", "msg", "type"}`."""
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        messages = [item["msg"] for item in detail if isinstance(item, dict) and "msg" in item]
+        if messages:
+            return "; ".join(str(message) for message in messages)
+    return msgspec.json.encode(detail).decode()
+
+
+def retry_after_from(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds to wait, from `Retry-After` (seconds or HTTP-date) or the `x-ratelimit-reset*`
+    family (`1s`, `6m0s`, `20ms`, plain seconds, or epoch seconds), capped at MAX_RETRY_AFTER.
+    Header names must be lower-case. Of several reset headers, those whose `remaining` is 0 win;
+    the longest of them is taken."""
+    current = time.time() if now is None else now
+    value = headers.get("retry-after")
+    seconds = _retry_after_value(value, current) if value is not None else None
+    if seconds is None:
+        seconds = _reset_hint(headers, current)
+    if seconds is None:
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def _retry_after_value(value: str, now: float) -> float | None:
+    value = value.strip()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp() - now
+
+
+def _reset_hint(headers: Mapping[str, str], now: float) -> float | None:
+    present = [(headers[reset], headers.get(left)) for reset, left in _RESET_HEADERS if reset in headers]
+    exhausted = [value for value, remaining in present if remaining is not None and remaining.strip() == "0"]
+    candidates = [_reset_value(value, now) for value in (exhausted or [value for value, _ in present])]
+    known = [seconds for seconds in candidates if seconds is not None]
+    return max(known) if known else None
+
+
+def _reset_value(value: str, now: float) -> float | None:
+    value = value.strip()
+    try:
+        number = float(value)
+    except ValueError:
+        parts = _DURATION.findall(value)
+        if not parts or "".join(amount + unit for amount, unit in parts) != value:
+            return None
+        return sum(float(amount) * _DURATION_UNITS[unit] for amount, unit in parts)
+    if number > 1e12:  # epoch milliseconds
+        return number / 1000 - now
+    if number > 1e9:  # epoch seconds
+        return number - now
+    return number
+
+
+def classify_transport(exc: BaseException) -> UpstreamError:
+    """A failure to talk to the upstream at all (no HTTP answer, or the body broke off)."""
+    if isinstance(exc, UpstreamError):
+        return exc
+    if _timed_out(exc):
+        return UpstreamError(Failure.TIMEOUT, "upstream timed out")
+    return UpstreamError(Failure.TRANSIENT, "upstream connection failed")
+
+
+def _timed_out(exc: BaseException) -> bool:
+    if isinstance(exc, TimeoutError):  # asyncio deadlines; aiohttp's timeouts subclass it too
+        return True
+    cause = exc.__cause__
+    if isinstance(cause, aiohttp.ClientError):
+        # httpx-aiohttp maps every aiohttp connection error (refused, reset, disconnected) to
+        # httpx.ConnectTimeout, so the aiohttp cause decides.
+        return isinstance(cause, TimeoutError)
+    return isinstance(exc, httpx.TimeoutException)

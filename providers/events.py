@@ -1,0 +1,68 @@
+"""Canonical upstream events: what every adapter yields, whatever the upstream's wire format.
+
+An adapter turns an upstream answer (an SSE stream or one JSON body) into this small, flat
+vocabulary; the app's pipeline folds it into the public `stream_event` frames and the final
+response. Wire quirks (repeated tool-call names, `reasoning` vs `reasoning_content`, usage on the
+finish chunk, calls that all claim `index: 0`) are resolved *before* an event is yielded, so the
+pipeline never sees them.
+
+Order guarantees an adapter gives:
+- `ToolCallStart(key)` precedes every `ToolCallArgs(key)`; keys are 0, 1, 2 … in order of first
+  appearance, and `id`/`name` are final when `ToolCallStart` is yielded;
+- at most one `Usage`, at most one `Finish`, and a stream that yields no `Finish` ends by raising
+  (a truncated stream is an error, never a silent success);
+- `UpstreamMeta` comes first when the upstream told us anything about the request.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from msgspec import Struct
+
+FinishReason = str  # "stop" | "length" | "tool_calls" | "content_filter"
+
+
+class Usage(Struct, frozen=True):
+    """Five disjoint token buckets; their sum is every token the upstream counted."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+class UpstreamMeta(Struct, frozen=True):
+    upstream_request_id: str | None = None
+
+
+class TextDelta(Struct, frozen=True):
+    text: str
+
+
+class ReasoningDelta(Struct, frozen=True):
+    text: str
+
+
+class ToolCallStart(Struct, frozen=True):
+    key: int
+    id: str
+    name: str
+
+
+class ToolCallArgs(Struct, frozen=True):
+    key: int
+    fragment: str
+
+
+class UsageReport(Struct, frozen=True):
+    usage: Usage
+    cost_usd: Decimal | None = None  # authoritative cost, when the upstream reported what it billed
+
+
+class Finish(Struct, frozen=True):
+    reason: FinishReason
+
+
+Event = UpstreamMeta | TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgs | UsageReport | Finish

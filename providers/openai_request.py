@@ -1,0 +1,345 @@
+"""The request half of the OpenAI chat dialect: `CompletionRequest` → a `/chat/completions` body.
+
+Pure and typed: the body is a tree of msgspec Structs (fields left `UNSET` are not sent) encoded
+by one reused encoder. Only when `provider_options.<provider>` is given is it turned into builtins
+to merge those extras last; `model`, `messages`, `stream` and `stream_options` are never
+replaced (the app rejects such options already; this is the second lock).
+
+Mapping decisions (providers.md, "Request mapping"):
+- `system` and `system`/`developer` messages → `role: "system"` (`developer` is kept only where
+  the wire profile says the host accepts it); only their text is sent;
+- text-only content → one string (parts joined with `\\n`, as vLLM joins text parts); with media
+  → content parts: `image` → `image_url` (a `url` as given, `data` as a `data:` URL), `audio`
+  data → `input_audio` (a remote audio URL → vLLM's `audio_url`), `document` → a `file` part;
+- assistant `tool_call` parts → `tool_calls` with JSON-string arguments (`raw_arguments` verbatim
+  when the client gave them); assistant `thinking` → `reasoning_content` only where the host takes
+  it back; redacted thinking is never sent to an OpenAI-style host;
+- each `tool_result` part → its own `role: "tool"` message (non-string content JSON-encoded),
+  placed before the rest of the message it came in.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
+from providers.config import ProviderConfig, WireProfile
+from providers.types import (
+    AudioPart,
+    CompletionRequest,
+    ContentPart,
+    DocumentPart,
+    FileData,
+    ImagePart,
+    Message,
+    TextPart,
+    ThinkingPart,
+    ToolCallData,
+    ToolCallPart,
+    ToolChoice,
+    ToolResultData,
+    ToolResultPart,
+)
+
+_PROTECTED = frozenset({"model", "messages", "stream", "stream_options"})
+_IMAGE_MAGIC = (
+    ("iVBOR", "image/png"),
+    ("/9j/", "image/jpeg"),
+    ("R0lGOD", "image/gif"),
+    ("UklGR", "image/webp"),
+)
+_AUDIO_FORMATS = {"audio/mpeg": "mp3", "audio/mp3": "mp3", "audio/x-wav": "wav", "audio/wave": "wav"}
+
+
+class _Text(Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class _ImageURL(Struct):
+    url: str
+    detail: str | UnsetType = UNSET
+
+
+class _Image(Struct, tag_field="type", tag="image_url"):
+    image_url: _ImageURL
+
+
+class _InputAudio(Struct):
+    data: str
+    format: str
+
+
+class _Audio(Struct, tag_field="type", tag="input_audio"):
+    input_audio: _InputAudio
+
+
+class _AudioURL(Struct):
+    url: str
+
+
+class _AudioLink(Struct, tag_field="type", tag="audio_url"):
+    audio_url: _AudioURL
+
+
+class _FileRef(Struct):
+    file_data: str
+    filename: str | UnsetType = UNSET
+
+
+class _File(Struct, tag_field="type", tag="file"):
+    file: _FileRef
+
+
+WirePart = _Text | _Image | _Audio | _AudioLink | _File
+
+
+class WireFunctionCall(Struct):
+    name: str
+    arguments: str
+
+
+class WireToolCall(Struct):
+    id: str
+    function: WireFunctionCall
+    type: str = "function"
+
+
+class WireMessage(Struct):
+    role: str
+    content: str | list[WirePart] | None = None
+    name: str | UnsetType = UNSET
+    tool_calls: list[WireToolCall] | UnsetType = UNSET
+    tool_call_id: str | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
+
+
+class WireFunction(Struct):
+    name: str
+    description: str | UnsetType = UNSET
+    parameters: dict[str, Any] | UnsetType = UNSET
+
+
+class WireTool(Struct):
+    function: WireFunction
+    type: str = "function"
+
+
+class WireNamedFunction(Struct):
+    name: str
+
+
+class WireNamedChoice(Struct):
+    function: WireNamedFunction
+    type: str = "function"
+
+
+class WireJSONSchema(Struct):
+    schema: dict[str, Any]
+    name: str = "response"
+    strict: bool = True
+
+
+class WireResponseFormat(Struct):
+    json_schema: WireJSONSchema
+    type: str = "json_schema"
+
+
+class WireStreamOptions(Struct):
+    include_usage: bool = True
+
+
+class ChatBody(Struct):
+    model: str
+    messages: list[WireMessage]
+    stream: bool = False
+    stream_options: WireStreamOptions | UnsetType = UNSET
+    tools: list[WireTool] | UnsetType = UNSET
+    tool_choice: str | WireNamedChoice | UnsetType = UNSET
+    response_format: WireResponseFormat | UnsetType = UNSET
+    stop: list[str] | UnsetType = UNSET
+    max_tokens: int | UnsetType = UNSET
+    max_completion_tokens: int | UnsetType = UNSET
+    reasoning_effort: str | UnsetType = UNSET
+    temperature: float | UnsetType = UNSET
+    top_p: float | UnsetType = UNSET
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def build_chat_body(
+    req: CompletionRequest, upstream_model: str, cfg: ProviderConfig, *, stream: bool
+) -> bytes:
+    """The encoded `/chat/completions` body for `req` on provider `cfg`."""
+    body = chat_body(req, upstream_model, cfg.wire, stream=stream)
+    options = req.provider_options.get(cfg.name) if req.provider_options else None
+    if not options:
+        return _encoder.encode(body)
+    merged: dict[str, Any] = msgspec.to_builtins(body)
+    for key, value in options.items():
+        if key not in _PROTECTED:
+            merged[key] = value
+    return _encoder.encode(merged)
+
+
+def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *, stream: bool) -> ChatBody:
+    body = ChatBody(model=upstream_model, messages=_messages(req, wire), stream=stream)
+    if stream and wire.stream_usage:
+        body.stream_options = WireStreamOptions()
+    if req.tools:
+        body.tools = [_tool(tool.name, tool.description, tool.parameters) for tool in req.tools]
+    if req.tool_choice is not None:
+        body.tool_choice = _tool_choice(req.tool_choice)
+    if req.schema is not None:
+        body.response_format = WireResponseFormat(json_schema=WireJSONSchema(schema=req.schema))
+    if req.stop_sequences:
+        body.stop = req.stop_sequences
+    if req.max_tokens is not None:
+        if wire.max_completion_tokens:
+            body.max_completion_tokens = req.max_tokens
+        else:
+            body.max_tokens = req.max_tokens
+    if req.reasoning_effort is not None:
+        body.reasoning_effort = req.reasoning_effort
+    if req.temperature is not None:
+        body.temperature = req.temperature
+    if req.top_p is not None:
+        body.top_p = req.top_p
+    return body
+
+
+def _tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> WireTool:
+    return WireTool(
+        function=WireFunction(
+            name=name,
+            description=UNSET if description is None else description,
+            parameters=UNSET if parameters is None else parameters,
+        )
+    )
+
+
+def _tool_choice(choice: ToolChoice) -> str | WireNamedChoice:
+    if choice.mode == "named" and choice.tool_name:
+        return WireNamedChoice(function=WireNamedFunction(name=choice.tool_name))
+    return "required" if choice.mode == "named" else choice.mode
+
+
+def _messages(req: CompletionRequest, wire: WireProfile) -> list[WireMessage]:
+    messages: list[WireMessage] = []
+    if req.system:
+        messages.append(WireMessage(role="system", content=req.system))
+    for message in req.messages:
+        messages.extend(_message(message, wire))
+    return messages
+
+
+def _message(message: Message, wire: WireProfile) -> list[WireMessage]:
+    if message.role in ("system", "developer"):
+        role = "developer" if message.role == "developer" and wire.developer_role else "system"
+        return [WireMessage(role=role, content=_joined_text(message.content))]
+    results = [_tool_message(part.data) for part in message.content if isinstance(part, ToolResultPart)]
+    rest = [part for part in message.content if not isinstance(part, ToolResultPart)]
+    if not rest:
+        return results
+    if message.role == "tool":
+        call_id = message.tool_call_id or ""
+        return [*results, WireMessage(role="tool", content=_joined_text(rest), tool_call_id=call_id)]
+    if message.role == "assistant":
+        wire_message = _assistant(rest, wire)
+    else:
+        wire_message = WireMessage(role="user", content=_user_content(rest))
+    if message.name is not None:
+        wire_message.name = message.name
+    return [*results, wire_message]
+
+
+def _joined_text(parts: Sequence[ContentPart]) -> str:
+    return "\n".join(part.data for part in parts if isinstance(part, TextPart))
+
+
+def _tool_message(result: ToolResultData) -> WireMessage:
+    content = result.content
+    if not isinstance(content, str):
+        content = "" if content is None else _encoder.encode(content).decode()
+    return WireMessage(role="tool", content=content, tool_call_id=result.tool_call_id)
+
+
+def _assistant(parts: Sequence[ContentPart], wire: WireProfile) -> WireMessage:
+    calls = [_wire_call(part.data) for part in parts if isinstance(part, ToolCallPart)]
+    has_text = any(isinstance(part, TextPart) for part in parts)
+    message = WireMessage(role="assistant", content=_joined_text(parts) if has_text or not calls else None)
+    if calls:
+        message.tool_calls = calls
+    if wire.reasoning_history:
+        thinking = [part.data.text for part in parts if isinstance(part, ThinkingPart)]
+        if thinking:
+            message.reasoning_content = "".join(thinking)
+    return message
+
+
+def _wire_call(call: ToolCallData) -> WireToolCall:
+    arguments = call.raw_arguments
+    if arguments is None:
+        arguments = _encoder.encode(call.arguments).decode()
+    return WireToolCall(id=call.id, function=WireFunctionCall(name=call.name, arguments=arguments))
+
+
+def _user_content(parts: Sequence[ContentPart]) -> str | list[WirePart]:
+    if all(isinstance(part, TextPart) for part in parts):
+        return _joined_text(parts)
+    wire_parts: list[WirePart] = []
+    for part in parts:
+        if isinstance(part, TextPart):
+            wire_parts.append(_Text(text=part.data))
+        elif isinstance(part, ImagePart):
+            wire_parts.append(_image(part))
+        elif isinstance(part, AudioPart):
+            wire_parts.append(_audio(part.data))
+        elif isinstance(part, DocumentPart):
+            wire_parts.append(_document(part.data))
+    return wire_parts
+
+
+def _base64(data: str | list[int]) -> str:
+    if isinstance(data, str):
+        return data
+    return base64.b64encode(bytes(data)).decode("ascii")
+
+
+def _data_url(data: str | list[int], media_type: str | None, fallback: str) -> str:
+    encoded = _base64(data)
+    if media_type is None:
+        media_type = next((kind for magic, kind in _IMAGE_MAGIC if encoded.startswith(magic)), fallback)
+    return f"data:{media_type};base64,{encoded}"
+
+
+def _image(part: ImagePart) -> _Image:
+    image = part.data
+    url = image.url if image.url is not None else _data_url(image.data or "", image.media_type, "image/png")
+    detail: str | UnsetType = UNSET if image.detail is None else image.detail
+    return _Image(image_url=_ImageURL(url=url, detail=detail))
+
+
+def _audio(audio: FileData) -> _Audio | _AudioLink:
+    media_type, data = audio.media_type, audio.data
+    if audio.url is not None:
+        if not audio.url.startswith("data:") or "," not in audio.url:
+            return _AudioLink(audio_url=_AudioURL(url=audio.url))
+        header, data = audio.url[5:].split(",", 1)
+        media_type = media_type or header.split(";", 1)[0]
+    media_type = media_type or "audio/wav"
+    audio_format = _AUDIO_FORMATS.get(media_type, media_type.rsplit("/", 1)[-1])
+    return _Audio(input_audio=_InputAudio(data=_base64(data or ""), format=audio_format))
+
+
+def _document(document: FileData) -> _File:
+    if document.url is not None:
+        file_data = document.url
+    else:
+        file_data = _data_url(document.data or "", document.media_type or "application/pdf", "")
+    filename: str | UnsetType = UNSET if document.file_name is None else document.file_name
+    return _File(file=_FileRef(file_data=file_data, filename=filename))

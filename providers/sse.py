@@ -1,0 +1,90 @@
+"""Incremental Server-Sent Events parsing: network reads in, complete `data` payloads out.
+
+Upstreams frame their streams as SSE, and a gateway sees them in arbitrary network reads: an event
+may span reads, a `\\r\\n` may be split between two, a UTF-8 character may be cut in half. The
+parser owns that framing and nothing else: it knows no JSON and no `[DONE]`.
+
+What it implements of the WHATWG event-stream grammar:
+- lines end in `\\n`, `\\r\\n` or a bare `\\r`; a blank line dispatches the event;
+- `data:` lines (one optional space after the colon) are joined with `\\n`;
+- comment lines (`: ping`) and the `event:`, `id:` and `retry:` fields are skipped;
+- an event without a `data` line dispatches nothing;
+- a leading UTF-8 byte-order mark is dropped.
+
+Speed matters: this runs for every read of every stream. It works on bytes, splits the buffer at
+`\\n\\n` with one C-level call, and takes a single-line `data: ...` event (what every OpenAI-style
+server sends) without looking at lines at all. Line endings are normalised only when a `\\r` is
+present; a trailing `\\r` is held back until the next read, since it may be the first half of a
+`\\r\\n` (so a server that ends lines with a bare `\\r` dispatches one read late, or at `finish`).
+"""
+
+from __future__ import annotations
+
+_BOM = b"\xef\xbb\xbf"
+
+
+class SSEParser:
+    """Feed it raw reads; it returns the `data` of each event completed by those reads."""
+
+    __slots__ = ("_buffer", "_held_cr", "_started")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._held_cr = False
+        self._started = False
+
+    def feed(self, data: bytes) -> list[str]:
+        """The payloads of the events that `data` completes, in order."""
+        if not self._started:
+            if not data:
+                return []
+            self._started = True
+            if data.startswith(_BOM):
+                data = data[3:]
+        if self._held_cr:
+            data = b"\r" + data
+            self._held_cr = False
+        buffer = self._buffer + data if self._buffer else data
+        if b"\r" in buffer:
+            if buffer.endswith(b"\r"):
+                buffer = buffer[:-1]
+                self._held_cr = True
+            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if b"\n\n" not in buffer:
+            self._buffer = buffer
+            return []
+        blocks = buffer.split(b"\n\n")
+        self._buffer = blocks.pop()
+        payloads: list[str] = []
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:
+                payloads.append(block[6:].decode("utf-8", "replace"))
+            elif block:
+                payload = _event_data(block)
+                if payload is not None:
+                    payloads.append(payload)
+        return payloads
+
+    def finish(self) -> list[str]:
+        """The payload of a last event the stream ended without a blank line after (at EOF)."""
+        buffer, self._buffer = self._buffer, b""
+        self._held_cr = False
+        if not buffer:
+            return []
+        payload = _event_data(buffer.rstrip(b"\n"))
+        return [] if payload is None else [payload]
+
+
+def _event_data(block: bytes) -> str | None:
+    """The joined `data` of one event block (lines separated by `\\n`), or None if it has none."""
+    data: list[bytes] = []
+    for line in block.split(b"\n"):
+        if line.startswith(b"data"):
+            if line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+            elif line == b"data":
+                data.append(b"")
+    if not data:
+        return None
+    return b"\n".join(data).decode("utf-8", "replace")

@@ -1,0 +1,138 @@
+"""The provider-neutral request model: what a client asks for, before any upstream sees it.
+
+These Structs are both the wire format of `POST /api/v1/completions` (the app decodes request bodies
+straight into `CompletionRequest`) and the input of every adapter's request builder, so there is one
+typed representation of a request in the whole service.
+
+Policy (set once here, as msgspec recommends):
+- every optional field is `T | None = None`: a client's explicit `null` means "absent";
+- unknown top-level keys are ignored (agent frameworks send their internal structs);
+- content parts are a tagged union on `kind`, so an unknown kind fails decoding with the path
+  `$.messages[i].content[j].kind` instead of being dropped;
+- numeric ranges live in `Annotated[..., Meta(...)]` so validation and the schema agree.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+Role = Literal["system", "user", "assistant", "tool", "developer"]
+ReasoningEffort = Literal["low", "medium", "high", "xhigh", "max"]
+ToolChoiceMode = Literal["auto", "none", "required", "named"]
+
+
+class ImageData(Struct, omit_defaults=True):
+    url: str | None = None
+    data: str | list[Annotated[int, Meta(ge=0, le=255)]] | None = None
+    media_type: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class FileData(Struct, omit_defaults=True):
+    url: str | None = None
+    data: str | list[Annotated[int, Meta(ge=0, le=255)]] | None = None
+    media_type: str | None = None
+    file_name: str | None = None
+
+
+class ToolCallData(Struct, omit_defaults=True):
+    id: str
+    name: str
+    arguments: Any = msgspec.field(default_factory=dict)
+    type: Literal["function"] = "function"
+    raw_arguments: str | None = None
+
+
+class ToolResultData(Struct, omit_defaults=True):
+    tool_call_id: str
+    content: Any = None
+    is_error: bool | None = None
+
+
+class ThinkingData(Struct):
+    text: str
+    signature: str | None = None
+    redacted: bool = False
+
+
+class TextPart(Struct, tag_field="kind", tag="text"):
+    data: str
+
+
+class ImagePart(Struct, tag_field="kind", tag="image"):
+    data: ImageData
+
+
+class AudioPart(Struct, tag_field="kind", tag="audio"):
+    data: FileData
+
+
+class DocumentPart(Struct, tag_field="kind", tag="document"):
+    data: FileData
+
+
+class ToolCallPart(Struct, tag_field="kind", tag="tool_call"):
+    data: ToolCallData
+
+
+class ToolResultPart(Struct, tag_field="kind", tag="tool_result"):
+    data: ToolResultData
+
+
+class ThinkingPart(Struct, tag_field="kind", tag="thinking"):
+    data: ThinkingData
+
+
+class RedactedThinkingPart(Struct, tag_field="kind", tag="redacted_thinking"):
+    data: ThinkingData
+
+
+ContentPart = (
+    TextPart
+    | ImagePart
+    | AudioPart
+    | DocumentPart
+    | ToolCallPart
+    | ToolResultPart
+    | ThinkingPart
+    | RedactedThinkingPart
+)
+MediaPart = ImagePart | AudioPart | DocumentPart
+
+
+class Message(Struct, omit_defaults=True):
+    role: Role
+    content: list[ContentPart]
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+class ToolDefinition(Struct, omit_defaults=True):
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolChoice(Struct, omit_defaults=True):
+    mode: ToolChoiceMode
+    tool_name: str | None = None
+
+
+class CompletionRequest(Struct, omit_defaults=True):
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    model: str | None = None
+    system: str | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    schema: dict[str, Any] | None = None
+    stream: bool | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    stop_sequences: list[str] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    provider: str | None = None
+    provider_options: dict[str, dict[str, Any]] | None = None

@@ -1,0 +1,151 @@
+"""Upstream usage reports → the five disjoint token buckets, and the upstream's own billed cost.
+
+Every OpenAI-style host reports `prompt_tokens`/`completion_tokens` as totals with optional detail
+breakdowns that *overlap* them (cached and cache-write tokens are part of the prompt, reasoning
+tokens part of the completion). The ledger wants disjoint buckets whose sum is every token
+counted, so the details are subtracted out here, once:
+
+    cache_read_tokens   prompt_tokens_details.cached_tokens (DeepSeek: prompt_cache_hit_tokens)
+    cache_write_tokens  prompt_tokens_details.cache_write_tokens, else 0
+    input_tokens        prompt_tokens - cache read - cache write
+    reasoning_tokens    completion_tokens_details.reasoning_tokens
+    output_tokens       completion_tokens - reasoning
+
+A detail may be missing, `null` or `{}` (all mean 0), and is clamped into `[0, total]`, so a
+host's inconsistent numbers never produce a negative bucket.
+
+Anthropic-style usage (the `/messages` passthrough) is additive already: `input_tokens` excludes
+cache reads and writes. Its streamed `message_delta` usage is cumulative, so a later report
+replaces the fields it carries instead of adding to them (`merge_anthropic`).
+
+Authoritative cost: OpenRouter-style `usage.cost` is USD, xAI's `usage.cost_in_usd_ticks` is
+10^10 ticks per USD. Both become an exact `Decimal`: the Structs here declare `cost` as `Decimal`,
+and msgspec decodes a JSON number into a Decimal field from its text, so `0.000123456789` is never
+a float on the way.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import msgspec
+from msgspec import Struct
+
+from providers.events import Usage, UsageReport
+
+TICKS_EXPONENT = -10  # xAI: 1 USD = 10^10 ticks
+
+
+class PromptTokensDetails(Struct):
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+
+
+class CompletionTokensDetails(Struct):
+    reasoning_tokens: int | None = None
+
+
+class OpenAIUsage(Struct):
+    """`usage` of an OpenAI-style response or chunk, with the vendor extensions we read."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+    prompt_cache_hit_tokens: int | None = None  # DeepSeek
+    cost: Decimal | None = None  # OpenRouter: USD billed
+    cost_in_usd_ticks: int | None = None  # xAI: 10^10 ticks per USD
+
+
+class AnthropicUsage(Struct):
+    """`usage` of an Anthropic-style message (`message_start`/`message_delta`/whole response)."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+
+
+_openai_decoder = msgspec.json.Decoder(OpenAIUsage, strict=False)
+
+
+def decode_openai_usage(raw: bytes | str) -> OpenAIUsage:
+    """Decode a JSON `usage` object exactly (cost digits kept); raises msgspec errors on garbage."""
+    return _openai_decoder.decode(raw)
+
+
+def openai_usage_from(obj: OpenAIUsage | dict[str, Any]) -> OpenAIUsage:
+    """Accept an already-decoded mapping too (its `cost`, if a float, is as exact as the float)."""
+    if isinstance(obj, OpenAIUsage):
+        return obj
+    return msgspec.convert(obj, OpenAIUsage, strict=False)
+
+
+def _clamp(value: int | None, high: int) -> int:
+    if value is None or value <= 0:
+        return 0
+    return min(value, high)
+
+
+def openai_buckets(usage: OpenAIUsage) -> Usage:
+    """The five disjoint buckets of an OpenAI-style usage report."""
+    prompt = max(usage.prompt_tokens or 0, 0)
+    completion = max(usage.completion_tokens or 0, 0)
+    prompt_details = usage.prompt_tokens_details
+    cached = prompt_details.cached_tokens if prompt_details is not None else None
+    if cached is None:
+        cached = usage.prompt_cache_hit_tokens
+    cache_read = _clamp(cached, prompt)
+    written = prompt_details.cache_write_tokens if prompt_details is not None else None
+    cache_write = _clamp(written, prompt - cache_read)
+    completion_details = usage.completion_tokens_details
+    reasoning = _clamp(completion_details.reasoning_tokens if completion_details else None, completion)
+    return Usage(
+        input_tokens=prompt - cache_read - cache_write,
+        output_tokens=completion - reasoning,
+        reasoning_tokens=reasoning,
+        cache_read_tokens=cache_read,
+        cache_write_tokens=cache_write,
+    )
+
+
+def openai_cost(usage: OpenAIUsage) -> Decimal | None:
+    """The cost the upstream says it billed, in USD, or None when it did not say."""
+    if usage.cost is not None and usage.cost.is_finite():
+        return usage.cost
+    if usage.cost_in_usd_ticks is not None:
+        return Decimal(usage.cost_in_usd_ticks).scaleb(TICKS_EXPONENT)
+    return None
+
+
+def openai_report(usage: OpenAIUsage) -> UsageReport:
+    return UsageReport(usage=openai_buckets(usage), cost_usd=openai_cost(usage))
+
+
+def anthropic_buckets(usage: AnthropicUsage) -> Usage:
+    """Anthropic buckets are disjoint already; thinking tokens are not reported apart from output."""
+    return Usage(
+        input_tokens=max(usage.input_tokens or 0, 0),
+        output_tokens=max(usage.output_tokens or 0, 0),
+        reasoning_tokens=0,
+        cache_read_tokens=max(usage.cache_read_input_tokens or 0, 0),
+        cache_write_tokens=max(usage.cache_creation_input_tokens or 0, 0),
+    )
+
+
+def merge_anthropic(earlier: AnthropicUsage, later: AnthropicUsage) -> AnthropicUsage:
+    """Fold a later (cumulative) report over an earlier one: fields it carries replace, never add."""
+    return AnthropicUsage(
+        input_tokens=_later(earlier.input_tokens, later.input_tokens),
+        output_tokens=_later(earlier.output_tokens, later.output_tokens),
+        cache_read_input_tokens=_later(earlier.cache_read_input_tokens, later.cache_read_input_tokens),
+        cache_creation_input_tokens=_later(
+            earlier.cache_creation_input_tokens, later.cache_creation_input_tokens
+        ),
+    )
+
+
+def _later(earlier: int | None, later: int | None) -> int | None:
+    return earlier if later is None else later
