@@ -8,6 +8,7 @@ one exception handler in `app.application`.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -123,8 +124,9 @@ async def list_models(state: State) -> Response[bytes]:
     return Response(_plain_encoder.encode(ModelList(views)), media_type=_JSON)
 
 
-def _money(value: object) -> str | None:
-    return None if value is None else str(value)
+def _money(value: Decimal | None) -> str | None:
+    """Exact, without the storage scale's trailing zeros: Decimal("0.1000000000") → "0.1"."""
+    return None if value is None else format(value.normalize(), "f")
 
 
 @get("/healthz")

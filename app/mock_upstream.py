@@ -476,8 +476,11 @@ def estimate_prompt_tokens(body: bytes) -> int:
 
 
 def _pieces(text: str, count: int, per_chunk: int) -> list[str]:
+    """`count` chunks of `per_chunk` words each, cycling through `text` (one word, one token)."""
     words = re.findall(r"\s*\S+", text) or ["x"]
-    return ["".join(words[(i * per_chunk + j) % len(words)] for j in range(per_chunk)) for i in range(count)]
+    again = [" " + words[0].lstrip(), *words[1:]]  # after the first pass, every word follows a space
+    tokens = [(words if k < len(words) else again)[k % len(words)] for k in range(count * per_chunk)]
+    return ["".join(tokens[i * per_chunk : (i + 1) * per_chunk]) for i in range(count)]
 
 
 def _sse(obj: Struct) -> bytes:
@@ -532,7 +535,10 @@ class ScriptedResponder:
         reset = opts.reset_after if faulty else None
         if not parsed.stream:
             body = plan.json_head + msgspec.json.encode(usage) + plan.json_tail
-            return Reply(200, _JSON_HEADERS, [body], 0.0, delay, reset)
+            if reset is None:
+                return Reply(200, _JSON_HEADERS, [body], 0.0, delay)
+            half = len(body) // 2  # a reset lands mid-body: the client sees a truncated JSON reply
+            return Reply(200, _JSON_HEADERS, [body[:half], body[half:]], 0.0, delay, min(reset, 1))
         tail = [_DONE]
         if parsed.stream_options is not None and parsed.stream_options.include_usage:
             obj = "chat.completion.chunk" if path == _CHAT else "text_completion"

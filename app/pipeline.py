@@ -37,6 +37,7 @@ from app.errors import (
 )
 from app.routing import Backend, Route, Router
 from app.validation import check_capabilities
+from catalog.snapshot import ModelEntry
 from catalog.ledger import CostSource, LedgerRecord, LedgerStatus
 from catalog.pricing import estimate_cost
 from providers import events as ev
@@ -54,6 +55,7 @@ class Exchange:
         "backend",
         "error",
         "first_content",
+        "model",
         "request",
         "request_id",
         "route",
@@ -71,6 +73,7 @@ class Exchange:
         self.started = time.perf_counter()
         self.first_content: float | None = None
         self.attempts = 0
+        self.model: ModelEntry | None = None
         self.route: Route | None = None
         self.backend: Backend | None = None
         self.status: LedgerStatus = "error"
@@ -123,6 +126,7 @@ class Pipeline:
             except UpstreamError as exc:
                 error = _mid_answer_error(exc)
                 exchange.error = error
+                assembly.close()  # every opened block is closed before the error event
                 yield _drain(assembly) + wire.frame(wire.ErrorEvent(error=stream_error_view(error)))
                 return
             finally:
@@ -148,7 +152,7 @@ class Pipeline:
 
     async def _open(self, exchange: Exchange, *, emit: bool) -> tuple[Assembly, AsyncGenerator[ev.Event, None]]:
         request = exchange.request
-        model = self.router.resolve_model(request.model)
+        exchange.model = model = self.router.resolve_model(request.model)
         check_capabilities(request, model.id, model.capabilities)
         exchange.route = route = self.router.route(model, request.provider)
         failures: list[UpstreamError] = []
@@ -224,7 +228,7 @@ class Pipeline:
 
     def _ledger_record(self, exchange: Exchange, assembly: Assembly | None) -> LedgerRecord:
         now = time.perf_counter()
-        route, backend, error = exchange.route, exchange.backend, exchange.error
+        backend, error = exchange.backend, exchange.error
         report = assembly.usage if assembly is not None else None
         usage = report.usage if report is not None else None
         estimate, price_id = self._estimate(exchange, usage) if usage is not None else (None, None)
@@ -235,7 +239,7 @@ class Pipeline:
             started_at=exchange.started_at,
             finished_at=datetime.now(UTC),
             api_key_id=None,
-            model=route.model.id if route is not None else None,
+            model=exchange.model.id if exchange.model is not None else None,
             provider=backend.name if backend is not None else None,
             upstream_model=backend.upstream_model if backend is not None else None,
             upstream_request_id=assembly.upstream_request_id if assembly is not None else None,

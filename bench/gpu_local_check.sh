@@ -40,7 +40,7 @@ if command -v nvidia-smi >/dev/null; then
     SAMPLER=$!
 fi
 
-SWITCHYARD_LOCAL_DEVICE="$DEVICE" SWITCHYARD_LOCAL_MODEL_DIR="$MODEL_DIR" timeout 420 \
+SWITCHYARD_LOCAL_DEVICE="$DEVICE" SWITCHYARD_LOCAL_MODEL_DIR="$MODEL_DIR" timeout 300 \
     "$PY" -m pytest tests/local/test_transformers_serve.py --confcutdir=tests/local \
     -p pytest_asyncio.plugin -p no:cacheprovider -rA -q 2>&1 | tee "$LOGS/pytest.log"
 STATUS=${PIPESTATUS[0]}

@@ -48,7 +48,7 @@ class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: datetime
     status: LedgerStatus
     streamed: bool
-    latency_ms: int
+    latency_ms: float  # milliseconds, sub-millisecond precision kept for benchmarks
     attempts: int = 1
     api_key_id: str | None = None
     model: str | None = None
@@ -67,7 +67,7 @@ class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
     estimated_cost_usd: Decimal | None = None
     cost_source: CostSource | None = None
     price_id: int | None = None
-    ttft_ms: int | None = None
+    ttft_ms: float | None = None
 
 
 _COLUMNS = tuple(LedgerRecord.__struct_fields__)

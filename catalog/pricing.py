@@ -18,9 +18,7 @@ from decimal import Decimal
 
 from catalog.snapshot import PriceRow
 
-_CONTEXT = decimal.Context(
-    prec=50, rounding=decimal.ROUND_HALF_EVEN, traps=[decimal.InvalidOperation, decimal.Inexact]
-)
+_CONTEXT = decimal.Context(prec=50, rounding=decimal.ROUND_HALF_EVEN, traps=[decimal.InvalidOperation, decimal.Inexact])
 _PER_TOKENS = Decimal(1_000_000)
 
 

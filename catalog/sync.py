@@ -89,20 +89,14 @@ async def _sync_aliases(connection: AsyncConnection, models: tuple[ModelSpec, ..
     await connection.execute(delete(ModelAlias).where(ModelAlias.alias.not_in(list(wanted))))
     for alias, model_id in wanted.items():
         statement = upsert(ModelAlias).values(alias=alias, model_id=model_id)
-        await connection.execute(
-            statement.on_conflict_do_update(index_elements=["alias"], set_={"model_id": model_id})
-        )
+        await connection.execute(statement.on_conflict_do_update(index_elements=["alias"], set_={"model_id": model_id}))
 
 
 async def _sync_deployments(connection: AsyncConnection, models: tuple[ModelSpec, ...]) -> None:
     upsert = insert_for(connection.dialect.name)
     keys = ["model_id", "provider", "upstream_model"]
-    wanted = {
-        (model.id, d.provider, d.upstream_model): d.priority for model in models for d in model.deployments
-    }
-    existing = await connection.execute(
-        select(Deployment.model_id, Deployment.provider, Deployment.upstream_model)
-    )
+    wanted = {(model.id, d.provider, d.upstream_model): d.priority for model in models for d in model.deployments}
+    existing = await connection.execute(select(Deployment.model_id, Deployment.provider, Deployment.upstream_model))
     for stale in {tuple(row) for row in existing} - set(wanted):
         await connection.execute(
             delete(Deployment).where(
@@ -117,9 +111,7 @@ async def _sync_deployments(connection: AsyncConnection, models: tuple[ModelSpec
             "priority": priority,
         }
         statement = upsert(Deployment).values(row)
-        await connection.execute(
-            statement.on_conflict_do_update(index_elements=keys, set_={"priority": priority})
-        )
+        await connection.execute(statement.on_conflict_do_update(index_elements=keys, set_={"priority": priority}))
 
 
 async def _price_rows(connection: AsyncConnection) -> dict[tuple[str, str], list[tuple[datetime, Amounts]]]:
@@ -133,9 +125,7 @@ def _decide(
     entry: PriceSpec, until: datetime | None, existing: list[tuple[datetime, Amounts]], now: datetime
 ) -> datetime | Literal["unchanged", "superseded"]:
     """The `effective_from` to insert `entry` with, or why nothing is inserted."""
-    in_window = [
-        row for row in existing if row[0] >= entry.effective_from and (until is None or row[0] < until)
-    ]
+    in_window = [row for row in existing if row[0] >= entry.effective_from and (until is None or row[0] < until)]
     if not in_window:
         return entry.effective_from
     latest_from, latest_amounts = in_window[-1]
@@ -148,9 +138,7 @@ def _decide(
 async def _insert_price(connection: AsyncConnection, entry: PriceSpec, effective_from: datetime) -> None:
     values = {key: getattr(entry, key) for key in MONEY_KEYS}
     await connection.execute(
-        insert(Price).values(
-            provider=entry.provider, model_id=entry.model, effective_from=effective_from, **values
-        )
+        insert(Price).values(provider=entry.provider, model_id=entry.model, effective_from=effective_from, **values)
     )
 
 
@@ -177,9 +165,7 @@ async def _sync_prices(
     return added, unchanged, ignored
 
 
-async def sync_catalog(
-    engine: AsyncEngine, catalog: CatalogFile, *, now: datetime | None = None
-) -> SyncReport:
+async def sync_catalog(engine: AsyncEngine, catalog: CatalogFile, *, now: datetime | None = None) -> SyncReport:
     """Make the SQL catalog match `catalog` (see the module docstring for the price rule).
 
     `now` (aware) is the instant a changed price takes effect; tests pass it, callers leave it.

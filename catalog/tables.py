@@ -28,6 +28,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Dialect,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -159,9 +160,7 @@ class ModelAlias(Base):
 
 class Deployment(Base):
     __tablename__ = "deployments"
-    __table_args__ = (
-        UniqueConstraint("model_id", "provider", "upstream_model", name="uq_deployments_model_provider"),
-    )
+    __table_args__ = (UniqueConstraint("model_id", "provider", "upstream_model", name="uq_deployments_model_provider"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     model_id: Mapped[str] = mapped_column(String(200), ForeignKey("models.id", ondelete="CASCADE"))
@@ -178,9 +177,7 @@ class Price(Base):
     """
 
     __tablename__ = "prices"
-    __table_args__ = (
-        UniqueConstraint("provider", "model_id", "effective_from", name="uq_prices_provider_model_from"),
-    )
+    __table_args__ = (UniqueConstraint("provider", "model_id", "effective_from", name="uq_prices_provider_model_from"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     provider: Mapped[str] = mapped_column(String(100))
@@ -224,11 +221,9 @@ class LedgerRow(Base):
     cache_read_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     cache_write_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     cost_usd: Mapped[Decimal | None] = mapped_column(ExactDecimal(COST_PRECISION, COST_SCALE), nullable=True)
-    estimated_cost_usd: Mapped[Decimal | None] = mapped_column(
-        ExactDecimal(COST_PRECISION, COST_SCALE), nullable=True
-    )
+    estimated_cost_usd: Mapped[Decimal | None] = mapped_column(ExactDecimal(COST_PRECISION, COST_SCALE), nullable=True)
     cost_source: Mapped[str | None] = mapped_column(String(16), nullable=True)
     price_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    latency_ms: Mapped[int] = mapped_column(Integer)
-    ttft_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    latency_ms: Mapped[float] = mapped_column(Double)
+    ttft_ms: Mapped[float | None] = mapped_column(Double, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=1)

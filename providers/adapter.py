@@ -64,16 +64,10 @@ class Provider:
         self._json_headers = {**headers, "accept": "application/json"}
         self._stream_headers = {**headers, "accept": "text/event-stream", "accept-encoding": "identity"}
         timeouts = config.timeouts
-        self._json_timeout = httpx.Timeout(
-            connect=timeouts.connect, read=timeouts.first_byte, write=None, pool=None
-        )
-        self._stream_timeout = httpx.Timeout(
-            connect=timeouts.connect, read=timeouts.idle, write=None, pool=None
-        )
+        self._json_timeout = httpx.Timeout(connect=timeouts.connect, read=timeouts.first_byte, write=None, pool=None)
+        self._stream_timeout = httpx.Timeout(connect=timeouts.connect, read=timeouts.idle, write=None, pool=None)
 
-    async def events(
-        self, req: CompletionRequest, upstream_model: str, *, stream: bool
-    ) -> AsyncIterator[Event]:
+    async def events(self, req: CompletionRequest, upstream_model: str, *, stream: bool) -> AsyncIterator[Event]:
         """The events of one attempt; raises `UpstreamError` for every failure, including a
         stream that ends without a finish reason."""
         loop = asyncio.get_running_loop()

@@ -219,8 +219,7 @@ class ChatStreamParser:
             return self._by_id[delta.id]
         index = delta.index if delta.index is not None else position
         latest = self._latest_at(index)
-        named = delta.function is not None and bool(delta.function.name)
-        if latest is not None and (delta.id is None or not named):
+        if latest is not None and _continues(latest, delta):
             if latest.id is None and delta.id is not None:
                 latest.id = delta.id
                 self._by_id[delta.id] = latest
@@ -247,6 +246,14 @@ class ChatStreamParser:
         if call.fragments:
             events.append(ToolCallArgs(key=call.key, fragment="".join(call.fragments)))
             call.fragments = []
+
+
+def _continues(latest: _Call, delta: _ToolCallDelta) -> bool:
+    """Does a delta at `latest`'s index (whose id, if any, is new) continue that call? A new
+    parallel call comes with its name; a fresh id without a name is a server inventing ids."""
+    if delta.id is None or (latest.name is None and latest.id is None):
+        return True
+    return delta.function is None or not delta.function.name
 
 
 def _raise_error(chunk: _Chunk) -> None:

@@ -171,9 +171,7 @@ class ChatBody(Struct):
 _encoder = msgspec.json.Encoder()
 
 
-def build_chat_body(
-    req: CompletionRequest, upstream_model: str, cfg: ProviderConfig, *, stream: bool
-) -> bytes:
+def build_chat_body(req: CompletionRequest, upstream_model: str, cfg: ProviderConfig, *, stream: bool) -> bytes:
     """The encoded `/chat/completions` body for `req` on provider `cfg`."""
     body = chat_body(req, upstream_model, cfg.wire, stream=stream)
     options = req.provider_options.get(cfg.name) if req.provider_options else None

@@ -14,8 +14,8 @@ What it implements of the WHATWG event-stream grammar:
 Speed matters: this runs for every read of every stream. It works on bytes, splits the buffer at
 `\\n\\n` with one C-level call, and takes a single-line `data: ...` event (what every OpenAI-style
 server sends) without looking at lines at all. Line endings are normalised only when a `\\r` is
-present; a trailing `\\r` is held back until the next read, since it may be the first half of a
-`\\r\\n` (so a server that ends lines with a bare `\\r` dispatches one read late, or at `finish`).
+present; a read that ends in `\\r` ends its line at once, and a `\\n` opening the next read is
+then dropped as the second half of that `\\r\\n`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ _BOM = b"\xef\xbb\xbf"
 class SSEParser:
     """Feed it raw reads; it returns the `data` of each event completed by those reads."""
 
-    __slots__ = ("_buffer", "_held_cr", "_started")
+    __slots__ = ("_buffer", "_skip_lf", "_started")
 
     def __init__(self) -> None:
         self._buffer = b""
-        self._held_cr = False
+        self._skip_lf = False
         self._started = False
 
     def feed(self, data: bytes) -> list[str]:
@@ -41,14 +41,13 @@ class SSEParser:
             self._started = True
             if data.startswith(_BOM):
                 data = data[3:]
-        if self._held_cr:
-            data = b"\r" + data
-            self._held_cr = False
+        if self._skip_lf and data:
+            self._skip_lf = False
+            if data.startswith(b"\n"):
+                data = data[1:]
         buffer = self._buffer + data if self._buffer else data
         if b"\r" in buffer:
-            if buffer.endswith(b"\r"):
-                buffer = buffer[:-1]
-                self._held_cr = True
+            self._skip_lf = buffer.endswith(b"\r")
             buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if b"\n\n" not in buffer:
             self._buffer = buffer
@@ -68,7 +67,7 @@ class SSEParser:
     def finish(self) -> list[str]:
         """The payload of a last event the stream ended without a blank line after (at EOF)."""
         buffer, self._buffer = self._buffer, b""
-        self._held_cr = False
+        self._skip_lf = False
         if not buffer:
             return []
         payload = _event_data(buffer.rstrip(b"\n"))

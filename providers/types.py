@@ -38,7 +38,7 @@ class FileData(Struct, omit_defaults=True):
     file_name: str | None = None
 
 
-class ToolCallData(Struct, omit_defaults=True):
+class ToolCallData(Struct):
     id: str
     name: str
     arguments: Any = msgspec.field(default_factory=dict)

@@ -141,9 +141,7 @@ def merge_anthropic(earlier: AnthropicUsage, later: AnthropicUsage) -> Anthropic
         input_tokens=_later(earlier.input_tokens, later.input_tokens),
         output_tokens=_later(earlier.output_tokens, later.output_tokens),
         cache_read_input_tokens=_later(earlier.cache_read_input_tokens, later.cache_read_input_tokens),
-        cache_creation_input_tokens=_later(
-            earlier.cache_creation_input_tokens, later.cache_creation_input_tokens
-        ),
+        cache_creation_input_tokens=_later(earlier.cache_creation_input_tokens, later.cache_creation_input_tokens),
     )
 
 

@@ -101,8 +101,8 @@ def _create_ledger() -> None:
         sa.Column("estimated_cost_usd", _cost(), nullable=True),
         sa.Column("cost_source", sa.String(16), nullable=True),
         sa.Column("price_id", sa.Integer(), nullable=True),
-        sa.Column("latency_ms", sa.Integer(), nullable=False),
-        sa.Column("ttft_ms", sa.Integer(), nullable=True),
+        sa.Column("latency_ms", sa.Double(), nullable=False),
+        sa.Column("ttft_ms", sa.Double(), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),
     )
     for name, columns in _LEDGER_INDEXES.items():

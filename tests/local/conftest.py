@@ -88,9 +88,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def transformers_server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalServer]:
+def transformers_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     port = _free_port()
     origin = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("transformers_serve") / "stderr.log"

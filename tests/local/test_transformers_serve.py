@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from transformers import AutoTokenizer
 
 from providers.adapter import Provider, make_client
 from providers.config import KIND_DEFAULTS, ProviderConfig
@@ -35,6 +34,7 @@ from providers.types import (
     ToolResultData,
     ToolResultPart,
 )
+from tests.local.tiny_model import count_prompt_tokens
 
 if TYPE_CHECKING:
     from tests.local.conftest import LocalServer
@@ -54,14 +54,6 @@ def _local_config(base_url: str) -> ProviderConfig:
 
 def _text(role: str, text: str) -> Message:
     return Message(role=role, content=[TextPart(data=text)])  # type: ignore[arg-type]
-
-
-def _prompt_tokens(model_dir: Path, turns: list[tuple[str, str]]) -> int:
-    """What the server counts as `prompt_tokens` for these plain-text turns."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    chat = [{"role": role, "content": text} for role, text in turns]
-    encoded = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)
-    return len(encoded["input_ids"])
 
 
 async def _events(provider: Provider, req: CompletionRequest, model: str, *, stream: bool) -> list[Event]:
@@ -100,7 +92,7 @@ async def test_max_tokens_ends_with_length_and_exact_usage(
 ) -> None:
     req = CompletionRequest(messages=[_text("user", "Hello there!")], max_tokens=5)
     events = await _events(provider, req, transformers_server.model, stream=stream)
-    prompt = _prompt_tokens(tiny_model_dir, [("user", "Hello there!")])
+    prompt = count_prompt_tokens(tiny_model_dir, [("user", "Hello there!")])
     assert prompt > 0
     _assert_answer(events, usage=Usage(input_tokens=prompt, output_tokens=5), stream=stream)
 
@@ -109,11 +101,9 @@ async def test_max_tokens_ends_with_length_and_exact_usage(
 async def test_system_and_multi_turn_conversation(
     provider: Provider, transformers_server: LocalServer, tiny_model_dir: Path, stream: bool
 ) -> None:
-    req = CompletionRequest(
-        messages=[_text(role, text) for role, text in CONVERSATION], system=SYSTEM, max_tokens=3
-    )
+    req = CompletionRequest(messages=[_text(role, text) for role, text in CONVERSATION], system=SYSTEM, max_tokens=3)
     events = await _events(provider, req, transformers_server.model, stream=stream)
-    prompt = _prompt_tokens(tiny_model_dir, [("system", SYSTEM), *CONVERSATION])
+    prompt = count_prompt_tokens(tiny_model_dir, [("system", SYSTEM), *CONVERSATION])
     _assert_answer(events, usage=Usage(input_tokens=prompt, output_tokens=3), stream=stream)
 
 
@@ -137,11 +127,9 @@ async def test_tool_call_and_result_turns_are_accepted(
     )
     events = await _events(provider, req, transformers_server.model, stream=stream)
     report = next(event for event in events if isinstance(event, UsageReport))
-    first_turn = _prompt_tokens(tiny_model_dir, [("user", "What is the weather like in Paris today?")])
+    first_turn = count_prompt_tokens(tiny_model_dir, [("user", "What is the weather like in Paris today?")])
     assert report.usage.input_tokens > first_turn
-    _assert_answer(
-        events, usage=Usage(input_tokens=report.usage.input_tokens, output_tokens=4), stream=stream
-    )
+    _assert_answer(events, usage=Usage(input_tokens=report.usage.input_tokens, output_tokens=4), stream=stream)
 
 
 @pytest.mark.parametrize("stream", STREAM_MODES)

@@ -21,10 +21,17 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 BOS = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -70,7 +77,7 @@ def _train_tokenizer() -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     backend.train_from_iterator(CORPUS, trainer=trainer)
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=backend,
         bos_token=BOS,
         eos_token=IM_END,
@@ -84,6 +91,7 @@ def _unprintable_ids(tokenizer: PreTrainedTokenizerFast) -> list[int]:
     banned: list[int] = []
     for token_id in range(len(tokenizer)):
         text = tokenizer.decode([token_id])
+        assert isinstance(text, str)
         visible = bool(text.strip()) and text.isascii() and text.isprintable()
         if token_id in tokenizer.all_special_ids or not visible:
             banned.append(token_id)
@@ -109,7 +117,7 @@ def build_tiny_model(directory: Path, *, hidden_size: int = 32, num_layers: int 
     )
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -120,6 +128,14 @@ def build_tiny_model(directory: Path, *, hidden_size: int = 32, num_layers: int 
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def count_prompt_tokens(directory: Path, turns: list[tuple[str, str]]) -> int:
+    """What `transformers serve` counts as `prompt_tokens` for these plain-text (role, text) turns."""
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    chat = [{"role": role, "content": text} for role, text in turns]
+    encoded: Any = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return len(encoded["input_ids"])
 
 
 def main() -> None:

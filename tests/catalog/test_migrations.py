@@ -1,0 +1,73 @@
+"""Alembic migrations: upgrade → downgrade → upgrade on SQLite and PostgreSQL, matching `metadata`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, inspect
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from catalog import migrate
+from catalog.tables import metadata
+
+TABLES = {"models", "model_aliases", "deployments", "prices", "ledger"}
+LEDGER_INDEXES = {
+    "ix_ledger_started_at": ["started_at"],
+    "ix_ledger_model_started_at": ["model", "started_at"],
+    "ix_ledger_provider_started_at": ["provider", "started_at"],
+    "ix_ledger_api_key_started_at": ["api_key_id", "started_at"],
+    "ix_ledger_status_started_at": ["status", "started_at"],
+}
+
+
+def _schema(connection: Connection) -> dict[str, Any]:
+    inspector = inspect(connection)
+    tables = set(inspector.get_table_names()) - {"alembic_version"}
+    indexes = {i["name"]: i["column_names"] for i in inspector.get_indexes("ledger")} if "ledger" in tables else {}
+    return {"tables": tables, "indexes": indexes}
+
+
+def _diff(connection: Connection) -> list[Any]:
+    context = MigrationContext.configure(connection, opts={"compare_type": True})
+    return list(compare_metadata(context, metadata))
+
+
+async def inspect_db(url: str, what: Callable[[Connection], Any]) -> Any:
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as connection:
+            return await connection.run_sync(what)
+    finally:
+        await engine.dispose()
+
+
+async def test_upgrade_downgrade_upgrade(fresh_url: Callable[[], Awaitable[str]]) -> None:
+    url = await fresh_url()
+    assert await migrate.current_async(url) is None
+    await migrate.upgrade_async(url)
+    assert await migrate.current_async(url) == migrate.head() == "0001"
+    assert await inspect_db(url, _schema) == {"tables": TABLES, "indexes": LEDGER_INDEXES}
+    await migrate.downgrade_async(url, "base")
+    assert await migrate.current_async(url) is None
+    assert await inspect_db(url, _schema) == {"tables": set(), "indexes": {}}
+    await migrate.upgrade_async(url)
+    assert await migrate.current_async(url) == "0001"
+    assert await inspect_db(url, _schema) == {"tables": TABLES, "indexes": LEDGER_INDEXES}
+
+
+async def test_the_migrated_schema_matches_the_models(fresh_url: Callable[[], Awaitable[str]]) -> None:
+    url = await fresh_url()
+    await migrate.upgrade_async(url)
+    assert await inspect_db(url, _diff) == []
+
+
+async def test_the_sync_api_works_outside_an_event_loop(fresh_url: Callable[[], Awaitable[str]]) -> None:
+    url = await fresh_url()
+    await asyncio.to_thread(migrate.upgrade, url)
+    assert await asyncio.to_thread(migrate.current, url) == "0001"
+    await asyncio.to_thread(migrate.downgrade, url, "base")
+    assert await asyncio.to_thread(migrate.current, url) is None

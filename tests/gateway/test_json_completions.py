@@ -1,0 +1,298 @@
+"""Non-streaming completions through HTTP: the exact response, the upstream body, usage, cost, ledger."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from tests.conftest import GatewayHandle
+from tests.gateway.catalog import primary_cost
+from tests.upstream import ReplayUpstream, reply_json
+
+
+def chat_response(message: dict[str, Any], finish: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": "chatcmpl-up-1",
+        "object": "chat.completion",
+        "created": 1764460800,
+        "model": "org/chat-1-instruct",
+        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"kind": "text", "data": text}]}
+
+
+async def post(gw: GatewayHandle, body: dict[str, Any]) -> Any:
+    return await gw.client.post("/api/v1/completions", json=body)
+
+
+async def test_text_completion_exact_response_and_ledger(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(
+        reply_json(200, chat_response({"content": "Paris."}, "stop", {"prompt_tokens": 12, "completion_tokens": 3}))
+    )
+    response = await post(gw, {"model": "chat", "messages": [user("Capital of France?")]})
+
+    assert response.status_code == 200
+    body = response.json(parse_float=Decimal)
+    request_id = body.pop("id")
+    assert response.headers["x-request-id"] == request_id
+    assert request_id[14] == "7"  # UUIDv7
+    assert body == {
+        "model": "chat-1",
+        "provider": "primary",
+        "message": {"role": "assistant", "content": [{"kind": "text", "data": "Paris."}]},
+        "stop_reason": "end_turn",
+        "usage": {
+            "input_tokens": 12,
+            "output_tokens": 3,
+            "reasoning_tokens": 0,
+            "cache_read_tokens": 0,
+            "cache_write_tokens": 0,
+        },
+        "output": None,
+        "cost_usd": primary_cost(12, 3),
+        "cost_source": "estimated",
+    }
+    assert body["cost_usd"] == Decimal("0.0000024")
+
+    (row,) = await gw.ledger_rows()
+    assert row["request_id"] == request_id
+    assert (row["model"], row["provider"], row["upstream_model"]) == ("chat-1", "primary", "org/chat-1-instruct")
+    assert (row["status"], row["streamed"], row["attempts"], row["stop_reason"]) == ("ok", False, 1, "end_turn")
+    assert row["upstream_request_id"] == "chatcmpl-up-1"
+    assert (row["input_tokens"], row["output_tokens"], row["reasoning_tokens"]) == (12, 3, 0)
+    assert (row["cache_read_tokens"], row["cache_write_tokens"]) == (0, 0)
+    assert Decimal(row["cost_usd"]) == Decimal("0.0000024")
+    assert row["cost_source"] == "estimated"
+    assert row["price_id"] is not None
+    assert row["error_type"] is None
+
+
+async def test_upstream_body_is_the_mapped_request(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(reply_json(200, chat_response({"content": "ok"}, "stop", None)))
+    request = {
+        "model": "chat-1",
+        "system": "Be terse.",
+        "messages": [
+            user("Weather in Paris?"),
+            {
+                "role": "assistant",
+                "content": [
+                    {"kind": "thinking", "data": {"text": "need a tool", "signature": None, "redacted": False}},
+                    {
+                        "kind": "tool_call",
+                        "data": {"id": "call_1", "name": "get_weather", "type": "function", "arguments": {"city": "Paris"}},
+                    },
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "call_1",
+                "content": [{"kind": "tool_result", "data": {"tool_call_id": "call_1", "content": {"c": 18}, "is_error": False}}],
+            },
+        ],
+        "tools": [{"name": "get_weather", "description": "Current weather", "parameters": {"type": "object"}}],
+        "tool_choice": {"mode": "named", "tool_name": "get_weather"},
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "max_tokens": 64,
+        "stop_sequences": ["\n\n"],
+        "reasoning_effort": "low",
+        "provider_options": {"primary": {"top_k": 40}},
+        "some_client_internal_field": {"ignored": True},
+    }
+    response = await post(gw, request)
+    assert response.status_code == 200, response.text
+
+    (received,) = primary.requests
+    assert received.path == "/v1/chat/completions"
+    sent = received.json()
+    assert sent["model"] == "org/chat-1-instruct"
+    assert sent["messages"] == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "need a tool",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+            ],
+        }
+        if "content" in sent["messages"][2]
+        else {
+            "role": "assistant",
+            "reasoning_content": "need a tool",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"c":18}'},
+    ]
+    assert sent["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "description": "Current weather", "parameters": {"type": "object"}},
+        }
+    ]
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert (sent["temperature"], sent["top_p"], sent["max_tokens"]) == (0.2, 0.9, 64)
+    assert sent["stop"] == ["\n\n"]
+    assert sent["reasoning_effort"] == "low"
+    assert sent["top_k"] == 40
+    assert sent["stream"] is False
+    assert "some_client_internal_field" not in sent
+
+
+async def test_tool_calls_response(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    calls = [
+        {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{not json"}},
+    ]
+    primary.enqueue(
+        reply_json(200, chat_response({"content": None, "tool_calls": calls}, "stop", {"prompt_tokens": 30, "completion_tokens": 20}))
+    )
+    response = await post(gw, {"messages": [user("Weather and time in Paris?")]})
+    body = response.json()
+    assert body["model"] == "chat-1"  # the default model
+    assert body["stop_reason"] == "tool_calls"  # tool calls win over the upstream's "stop"
+    assert body["message"]["content"] == [
+        {
+            "kind": "tool_call",
+            "data": {
+                "id": "call_a",
+                "name": "get_weather",
+                "arguments": {"city": "Paris"},
+                "type": "function",
+                "raw_arguments": '{"city":"Paris"}',
+            },
+        },
+        {
+            "kind": "tool_call",
+            "data": {"id": "call_b", "name": "get_time", "arguments": {}, "type": "function", "raw_arguments": "{not json"},
+        },
+    ]
+
+
+async def test_five_buckets_with_cache_and_reasoning(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    usage = {
+        "prompt_tokens": 1000,
+        "completion_tokens": 300,
+        "prompt_tokens_details": {"cached_tokens": 200},
+        "completion_tokens_details": {"reasoning_tokens": 100},
+    }
+    message = {"content": "Done.", "reasoning_content": "Thinking hard."}
+    primary.enqueue(reply_json(200, chat_response(message, "stop", usage)))
+    body = (await post(gw, {"model": "chat-1", "messages": [user("x")]})).json(parse_float=Decimal)
+    assert body["usage"] == {
+        "input_tokens": 800,
+        "output_tokens": 200,
+        "reasoning_tokens": 100,
+        "cache_read_tokens": 200,
+        "cache_write_tokens": 0,
+    }
+    assert body["message"]["content"] == [
+        {"kind": "thinking", "data": {"text": "Thinking hard.", "signature": None, "redacted": False}},
+        {"kind": "text", "data": "Done."},
+    ]
+    # 800·0.10 + 200·0.025 + (200 + 100 reasoning at the output rate)·0.40, per million
+    assert body["cost_usd"] == Decimal("0.000205") == primary_cost(800, 200, reasoning=100, cache_read=200)
+    (row,) = await gw.ledger_rows()
+    assert (row["input_tokens"], row["output_tokens"], row["reasoning_tokens"], row["cache_read_tokens"]) == (
+        800,
+        200,
+        100,
+        200,
+    )
+    assert Decimal(row["cost_usd"]) == Decimal("0.000205")
+
+
+async def test_missing_usage_is_unknown_not_zero(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(reply_json(200, chat_response({"content": "hi"}, "length", None)))
+    body = (await post(gw, {"model": "chat-1", "messages": [user("x")]})).json()
+    assert body["usage"] == {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "reasoning_tokens": 0,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
+    }
+    assert body["stop_reason"] == "max_tokens"
+    assert body["cost_usd"] is None
+    assert body["cost_source"] is None
+    (row,) = await gw.ledger_rows()
+    assert [row[k] for k in ("input_tokens", "output_tokens", "reasoning_tokens", "cache_read_tokens")] == [None] * 4
+    assert row["cost_usd"] is None
+    assert row["cost_source"] is None
+
+
+async def test_authoritative_cost_wins_and_estimate_is_kept(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "cost": 0.000123456789012345}
+    primary.enqueue(reply_json(200, chat_response({"content": "hi"}, "stop", usage)))
+    raw = (await post(gw, {"model": "chat-1", "messages": [user("x")]})).text
+    assert '"cost_usd":0.000123456789012345' in raw
+    body = json.loads(raw, parse_float=Decimal)
+    assert body["cost_source"] == "authoritative"
+    (row,) = await gw.ledger_rows()
+    assert Decimal(row["cost_usd"]) == Decimal("0.000123456789012345")
+    assert Decimal(row["estimated_cost_usd"]) == primary_cost(10, 5)
+    assert row["cost_source"] == "authoritative"
+
+
+async def test_structured_output_is_parsed(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    primary.enqueue(reply_json(200, chat_response({"content": '{"city": "Paris"}'}, "stop", None)))
+    body = (await post(gw, {"model": "chat-1", "messages": [user("x")], "schema": schema})).json()
+    assert body["output"] == {"city": "Paris"}
+    sent = primary.requests[0].json()
+    assert sent["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "response", "strict": True, "schema": schema},
+    }
+
+
+async def test_provider_pin_routes_to_the_named_provider(
+    gw: GatewayHandle, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    secondary.enqueue(reply_json(200, chat_response({"content": "hi"}, "stop", {"prompt_tokens": 4, "completion_tokens": 1})))
+    body = (await post(gw, {"model": "chat-1", "provider": "secondary", "messages": [user("x")]})).json(
+        parse_float=Decimal
+    )
+    assert body["provider"] == "secondary"
+    assert secondary.requests[0].json()["model"] == "chat-1-hosted"
+    assert primary.requests == []
+    assert body["cost_usd"] == Decimal("0.000006")  # 4·1.00 + 1·2.00 per million
+
+
+async def test_models_endpoint(gw: GatewayHandle) -> None:
+    body = (await gw.client.get("/api/v1/models")).json()
+    by_id = {m["id"]: m for m in body["data"]}
+    chat = by_id["chat-1"]
+    assert chat["aliases"] == ["chat"]
+    assert chat["context_window"] == 32768
+    assert chat["default"] is True
+    assert chat["ready"] is True
+    assert [(d["provider"], d["upstream_model"], d["ready"]) for d in chat["deployments"]] == [
+        ("primary", "org/chat-1-instruct", True),
+        ("secondary", "chat-1-hosted", True),
+    ]
+    prices = {p["provider"]: p for p in chat["prices"]}
+    assert (prices["primary"]["input"], prices["primary"]["output"], prices["primary"]["cache_read"]) == (
+        "0.1",
+        "0.4",
+        "0.025",
+    )
+    assert by_id["vision-1"]["capabilities"] == ["vision"]
+
+
+async def test_health_and_readiness(gw: GatewayHandle) -> None:
+    assert (await gw.client.get("/healthz")).json() == {"status": "ok"}
+    ready = await gw.client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ok", "database": True, "backends": True}

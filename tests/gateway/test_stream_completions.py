@@ -1,0 +1,294 @@
+"""Streaming completions through HTTP: exact `stream_event` frame sequences and their ledger rows."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from typing import Any
+
+import httpx
+
+from tests.conftest import GatewayHandle, StartGateway
+from tests.frames import parse_sse, types
+from tests.gateway.catalog import CATALOG, primary_cost
+from tests.gateway.conftest import providers_for
+from tests.upstream import ReplayUpstream, reply_sse
+
+ZERO = {"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0}
+
+
+def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"id": "chatcmpl-s1", "object": "chat.completion.chunk", "model": "org/chat-1-instruct"}
+    body["choices"] = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    body.update(extra)
+    return body
+
+
+def usage_chunk(prompt: int, completion: int, **details: Any) -> dict[str, Any]:
+    return chunk(None, usage={"prompt_tokens": prompt, "completion_tokens": completion, **details})
+
+
+def tool_delta(index: int, *, id: str | None = None, name: str | None = None, args: str = "") -> dict[str, Any]:
+    call: dict[str, Any] = {"index": index, "function": {"arguments": args}}
+    if id is not None:
+        call["id"] = id
+        call["type"] = "function"
+    if name is not None:
+        call["function"]["name"] = name
+    return {"tool_calls": [call]}
+
+
+async def stream(gw: GatewayHandle, **extra: Any) -> tuple[httpx.Response, list[tuple[str, Any]]]:
+    body = {"model": "chat-1", "stream": True, "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}]}
+    response = await gw.client.post("/api/v1/completions", json={**body, **extra})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    return response, parse_sse(response.text)
+
+
+def without_finish_response(frames: list[tuple[str, Any]]) -> list[Any]:
+    """Frames as data dicts, with the (separately checked) complete response cut from `finish`."""
+    out = []
+    for _, data in frames:
+        data = dict(data)
+        data.pop("response", None)
+        out.append(data)
+    return out
+
+
+async def test_text_stream_exact_frames(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(
+        reply_sse(
+            [
+                chunk({"role": "assistant", "content": ""}),
+                chunk({"content": "Hel"}),
+                chunk({"content": "lo"}),
+                chunk({}, "stop"),
+                usage_chunk(9, 2),
+            ]
+        )
+    )
+    response, frames = await stream(gw)
+    request_id = response.headers["x-request-id"]
+    assert {event for event, _ in frames} == {"stream_event"}
+    assert without_finish_response(frames) == [
+        {"type": "stream_start", "id": request_id, "model": "chat-1", "provider": "primary"},
+        {"type": "text_start", "text_id": "text_0"},
+        {"type": "text_delta", "text_id": "text_0", "delta": "Hel"},
+        {"type": "text_delta", "text_id": "text_0", "delta": "lo"},
+        {"type": "text_end", "text_id": "text_0"},
+        {
+            "type": "finish",
+            "finish_reason": "stop",
+            "stop_reason": "end_turn",
+            "usage": {**ZERO, "input_tokens": 9, "output_tokens": 2},
+        },
+    ]
+    final = frames[-1][1]["response"]
+    assert final["id"] == request_id
+    assert final["message"] == {"role": "assistant", "content": [{"kind": "text", "data": "Hello"}]}
+    assert final["cost_usd"] == primary_cost(9, 2)
+    assert final["cost_source"] == "estimated"
+    sent = primary.requests[0].json()
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+
+    (row,) = await gw.ledger_rows()
+    assert (row["request_id"], row["status"], row["streamed"]) == (request_id, "ok", True)
+    assert (row["input_tokens"], row["output_tokens"]) == (9, 2)
+    assert row["ttft_ms"] is not None
+
+
+async def test_reasoning_then_text_reads_both_field_names(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(
+        reply_sse(
+            [
+                chunk({"reasoning": "Let me "}),
+                chunk({"reasoning_content": "think."}),
+                chunk({"content": "42"}),
+                chunk({}, "stop", usage={"prompt_tokens": 5, "completion_tokens": 7,
+                                          "completion_tokens_details": {"reasoning_tokens": 4}}),
+            ],
+            done=False,
+        )
+    )
+    _, frames = await stream(gw)
+    assert without_finish_response(frames)[1:] == [
+        {"type": "reasoning_start"},
+        {"type": "reasoning_delta", "delta": "Let me "},
+        {"type": "reasoning_delta", "delta": "think."},
+        {"type": "reasoning_end"},
+        {"type": "text_start", "text_id": "text_0"},
+        {"type": "text_delta", "text_id": "text_0", "delta": "42"},
+        {"type": "text_end", "text_id": "text_0"},
+        {
+            "type": "finish",
+            "finish_reason": "stop",
+            "stop_reason": "end_turn",
+            "usage": {**ZERO, "input_tokens": 5, "output_tokens": 3, "reasoning_tokens": 4},
+        },
+    ]
+    assert frames[-1][1]["response"]["message"]["content"] == [
+        {"kind": "thinking", "data": {"text": "Let me think.", "signature": None, "redacted": False}},
+        {"kind": "text", "data": "42"},
+    ]
+
+
+async def test_one_tool_call_streamed_in_fragments(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(
+        reply_sse(
+            [
+                chunk(tool_delta(0, id="call_1", name="get_weather")),
+                chunk(tool_delta(0, args='{"city"')),
+                chunk(tool_delta(0, args=': "Paris"}')),
+                chunk({}, "tool_calls"),
+                usage_chunk(20, 8),
+            ]
+        )
+    )
+    _, frames = await stream(gw)
+    call = {"id": "call_1", "name": "get_weather", "type": "function"}
+    assert without_finish_response(frames)[1:] == [
+        {"type": "tool_call_start", "tool_call": {**call, "arguments": {}, "raw_arguments": ""}},
+        {"type": "tool_call_delta", "tool_call": {**call, "arguments": {}, "raw_arguments": '{"city"'}},
+        {"type": "tool_call_delta", "tool_call": {**call, "arguments": {}, "raw_arguments": ': "Paris"}'}},
+        {
+            "type": "tool_call_end",
+            "tool_call": {**call, "arguments": {"city": "Paris"}, "raw_arguments": '{"city": "Paris"}'},
+        },
+        {
+            "type": "finish",
+            "finish_reason": "tool_calls",
+            "stop_reason": "tool_calls",
+            "usage": {**ZERO, "input_tokens": 20, "output_tokens": 8},
+        },
+    ]
+
+
+async def test_parallel_tool_calls_and_repeated_names(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    # llama.cpp-style: id and name repeated in every delta; they must not be appended.
+    primary.enqueue(
+        reply_sse(
+            [
+                chunk({"content": "Checking."}),
+                chunk(tool_delta(0, id="call_a", name="get_weather", args='{"city":')),
+                chunk(tool_delta(0, id="call_a", name="get_weather", args='"Paris"}')),
+                chunk(tool_delta(1, id="call_b", name="get_time", args='{"tz":"CET"}')),
+                chunk({}, "stop"),
+                usage_chunk(30, 12),
+            ]
+        )
+    )
+    _, frames = await stream(gw)
+    a = {"id": "call_a", "name": "get_weather", "type": "function"}
+    b = {"id": "call_b", "name": "get_time", "type": "function"}
+    assert without_finish_response(frames)[1:-1] == [
+        {"type": "text_start", "text_id": "text_0"},
+        {"type": "text_delta", "text_id": "text_0", "delta": "Checking."},
+        {"type": "text_end", "text_id": "text_0"},
+        {"type": "tool_call_start", "tool_call": {**a, "arguments": {}, "raw_arguments": ""}},
+        {"type": "tool_call_delta", "tool_call": {**a, "arguments": {}, "raw_arguments": '{"city":'}},
+        {"type": "tool_call_delta", "tool_call": {**a, "arguments": {}, "raw_arguments": '"Paris"}'}},
+        {"type": "tool_call_start", "tool_call": {**b, "arguments": {}, "raw_arguments": ""}},
+        {"type": "tool_call_delta", "tool_call": {**b, "arguments": {}, "raw_arguments": '{"tz":"CET"}'}},
+        {"type": "tool_call_end", "tool_call": {**a, "arguments": {"city": "Paris"}, "raw_arguments": '{"city":"Paris"}'}},
+        {"type": "tool_call_end", "tool_call": {**b, "arguments": {"tz": "CET"}, "raw_arguments": '{"tz":"CET"}'}},
+    ]
+    finish = frames[-1][1]
+    assert (finish["finish_reason"], finish["stop_reason"]) == ("tool_calls", "tool_calls")
+    assert [p["kind"] for p in finish["response"]["message"]["content"]] == ["text", "tool_call", "tool_call"]
+
+
+async def test_structured_output_streamed(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(reply_sse([chunk({"content": '{"a": '}), chunk({"content": "1}"}), chunk({}, "stop")]))
+    _, frames = await stream(gw, schema={"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert frames[-1][1]["response"]["output"] == {"a": 1}
+    assert primary.requests[0].json()["response_format"]["type"] == "json_schema"
+
+
+async def test_error_chunk_mid_stream_becomes_error_event(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(
+        reply_sse([chunk({"content": "Partial"}), {"error": {"message": "engine crashed", "type": "server_error", "code": 500}}])
+    )
+    _, frames = await stream(gw)
+    assert without_finish_response(frames)[1:] == [
+        {"type": "text_start", "text_id": "text_0"},
+        {"type": "text_delta", "text_id": "text_0", "delta": "Partial"},
+        {"type": "text_end", "text_id": "text_0"},
+        {"type": "error", "error": {"message": frames[-1][1]["error"]["message"], "type": "upstream_error", "code": 502}},
+    ]
+    (row,) = await gw.ledger_rows()
+    assert (row["status"], row["error_type"], row["error_status"], row["attempts"]) == ("error", "upstream_error", 502, 1)
+
+
+async def test_truncated_stream_is_an_error_event(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(reply_sse([chunk({"content": "Half"})], done=False))
+    _, frames = await stream(gw)
+    assert types(frames) == ["stream_start", "text_start", "text_delta", "text_end", "error"]
+    assert frames[-1][1]["error"]["code"] == 502
+    (row,) = await gw.ledger_rows()
+    assert row["status"] == "error"
+    assert row["input_tokens"] is None
+
+
+async def test_failure_before_content_fails_over_and_is_a_plain_stream(
+    gw: GatewayHandle, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    primary.enqueue(reply_sse([chunk({"role": "assistant"})], done=False))  # dies before any content
+    secondary.enqueue(reply_sse([chunk({"content": "ok"}), chunk({}, "stop"), usage_chunk(3, 1)]))
+    _, frames = await stream(gw)
+    assert frames[0][1]["provider"] == "secondary"
+    assert types(frames) == ["stream_start", "text_start", "text_delta", "text_end", "finish"]
+    (row,) = await gw.ledger_rows()
+    assert (row["provider"], row["attempts"], row["status"]) == ("secondary", 2, "ok")
+    assert Decimal(row["cost_usd"]) == Decimal("0.000005")
+
+
+async def test_keepalive_ping_before_first_token(
+    start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    gw = await start_gateway(
+        providers=providers_for(primary, secondary), catalog=CATALOG, server={"sse_keepalive_s": 0.2}
+    )
+    reply = reply_sse([chunk({"content": "late"}), chunk({}, "stop")])
+    primary.enqueue(reply.__class__(**{**_fields(reply), "first_byte_delay_s": 0.5}))
+    response = await gw.client.post(
+        "/api/v1/completions",
+        json={"model": "chat-1", "stream": True, "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}]},
+    )
+    blocks = response.text.split("\n\n")[:-1]
+    assert blocks[0] == 'event: ping\ndata: {"type":"ping"}'
+    assert "stream_start" in response.text
+    assert response.text.index("ping") < response.text.index("stream_start")
+
+
+def _fields(reply: Any) -> dict[str, Any]:
+    return {name: getattr(reply, name) for name in reply.__struct_fields__}
+
+
+async def test_client_disconnect_cancels_upstream_and_records_cancelled(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    reply = reply_sse([chunk({"content": "a"}), chunk({"content": "b"}), chunk({}, "stop")])
+    primary.enqueue(reply.__class__(**{**_fields(reply), "stall_after": 2}))
+    async with gw.client.stream(
+        "POST",
+        "/api/v1/completions",
+        json={"model": "chat-1", "stream": True, "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}]},
+    ) as response:
+        async for text in response.aiter_text():
+            if "text_delta" in text:
+                break
+    for _ in range(100):
+        if primary.open_connections == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert primary.open_connections == 0  # the upstream request was cancelled within a second
+    rows = []
+    for _ in range(100):
+        rows = await gw.ledger_rows()
+        if rows:
+            break
+        await asyncio.sleep(0.01)
+    (row,) = rows
+    assert (row["status"], row["streamed"], row["provider"]) == ("cancelled", True, "primary")

@@ -1,0 +1,69 @@
+"""Fixtures for the provider tests: recorded upstream transcripts, and replaying them through the
+pure parsers exactly as the adapter does (SSE framing, then chunk → events)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from providers.errors import UpstreamError
+from providers.events import Event
+from providers.openai_chat import ChatStreamParser
+from providers.sse import SSEParser
+
+TRANSCRIPTS = Path(__file__).resolve().parent.parent / "transcripts"
+
+
+class Transcript(msgspec.Struct):
+    description: str
+    status: int
+    headers: dict[str, str]
+    chunks: list[str]
+    chunk_delay_s: float = 0.0
+    reset_after: int | None = None
+    stall_after: int | None = None
+
+
+class Replay(msgspec.Struct):
+    """What a stream transcript turned into: its events, and the error that ended it, if any."""
+
+    events: list[Event]
+    error: UpstreamError | None = None
+
+
+def load(name: str) -> Transcript:
+    return msgspec.json.decode((TRANSCRIPTS / name).read_bytes(), type=Transcript)
+
+
+def replay_stream(chunks: list[bytes]) -> Replay:
+    sse = SSEParser()
+    parser = ChatStreamParser()
+    events: list[Event] = []
+    try:
+        for chunk in chunks:
+            for payload in sse.feed(chunk):
+                events.extend(parser.feed(payload))
+        for payload in sse.finish():
+            events.extend(parser.feed(payload))
+        events.extend(parser.finish())
+    except UpstreamError as exc:
+        return Replay(events, exc)
+    return Replay(events)
+
+
+@pytest.fixture
+def transcript() -> Callable[[str], Transcript]:
+    return load
+
+
+@pytest.fixture
+def replay() -> Callable[[str], Replay]:
+    """Replay a stream transcript's writes through SSEParser + ChatStreamParser."""
+
+    def run(name: str) -> Replay:
+        return replay_stream([chunk.encode() for chunk in load(name).chunks])
+
+    return run

@@ -1,0 +1,133 @@
+"""Usage → five disjoint buckets, and the upstream's billed cost as an exact Decimal."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from providers.events import Usage, UsageReport
+from providers.usage import (
+    AnthropicUsage,
+    anthropic_buckets,
+    decode_openai_usage,
+    merge_anthropic,
+    openai_buckets,
+    openai_cost,
+    openai_report,
+    openai_usage_from,
+)
+
+
+def buckets(raw: str) -> Usage:
+    return openai_buckets(decode_openai_usage(raw))
+
+
+def test_every_detail_is_subtracted_out() -> None:
+    raw = (
+        '{"prompt_tokens":500,"completion_tokens":120,"total_tokens":620,'
+        '"prompt_tokens_details":{"cached_tokens":300,"cache_write_tokens":150},'
+        '"completion_tokens_details":{"reasoning_tokens":100}}'
+    )
+    assert buckets(raw) == Usage(
+        input_tokens=50, output_tokens=20, reasoning_tokens=100, cache_read_tokens=300, cache_write_tokens=150
+    )
+
+
+@pytest.mark.parametrize(
+    "details",
+    [
+        "",
+        ',"prompt_tokens_details":null,"completion_tokens_details":null',
+        ',"prompt_tokens_details":{},"completion_tokens_details":{}',
+        ',"prompt_tokens_details":{"cached_tokens":null},"completion_tokens_details":{"reasoning_tokens":null}',
+    ],
+)
+def test_missing_null_and_empty_details_are_zero(details: str) -> None:
+    raw = '{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15' + details + "}"
+    assert buckets(raw) == Usage(input_tokens=12, output_tokens=3)
+
+
+def test_deepseek_cache_hit_tokens() -> None:
+    raw = '{"prompt_tokens":100,"completion_tokens":5,"prompt_cache_hit_tokens":60,"prompt_cache_miss_tokens":40}'
+    assert buckets(raw) == Usage(input_tokens=40, output_tokens=5, cache_read_tokens=60)
+
+
+def test_cached_tokens_win_over_deepseek_field() -> None:
+    raw = (
+        '{"prompt_tokens":100,"completion_tokens":5,"prompt_cache_hit_tokens":60,'
+        '"prompt_tokens_details":{"cached_tokens":10}}'
+    )
+    assert buckets(raw) == Usage(input_tokens=90, output_tokens=5, cache_read_tokens=10)
+
+
+def test_details_are_clamped_into_the_totals() -> None:
+    raw = (
+        '{"prompt_tokens":10,"completion_tokens":4,'
+        '"prompt_tokens_details":{"cached_tokens":25,"cache_write_tokens":5},'
+        '"completion_tokens_details":{"reasoning_tokens":9}}'
+    )
+    assert buckets(raw) == Usage(input_tokens=0, output_tokens=0, reasoning_tokens=4, cache_read_tokens=10)
+    raw = (
+        '{"prompt_tokens":10,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":-3},'
+        '"completion_tokens_details":{"reasoning_tokens":-1}}'
+    )
+    assert buckets(raw) == Usage(input_tokens=10, output_tokens=4)
+    raw = '{"prompt_tokens":8,"prompt_tokens_details":{"cached_tokens":6,"cache_write_tokens":5}}'
+    assert buckets(raw) == Usage(input_tokens=0, cache_read_tokens=6, cache_write_tokens=2)
+
+
+def test_missing_totals_and_lenient_numbers() -> None:
+    assert buckets("{}") == Usage()
+    assert buckets('{"prompt_tokens":null,"completion_tokens":7.0}') == Usage(output_tokens=7)
+
+
+def test_cost_is_exact_decimal() -> None:
+    usage = decode_openai_usage('{"prompt_tokens":42,"completion_tokens":17,"cost":0.000123456789012345678}')
+    assert openai_cost(usage) == Decimal("0.000123456789012345678")
+    assert str(openai_cost(usage)) == "0.000123456789012345678"
+    assert openai_cost(decode_openai_usage('{"cost":1e-7}')) == Decimal("1E-7")
+    assert openai_cost(decode_openai_usage('{"cost":0}')) == Decimal(0)
+
+
+def test_cost_in_usd_ticks() -> None:
+    usage = decode_openai_usage('{"prompt_tokens":3,"completion_tokens":1,"cost_in_usd_ticks":1234567}')
+    assert openai_cost(usage) == Decimal("0.0001234567")
+    assert openai_cost(decode_openai_usage('{"cost_in_usd_ticks":10000000000}')) == Decimal(1)
+    both = decode_openai_usage('{"cost":0.5,"cost_in_usd_ticks":1}')
+    assert openai_cost(both) == Decimal("0.5")
+
+
+def test_no_cost_reported() -> None:
+    assert openai_cost(decode_openai_usage('{"prompt_tokens":1}')) is None
+    assert openai_cost(decode_openai_usage('{"cost":null}')) is None
+
+
+def test_report_joins_buckets_and_cost() -> None:
+    usage = decode_openai_usage('{"prompt_tokens":5,"completion_tokens":2,"cost":0.25}')
+    assert openai_report(usage) == UsageReport(usage=Usage(input_tokens=5, output_tokens=2), cost_usd=Decimal("0.25"))
+
+
+def test_from_mapping() -> None:
+    usage = openai_usage_from({"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}})
+    assert openai_buckets(usage) == Usage(input_tokens=5, cache_read_tokens=4)
+    assert openai_usage_from(usage) is usage
+
+
+def test_anthropic_usage_is_additive() -> None:
+    usage = AnthropicUsage(
+        input_tokens=20, output_tokens=7, cache_read_input_tokens=1000, cache_creation_input_tokens=300
+    )
+    assert anthropic_buckets(usage) == Usage(
+        input_tokens=20, output_tokens=7, cache_read_tokens=1000, cache_write_tokens=300
+    )
+    assert anthropic_buckets(AnthropicUsage()) == Usage()
+
+
+def test_anthropic_message_delta_is_cumulative() -> None:
+    start = AnthropicUsage(input_tokens=20, output_tokens=1, cache_read_input_tokens=1000)
+    first = merge_anthropic(start, AnthropicUsage(output_tokens=15))
+    second = merge_anthropic(first, AnthropicUsage(output_tokens=42))
+    assert anthropic_buckets(second) == Usage(input_tokens=20, output_tokens=42, cache_read_tokens=1000)
+    corrected = merge_anthropic(second, AnthropicUsage(input_tokens=25, cache_creation_input_tokens=0))
+    assert anthropic_buckets(corrected) == Usage(input_tokens=25, output_tokens=42, cache_read_tokens=1000)
