@@ -46,9 +46,11 @@ class Gateway:
         self.client = make_client()
         runtimes = {}
         for config in provider_configs(settings):
-            reason = f"key variable {settings.providers[config.name].api_key_env} is unset" if key_missing(
-                settings, config.name
-            ) else None
+            reason = (
+                f"key variable {settings.providers[config.name].api_key_env} is unset"
+                if key_missing(settings, config.name)
+                else None
+            )
             if reason:
                 self.log.warning("provider_disabled", provider=config.name, reason=reason)
             runtimes[config.name] = ProviderRuntime(config, Provider(config, self.client), disabled_reason=reason)

@@ -37,9 +37,9 @@ from app.errors import (
 )
 from app.routing import Backend, Route, Router
 from app.validation import check_capabilities
-from catalog.snapshot import ModelEntry
 from catalog.ledger import CostSource, LedgerRecord, LedgerStatus
 from catalog.pricing import estimate_cost
+from catalog.snapshot import ModelEntry
 from providers import events as ev
 from providers.errors import Failure, UpstreamError
 from providers.types import CompletionRequest

@@ -106,8 +106,12 @@ class LedgerWriter:
 
     def start(self) -> None:
         """Start the writer task; call from inside the running event loop."""
+        self._started()
+
+    def _started(self) -> asyncio.Task[None]:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="ledger-writer")
+        return self._task
 
     def submit(self, record: LedgerRecord) -> None:
         """Queue `record` for writing. Never blocks, never raises for a full queue."""
@@ -124,6 +128,8 @@ class LedgerWriter:
 
     async def flush(self) -> None:
         """Wait until every record submitted before this call has been written."""
+        if self._task is None:
+            raise RuntimeError("the ledger writer was never started")
         target = self._submitted
         self._wake.set()
         async with self._progress:
@@ -133,13 +139,13 @@ class LedgerWriter:
     async def close(self) -> None:
         """Write everything still queued, then stop the writer task."""
         self._closing = True
+        task = self._started()
         self._wake.set()
-        if self._task is not None:
-            await self._task
+        await task
         self._raise_if_crashed()
 
     def _stopped(self) -> bool:
-        return self._task is None or self._task.done()
+        return self._task is not None and self._task.done()
 
     def _raise_if_crashed(self) -> None:
         if self._task is not None and self._task.done() and not self._task.cancelled():
@@ -182,8 +188,8 @@ class LedgerWriter:
         while True:
             try:
                 await write_records(self._engine, batch)
-            except (SQLAlchemyError, OSError) as exc:
-                if _is_data_error(exc):
+            except Exception as exc:
+                if not _is_outage(exc):
                     await self._isolate(batch, exc)
                     return
                 attempt += 1
@@ -192,7 +198,7 @@ class LedgerWriter:
                 return
 
     async def _isolate(self, batch: Sequence[LedgerRecord], exc: Exception) -> None:
-        """The database refused the data itself: write row by row so only the bad rows are set aside."""
+        """The rows themselves failed: write them one by one so only the bad ones are set aside."""
         if len(batch) == 1:
             self._on_rejected(batch[0], exc)
             return
@@ -217,12 +223,17 @@ def _as_row(record: LedgerRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in _COLUMNS}
 
 
-def _is_data_error(exc: Exception) -> bool:
-    """Errors about the data itself never heal on retry; anything else from the database (or the
-    network to it) is taken as an outage and retried."""
+def _is_outage(exc: Exception) -> bool:
+    """Whether retrying the same rows can succeed: the database (or the way to it) is failing.
+
+    Errors about the data itself (a constraint, a value the column refuses, a bind error) never
+    heal on retry; neither does a bug of ours. Those rows are set aside instead of blocking the rest.
+    """
     if isinstance(exc, DataError | IntegrityError):
-        return True
-    return isinstance(exc, StatementError) and not isinstance(exc, DBAPIError)
+        return False
+    if isinstance(exc, StatementError) and not isinstance(exc, DBAPIError):
+        return False
+    return isinstance(exc, SQLAlchemyError | OSError)
 
 
 def _check(record: LedgerRecord) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 
 import httpx
 from httpx_aiohttp import AiohttpTransport
@@ -67,7 +67,7 @@ class Provider:
         self._json_timeout = httpx.Timeout(connect=timeouts.connect, read=timeouts.first_byte, write=None, pool=None)
         self._stream_timeout = httpx.Timeout(connect=timeouts.connect, read=timeouts.idle, write=None, pool=None)
 
-    async def events(self, req: CompletionRequest, upstream_model: str, *, stream: bool) -> AsyncIterator[Event]:
+    async def events(self, req: CompletionRequest, upstream_model: str, *, stream: bool) -> AsyncGenerator[Event, None]:
         """The events of one attempt; raises `UpstreamError` for every failure, including a
         stream that ends without a finish reason."""
         loop = asyncio.get_running_loop()

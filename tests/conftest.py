@@ -32,7 +32,8 @@ class GatewayHandle:
         self.client = httpx.AsyncClient(base_url=url, timeout=30.0)
 
     async def ledger_rows(self) -> list[dict[str, Any]]:
-        assert self.gateway.ledger is not None and self.gateway.engine is not None
+        assert self.gateway.ledger is not None
+        assert self.gateway.engine is not None
         await self.gateway.ledger.flush()
         async with self.gateway.engine.connect() as conn:
             result = await conn.execute(text("SELECT * FROM ledger ORDER BY started_at, request_id"))

@@ -15,7 +15,8 @@ def parse_sse(body: str) -> list[tuple[str, Any]]:
         lines = block.split("\n")
         assert len(lines) == 2, f"unexpected frame layout: {block!r}"
         event, data = lines
-        assert event.startswith("event: ") and data.startswith("data: "), block
+        assert event.startswith("event: "), block
+        assert data.startswith("data: "), block
         frames.append((event.removeprefix("event: "), json.loads(data.removeprefix("data: "), parse_float=Decimal)))
     return frames
 

@@ -157,3 +157,25 @@ async def test_bad_records_are_refused_at_submit(engine: AsyncEngine) -> None:
     with pytest.raises(ValueError, match="integer digits"):
         writer.submit(record(5, cost_usd=Decimal("1E+20")))
     assert writer.pending == 0
+
+
+async def test_close_without_start_still_writes(engine: AsyncEngine) -> None:
+    writer = LedgerWriter(engine)
+    writer.submit(FULL)
+    with pytest.raises(RuntimeError, match="never started"):
+        await writer.flush()
+    await writer.close()
+    assert await ledger(engine) == [FULL]
+
+
+async def test_a_row_the_database_refuses_is_set_aside_not_retried_forever(engine: AsyncEngine) -> None:
+    writer = LedgerWriter(engine)
+    writer.start()
+    bad = record(3, error_status=2**64)  # too large for the INTEGER column on both databases
+    writer.submit(FULL)
+    writer.submit(bad)
+    writer.submit(FAILED)
+    await asyncio.wait_for(writer.flush(), timeout=10)
+    assert await ledger(engine) == [FULL, FAILED]
+    assert writer.rejected == [bad]
+    await writer.close()

@@ -14,7 +14,9 @@ from tests.upstream import ReplayUpstream, reply_json
 USER = {"role": "user", "content": [{"kind": "text", "data": "hi"}]}
 
 
-def assert_error(response: Any, status: int, type_: str, message: str | None = None, param: str | None = None) -> dict[str, Any]:
+def assert_error(
+    response: Any, status: int, type_: str, message: str | None = None, param: str | None = None
+) -> dict[str, Any]:
     assert response.status_code == status, response.text
     body: dict[str, Any] = response.json()
     request_id = response.headers["x-request-id"]
@@ -36,7 +38,11 @@ def assert_error(response: Any, status: int, type_: str, message: str | None = N
     ("payload", "param", "message"),
     [
         (
-            {"messages": [{"role": "user", "content": [{"kind": "text", "data": "a"}, {"kind": "hologram", "data": 1}]}]},
+            {
+                "messages": [
+                    {"role": "user", "content": [{"kind": "text", "data": "a"}, {"kind": "hologram", "data": 1}]}
+                ]
+            },
             "messages[0].content[1].kind",
             "messages[0].content[1].kind: unknown content kind 'hologram'",
         ),
@@ -48,8 +54,11 @@ def assert_error(response: Any, status: int, type_: str, message: str | None = N
         ({"messages": [USER], "reasoning_effort": "extreme"}, "reasoning_effort", None),
         ({"messages": [USER], "tool_choice": {"mode": "sometimes"}}, "tool_choice.mode", None),
         (
-            {"messages": [USER], "tools": [{"name": "a", "description": "", "parameters": {}}],
-             "tool_choice": {"mode": "named", "tool_name": "b"}},
+            {
+                "messages": [USER],
+                "tools": [{"name": "a", "description": "", "parameters": {}}],
+                "tool_choice": {"mode": "named", "tool_name": "b"},
+            },
             "tool_choice.tool_name",
             "tool_choice.tool_name: names no declared tool: 'b'",
         ),
@@ -58,12 +67,18 @@ def assert_error(response: Any, status: int, type_: str, message: str | None = N
         ({"messages": [USER], "provider_options": {"primary": {"model": "x"}}}, "provider_options.primary.model", None),
         ({"messages": [USER], "provider_options": {"elsewhere": {}}}, "provider_options.elsewhere", None),
         (
-            {"messages": [{"role": "user", "content": [{"kind": "image", "data": {"url": "/etc/passwd"}}]}], "model": "vision-1"},
+            {
+                "messages": [{"role": "user", "content": [{"kind": "image", "data": {"url": "/etc/passwd"}}]}],
+                "model": "vision-1",
+            },
             "messages[0].content[0].data.url",
             None,
         ),
         (
-            {"messages": [{"role": "user", "content": [{"kind": "image", "data": {"url": "file:///etc/passwd"}}]}], "model": "vision-1"},
+            {
+                "messages": [{"role": "user", "content": [{"kind": "image", "data": {"url": "file:///etc/passwd"}}]}],
+                "model": "vision-1",
+            },
             "messages[0].content[0].data.url",
             None,
         ),
@@ -89,29 +104,53 @@ async def test_invalid_requests_are_400_naming_the_field(
 
 
 async def test_malformed_json_and_non_object(gw: GatewayHandle) -> None:
-    response = await gw.client.post("/api/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    response = await gw.client.post(
+        "/api/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert_error(response, 400, "invalid_request_error")
     response = await gw.client.post("/api/v1/completions", json=[1, 2])
     assert_error(response, 400, "invalid_request_error", "request body must be a JSON object")
 
 
 async def test_null_optional_fields_mean_absent(gw: GatewayHandle, primary: ReplayUpstream) -> None:
-    primary.enqueue(reply_json(200, {"id": "x", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]}))
-    payload = {"messages": [USER], "model": None, "system": None, "tools": None, "tool_choice": None, "schema": None,
-               "stream": None, "temperature": None, "provider": None, "provider_options": None}
+    primary.enqueue(
+        reply_json(200, {"id": "x", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]})
+    )
+    payload = {
+        "messages": [USER],
+        "model": None,
+        "system": None,
+        "tools": None,
+        "tool_choice": None,
+        "schema": None,
+        "stream": None,
+        "temperature": None,
+        "provider": None,
+        "provider_options": None,
+    }
     response = await gw.client.post("/api/v1/completions", json=payload)
     assert response.status_code == 200, response.text
 
 
-async def test_body_too_large_is_413(start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream) -> None:
-    gw = await start_gateway(providers=providers_for(primary, secondary), catalog=CATALOG, server={"max_body_bytes": 2048})
+async def test_body_too_large_is_413(
+    start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    gw = await start_gateway(
+        providers=providers_for(primary, secondary), catalog=CATALOG, server={"max_body_bytes": 2048}
+    )
     payload = {"messages": [{"role": "user", "content": [{"kind": "text", "data": "x" * 4096}]}]}
     response = await gw.client.post("/api/v1/completions", json=payload)
     assert_error(response, 413, "invalid_request_error")
 
 
 async def test_upstream_client_error_is_400_with_upstream_message(gw: GatewayHandle, primary: ReplayUpstream) -> None:
-    error = {"error": {"message": "This model's maximum context length is 32768 tokens", "type": "invalid_request_error", "code": 400}}
+    error = {
+        "error": {
+            "message": "This model's maximum context length is 32768 tokens",
+            "type": "invalid_request_error",
+            "code": 400,
+        }
+    }
     primary.enqueue(reply_json(400, error))
     response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})
     assert_error(response, 400, "invalid_request_error", "This model's maximum context length is 32768 tokens")
@@ -122,7 +161,9 @@ async def test_upstream_client_error_is_400_with_upstream_message(gw: GatewayHan
 async def test_all_backends_at_capacity_is_429_with_soonest_retry_after(
     gw: GatewayHandle, primary: ReplayUpstream, secondary: ReplayUpstream
 ) -> None:
-    busy = {"error": {"message": "all backends for this model are at capacity", "type": "rate_limit_error", "code": 429}}
+    busy = {
+        "error": {"message": "all backends for this model are at capacity", "type": "rate_limit_error", "code": 429}
+    }
     primary.enqueue(reply_json(429, busy, headers={"retry-after": "7"}))
     secondary.enqueue(reply_json(429, busy, headers={"retry-after": "3"}))
     response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})
@@ -132,18 +173,29 @@ async def test_all_backends_at_capacity_is_429_with_soonest_retry_after(
     assert (row["status"], row["error_status"], row["attempts"]) == ("error", 429, 2)
 
 
-async def test_all_backends_refusing_is_502(gw: GatewayHandle, primary: ReplayUpstream, secondary: ReplayUpstream) -> None:
+async def test_all_backends_refusing_is_502(
+    gw: GatewayHandle, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
     primary.enqueue(reply_json(503, {"error": {"message": "down", "type": "unavailable", "code": 503}}))
     secondary.enqueue(reply_json(500, {"detail": "boom"}))
     response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})
     assert_error(response, 502, "upstream_error", "all backends refused the request")
     (row,) = await gw.ledger_rows()
-    assert (row["status"], row["error_type"], row["attempts"], row["provider"]) == ("error", "upstream_error", 2, "secondary")
+    assert (row["status"], row["error_type"], row["attempts"], row["provider"]) == (
+        "error",
+        "upstream_error",
+        2,
+        "secondary",
+    )
 
 
-async def test_failover_to_second_backend(gw: GatewayHandle, primary: ReplayUpstream, secondary: ReplayUpstream) -> None:
+async def test_failover_to_second_backend(
+    gw: GatewayHandle, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
     primary.enqueue(reply_json(502, {"error": {"message": "bad gateway", "type": "upstream_error", "code": 502}}))
-    secondary.enqueue(reply_json(200, {"id": "s", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]}))
+    secondary.enqueue(
+        reply_json(200, {"id": "s", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]})
+    )
     response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})
     assert response.status_code == 200
     assert response.json()["provider"] == "secondary"
@@ -158,23 +210,33 @@ async def test_no_backend_available_is_503(
     providers = providers_for(
         primary,
         secondary,
-        {"primary": {"api_key_env": "SWITCHYARD_TEST_UNSET_KEY"}, "secondary": {"api_key_env": "SWITCHYARD_TEST_UNSET_KEY"}},
+        {
+            "primary": {"api_key_env": "SWITCHYARD_TEST_UNSET_KEY"},
+            "secondary": {"api_key_env": "SWITCHYARD_TEST_UNSET_KEY"},
+        },
     )
     gw = await start_gateway(providers=providers, catalog=CATALOG)
     response = await gw.client.post("/api/v1/completions", json={"model": "chat-1", "messages": [USER]})
     assert_error(response, 503, "unavailable", "no backend is available for this model")
-    assert primary.requests == [] and secondary.requests == []
+    assert primary.requests == []
+    assert secondary.requests == []
     (row,) = await gw.ledger_rows()
     assert (row["status"], row["error_status"], row["attempts"], row["model"]) == ("error", 503, 0, "chat-1")
     models = (await gw.client.get("/api/v1/models")).json()["data"]
     assert {m["id"]: m["ready"] for m in models}["chat-1"] is False
 
 
-async def test_upstream_timeout_is_504(start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream) -> None:
+async def test_upstream_timeout_is_504(
+    start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
     fast = {"timeouts": {"first_byte": 0.3, "idle": 0.3}}
-    gw = await start_gateway(providers=providers_for(primary, secondary, {"primary": fast, "secondary": fast}), catalog=CATALOG)
+    gw = await start_gateway(
+        providers=providers_for(primary, secondary, {"primary": fast, "secondary": fast}), catalog=CATALOG
+    )
     stalled = reply_json(200, {"id": "late"})
-    stalled = stalled.__class__(**{**{n: getattr(stalled, n) for n in stalled.__struct_fields__}, "first_byte_delay_s": 5.0})
+    stalled = stalled.__class__(
+        **{**{n: getattr(stalled, n) for n in stalled.__struct_fields__}, "first_byte_delay_s": 5.0}
+    )
     primary.enqueue(stalled)
     secondary.enqueue(stalled)
     response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})

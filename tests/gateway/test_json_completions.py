@@ -87,14 +87,21 @@ async def test_upstream_body_is_the_mapped_request(gw: GatewayHandle, primary: R
                     {"kind": "thinking", "data": {"text": "need a tool", "signature": None, "redacted": False}},
                     {
                         "kind": "tool_call",
-                        "data": {"id": "call_1", "name": "get_weather", "type": "function", "arguments": {"city": "Paris"}},
+                        "data": {
+                            "id": "call_1",
+                            "name": "get_weather",
+                            "type": "function",
+                            "arguments": {"city": "Paris"},
+                        },
                     },
                 ],
             },
             {
                 "role": "tool",
                 "tool_call_id": "call_1",
-                "content": [{"kind": "tool_result", "data": {"tool_call_id": "call_1", "content": {"c": 18}, "is_error": False}}],
+                "content": [
+                    {"kind": "tool_result", "data": {"tool_call_id": "call_1", "content": {"c": 18}, "is_error": False}}
+                ],
             },
         ],
         "tools": [{"name": "get_weather", "description": "Current weather", "parameters": {"type": "object"}}],
@@ -122,7 +129,11 @@ async def test_upstream_body_is_the_mapped_request(gw: GatewayHandle, primary: R
             "content": None,
             "reasoning_content": "need a tool",
             "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                }
             ],
         }
         if "content" in sent["messages"][2]
@@ -130,7 +141,11 @@ async def test_upstream_body_is_the_mapped_request(gw: GatewayHandle, primary: R
             "role": "assistant",
             "reasoning_content": "need a tool",
             "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"c":18}'},
@@ -156,7 +171,12 @@ async def test_tool_calls_response(gw: GatewayHandle, primary: ReplayUpstream) -
         {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{not json"}},
     ]
     primary.enqueue(
-        reply_json(200, chat_response({"content": None, "tool_calls": calls}, "stop", {"prompt_tokens": 30, "completion_tokens": 20}))
+        reply_json(
+            200,
+            chat_response(
+                {"content": None, "tool_calls": calls}, "stop", {"prompt_tokens": 30, "completion_tokens": 20}
+            ),
+        )
     )
     response = await post(gw, {"messages": [user("Weather and time in Paris?")]})
     body = response.json()
@@ -175,7 +195,13 @@ async def test_tool_calls_response(gw: GatewayHandle, primary: ReplayUpstream) -
         },
         {
             "kind": "tool_call",
-            "data": {"id": "call_b", "name": "get_time", "arguments": {}, "type": "function", "raw_arguments": "{not json"},
+            "data": {
+                "id": "call_b",
+                "name": "get_time",
+                "arguments": {},
+                "type": "function",
+                "raw_arguments": "{not json",
+            },
         },
     ]
 
@@ -260,7 +286,9 @@ async def test_structured_output_is_parsed(gw: GatewayHandle, primary: ReplayUps
 async def test_provider_pin_routes_to_the_named_provider(
     gw: GatewayHandle, primary: ReplayUpstream, secondary: ReplayUpstream
 ) -> None:
-    secondary.enqueue(reply_json(200, chat_response({"content": "hi"}, "stop", {"prompt_tokens": 4, "completion_tokens": 1})))
+    secondary.enqueue(
+        reply_json(200, chat_response({"content": "hi"}, "stop", {"prompt_tokens": 4, "completion_tokens": 1}))
+    )
     body = (await post(gw, {"model": "chat-1", "provider": "secondary", "messages": [user("x")]})).json(
         parse_float=Decimal
     )

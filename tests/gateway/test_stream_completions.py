@@ -39,7 +39,11 @@ def tool_delta(index: int, *, id: str | None = None, name: str | None = None, ar
 
 
 async def stream(gw: GatewayHandle, **extra: Any) -> tuple[httpx.Response, list[tuple[str, Any]]]:
-    body = {"model": "chat-1", "stream": True, "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}]}
+    body = {
+        "model": "chat-1",
+        "stream": True,
+        "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}],
+    }
     response = await gw.client.post("/api/v1/completions", json={**body, **extra})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
@@ -106,8 +110,15 @@ async def test_reasoning_then_text_reads_both_field_names(gw: GatewayHandle, pri
                 chunk({"reasoning": "Let me "}),
                 chunk({"reasoning_content": "think."}),
                 chunk({"content": "42"}),
-                chunk({}, "stop", usage={"prompt_tokens": 5, "completion_tokens": 7,
-                                          "completion_tokens_details": {"reasoning_tokens": 4}}),
+                chunk(
+                    {},
+                    "stop",
+                    usage={
+                        "prompt_tokens": 5,
+                        "completion_tokens": 7,
+                        "completion_tokens_details": {"reasoning_tokens": 4},
+                    },
+                ),
             ],
             done=False,
         )
@@ -191,7 +202,10 @@ async def test_parallel_tool_calls_and_repeated_names(gw: GatewayHandle, primary
         {"type": "tool_call_delta", "tool_call": {**a, "arguments": {}, "raw_arguments": '"Paris"}'}},
         {"type": "tool_call_start", "tool_call": {**b, "arguments": {}, "raw_arguments": ""}},
         {"type": "tool_call_delta", "tool_call": {**b, "arguments": {}, "raw_arguments": '{"tz":"CET"}'}},
-        {"type": "tool_call_end", "tool_call": {**a, "arguments": {"city": "Paris"}, "raw_arguments": '{"city":"Paris"}'}},
+        {
+            "type": "tool_call_end",
+            "tool_call": {**a, "arguments": {"city": "Paris"}, "raw_arguments": '{"city":"Paris"}'},
+        },
         {"type": "tool_call_end", "tool_call": {**b, "arguments": {"tz": "CET"}, "raw_arguments": '{"tz":"CET"}'}},
     ]
     finish = frames[-1][1]
@@ -208,17 +222,30 @@ async def test_structured_output_streamed(gw: GatewayHandle, primary: ReplayUpst
 
 async def test_error_chunk_mid_stream_becomes_error_event(gw: GatewayHandle, primary: ReplayUpstream) -> None:
     primary.enqueue(
-        reply_sse([chunk({"content": "Partial"}), {"error": {"message": "engine crashed", "type": "server_error", "code": 500}}])
+        reply_sse(
+            [
+                chunk({"content": "Partial"}),
+                {"error": {"message": "engine crashed", "type": "server_error", "code": 500}},
+            ]
+        )
     )
     _, frames = await stream(gw)
     assert without_finish_response(frames)[1:] == [
         {"type": "text_start", "text_id": "text_0"},
         {"type": "text_delta", "text_id": "text_0", "delta": "Partial"},
         {"type": "text_end", "text_id": "text_0"},
-        {"type": "error", "error": {"message": frames[-1][1]["error"]["message"], "type": "upstream_error", "code": 502}},
+        {
+            "type": "error",
+            "error": {"message": frames[-1][1]["error"]["message"], "type": "upstream_error", "code": 502},
+        },
     ]
     (row,) = await gw.ledger_rows()
-    assert (row["status"], row["error_type"], row["error_status"], row["attempts"]) == ("error", "upstream_error", 502, 1)
+    assert (row["status"], row["error_type"], row["error_status"], row["attempts"]) == (
+        "error",
+        "upstream_error",
+        502,
+        1,
+    )
 
 
 async def test_truncated_stream_is_an_error_event(gw: GatewayHandle, primary: ReplayUpstream) -> None:
@@ -254,7 +281,11 @@ async def test_keepalive_ping_before_first_token(
     primary.enqueue(reply.__class__(**{**_fields(reply), "first_byte_delay_s": 0.5}))
     response = await gw.client.post(
         "/api/v1/completions",
-        json={"model": "chat-1", "stream": True, "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}]},
+        json={
+            "model": "chat-1",
+            "stream": True,
+            "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}],
+        },
     )
     blocks = response.text.split("\n\n")[:-1]
     assert blocks[0] == 'event: ping\ndata: {"type":"ping"}'
@@ -274,7 +305,11 @@ async def test_client_disconnect_cancels_upstream_and_records_cancelled(
     async with gw.client.stream(
         "POST",
         "/api/v1/completions",
-        json={"model": "chat-1", "stream": True, "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}]},
+        json={
+            "model": "chat-1",
+            "stream": True,
+            "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}],
+        },
     ) as response:
         async for text in response.aiter_text():
             if "text_delta" in text:
