@@ -22,7 +22,7 @@ if [ "${SKIP_WHEELS:-0}" != 1 ]; then
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_TELEMETRY=1 PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 
 "$PY" -c 'import sys, torch, transformers, fastapi, openai, msgspec, httpx_aiohttp, pytest_asyncio
 print(sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__,

@@ -25,7 +25,15 @@ from typing import Any, Literal
 
 import msgspec
 import structlog
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError, StatementError
+from sqlalchemy.exc import (
+    DBAPIError,
+    InterfaceError,
+    InternalError,
+    OperationalError,
+    ProgrammingError,
+    SQLAlchemyError,
+    StatementError,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.tables import COST_PRECISION, COST_SCALE, ExactDecimal, LedgerRow, insert_for
@@ -36,6 +44,7 @@ CostSource = Literal["authoritative", "estimated"]
 _MAX_PARAMETERS = 30_000  # below SQLite's and PostgreSQL's bind-parameter limits per statement
 _MAX_BACKOFF = 5.0
 _COST_TYPE = ExactDecimal(COST_PRECISION, COST_SCALE)
+_OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalError)
 
 log = structlog.get_logger("switchyard.ledger")
 
@@ -226,12 +235,13 @@ def _as_row(record: LedgerRecord) -> dict[str, Any]:
 def _is_outage(exc: Exception) -> bool:
     """Whether retrying the same rows can succeed: the database (or the way to it) is failing.
 
-    Errors about the data itself (a constraint, a value the column refuses, a bind error) never
-    heal on retry; neither does a bug of ours. Those rows are set aside instead of blocking the rest.
+    Errors about the data itself (a constraint, a value the column or the driver refuses, a bind
+    error) never heal on retry; neither does a bug of ours. Those rows are set aside instead of
+    blocking the rest. A missing table (`ProgrammingError`: not migrated yet) counts as an outage.
     """
-    if isinstance(exc, DataError | IntegrityError):
-        return False
-    if isinstance(exc, StatementError) and not isinstance(exc, DBAPIError):
+    if isinstance(exc, DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, _OUTAGE_ERRORS)
+    if isinstance(exc, StatementError):
         return False
     return isinstance(exc, SQLAlchemyError | OSError)
 

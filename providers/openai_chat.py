@@ -11,9 +11,9 @@ Wire quirks resolved here (see providers.md):
 - tool-call deltas are matched by `id` first, then `index`: `id`/`name` are set once (llama.cpp
   repeats them in every delta), parallel calls may all claim `index: 0` and differ only by `id`,
   and a delta with a new `id` but no name continues the call at its index (a server that invents a
-  fresh id per delta); a call the upstream gave no `id` gets `call_<key>`;
-- `ToolCallStart` waits until both id and name are known; argument fragments seen before are
-  buffered and sent as one `ToolCallArgs`;
+  fresh id per delta);
+- `ToolCallStart` waits until the name is known (a call still without an id then gets
+  `call_<key>`); argument fragments seen before are buffered and sent as one `ToolCallArgs`;
 - usage may come on any chunk (the last report wins) and is yielded once, at the end, followed by
   `Finish`; the end is `[DONE]` or EOF after a `finish_reason` (`transformers serve` sends no
   `[DONE]`); EOF before either is a truncated stream;

@@ -35,6 +35,16 @@ class SSEParser:
 
     def feed(self, data: bytes) -> list[str]:
         """The payloads of the events that `data` completes, in order."""
+        if (
+            not self._buffer
+            and data.startswith(b"data: ")
+            and data.find(b"\n") == len(data) - 2
+            and data.endswith(b"\n\n")
+            and self._started
+            and not self._skip_lf
+            and b"\r" not in data
+        ):
+            return [data[6:-2].decode("utf-8", "replace")]  # one whole single-line event: the usual read
         if not self._started:
             if not data:
                 return []

@@ -27,6 +27,13 @@ import httpx
 import pytest
 
 STARTUP_LIMIT_S = 90.0
+# No hub, no telemetry, and no PyPI version check (the `transformers` CLI makes one at start).
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
 STDERR_TAIL_CHARS = 4000
 
 
@@ -58,7 +65,7 @@ def _wait_healthy(origin: str, process: subprocess.Popen[bytes], log: Path) -> N
         if process.poll() is not None:
             pytest.fail(f"transformers serve exited with {process.returncode}:\n{_tail(log)}", pytrace=False)
         try:
-            if httpx.get(f"{origin}/health", timeout=2.0).status_code == 200:
+            if httpx.get(f"{origin}/health", timeout=2.0, trust_env=False).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -97,7 +104,7 @@ def transformers_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
         sys.executable, "-m", "transformers.cli.transformers", "serve",
         "--host", "127.0.0.1", "--port", str(port), "--device", device, str(tiny_model_dir),
     ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+    env = {**os.environ, **OFFLINE_ENV}
     with log.open("wb") as stderr:
         process = subprocess.Popen(command, stdout=stderr, stderr=subprocess.STDOUT, env=env)
     try:

@@ -132,7 +132,7 @@ def build_tiny_model(directory: Path, *, hidden_size: int = 32, num_layers: int 
 
 def count_prompt_tokens(directory: Path, turns: list[tuple[str, str]]) -> int:
     """What `transformers serve` counts as `prompt_tokens` for these plain-text (role, text) turns."""
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     chat = [{"role": role, "content": text} for role, text in turns]
     encoded: Any = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)
     return len(encoded["input_ids"])
