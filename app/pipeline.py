@@ -257,8 +257,8 @@ class Pipeline:
             estimated_cost_usd=estimate,
             cost_source=_cost_source(authoritative, estimate),
             price_id=price_id,
-            latency_ms=round((now - exchange.started) * 1000),
-            ttft_ms=round((exchange.first_content - exchange.started) * 1000)
+            latency_ms=round((now - exchange.started) * 1000, 3),
+            ttft_ms=round((exchange.first_content - exchange.started) * 1000, 3)
             if exchange.first_content is not None
             else None,
             attempts=exchange.attempts,

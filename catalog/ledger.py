@@ -110,7 +110,7 @@ class LedgerWriter:
 
     @property
     def pending(self) -> int:
-        """Records submitted and not yet written (queue and overflow)."""
+        """Records submitted and not yet written or set aside (queue and overflow)."""
         return self._submitted - self._written
 
     def start(self) -> None:

@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.mock_upstream import ScriptedOptions, estimate_prompt_tokens, main, scripted_server
+from app.mock_openai import ScriptedOptions, estimate_prompt_tokens
+from app.mock_upstream import main, scripted_server
 from tests.upstream import ReplayUpstream, load_transcript, reply_json, reply_sse
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,0 +1,207 @@
+"""What `switchyard mock-upstream` says: its options and its OpenAI-compatible reply bytes.
+
+For one (endpoint, model) every byte of a completion reply is built once, into a `Plan`: the SSE
+frames up to the finish chunk, and the JSON body cut around its usage object. Per request only the
+usage (prompt tokens are estimated from the request body's size) is encoded and spliced in, so the
+mock stays many times cheaper than the gateway it stands behind. Deciding which reply a request
+gets (routes, injected faults, pacing) is `app.mock_upstream.ScriptedResponder`'s business.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
+DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog."
+REASONING_TEXT = "Let me think about this step by step."
+TOOL_ARGUMENTS = '{"city": "Ljubljana", "unit": "celsius"}'
+CHAT_PATH = "/v1/chat/completions"
+TEXT_PATH = "/v1/completions"
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+class ScriptedOptions(Struct, frozen=True):
+    model: str = "mock-model"
+    latency_ms: float = 0.0
+    chunk_delay_ms: float = 0.0
+    chunks: int = 64
+    tokens_per_chunk: int = 1
+    text: str = DEFAULT_TEXT
+    reasoning_chunks: int = 0
+    tool_call: str | None = None  # a function name: the reply ends with one call to it
+    fail_status: int | None = None
+    fail_every: int = 1
+    retry_after: int | None = None
+    reset_after: int | None = None
+    metrics_waiting: int = 0
+
+
+class Usage(Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    completion_tokens_details: _CompletionDetails | UnsetType = UNSET
+
+
+class _CompletionDetails(Struct):
+    reasoning_tokens: int
+
+
+class _Function(Struct, kw_only=True):
+    name: str | UnsetType = UNSET
+    arguments: str
+
+
+class _ToolCall(Struct, kw_only=True):
+    index: int | UnsetType = UNSET
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: _Function
+
+
+class _Delta(Struct):
+    role: str | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[_ToolCall] | UnsetType = UNSET
+
+
+class _Message(Struct):
+    role: str
+    content: str | None
+    reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[_ToolCall] | UnsetType = UNSET
+
+
+class _StreamChoice(Struct):
+    index: int
+    delta: _Delta
+    finish_reason: str | None
+
+
+class _Choice(Struct):
+    index: int
+    message: _Message
+    finish_reason: str
+
+
+class _TextChoice(Struct):
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+class _Body(Struct):
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: Sequence[Struct]
+    usage: Usage | UnsetType = UNSET
+
+
+class _StreamOptions(Struct):
+    include_usage: bool = False
+
+
+class CompletionRequest(Struct):
+    """The only fields of an upstream request the mock reads."""
+
+    model: str = ""
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+
+
+class Plan(Struct):
+    """Everything about one (endpoint, model) reply that does not depend on the request."""
+
+    frames: list[bytes]  # SSE events up to and including the finish chunk
+    joined: bytes  # the same, as one chunk
+    json_head: bytes  # the JSON body before and after its usage object
+    json_tail: bytes
+    completion_tokens: int
+    reasoning_tokens: int
+
+
+_SENTINEL = Usage(-987654321, -1, -1)
+
+
+def estimate_prompt_tokens(body: bytes) -> int:
+    """The mock's prompt token count: one token per four bytes of request body, at least one."""
+    return max(1, len(body) // 4)
+
+
+def usage_for(plan: Plan, body: bytes) -> Usage:
+    """The usage of one request: its estimated prompt, the plan's completion."""
+    prompt = estimate_prompt_tokens(body)
+    usage = Usage(prompt, plan.completion_tokens, prompt + plan.completion_tokens)
+    if plan.reasoning_tokens:
+        usage.completion_tokens_details = _CompletionDetails(plan.reasoning_tokens)
+    return usage
+
+
+def json_body(plan: Plan, usage: Usage) -> bytes:
+    return plan.json_head + msgspec.json.encode(usage) + plan.json_tail
+
+
+def usage_frame(path: str, created: int, model: str, usage: Usage) -> bytes:
+    """The trailing usage-only chunk a stream gets with `stream_options.include_usage`."""
+    if path == CHAT_PATH:
+        return _sse(_Body("chatcmpl-mock", "chat.completion.chunk", created, model, [], usage))
+    return _sse(_Body("cmpl-mock", "text_completion", created, model, [], usage))
+
+
+def _pieces(text: str, count: int, per_chunk: int) -> list[str]:
+    """`count` chunks of `per_chunk` words each, cycling through `text` (one word, one token)."""
+    words = re.findall(r"\s*\S+", text) or ["x"]
+    again = [" " + words[0].lstrip(), *words[1:]]  # after the first pass, every word follows a space
+    tokens = [(words if k < len(words) else again)[k % len(words)] for k in range(count * per_chunk)]
+    return ["".join(tokens[i * per_chunk : (i + 1) * per_chunk]) for i in range(count)]
+
+
+def _sse(obj: Struct) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+def build_plan(opts: ScriptedOptions, created: int, path: str, model: str) -> Plan:
+    """The reply bytes for `path` (chat or text completions) naming `model`."""
+    content = _pieces(opts.text, opts.chunks, opts.tokens_per_chunk)
+    if path == TEXT_PATH:
+        head = _Body("cmpl-mock", "text_completion", created, model, [])
+        frames = [_sse(msgspec.structs.replace(head, choices=[_TextChoice(0, p, None)])) for p in content]
+        frames.append(_sse(msgspec.structs.replace(head, choices=[_TextChoice(0, "", "stop")])))
+        whole = msgspec.structs.replace(head, choices=[_TextChoice(0, "".join(content), "stop")])
+        return _plan_of(frames, whole, len(content) * opts.tokens_per_chunk, 0)
+    reasoning = _pieces(REASONING_TEXT, opts.reasoning_chunks, opts.tokens_per_chunk)
+    deltas = [_Delta(reasoning_content=p) for p in reasoning] + [_Delta(content=p) for p in content]
+    if opts.tool_call is not None:
+        named = _Function(name=opts.tool_call, arguments="")
+        opening = _ToolCall(index=0, id="call_mock_0", type="function", function=named)
+        rest = _ToolCall(index=0, function=_Function(arguments=TOOL_ARGUMENTS))
+        deltas += [_Delta(tool_calls=[opening]), _Delta(tool_calls=[rest])]
+    finish = "stop" if opts.tool_call is None else "tool_calls"
+    deltas.append(_Delta())
+    deltas[0].role = "assistant"
+    head = _Body("chatcmpl-mock", "chat.completion.chunk", created, model, [])
+    frames = [_sse(msgspec.structs.replace(head, choices=[_StreamChoice(0, d, None)])) for d in deltas[:-1]]
+    frames.append(_sse(msgspec.structs.replace(head, choices=[_StreamChoice(0, deltas[-1], finish)])))
+    message = _Message("assistant", "".join(content) if content or opts.tool_call is None else None)
+    if reasoning:
+        message.reasoning_content = "".join(reasoning)
+    if opts.tool_call is not None:
+        call = _Function(name=opts.tool_call, arguments=TOOL_ARGUMENTS)
+        message.tool_calls = [_ToolCall(id="call_mock_0", type="function", function=call)]
+    whole = _Body("chatcmpl-mock", "chat.completion", created, model, [_Choice(0, message, finish)])
+    tool_tokens = opts.tokens_per_chunk if opts.tool_call is not None else 0
+    reasoning_tokens = len(reasoning) * opts.tokens_per_chunk
+    completion = len(content) * opts.tokens_per_chunk + reasoning_tokens + tool_tokens
+    return _plan_of(frames, whole, completion, reasoning_tokens)
+
+
+def _plan_of(frames: list[bytes], whole: _Body, completion: int, reasoning: int) -> Plan:
+    encoded = msgspec.json.encode(msgspec.structs.replace(whole, usage=_SENTINEL))
+    head, tail = encoded.split(msgspec.json.encode(_SENTINEL))
+    return Plan(frames, b"".join(frames), head, tail, completion, reasoning)
