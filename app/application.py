@@ -49,11 +49,18 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
             await gateway.stop()
 
     return Litestar(
-        route_handlers=[handlers.create_completion, handlers.list_models, handlers.healthz, handlers.readyz],
+        route_handlers=[
+            handlers.create_completion,
+            handlers.list_models,
+            handlers.healthz,
+            handlers.readyz,
+            handlers.metrics,
+        ],
         lifespan=[lifespan],
         exception_handlers={Exception: _render_error},
         request_max_body_size=settings.server.max_body_bytes,
         openapi_config=None,
+        logging_config=None,  # structlog owns logging; Litestar's default would print httpx's per-request lines
         debug=False,
     )
 

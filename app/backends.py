@@ -1,6 +1,6 @@
 """Per-backend and per-provider state: capacity, cool-downs, the error-rate breaker, disablement.
 
-A backend is one deployment (provider × upstream model). What routing needs to know about it:
+A backend is one deployment (provider x upstream model). What routing needs to know about it:
 
 - **capacity**: at most `limit` requests in flight; up to `max_queue` more wait (FIFO, each with
   its own deadline) and are handed a slot directly when one is released, so a waiter is never
@@ -20,6 +20,7 @@ are `loop.time()` (monotonic) seconds. Callers decide what a failure means (prov
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from typing import Literal
 
@@ -27,11 +28,12 @@ CoolReason = Literal["capacity", "failure"]
 
 
 class ProviderState:
-    __slots__ = ("disabled_reason", "name")
+    __slots__ = ("disabled_reason", "key_missing", "name")
 
-    def __init__(self, name: str, disabled_reason: str | None = None) -> None:
+    def __init__(self, name: str, *, key_missing: bool = False) -> None:
         self.name = name
-        self.disabled_reason = disabled_reason
+        self.key_missing = key_missing  # fixed for the process's life: no probe can change it
+        self.disabled_reason: str | None = "key variable is unset" if key_missing else None
 
     @property
     def ready(self) -> bool:
@@ -105,16 +107,16 @@ class BackendState:
             return True
         return False
 
-    async def acquire(self, timeout: float) -> bool:
-        """Wait for a slot for at most `timeout` seconds; False when the queue is full or time ran out."""
+    async def acquire(self, max_wait: float) -> bool:
+        """Wait for a slot for at most `max_wait` seconds; False when the queue is full or time ran out."""
         if self.try_acquire():
             return True
-        if len(self._waiters) >= self.max_queue or timeout <= 0:
+        if len(self._waiters) >= self.max_queue or max_wait <= 0:
             return False
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(max_wait):
                 await waiter
         except TimeoutError:
             return self._abandon(waiter)
@@ -128,10 +130,8 @@ class BackendState:
         if waiter.done() and not waiter.cancelled():
             return True
         waiter.cancel()
-        try:
+        with contextlib.suppress(ValueError):
             self._waiters.remove(waiter)
-        except ValueError:
-            pass
         return False
 
     def release(self) -> None:

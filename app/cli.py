@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.files import CatalogFileError, load_catalog
-from catalog.migrate import downgrade, upgrade
+from catalog.migrate import downgrade, upgrade, upgrade_async
 from catalog.sync import sync_catalog
 
 
@@ -91,9 +91,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 async def _sync(settings: Settings) -> object:
+    """Like `serve`, bring the embedded SQLite schema up to date first (`auto_migrate`)."""
+    catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
+    if settings.migrate_on_start:
+        await upgrade_async(settings.database.url)
     engine = create_async_engine(settings.database.url)
     try:
-        return await sync_catalog(engine, load_catalog(settings.catalog.files, Path(settings.base_dir)))
+        return await sync_catalog(engine, catalog)
     finally:
         await engine.dispose()
 

@@ -14,10 +14,12 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from app.health import HealthMonitor
 from app.logging import get_logger
+from app.metrics import Metrics
 from app.pipeline import Pipeline
 from app.routing import ProviderRuntime, Router
-from app.settings import Settings, key_missing, provider_configs
+from app.settings import Settings, key_missing, provider_configs, provider_policy
 from catalog.files import load_catalog
 from catalog.ledger import LedgerWriter
 from catalog.migrate import upgrade_async
@@ -36,6 +38,8 @@ class Gateway:
         self.ledger: LedgerWriter | None = None
         self.router: Router | None = None
         self.pipeline: Pipeline | None = None
+        self.metrics = Metrics()
+        self.health: HealthMonitor | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -46,14 +50,13 @@ class Gateway:
         self.client = make_client()
         runtimes = {}
         for config in provider_configs(settings):
-            reason = (
-                f"key variable {settings.providers[config.name].api_key_env} is unset"
-                if key_missing(settings, config.name)
-                else None
-            )
-            if reason:
-                self.log.warning("provider_disabled", provider=config.name, reason=reason)
-            runtimes[config.name] = ProviderRuntime(config, Provider(config, self.client), disabled_reason=reason)
+            missing = key_missing(settings, config.name)
+            if missing:
+                env = settings.providers[config.name].api_key_env
+                self.log.warning("provider_disabled", provider=config.name, reason=f"key variable {env} is unset")
+            adapter = Provider(config, self.client)
+            policy = provider_policy(settings, config.name)
+            runtimes[config.name] = ProviderRuntime(config, adapter, policy, key_missing=missing)
         self.router = Router(snapshot, runtimes)
         ledger = settings.ledger
         self.ledger = LedgerWriter(
@@ -63,10 +66,22 @@ class Gateway:
             flush_interval=ledger.flush_interval_s,
         )
         self.ledger.start()
-        self.pipeline = Pipeline(self.router, self.ledger.submit, self.log)
+        routing = settings.routing
+        self.pipeline = Pipeline(
+            self.router,
+            self.ledger.submit,
+            self.log,
+            self.metrics,
+            routing.request_deadline_s,
+            routing.probe_interval_s,
+        )
+        self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log)
+        self.health.start()
         self.log.info("started", providers=sorted(runtimes), models=len(snapshot.models))
 
     async def stop(self) -> None:
+        if self.health is not None:
+            await self.health.stop()
         if self.ledger is not None:
             await self.ledger.close()
         if self.client is not None:

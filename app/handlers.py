@@ -1,4 +1,4 @@
-"""HTTP handlers: `/api/v1/completions`, `/api/v1/models`, `/healthz`, `/readyz`.
+"""HTTP handlers: `/api/v1/completions`, `/api/v1/models`, `/healthz`, `/readyz`, `/metrics`.
 
 Handlers take the raw body and decode it themselves with a prebuilt msgspec decoder, so
 validation messages carry api.md's `param` paths and no framework-level parsing runs twice.
@@ -8,7 +8,7 @@ one exception handler in `app.application`.
 
 from __future__ import annotations
 
-from decimal import Decimal
+import asyncio
 from typing import Any
 
 import msgspec
@@ -19,6 +19,7 @@ from litestar.response import Response, Stream
 from app import wire
 from app.gateway import Gateway
 from app.ids import uuid7
+from app.models_view import model_list
 from app.pipeline import Exchange
 from app.sse import Relay
 from app.validation import decode_request
@@ -52,81 +53,20 @@ async def create_completion(request: Request[Any, Any, Any], state: State) -> Re
     return Stream(relay.frames(first), media_type="text/event-stream", headers={**headers, **_SSE_HEADERS})
 
 
-class ModelDeploymentView(msgspec.Struct):
-    provider: str
-    upstream_model: str
-    priority: int
-    ready: bool
-
-
-class ModelPriceView(msgspec.Struct, omit_defaults=True):
-    provider: str
-    effective_from: str
-    input: str | None = None
-    output: str | None = None
-    cache_read: str | None = None
-    cache_write: str | None = None
-    reasoning: str | None = None
-
-
-class ModelView(msgspec.Struct):
-    id: str
-    aliases: list[str]
-    context_window: int | None
-    max_output: int | None
-    capabilities: list[str]
-    default: bool
-    ready: bool
-    deployments: list[ModelDeploymentView]
-    prices: list[ModelPriceView]
-    object: str = "model"
-
-
-class ModelList(msgspec.Struct):
-    data: list[ModelView]
-    object: str = "list"
-
-
 @get("/api/v1/models")
 async def list_models(state: State) -> Response[bytes]:
     router = _gateway(state).router
     assert router is not None
-    views = []
-    for entry in router.snapshot.models:
-        deployments = [
-            ModelDeploymentView(b.name, b.upstream_model, b.priority, b.provider.ready) for b in router.backends(entry)
-        ]
-        prices = [
-            ModelPriceView(
-                provider=p.provider,
-                effective_from=p.effective_from.isoformat(),
-                input=_money(p.input),
-                output=_money(p.output),
-                cache_read=_money(p.cache_read),
-                cache_write=_money(p.cache_write),
-                reasoning=_money(p.reasoning),
-            )
-            for p in router.snapshot.prices_for(entry.id).values()
-        ]
-        views.append(
-            ModelView(
-                id=entry.id,
-                aliases=list(entry.aliases),
-                context_window=entry.context_window,
-                max_output=entry.max_output,
-                capabilities=sorted(entry.capabilities),
-                default=entry.is_default,
-                ready=any(d.ready for d in deployments),
-                deployments=deployments,
-                prices=prices,
-            )
-        )
-    return Response(_plain_encoder.encode(ModelList(views)), media_type=_JSON)
+    now = asyncio.get_running_loop().time()
+    return Response(_plain_encoder.encode(model_list(router, now)), media_type=_JSON)
 
 
-def _money(value: Decimal | None) -> str | None:
-    """Exact, without the storage scale's trailing zeros: Decimal("0.1000000000") → "0.1"."""
-    return None if value is None else format(value.normalize(), "f")
+@get("/metrics")
+async def metrics(state: State) -> Response[bytes]:
+    gateway = _gateway(state)
+    assert gateway.router is not None
+    text = gateway.metrics.render(gateway.router, asyncio.get_running_loop().time())
+    return Response(text.encode(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 @get("/healthz")
@@ -139,7 +79,8 @@ async def readyz(state: State) -> Response[bytes]:
     gateway = _gateway(state)
     database = await gateway.database_ready()
     router = gateway.router
-    backends = router is not None and any(p.ready for p in router.providers.values())
+    now = asyncio.get_running_loop().time()
+    backends = router is not None and any(b.ready(now) for b in router.all_backends())
     ok = database and backends
     body = _plain_encoder.encode({"status": "ok" if ok else "unavailable", "database": database, "backends": backends})
     return Response(body, media_type=_JSON, status_code=200 if ok else 503)

@@ -1,18 +1,19 @@
-"""The request pipeline: route → attempt loop → fold events → cost → ledger row and log line.
+"""The request pipeline: route → failover loop → fold events → accounting → ledger row and log line.
 
 This is the only module that touches both `providers` and `catalog`. The flow is one direction:
 
-    Router.route() → Backend list
-    _open(): one retry loop over the backends; an attempt that fails *before its first content
-             event* moves on (or stops, for a client error); the first content event commits the
-             request to that backend — from then on a failure is an `error` event, never a failover
-    fold:    every event goes through one `Assembly` (frames for SSE, the message for both)
-    close:   usage and cost are computed once, the ledger row is queued (off the request path),
-             and the canonical log line is written — in a `finally`, so success, upstream error
-             and client cancellation all leave exactly one row.
+    Router.route()     the model's backends, in priority order
+    _open()            one retry loop (`app.failover`): take a slot on the next eligible backend,
+                       start an attempt, and pull events until the first *content* event; a failure
+                       before that updates the backend's state and moves on (or stops, for a client
+                       error). The first content event commits the request to that backend — from
+                       then on a failure is an `error` event (or a 502), never a failover.
+    fold               every event goes through one `Assembly` (frames for SSE, the message for both)
+    _close()           in a `finally`: the slot is released, the ledger row queued (off the request
+                       path) and the canonical log line written — so success, upstream error and
+                       client cancellation all leave exactly one row.
 
-Status mapping when every attempt failed before content (api.md): all at capacity → 429 with the
-soonest Retry-After; all timed out → 504; otherwise 502. Nothing to try → 503 (raised by routing).
+`request_deadline_s` bounds the whole loop: queue waits and attempts before the first content.
 """
 
 from __future__ import annotations
@@ -21,30 +22,24 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any
 
 from app import wire
+from app.accounting import ledger_record, log_line, response_cost
 from app.assembly import STOP_REASONS, Assembly
-from app.errors import (
-    AllBackendsFailed,
-    AtCapacity,
-    GatewayError,
-    InternalError,
-    InvalidRequest,
-    UpstreamTimeout,
-    stream_error_view,
-)
+from app.errors import AllBackendsFailed, GatewayError, InvalidRequest, UpstreamTimeout, stream_error_view
+from app.failover import Candidates, apply_failure, exhausted
+from app.metrics import Metrics
 from app.routing import Backend, Route, Router
 from app.validation import check_capabilities
-from catalog.ledger import CostSource, LedgerRecord, LedgerStatus
-from catalog.pricing import estimate_cost
+from catalog.ledger import LedgerRecord, LedgerStatus
 from catalog.snapshot import ModelEntry
 from providers import events as ev
 from providers.errors import Failure, UpstreamError
 from providers.types import CompletionRequest
 
 _CONTENT = (ev.TextDelta, ev.ReasoningDelta, ev.ToolCallStart, ev.ToolCallArgs, ev.Finish)
+Events = AsyncGenerator[ev.Event, None]
 
 
 class Exchange:
@@ -59,6 +54,7 @@ class Exchange:
         "request",
         "request_id",
         "route",
+        "slot",
         "started",
         "started_at",
         "status",
@@ -76,15 +72,27 @@ class Exchange:
         self.model: ModelEntry | None = None
         self.route: Route | None = None
         self.backend: Backend | None = None
+        self.slot: Backend | None = None  # the backend whose concurrency slot this request holds
         self.status: LedgerStatus = "error"
         self.error: GatewayError | None = None
 
 
 class Pipeline:
-    def __init__(self, router: Router, record: Callable[[LedgerRecord], None], log: Any) -> None:
+    def __init__(
+        self,
+        router: Router,
+        record: Callable[[LedgerRecord], None],
+        log: Any,
+        metrics: Metrics,
+        deadline_s: float,
+        probe_interval_s: float = 10.0,
+    ) -> None:
         self.router = router
         self._record = record
         self._log = log
+        self.metrics = metrics
+        self._deadline_s = deadline_s
+        self._probe_interval_s = probe_interval_s
 
     async def complete(self, exchange: Exchange) -> wire.CompletionResponse:
         """A non-streaming completion: the fold of the same event stream, returned whole."""
@@ -95,11 +103,12 @@ class Pipeline:
                 async for event in events:
                     assembly.feed(event)
             except UpstreamError as exc:
+                self._attempt_failed(exchange, exc)
                 raise _mid_answer_error(exc) from None
             finally:
                 await events.aclose()
             response = self._finish(exchange, assembly)
-            exchange.status = "ok"
+            self._attempt_ok(exchange)
             return response
         except GatewayError as exc:
             exchange.error = exc
@@ -113,10 +122,9 @@ class Pipeline:
         assembly: Assembly | None = None
         try:
             assembly, events = await self._open(exchange, emit=True)
-            backend = exchange.backend
-            assert backend is not None
-            assert exchange.route is not None
-            start = wire.StreamStart(exchange.request_id, exchange.route.model.id, backend.name)
+            assert exchange.backend is not None
+            assert exchange.model is not None
+            start = wire.StreamStart(exchange.request_id, exchange.model.id, exchange.backend.name)
             yield wire.frame(start) + _drain(assembly)
             try:
                 async for event in events:
@@ -124,23 +132,22 @@ class Pipeline:
                     if assembly.out:
                         yield _drain(assembly)
             except UpstreamError as exc:
-                error = _mid_answer_error(exc)
-                exchange.error = error
+                self._attempt_failed(exchange, exc)
+                exchange.error = error = _mid_answer_error(exc)
                 assembly.close()  # every opened block is closed before the error event
                 yield _drain(assembly) + wire.frame(wire.ErrorEvent(error=stream_error_view(error)))
                 return
             finally:
                 await events.aclose()
             response = self._finish(exchange, assembly)
-            exchange.status = "ok"
-            yield _drain(assembly) + wire.frame(
-                wire.FinishEvent(
-                    finish_reason=assembly.final_finish_reason(),
-                    stop_reason=response.stop_reason,
-                    usage=response.usage,
-                    response=response,
-                )
+            self._attempt_ok(exchange)
+            finish = wire.FinishEvent(
+                finish_reason=assembly.final_finish_reason(),
+                stop_reason=response.stop_reason,
+                usage=response.usage,
+                response=response,
             )
+            yield _drain(assembly) + wire.frame(finish)
         except GatewayError as exc:
             exchange.error = exc
             raise
@@ -150,41 +157,67 @@ class Pipeline:
         finally:
             self._close(exchange, assembly)
 
-    async def _open(self, exchange: Exchange, *, emit: bool) -> tuple[Assembly, AsyncGenerator[ev.Event, None]]:
+    async def _open(self, exchange: Exchange, *, emit: bool) -> tuple[Assembly, Events]:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         request = exchange.request
-        exchange.model = model = self.router.resolve_model(request.model)
+        exchange.model = model = self.router.resolve_model(request.model, now)
         check_capabilities(request, model.id, model.capabilities)
         exchange.route = route = self.router.route(model, request.provider)
+        candidates = Candidates(route.backends, now, self._probe_interval_s)
+        deadline = now + self._deadline_s
         failures: list[UpstreamError] = []
-        for backend in route.backends:
+        while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:
+            exchange.slot = exchange.backend = backend
             exchange.attempts += 1
-            exchange.backend = backend
+            if exchange.attempts > 1:
+                self.metrics.retries.inc((model.id,))
             assembly = Assembly(emit=emit)
             events = backend.provider.adapter.events(request, backend.upstream_model, stream=exchange.stream)
             try:
-                async for event in events:
-                    assembly.feed(event)
-                    if isinstance(event, _CONTENT):
-                        exchange.first_content = time.perf_counter()
-                        return assembly, events
-                return assembly, events
-            except UpstreamError as exc:
+                async with asyncio.timeout_at(deadline):
+                    await _until_content(events, assembly, exchange)
+            except (UpstreamError, TimeoutError) as exc:
                 await events.aclose()
-                if exc.kind is Failure.CLIENT:
-                    raise InvalidRequest(exc.message) from None
-                failures.append(exc)
-        raise _exhausted(failures)
+                failure = exc if isinstance(exc, UpstreamError) else UpstreamError(Failure.TIMEOUT, "deadline passed")
+                self._release(exchange)
+                self._attempt_failed(exchange, failure)
+                if failure.kind is Failure.CLIENT:
+                    raise InvalidRequest(failure.message) from None
+                failures.append(failure)
+                continue
+            if exchange.attempts > 1:
+                self.metrics.failovers.inc((model.id, backend.name))
+            return assembly, events
+        raise exhausted(failures, candidates)
+
+    def _attempt_ok(self, exchange: Exchange) -> None:
+        exchange.status = "ok"
+        if exchange.backend is not None:
+            exchange.backend.state.record(True)
+            self.metrics.attempts.inc((exchange.backend.name, "ok"))
+
+    def _attempt_failed(self, exchange: Exchange, exc: UpstreamError) -> None:
+        backend = exchange.backend
+        if backend is not None:
+            apply_failure(backend, exc, asyncio.get_running_loop().time(), self.metrics, self._log)
+            self.metrics.attempts.inc((backend.name, exc.kind.value))
+
+    def _release(self, exchange: Exchange) -> None:
+        if exchange.slot is not None:
+            exchange.slot.state.release()
+            exchange.slot = None
 
     def _finish(self, exchange: Exchange, assembly: Assembly) -> wire.CompletionResponse:
-        route, backend = exchange.route, exchange.backend
-        assert route is not None
+        model, backend = exchange.model, exchange.backend
+        assert model is not None
         assert backend is not None
         message = assembly.close()
         report = assembly.usage
-        cost, source = self._cost(exchange, report)
+        cost, source = response_cost(self.router.snapshot, exchange, report)
         return wire.CompletionResponse(
             id=exchange.request_id,
-            model=route.model.id,
+            model=model.id,
             provider=backend.name,
             message=message,
             stop_reason=STOP_REASONS[assembly.final_finish_reason()],
@@ -194,101 +227,25 @@ class Pipeline:
             cost_source=source,
         )
 
-    def _cost(self, exchange: Exchange, report: ev.UsageReport | None) -> tuple[Decimal | None, Any]:
-        if report is None:
-            return None, None
-        if report.cost_usd is not None:
-            return report.cost_usd, "authoritative"
-        estimate, _ = self._estimate(exchange, report.usage)
-        return (estimate, "estimated") if estimate is not None else (None, None)
-
-    def _estimate(self, exchange: Exchange, usage: ev.Usage) -> tuple[Decimal | None, int | None]:
-        route, backend = exchange.route, exchange.backend
-        assert route is not None
-        assert backend is not None
-        price = self.router.snapshot.price_at(backend.name, route.model.id, exchange.started_at)
-        cost = estimate_cost(
-            price,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
-            cache_read_tokens=usage.cache_read_tokens,
-            cache_write_tokens=usage.cache_write_tokens,
-        )
-        return cost, (price.id if price is not None else None)
-
     def _close(self, exchange: Exchange, assembly: Assembly | None) -> None:
-        """Queue the ledger row and write the canonical log line. Never raises."""
+        """Release the slot, queue the ledger row, count and log the request. Never raises."""
+        self._release(exchange)
         try:
-            record = self._ledger_record(exchange, assembly)
+            record = ledger_record(self.router.snapshot, exchange, assembly)
             self._record(record)
-            self._log_line(record)
+            self.metrics.requests.inc((record.model or "", record.provider or "", record.status))
+            log_line(self._log, record)
         except Exception:
             self._log.exception("ledger_record_failed", request_id=exchange.request_id)
 
-    def _ledger_record(self, exchange: Exchange, assembly: Assembly | None) -> LedgerRecord:
-        now = time.perf_counter()
-        backend, error = exchange.backend, exchange.error
-        report = assembly.usage if assembly is not None else None
-        usage = report.usage if report is not None else None
-        estimate, price_id = self._estimate(exchange, usage) if usage is not None else (None, None)
-        authoritative = report.cost_usd if report is not None else None
-        finish = assembly.final_finish_reason() if assembly is not None and assembly.finish_reason else None
-        return LedgerRecord(
-            request_id=exchange.request_id,
-            started_at=exchange.started_at,
-            finished_at=datetime.now(UTC),
-            api_key_id=None,
-            model=exchange.model.id if exchange.model is not None else None,
-            provider=backend.name if backend is not None else None,
-            upstream_model=backend.upstream_model if backend is not None else None,
-            upstream_request_id=assembly.upstream_request_id if assembly is not None else None,
-            streamed=exchange.stream,
-            status=exchange.status,
-            error_type=error.type if error is not None else None,
-            error_status=error.status_code if error is not None else None,
-            stop_reason=STOP_REASONS[finish] if finish is not None else None,
-            input_tokens=usage.input_tokens if usage else None,
-            output_tokens=usage.output_tokens if usage else None,
-            reasoning_tokens=usage.reasoning_tokens if usage else None,
-            cache_read_tokens=usage.cache_read_tokens if usage else None,
-            cache_write_tokens=usage.cache_write_tokens if usage else None,
-            cost_usd=authoritative if authoritative is not None else estimate,
-            estimated_cost_usd=estimate,
-            cost_source=_cost_source(authoritative, estimate),
-            price_id=price_id,
-            latency_ms=round((now - exchange.started) * 1000, 3),
-            ttft_ms=round((exchange.first_content - exchange.started) * 1000, 3)
-            if exchange.first_content is not None
-            else None,
-            attempts=exchange.attempts,
-        )
 
-    def _log_line(self, record: LedgerRecord) -> None:
-        self._log.info(
-            "request",
-            request_id=record.request_id,
-            model=record.model,
-            provider=record.provider,
-            status=record.status,
-            error_status=record.error_status,
-            streamed=record.streamed,
-            input_tokens=record.input_tokens,
-            output_tokens=record.output_tokens,
-            reasoning_tokens=record.reasoning_tokens,
-            cache_read_tokens=record.cache_read_tokens,
-            cache_write_tokens=record.cache_write_tokens,
-            cost_usd=str(record.cost_usd) if record.cost_usd is not None else None,
-            latency_ms=record.latency_ms,
-            ttft_ms=record.ttft_ms,
-            attempts=record.attempts,
-        )
-
-
-def _cost_source(authoritative: Decimal | None, estimate: Decimal | None) -> CostSource | None:
-    if authoritative is not None:
-        return "authoritative"
-    return "estimated" if estimate is not None else None
+async def _until_content(events: Events, assembly: Assembly, exchange: Exchange) -> None:
+    """Pull events until the first content event (or the end of the answer)."""
+    async for event in events:
+        assembly.feed(event)
+        if isinstance(event, _CONTENT):
+            exchange.first_content = time.perf_counter()
+            return
 
 
 def _drain(assembly: Assembly) -> bytes:
@@ -301,14 +258,3 @@ def _mid_answer_error(exc: UpstreamError) -> GatewayError:
     if exc.kind is Failure.TIMEOUT:
         return UpstreamTimeout("the upstream timed out")
     return AllBackendsFailed(f"the upstream failed mid-answer: {exc.message}")
-
-
-def _exhausted(failures: list[UpstreamError]) -> GatewayError:
-    if not failures:
-        return InternalError("no attempt was made")
-    if all(f.kind is Failure.CAPACITY for f in failures):
-        hints = [f.retry_after for f in failures if f.retry_after is not None]
-        return AtCapacity("all backends for this model are at capacity", retry_after=min(hints, default=1.0))
-    if all(f.kind is Failure.TIMEOUT for f in failures):
-        return UpstreamTimeout("the upstream timed out before answering")
-    return AllBackendsFailed("all backends refused the request")

@@ -1,55 +1,84 @@
-"""Routing: from a request's `model` and `provider` pin to an ordered list of backends.
+"""Routing: from a request's `model` and `provider` pin to the backends that may serve it.
 
 A *backend* is one deployment: a configured provider serving one upstream model (providers.md).
-Resolution order:
+The router builds every backend (with its live state, `app.backends`) once from the catalog
+snapshot and the configured providers. Resolution:
 1. `model` names a catalog id or alias (unknown → 400 `model`); no `model` means the default:
    the catalog model marked `default` that has a ready backend, preferring the one whose best ready
    deployment has the highest priority (none → 503);
 2. a `provider` pin must name a configured provider (else 400 `provider`) that serves the model
    (else 400 `provider`);
-3. backends are ordered by deployment priority, then provider priority, both higher first.
-   Backends whose provider is not ready (its key variable unset) are left out; when nothing is
-   left, 503.
+3. the route is every backend of the model on a configured provider, in priority order
+   (deployment, then provider); which of them are eligible right now, and in what load order,
+   is the failover loop's business (`app.failover`).
 
-The router reads an immutable in-memory catalog snapshot; the request path never queries SQL.
+The request path never queries SQL: the snapshot is immutable and in memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from msgspec import Struct
+
+from app.backends import BackendState, ProviderState
 from app.errors import InvalidRequest, NoBackendAvailable
 from catalog.snapshot import CatalogSnapshot, ModelEntry
 from providers.adapter import Provider
 from providers.config import ProviderConfig
 
 
+class ProviderPolicy(Struct, frozen=True):
+    """How the gateway treats one provider's backends (config.toml, per provider)."""
+
+    max_concurrency: int = 64
+    max_queue: int = 256
+    queue_timeout_s: float = 10.0
+    failure_cooldown_s: float = 2.0
+    capacity_cooldown_s: float = 1.0
+    max_cooldown_s: float = 300.0
+    breaker_window: int = 20
+    breaker_min_samples: int = 5
+    breaker_error_ratio: float = 0.5
+
+
 class ProviderRuntime:
-    """One configured provider: its adapter and whether it may take traffic."""
+    """One configured provider: its adapter, its policy and whether it may take traffic."""
 
-    __slots__ = ("adapter", "config", "disabled_reason")
+    __slots__ = ("adapter", "config", "policy", "state")
 
-    def __init__(self, config: ProviderConfig, adapter: Provider, *, disabled_reason: str | None = None) -> None:
+    def __init__(
+        self, config: ProviderConfig, adapter: Provider, policy: ProviderPolicy, *, key_missing: bool = False
+    ) -> None:
         self.config = config
         self.adapter = adapter
-        self.disabled_reason = disabled_reason
-
-    @property
-    def ready(self) -> bool:
-        return self.disabled_reason is None
+        self.policy = policy
+        self.state = ProviderState(config.name, key_missing=key_missing)
 
 
 class Backend:
-    __slots__ = ("priority", "provider", "upstream_model")
+    __slots__ = ("model_id", "priority", "provider", "state", "upstream_model")
 
-    def __init__(self, provider: ProviderRuntime, upstream_model: str, priority: int) -> None:
+    def __init__(self, provider: ProviderRuntime, model_id: str, upstream_model: str, priority: int) -> None:
         self.provider = provider
+        self.model_id = model_id
         self.upstream_model = upstream_model
         self.priority = priority
+        policy = provider.policy
+        self.state = BackendState(
+            limit=policy.max_concurrency,
+            max_queue=policy.max_queue,
+            window=policy.breaker_window,
+            min_samples=policy.breaker_min_samples,
+            ratio=policy.breaker_error_ratio,
+        )
 
     @property
     def name(self) -> str:
         return self.provider.config.name
+
+    def ready(self, now: float) -> bool:
+        return self.provider.state.ready and self.state.healthy(now)
 
 
 class Route:
@@ -64,39 +93,49 @@ class Router:
     def __init__(self, snapshot: CatalogSnapshot, providers: Mapping[str, ProviderRuntime]) -> None:
         self.snapshot = snapshot
         self.providers = providers
+        self._backends: dict[str, list[Backend]] = {}
+        for entry in snapshot.models:
+            found = [
+                Backend(providers[d.provider], entry.id, d.upstream_model, d.priority)
+                for d in entry.deployments
+                if d.provider in providers
+            ]
+            found.sort(key=lambda b: (b.priority, b.provider.config.priority), reverse=True)
+            self._backends[entry.id] = found
 
-    def resolve_model(self, name: str | None) -> ModelEntry:
+    def all_backends(self) -> list[Backend]:
+        return [backend for backends in self._backends.values() for backend in backends]
+
+    def backends_of(self, provider: str) -> list[Backend]:
+        return [backend for backend in self.all_backends() if backend.name == provider]
+
+    def backends(self, model: ModelEntry) -> list[Backend]:
+        return self._backends.get(model.id, [])
+
+    def resolve_model(self, name: str | None, now: float) -> ModelEntry:
         if name is None:
-            return self._default_model()
+            return self._default_model(now)
         entry = self.snapshot.resolve(name)
         if entry is None:
             raise InvalidRequest(f"model: unknown model '{name}'", param="model")
         return entry
 
     def route(self, model: ModelEntry, pin: str | None) -> Route:
-        if pin is not None and pin not in self.providers:
-            raise InvalidRequest(f"provider: unknown provider '{pin}'", param="provider")
-        candidates = self.backends(model, pin)
-        if pin is not None and not candidates and not any(d.provider == pin for d in model.deployments):
-            raise InvalidRequest(f"provider: provider '{pin}' does not serve model '{model.id}'", param="provider")
-        ready = [backend for backend in candidates if backend.provider.ready]
-        if not ready:
+        backends = self.backends(model)
+        if pin is not None:
+            if pin not in self.providers:
+                raise InvalidRequest(f"provider: unknown provider '{pin}'", param="provider")
+            backends = [b for b in backends if b.name == pin]
+            if not backends:
+                raise InvalidRequest(f"provider: provider '{pin}' does not serve model '{model.id}'", param="provider")
+        if not backends:
             raise NoBackendAvailable("no backend is available for this model")
-        return Route(model, ready)
+        return Route(model, backends)
 
-    def backends(self, model: ModelEntry, pin: str | None = None) -> list[Backend]:
-        found = [
-            Backend(self.providers[d.provider], d.upstream_model, d.priority)
-            for d in model.deployments
-            if d.provider in self.providers and (pin is None or d.provider == pin)
-        ]
-        found.sort(key=lambda b: (b.priority, b.provider.config.priority), reverse=True)
-        return found
-
-    def _default_model(self) -> ModelEntry:
+    def _default_model(self, now: float) -> ModelEntry:
         best: tuple[tuple[int, int], ModelEntry] | None = None
         for entry in self.snapshot.default_models():
-            ready = [b for b in self.backends(entry) if b.provider.ready]
+            ready = [b for b in self.backends(entry) if b.ready(now)]
             if not ready:
                 continue
             rank = (ready[0].priority, ready[0].provider.config.priority)

@@ -18,15 +18,17 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct, field
 
+from app.routing import ProviderPolicy
 from providers.config import KIND_DEFAULTS, ProviderConfig, ProviderKind, Timeouts, WireProfile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_CONFIG = REPO_ROOT / "config.example.toml"
+PROVIDER_NAME = r"^[a-z0-9][a-z0-9_\-]*$"
 
 
 class ConfigError(Exception):
@@ -77,10 +79,23 @@ class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
     priority: int = 0
     max_concurrency: Annotated[int, Meta(ge=1)] = 64
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
+    max_queue: Annotated[int, Meta(ge=0)] = 256
+    queue_timeout_s: Annotated[float, Meta(ge=0)] = 10.0
+    failure_cooldown_s: Annotated[float, Meta(ge=0)] = 2.0
+    capacity_cooldown_s: Annotated[float, Meta(ge=0)] = 1.0
+    max_cooldown_s: Annotated[float, Meta(ge=0)] = 300.0
+    breaker_window: Annotated[int, Meta(ge=1)] = 20
+    breaker_min_samples: Annotated[int, Meta(ge=1)] = 5
+    breaker_error_ratio: Annotated[float, Meta(gt=0, le=1)] = 0.5
     developer_role: bool | None = None
     reasoning_history: bool | None = None
     stream_usage: bool | None = None
     max_completion_tokens: bool | None = None
+
+
+class RoutingSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    request_deadline_s: Annotated[float, Meta(gt=0)] = 300.0  # bounds the whole failover loop
+    probe_interval_s: Annotated[float, Meta(gt=0)] = 10.0  # health probes and /metrics scrapes
 
 
 class Settings(Struct, frozen=True, forbid_unknown_fields=True):
@@ -89,9 +104,8 @@ class Settings(Struct, frozen=True, forbid_unknown_fields=True):
     auth: AuthSettings = field(default_factory=AuthSettings)
     catalog: CatalogSettings = field(default_factory=CatalogSettings)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
-    providers: dict[Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_\-]*$")], ProviderSettings] = field(
-        default_factory=dict
-    )
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
+    providers: dict[Annotated[str, Meta(pattern=PROVIDER_NAME)], ProviderSettings] = field(default_factory=dict)
     base_dir: str = "."  # the config file's directory; set by `load_settings`
 
     @property
@@ -122,10 +136,13 @@ def load_settings(explicit: str | None = None) -> Settings:
 
 
 def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str) -> Settings:
-    try:
-        settings = msgspec.convert(raw, Settings)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_key_message(str(exc))}") from None
+    providers = raw.get("providers")
+    if isinstance(providers, dict):  # checked one by one first: msgspec names a dict value `[...]`
+        for name, entry in providers.items():
+            if not re.fullmatch(PROVIDER_NAME, name):
+                raise ConfigError(f'{source}: providers."{name}": a provider name is [a-z0-9][a-z0-9_-]*')
+            _convert(entry, ProviderSettings, source, f"providers.{name}")
+    settings = _convert(raw, Settings, source, "")
     url = _absolute_sqlite_url(settings.database.url, base_dir)
     return msgspec.structs.replace(
         settings, base_dir=str(base_dir), database=msgspec.structs.replace(settings.database, url=url)
@@ -159,20 +176,50 @@ def provider_configs(settings: Settings) -> list[ProviderConfig]:
     return configs
 
 
+def provider_policy(settings: Settings, name: str) -> ProviderPolicy:
+    entry = settings.providers[name]
+    return ProviderPolicy(
+        max_concurrency=entry.max_concurrency,
+        max_queue=entry.max_queue,
+        queue_timeout_s=entry.queue_timeout_s,
+        failure_cooldown_s=entry.failure_cooldown_s,
+        capacity_cooldown_s=entry.capacity_cooldown_s,
+        max_cooldown_s=entry.max_cooldown_s,
+        breaker_window=entry.breaker_window,
+        breaker_min_samples=entry.breaker_min_samples,
+        breaker_error_ratio=entry.breaker_error_ratio,
+    )
+
+
 def key_missing(settings: Settings, name: str) -> bool:
     env = settings.providers[name].api_key_env
     return bool(env) and not os.environ.get(env or "")
 
 
 _PATH = re.compile(r"^(?P<msg>.*?) - at `\$\.?(?P<path>[^`]*)`$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+_T = TypeVar("_T")
 
 
-def _key_message(message: str) -> str:
+def _convert(raw: object, kind: type[_T], source: str, prefix: str) -> _T:
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_key_message(str(exc), prefix)}") from None
+
+
+def _key_message(message: str, prefix: str = "") -> str:
     """msgspec says "Expected `int`, got `str` - at `$.server.port`"; operators want the key first."""
     match = _PATH.match(message)
-    if match is None:
-        return message
-    return f"{match['path']}: {match['msg']}"
+    path, text = (prefix, message) if match is None else (_join(prefix, match["path"]), match["msg"])
+    unknown = _UNKNOWN.match(text)
+    if unknown is not None:
+        path, text = _join(path, unknown["key"]), "unknown key"
+    return f"{path}: {text}" if path else text
+
+
+def _join(*parts: str) -> str:
+    return ".".join(part for part in parts if part)
 
 
 def _absolute_sqlite_url(url: str, base_dir: Path) -> str:

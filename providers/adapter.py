@@ -33,6 +33,7 @@ from providers.config import ProviderConfig
 from providers.errors import Failure, UpstreamError, classify_response, classify_transport
 from providers.events import Event
 from providers.openai_chat import ChatStreamParser, build_chat_body, parse_chat_response
+from providers.server_metrics import queue_depth as server_queue_depth
 from providers.sse import SSEParser
 from providers.types import CompletionRequest
 
@@ -108,6 +109,17 @@ class Provider:
         if health_path != "/models" and await self._probe_url(f"{self._root}{health_path}"):
             return True
         return await self._probe_url(self._models_url)
+
+    async def queue_depth(self) -> float | None:
+        """The server's own queue from `{root}/metrics` (vLLM, SGLang); None when it has none."""
+        timeout = httpx.Timeout(_PROBE_READ_TIMEOUT, connect=self.config.timeouts.connect)
+        try:
+            response = await self._client.get(f"{self._root}/metrics", headers=self._probe_headers, timeout=timeout)
+        except _TRANSPORT_ERRORS:
+            return None
+        if response.status_code != 200:
+            return None
+        return server_queue_depth(response.text)
 
     async def _probe_url(self, url: str) -> bool:
         timeout = httpx.Timeout(_PROBE_READ_TIMEOUT, connect=self.config.timeouts.connect)

@@ -1,0 +1,62 @@
+"""Background health probes: the only way a backend comes back after its breaker opened or its
+provider was disabled.
+
+Every `interval` seconds each provider is probed once (`Provider.probe`: `local` tries `/health`,
+then `/v1/models`; hosted kinds `/models`, with the key), and the result applies to all of that
+provider's backends: a failed probe takes them out of rotation, a successful one closes open
+breakers and re-enables a provider that was disabled for a refused key or an exhausted balance (a
+probe that itself gets 401 keeps it disabled). A provider whose key variable is unset is never
+probed: nothing can change until the operator sets it and restarts. For `local` providers the
+server's own queue depth is read from its `/metrics` in the same round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from app.routing import ProviderRuntime, Router
+
+
+class HealthMonitor:
+    def __init__(self, router: Router, interval: float, log: Any) -> None:
+        self.router = router
+        self.interval = interval
+        self.log = log
+        self._task: asyncio.Task[None] | None = None
+        self.rounds = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.probe_all()
+
+    async def probe_all(self) -> None:
+        runtimes = [r for r in self.router.providers.values() if not r.state.key_missing]
+        await asyncio.gather(*(self._probe(runtime) for runtime in runtimes))
+        self.rounds += 1
+
+    async def _probe(self, runtime: ProviderRuntime) -> None:
+        try:
+            ok = await runtime.adapter.probe()
+            depth = await runtime.adapter.queue_depth() if ok and runtime.config.kind == "local" else None
+        except Exception:
+            self.log.exception("probe_failed", provider=runtime.config.name)
+            ok, depth = False, None
+        if ok and runtime.state.disabled_reason is not None:
+            self.log.warning("provider_enabled", provider=runtime.config.name, was=runtime.state.disabled_reason)
+            runtime.state.disabled_reason = None
+        for backend in self.router.backends_of(runtime.config.name):
+            backend.state.probe_result(ok)
+            if depth is not None:
+                backend.state.queue_depth = depth

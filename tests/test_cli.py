@@ -1,0 +1,416 @@
+"""The `switchyard` console script, run the way an operator runs it: `python -m app.cli ...` subprocesses.
+
+Each test writes its own `config.toml`, catalog file and SQLite database into `tmp_path` and checks
+what the operator sees (exit codes, messages naming the key, the JSON sync report, the canonical
+log line) and what lands in the database (read back with `sqlite3`, not through our code). `serve`
+runs against a `mock-upstream` subprocess; every wait is bounded and every process this file starts
+is killed (with its process group, so uvicorn's workers too) in a `finally`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SECRET = "sk-test-SECRET-123"
+PROMPT = "PROMPT-MARKER-quetzal-7f3a"
+SCHEMA = {"alembic_version", "models", "model_aliases", "deployments", "prices", "ledger"}
+
+CATALOG = """
+[models."tiny"]
+aliases = ["tiny-alias"]
+context_window = 4096
+max_output = 512
+default = true
+
+[[models."tiny".deployments]]
+provider = "local"
+upstream_model = "tiny-upstream"
+
+[models."hosted-model"]
+context_window = 8192
+max_output = 1024
+
+[[models."hosted-model".deployments]]
+provider = "hosted"
+upstream_model = "hosted-upstream"
+
+[[prices]]
+provider = "local"
+model = "tiny"
+effective_from = 2026-01-01
+input = "1.5"
+output = "3"
+
+[[prices]]
+provider = "hosted"
+model = "hosted-model"
+effective_from = 2026-01-01
+input = "0.25"
+output = "0.75"
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def write_config(tmp_path: Path, upstream_port: int = 9, extra: str = "") -> Path:
+    """A config with a `local` provider and a keyed `hosted` one, both at `upstream_port`."""
+    (tmp_path / "models.toml").write_text(CATALOG)
+    path = tmp_path / "config.toml"
+    path.write_text(
+        f"""
+[database]
+url = "sqlite+aiosqlite:///switchyard.db"
+
+[catalog]
+files = ["models.toml"]
+
+[providers.local]
+kind = "local"
+base_url = "http://127.0.0.1:{upstream_port}/v1"
+
+[providers.hosted]
+kind = "openai_compatible"
+base_url = "http://127.0.0.1:{upstream_port}/v1"
+api_key_env = "SWITCHYARD_TEST_HOSTED_KEY"
+{extra}"""
+    )
+    return path
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_CONFIG" and not k.startswith("SWITCHYARD_TEST")}
+    env["PYTHONPATH"] = str(REPO)
+    return {**env, **extra}
+
+
+def run_cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=cwd,
+        env=env or cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def query(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def tables(db: Path) -> set[str]:
+    return {row[0] for row in query(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+PRICES = "SELECT provider, model_id, effective_from, input, output, cache_read FROM prices ORDER BY id"
+
+
+# --- db and catalog ------------------------------------------------------------------------------
+
+
+def test_db_upgrade_creates_the_schema_and_downgrade_base_removes_it(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    db = tmp_path / "switchyard.db"
+
+    upgraded = run_cli(tmp_path, "db", "upgrade", "--config", str(config))
+    assert (upgraded.returncode, upgraded.stderr) == (0, "")
+    assert tables(db) == SCHEMA
+    assert query(db, "SELECT count(*) FROM alembic_version") == [(1,)]
+
+    downgraded = run_cli(tmp_path, "db", "downgrade", "base", "--config", str(config))
+    assert (downgraded.returncode, downgraded.stderr) == (0, "")
+    assert tables(db) == {"alembic_version"}
+    assert query(db, "SELECT count(*) FROM alembic_version") == [(0,)]
+
+
+def test_catalog_sync_reports_json_and_is_idempotent(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    db = tmp_path / "switchyard.db"
+    first = run_cli(tmp_path, "catalog", "sync", "--config", str(config))  # fresh SQLite: migrates first
+    assert (first.returncode, first.stderr) == (0, "")
+    assert json.loads(first.stdout) == {
+        "models": 2,
+        "aliases": 1,
+        "deployments": 2,
+        "models_removed": 0,
+        "prices_added": 2,
+        "prices_unchanged": 0,
+        "prices_ignored": 0,
+    }
+    rows = [
+        ("local", "tiny", "2026-01-01 00:00:00.000000", "1.5000000000", "3.0000000000", None),
+        ("hosted", "hosted-model", "2026-01-01 00:00:00.000000", "0.2500000000", "0.7500000000", None),
+    ]
+    assert query(db, PRICES) == rows
+
+    second = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
+    assert second.returncode == 0
+    report = json.loads(second.stdout)
+    assert (report["prices_added"], report["prices_unchanged"], report["models_removed"]) == (0, 2, 0)
+    assert query(db, PRICES) == rows
+    assert query(db, "SELECT id, is_default FROM models ORDER BY id") == [("hosted-model", 0), ("tiny", 1)]
+    assert query(db, "SELECT alias, model_id FROM model_aliases") == [("tiny-alias", "tiny")]
+    assert query(db, "SELECT model_id, provider, upstream_model FROM deployments ORDER BY model_id") == [
+        ("hosted-model", "hosted", "hosted-upstream"),
+        ("tiny", "local", "tiny-upstream"),
+    ]
+
+
+def test_a_changed_price_becomes_a_new_row_and_the_old_one_stays(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    db = tmp_path / "switchyard.db"
+    assert run_cli(tmp_path, "catalog", "sync", "--config", str(config)).returncode == 0
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(catalog.read_text().replace('input = "1.5"', 'input = "1.75"'))
+
+    changed = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
+    assert changed.returncode == 0, changed.stderr
+    report = json.loads(changed.stdout)
+    assert (report["prices_added"], report["prices_unchanged"]) == (1, 1)
+    rows = query(db, PRICES)
+    assert [row[:2] + row[3:] for row in rows] == [
+        ("local", "tiny", "1.5000000000", "3.0000000000", None),
+        ("hosted", "hosted-model", "0.2500000000", "0.7500000000", None),
+        ("local", "tiny", "1.7500000000", "3.0000000000", None),
+    ]
+    assert rows[0][2] == "2026-01-01 00:00:00.000000"
+    assert rows[2][2] > rows[0][2]  # the change takes effect from the sync on, never retroactively
+
+    again = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
+    assert json.loads(again.stdout)["prices_added"] == 0
+    assert len(query(db, PRICES)) == 3
+
+
+# --- usage and configuration errors: exit 2, naming the key --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ('[server]\nport = "x"', "server.port: Expected `int`, got `str`"),
+        ("[server]\nport = 70000", "server.port: Expected `int` <= 65535"),
+        (
+            '[providers.x]\nkind = "bogus"\nbase_url = "http://127.0.0.1:1/v1"',
+            "providers.x.kind: Invalid enum value 'bogus'",
+        ),
+        ('[providers.x]\nkind = "local"', "providers.x: Object missing required field `base_url`"),
+        ('[providers.x]\nkind = "local"\nbase_url = "ftp://h"', "providers.x.base_url: Expected `str` matching"),
+        ("[server]\nprot = 8080", "server.prot: unknown key"),
+        ("[providers.local.timeouts]\nconect = 1.0", "providers.local.timeouts.conect: unknown key"),
+        ("[nonsense]", "nonsense: unknown key"),
+        ('[providers."Bad Name"]\nkind = "local"\nbase_url = "http://h"', 'providers."Bad Name": a provider name'),
+        ("[server\nport = 1", "not valid TOML"),
+    ],
+)
+def test_an_invalid_config_exits_2_naming_the_key(tmp_path: Path, extra: str, key: str) -> None:
+    config = write_config(tmp_path, extra=extra)
+    for args in (["catalog", "sync"], ["db", "upgrade"], ["serve", "--port", "9"]):
+        result = run_cli(tmp_path, *args, "--config", str(config))
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.startswith(f"switchyard: {config}: ")
+        assert key in result.stderr
+        assert result.stdout == ""
+    assert not (tmp_path / "switchyard.db").exists()
+
+
+def test_a_float_price_in_the_catalog_exits_2_naming_the_key(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(catalog.read_text().replace('input = "0.25"', "input = 0.25"))
+    for args in (["catalog", "sync"], ["serve", "--port", "9"]):
+        result = run_cli(tmp_path, *args, "--config", str(config))
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == (
+            'switchyard: models.toml: prices[1].input: money is written as a string, e.g. "0.10" '
+            "(a float is not exact)\n"
+        )
+
+
+def test_a_missing_config_file_exits_2_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.toml"
+    result = run_cli(tmp_path, "catalog", "sync", "--config", str(missing))
+    assert (result.returncode, result.stderr) == (2, f"switchyard: {missing}: config file not found\n")
+    from_env = run_cli(tmp_path, "db", "upgrade", env=cli_env(SWITCHYARD_CONFIG=str(missing)))
+    assert (from_env.returncode, from_env.stderr) == (2, f"switchyard: {missing}: config file not found\n")
+
+
+def test_switchyard_config_is_honoured_and_config_flag_wins(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    by_env = run_cli(elsewhere, "catalog", "sync", env=cli_env(SWITCHYARD_CONFIG=str(config)))
+    assert by_env.returncode == 0, by_env.stderr
+    assert json.loads(by_env.stdout)["prices_added"] == 2
+    assert (tmp_path / "switchyard.db").exists()  # relative to the config file, not the working dir
+    env = cli_env(SWITCHYARD_CONFIG=str(tmp_path / "missing.toml"))
+    by_flag = run_cli(elsewhere, "catalog", "sync", "--config", str(config), env=env)
+    assert by_flag.returncode == 0, by_flag.stderr
+    assert json.loads(by_flag.stdout)["prices_unchanged"] == 2
+
+
+@pytest.mark.parametrize("args", [["launch"], [], ["db"], ["db", "sideways"], ["catalog"], ["serve", "--port", "x"]])
+def test_bad_usage_exits_2(tmp_path: Path, args: list[str]) -> None:
+    result = run_cli(tmp_path, *args)
+    assert result.returncode == 2
+    assert "usage: switchyard" in result.stderr
+    assert result.stdout == ""
+
+
+# --- serve ---------------------------------------------------------------------------------------
+
+
+class Process:
+    """A CLI subprocess in its own process group, its output in files (no pipe to fill up)."""
+
+    def __init__(self, cwd: Path, name: str, args: list[str], env: dict[str, str]) -> None:
+        self.out_path, self.err_path = cwd / f"{name}.out", cwd / f"{name}.err"
+        with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "app.cli", *args],
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+
+    def output(self) -> tuple[str, str]:
+        return self.out_path.read_text(), self.err_path.read_text()
+
+    def wait_http(self, url: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                pytest.fail(f"exited with {self.popen.returncode} before answering: {self.output()}")
+            try:
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        pytest.fail(f"no answer from {url} within {timeout}s: {self.output()}")
+
+    def stop(self, signum: signal.Signals) -> int:
+        self.popen.send_signal(signum)
+        return self.popen.wait(timeout=20)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None or self._group_alive():
+            with suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=10)
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.popen.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+@contextmanager
+def processes() -> Iterator[list[Process]]:
+    started: list[Process] = []
+    try:
+        yield started
+    finally:
+        for process in reversed(started):
+            process.kill()
+
+
+def start_mock(cwd: Path, started: list[Process]) -> int:
+    port = free_port()
+    args = ["mock-upstream", "--port", str(port), "--chunks", "4", "--text", "alpha beta gamma delta"]
+    started.append(mock := Process(cwd, "mock", args, cli_env()))
+    mock.wait_http(f"http://127.0.0.1:{port}/health")
+    return port
+
+
+def complete(base: str, model: str) -> dict[str, Any]:
+    message = {"role": "user", "content": [{"kind": "text", "data": PROMPT}]}
+    response = httpx.post(f"{base}/api/v1/completions", json={"model": model, "messages": [message]}, timeout=20)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def request_lines(stdout: str) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in stdout.splitlines() if line.strip()]
+    return [line for line in lines if line["event"] == "request"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_serve_answers_logs_one_line_per_request_and_stops_on_a_signal(tmp_path: Path, signum: signal.Signals) -> None:
+    with processes() as started:
+        config = write_config(tmp_path, start_mock(tmp_path, started))
+        port = free_port()
+        env = cli_env(SWITCHYARD_CONFIG=str(config), SWITCHYARD_TEST_HOSTED_KEY=SECRET)
+        started.append(serve := Process(tmp_path, "serve", ["serve", "--port", str(port)], env))
+        base = f"http://127.0.0.1:{port}"
+        serve.wait_http(f"{base}/healthz")
+        assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
+        assert httpx.get(f"{base}/readyz").json() == {"status": "ok", "database": True, "backends": True}
+        bodies = [complete(base, "tiny-alias"), complete(base, "hosted-model")]
+        assert [(b["model"], b["provider"]) for b in bodies] == [("tiny", "local"), ("hosted-model", "hosted")]
+        assert bodies[0]["message"]["content"] == [{"kind": "text", "data": "alpha beta gamma delta"}]
+        assert serve.stop(signum) in (0, -signum)
+        stdout, stderr = serve.output()
+    lines = request_lines(stdout)
+    assert [(line["request_id"], line["model"], line["provider"]) for line in lines] == [
+        (b["id"], b["model"], b["provider"]) for b in bodies
+    ]
+    for line, body, (rate_in, rate_out) in zip(lines, bodies, [("1.5", "3"), ("0.25", "0.75")], strict=True):
+        usage = body["usage"]
+        assert (line["status"], line["input_tokens"], line["output_tokens"]) == (
+            "ok",
+            usage["input_tokens"],
+            4,
+        )
+        expected = (usage["input_tokens"] * Decimal(rate_in) + 4 * Decimal(rate_out)) / 1_000_000
+        assert Decimal(line["cost_usd"]) == expected == Decimal(str(body["cost_usd"]))
+        assert isinstance(line["latency_ms"], int | float)
+        assert line["latency_ms"] >= 0
+    for text in (stdout, stderr):
+        assert PROMPT not in text
+        assert SECRET not in text
+    assert "HTTP Request:" not in stderr  # no per-request lines besides the canonical one
+
+
+def test_serve_with_two_workers_answers(tmp_path: Path) -> None:
+    with processes() as started:
+        config = write_config(tmp_path, start_mock(tmp_path, started))
+        port = free_port()
+        args = ["serve", "--config", str(config), "--port", str(port), "--workers", "2"]
+        started.append(serve := Process(tmp_path, "serve", args, cli_env(SWITCHYARD_TEST_HOSTED_KEY=SECRET)))
+        base = f"http://127.0.0.1:{port}"
+        serve.wait_http(f"{base}/healthz")
+        assert httpx.get(f"{base}/readyz").json() == {"status": "ok", "database": True, "backends": True}
+        ids = {complete(base, "tiny")["id"] for _ in range(4)}
+        assert serve.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+        stdout, stderr = serve.output()
+    lines = [json.loads(line) for line in stdout.splitlines() if line.strip()]
+    assert [line["event"] for line in lines].count("started") == 2  # one per worker process
+    assert {line["request_id"] for line in request_lines(stdout)} == ids
+    assert SECRET not in stdout + stderr
