@@ -18,6 +18,7 @@ from litestar.exceptions import HTTPException
 from litestar.response import Response
 
 from app import handlers
+from app.completions import completions
 from app.errors import (
     GatewayError,
     InternalError,
@@ -50,7 +51,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
 
     return Litestar(
         route_handlers=[
-            handlers.create_completion,
+            completions,
             handlers.list_models,
             handlers.healthz,
             handlers.readyz,

@@ -122,11 +122,14 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     asyncio.run(prepare())
     common = {"host": host, "port": port, "log_level": "warning", "access_log": server.access_log}
-    if workers == 1:
-        uvicorn.run(create_app(settings, prepare=False), **common)  # type: ignore[arg-type]
-        return 0
-    os.environ["SWITCHYARD_CONFIG"] = str(find_config(args.config).resolve())
-    uvicorn.run("app.application:create_app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
+    try:
+        if workers == 1:
+            uvicorn.run(create_app(settings, prepare=False), **common)  # type: ignore[arg-type]
+            return 0
+        os.environ["SWITCHYARD_CONFIG"] = str(find_config(args.config).resolve())
+        uvicorn.run("app.application:create_app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
+    except SystemExit as exc:  # uvicorn exits 1 or 3 when it cannot bind or start up; config.md says 1
+        return 1 if exc.code else 0
     return 0
 
 

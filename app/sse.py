@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from app import wire
 from app.errors import GatewayError, InternalError, stream_error_view
@@ -81,7 +81,7 @@ class Relay:
             self._waiter = None
         return self._items.popleft()
 
-    async def frames(self, first: bytes) -> AsyncIterator[bytes]:
+    async def frames(self, first: bytes) -> AsyncGenerator[bytes, None]:
         try:
             yield first
             while True:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import deque
 from collections.abc import Sequence
 from datetime import datetime
@@ -265,7 +266,18 @@ async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) ->
         return
     rows = [_as_row(record) for record in records]
     async with engine.begin() as connection:
-        insert = insert_for(connection.dialect.name)
+        statement = _insert_statement(connection.dialect.name)
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-            statement = insert(LedgerRow).values(rows[start : start + _ROWS_PER_STATEMENT])
-            await connection.execute(statement.on_conflict_do_nothing(index_elements=["request_id"]))
+            await connection.execute(statement, rows[start : start + _ROWS_PER_STATEMENT])
+
+
+@functools.cache
+def _insert_statement(dialect_name: str) -> Any:
+    """One INSERT … ON CONFLICT DO NOTHING per dialect, built once and run as an executemany.
+
+    A `.values(rows)` statement is a new multi-row construct per batch, and SQLAlchemy compiled it
+    afresh every time (a third of the gateway's CPU under load, measured with py-spy); one cached
+    statement with a parameter list compiles once and lets the dialect batch the rows itself.
+    """
+    insert = insert_for(dialect_name)
+    return insert(LedgerRow.__table__).on_conflict_do_nothing(index_elements=["request_id"])

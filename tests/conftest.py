@@ -1,9 +1,10 @@
 """The gateway harness: a real Switchyard server on loopback, configured per test.
 
-`start_gateway(providers=..., catalog=...)` writes the catalog file and a SQLite database into the
-test's tmp dir, builds `Settings` through the same path `config.toml` takes, runs the app under
-uvicorn on a free port inside the test's event loop, and returns a handle with an HTTP client.
-`handle.ledger_rows()` waits for the ledger writer to flush and returns the rows from SQL.
+`start_gateway(providers=..., catalog=..., server=..., routing=...)` writes the catalog file and
+a SQLite database into the test's tmp dir, builds `Settings` through the same path `config.toml`
+takes, runs the app under uvicorn on a free port inside the test's event loop, and returns a
+handle with an HTTP client. `handle.ledger_rows()` waits for the ledger writer to flush and
+returns the rows from SQL.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
         catalog: str,
         server: dict[str, Any] | None = None,
         database_url: str | None = None,
+        routing: dict[str, Any] | None = None,
     ) -> GatewayHandle:
         catalog_dir = tmp_path / "catalog"
         catalog_dir.mkdir(exist_ok=True)
@@ -67,6 +69,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
             "database": {"url": database_url or f"sqlite+aiosqlite:///{tmp_path / 'switchyard.db'}"},
             "catalog": {"files": ["catalog/*.toml"]},
             "providers": providers,
+            "routing": routing or {},
         }
         settings = settings_from_mapping(raw, base_dir=tmp_path, source="test")
         app = create_app(settings)

@@ -3,127 +3,38 @@
 Each test writes its own `config.toml`, catalog file and SQLite database into `tmp_path` and checks
 what the operator sees (exit codes, messages naming the key, the JSON sync report, the canonical
 log line) and what lands in the database (read back with `sqlite3`, not through our code). `serve`
-runs against a `mock-upstream` subprocess; every wait is bounded and every process this file starts
-is killed (with its process group, so uvicorn's workers too) in a `finally`.
+runs against a `mock-upstream` subprocess (harness: `tests/cli_harness.py`); every wait is bounded and
+every process a test starts is killed with its process group (uvicorn's workers too) in a `finally`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import sqlite3
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.cli_harness import (
+    Process,
+    cli_env,
+    complete,
+    free_port,
+    processes,
+    query,
+    request_lines,
+    run_cli,
+    start_mock,
+    tables,
+    write_config,
+)
+
 SECRET = "sk-test-SECRET-123"
 PROMPT = "PROMPT-MARKER-quetzal-7f3a"
 SCHEMA = {"alembic_version", "models", "model_aliases", "deployments", "prices", "ledger"}
-
-CATALOG = """
-[models."tiny"]
-aliases = ["tiny-alias"]
-context_window = 4096
-max_output = 512
-default = true
-
-[[models."tiny".deployments]]
-provider = "local"
-upstream_model = "tiny-upstream"
-
-[models."hosted-model"]
-context_window = 8192
-max_output = 1024
-
-[[models."hosted-model".deployments]]
-provider = "hosted"
-upstream_model = "hosted-upstream"
-
-[[prices]]
-provider = "local"
-model = "tiny"
-effective_from = 2026-01-01
-input = "1.5"
-output = "3"
-
-[[prices]]
-provider = "hosted"
-model = "hosted-model"
-effective_from = 2026-01-01
-input = "0.25"
-output = "0.75"
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def write_config(tmp_path: Path, upstream_port: int = 9, extra: str = "") -> Path:
-    """A config with a `local` provider and a keyed `hosted` one, both at `upstream_port`."""
-    (tmp_path / "models.toml").write_text(CATALOG)
-    path = tmp_path / "config.toml"
-    path.write_text(
-        f"""
-[database]
-url = "sqlite+aiosqlite:///switchyard.db"
-
-[catalog]
-files = ["models.toml"]
-
-[providers.local]
-kind = "local"
-base_url = "http://127.0.0.1:{upstream_port}/v1"
-
-[providers.hosted]
-kind = "openai_compatible"
-base_url = "http://127.0.0.1:{upstream_port}/v1"
-api_key_env = "SWITCHYARD_TEST_HOSTED_KEY"
-{extra}"""
-    )
-    return path
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_CONFIG" and not k.startswith("SWITCHYARD_TEST")}
-    env["PYTHONPATH"] = str(REPO)
-    return {**env, **extra}
-
-
-def run_cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=cwd,
-        env=env or cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def query(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute(sql).fetchall()
-
-
-def tables(db: Path) -> set[str]:
-    return {row[0] for row in query(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-
-
 PRICES = "SELECT provider, model_id, effective_from, input, output, cache_read FROM prices ORDER BY id"
 
 
@@ -226,12 +137,12 @@ def test_a_changed_price_becomes_a_new_row_and_the_old_one_stays(tmp_path: Path)
 )
 def test_an_invalid_config_exits_2_naming_the_key(tmp_path: Path, extra: str, key: str) -> None:
     config = write_config(tmp_path, extra=extra)
-    for args in (["catalog", "sync"], ["db", "upgrade"], ["serve", "--port", "9"]):
+    commands = [["catalog", "sync"], ["db", "upgrade"], ["serve", "--port", "9"]]
+    for args in commands if key.startswith("server.port") else commands[:1]:
         result = run_cli(tmp_path, *args, "--config", str(config))
-        assert result.returncode == 2, (args, result.stderr)
+        assert (result.returncode, result.stdout) == (2, ""), (args, result.stderr)
         assert result.stderr.startswith(f"switchyard: {config}: ")
         assert key in result.stderr
-        assert result.stdout == ""
     assert not (tmp_path / "switchyard.db").exists()
 
 
@@ -281,86 +192,6 @@ def test_bad_usage_exits_2(tmp_path: Path, args: list[str]) -> None:
 # --- serve ---------------------------------------------------------------------------------------
 
 
-class Process:
-    """A CLI subprocess in its own process group, its output in files (no pipe to fill up)."""
-
-    def __init__(self, cwd: Path, name: str, args: list[str], env: dict[str, str]) -> None:
-        self.out_path, self.err_path = cwd / f"{name}.out", cwd / f"{name}.err"
-        with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", *args],
-                cwd=cwd,
-                env=env,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
-
-    def output(self) -> tuple[str, str]:
-        return self.out_path.read_text(), self.err_path.read_text()
-
-    def wait_http(self, url: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                pytest.fail(f"exited with {self.popen.returncode} before answering: {self.output()}")
-            try:
-                if httpx.get(url, timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        pytest.fail(f"no answer from {url} within {timeout}s: {self.output()}")
-
-    def stop(self, signum: signal.Signals) -> int:
-        self.popen.send_signal(signum)
-        return self.popen.wait(timeout=20)
-
-    def kill(self) -> None:
-        if self.popen.poll() is None or self._group_alive():
-            with suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(timeout=10)
-
-    def _group_alive(self) -> bool:
-        try:
-            os.killpg(self.popen.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-
-@contextmanager
-def processes() -> Iterator[list[Process]]:
-    started: list[Process] = []
-    try:
-        yield started
-    finally:
-        for process in reversed(started):
-            process.kill()
-
-
-def start_mock(cwd: Path, started: list[Process]) -> int:
-    port = free_port()
-    args = ["mock-upstream", "--port", str(port), "--chunks", "4", "--text", "alpha beta gamma delta"]
-    started.append(mock := Process(cwd, "mock", args, cli_env()))
-    mock.wait_http(f"http://127.0.0.1:{port}/health")
-    return port
-
-
-def complete(base: str, model: str) -> dict[str, Any]:
-    message = {"role": "user", "content": [{"kind": "text", "data": PROMPT}]}
-    response = httpx.post(f"{base}/api/v1/completions", json={"model": model, "messages": [message]}, timeout=20)
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-def request_lines(stdout: str) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in stdout.splitlines() if line.strip()]
-    return [line for line in lines if line["event"] == "request"]
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serve_answers_logs_one_line_per_request_and_stops_on_a_signal(tmp_path: Path, signum: signal.Signals) -> None:
     with processes() as started:
@@ -372,7 +203,7 @@ def test_serve_answers_logs_one_line_per_request_and_stops_on_a_signal(tmp_path:
         serve.wait_http(f"{base}/healthz")
         assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
         assert httpx.get(f"{base}/readyz").json() == {"status": "ok", "database": True, "backends": True}
-        bodies = [complete(base, "tiny-alias"), complete(base, "hosted-model")]
+        bodies = [complete(base, "tiny-alias", PROMPT), complete(base, "hosted-model", PROMPT)]
         assert [(b["model"], b["provider"]) for b in bodies] == [("tiny", "local"), ("hosted-model", "hosted")]
         assert bodies[0]["message"]["content"] == [{"kind": "text", "data": "alpha beta gamma delta"}]
         assert serve.stop(signum) in (0, -signum)
@@ -383,11 +214,7 @@ def test_serve_answers_logs_one_line_per_request_and_stops_on_a_signal(tmp_path:
     ]
     for line, body, (rate_in, rate_out) in zip(lines, bodies, [("1.5", "3"), ("0.25", "0.75")], strict=True):
         usage = body["usage"]
-        assert (line["status"], line["input_tokens"], line["output_tokens"]) == (
-            "ok",
-            usage["input_tokens"],
-            4,
-        )
+        assert (line["status"], line["input_tokens"], line["output_tokens"]) == ("ok", usage["input_tokens"], 4)
         expected = (usage["input_tokens"] * Decimal(rate_in) + 4 * Decimal(rate_out)) / 1_000_000
         assert Decimal(line["cost_usd"]) == expected == Decimal(str(body["cost_usd"]))
         assert isinstance(line["latency_ms"], int | float)
@@ -407,10 +234,22 @@ def test_serve_with_two_workers_answers(tmp_path: Path) -> None:
         base = f"http://127.0.0.1:{port}"
         serve.wait_http(f"{base}/healthz")
         assert httpx.get(f"{base}/readyz").json() == {"status": "ok", "database": True, "backends": True}
-        ids = {complete(base, "tiny")["id"] for _ in range(4)}
+        ids = {complete(base, "tiny", PROMPT)["id"] for _ in range(4)}
         assert serve.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
         stdout, stderr = serve.output()
     lines = [json.loads(line) for line in stdout.splitlines() if line.strip()]
     assert [line["event"] for line in lines].count("started") == 2  # one per worker process
     assert {line["request_id"] for line in request_lines(stdout)} == ids
     assert SECRET not in stdout + stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_on_a_port_in_use_exits_1(tmp_path: Path, workers: str) -> None:
+    config = write_config(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = run_cli(tmp_path, "serve", "--config", str(config), "--port", port, "--workers", workers)
+    assert result.returncode == 1
+    assert "address already in use" in result.stderr.lower()

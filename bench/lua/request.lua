@@ -1,6 +1,7 @@
 -- wrk script shared by every scenario: one POST whose body, path and extra headers come from the
 -- environment (BENCH_BODY_FILE, BENCH_PATH, BENCH_HEADERS as "name: value" lines), so the same
 -- script drives the OpenAI chat shape (mock, LiteLLM, Portkey) and Switchyard's message-part shape.
+-- Non-2xx answers are counted by wrk itself (summary.errors.status).
 -- `done` prints one JSON line (prefixed BENCH_JSON) that bench/run.py parses: requests, duration,
 -- non-2xx count, socket errors and latency percentiles in microseconds.
 
@@ -18,6 +19,18 @@ wrk.headers["Content-Type"] = "application/json"
 for line in (os.getenv("BENCH_HEADERS") or ""):gmatch("[^\n]+") do
   local name, value = line:match("^%s*([^:]+):%s*(.-)%s*$")
   if name then wrk.headers[name] = value end
+end
+
+-- The RSS step asks for an exact request count: with BENCH_MAX_REQUESTS set (and one wrk thread)
+-- the thread stops once that many responses have arrived. Left undefined otherwise, because a
+-- `response` callback makes wrk hand every response to Lua, which costs load-generator time.
+local max_requests = tonumber(os.getenv("BENCH_MAX_REQUESTS") or "")
+if max_requests then
+  local seen = 0
+  function response(status, headers, body)
+    seen = seen + 1
+    if seen >= max_requests then wrk.thread:stop() end
+  end
 end
 
 function done(summary, latency, requests)

@@ -1,0 +1,314 @@
+"""The benchmark's tables: one markdown table per scenario, the RSS table and the bar check.
+
+Ratios read "how many times better": throughput and chunks/s divide by LiteLLM's (higher is
+better), latencies divide LiteLLM's added latency by ours (higher is better). "vs direct" compares
+with the mock called without a gateway (the floor). A system that errored or could not stream
+keeps its row with the reason instead of numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from load import Check, Measure
+
+CHUNKS = 64
+
+
+@dataclass
+class Cell:
+    """One system in one scenario: the wrk measure and/or the curl check, or why there is none."""
+
+    measure: Measure | None = None
+    check: Check | None = None
+    note: str = ""  # why there is no usable measure (shown instead of numbers)
+    detail: str = ""  # extra facts shown next to the numbers (ledger rows written)
+
+    @property
+    def usable(self) -> bool:
+        ok_check = self.check is None or self.check.ok
+        return ok_check and self.measure is not None and self.measure.error is None and self.measure.requests > 0
+
+    def failure(self) -> str:
+        if self.note:
+            return self.note
+        if self.check is not None and not self.check.ok:
+            return f"fails: {self.check.problem}"
+        if self.measure is None:
+            return "not measured"
+        return f"fails: {self.measure.error or 'no requests completed'}"
+
+
+@dataclass
+class RssRow:
+    system: str
+    before_mb: float
+    after_mb: float
+    requests: int
+    note: str = ""
+
+
+@dataclass
+class Results:
+    """Everything one run measured, keyed by scenario then system name."""
+
+    cells: dict[str, dict[str, Cell]] = field(default_factory=dict)
+    rss: list[RssRow] = field(default_factory=list)
+    direct: str = "direct (mock)"
+    litellm: str = ""
+
+    def put(self, scenario: str, system: str, cell: Cell) -> None:
+        self.cells.setdefault(scenario, {})[system] = cell
+
+    def get(self, scenario: str, system: str) -> Cell | None:
+        return self.cells.get(scenario, {}).get(system)
+
+    def measure(self, scenario: str, system: str) -> Measure | None:
+        cell = self.get(scenario, system)
+        return cell.measure if cell is not None and cell.usable else None
+
+
+def _fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:,.{digits}f}{suffix}"
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    if ours is None or theirs is None or ours <= 0 or theirs <= 0:
+        return None
+    return ours / theirs
+
+
+def _errors(measure: Measure) -> str:
+    if not measure.failures:
+        return "0"
+    return f"{measure.failures:,} ({measure.non2xx:,} non-2xx, {measure.socket_errors:,} socket)"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+Row = Callable[[str, Cell], list[str]]
+
+
+def _rows(results: Results, scenario: str, width: int, row: Row) -> list[list[str]]:
+    out = []
+    for system, cell in results.cells.get(scenario, {}).items():
+        if cell.usable:
+            out.append([system, *row(system, cell)])
+        else:
+            out.append([system, cell.failure(), *([""] * (width - 2))])
+    return out
+
+
+def throughput(results: Results) -> list[str]:
+    lite = results.measure("throughput", results.litellm)
+    floor = results.measure("throughput", results.direct)
+
+    def row(system: str, cell: Cell) -> list[str]:
+        m = cell.measure
+        assert m is not None
+        vs_lite = _ratio(m.rps, lite.rps if lite else None)
+        vs_direct = _ratio(m.rps, floor.rps if floor else None)
+        return [
+            _fmt(m.rps, 0),
+            _fmt(m.p50_ms, 2),
+            _fmt(m.p99_ms, 2),
+            _fmt(vs_lite, 1, "×"),
+            _fmt(None if vs_direct is None else 100 * vs_direct, 1, " %"),
+            _errors(m),
+        ]
+
+    header = ["system", "req/s", "p50 ms", "p99 ms", "vs LiteLLM", "of direct", "errors"]
+    title = "### 1. Non-streaming throughput, 32 connections"
+    return [title, "", *_table(header, _rows(results, "throughput", len(header), row))]
+
+
+def latency(results: Results) -> list[str]:
+    floor = results.measure("latency", results.direct)
+    lite = results.measure("latency", results.litellm)
+
+    def added(m: Measure | None, p99: bool = False) -> float | None:
+        if m is None or floor is None:
+            return None
+        return (m.p99_ms - floor.p99_ms) if p99 else (m.p50_ms - floor.p50_ms)
+
+    def row(system: str, cell: Cell) -> list[str]:
+        m = cell.measure
+        assert m is not None
+        vs_lite = _ratio(added(lite), added(m))
+        vs_direct = _ratio(m.p50_ms, floor.p50_ms if floor else None)
+        return [
+            _fmt(m.p50_ms, 3),
+            _fmt(m.p99_ms, 3),
+            _fmt(added(m), 3),
+            _fmt(added(m, True), 3),
+            _fmt(vs_lite, 1, "× less"),
+            _fmt(vs_direct, 1, "×"),
+            _errors(m),
+        ]
+
+    header = [
+        "system",
+        "p50 ms",
+        "p99 ms",
+        "added p50 ms",
+        "added p99 ms",
+        "vs LiteLLM (added p50)",
+        "p50 vs direct",
+        "errors",
+    ]
+    title = "### 2. Added latency, 1 connection (over the direct call)"
+    return [title, "", *_table(header, _rows(results, "latency", len(header), row))]
+
+
+def slow_upstream(results: Results) -> list[str]:
+    lite = results.measure("slow", results.litellm)
+
+    def row(system: str, cell: Cell) -> list[str]:
+        m = cell.measure
+        assert m is not None
+        over = m.p99_ms - 50
+        lite_over = lite.p99_ms - 50 if lite else None
+        return [
+            _fmt(m.rps, 0),
+            _fmt(m.p50_ms, 2),
+            _fmt(m.p99_ms, 2),
+            _fmt(over, 2),
+            _fmt(_ratio(lite_over, over), 1, "× less"),
+            _errors(m),
+        ]
+
+    header = ["system", "req/s", "p50 ms", "p99 ms", "p99 over 50 ms", "vs LiteLLM (p99 over)", "errors"]
+    title = "### 3. 50 ms upstream, 256 connections"
+    return [title, "", *_table(header, _rows(results, "slow", len(header), row))]
+
+
+def streaming(results: Results) -> list[str]:
+    lite = results.measure("stream", results.litellm)
+    floor = results.measure("stream", results.direct)
+
+    def row(system: str, cell: Cell) -> list[str]:
+        m = cell.measure
+        assert m is not None
+        chunks = cell.check.chunks if cell.check and cell.check.chunks is not None else CHUNKS
+        vs_lite = _ratio(m.rps, lite.rps if lite else None)
+        vs_direct = _ratio(m.rps, floor.rps if floor else None)
+        return [
+            _fmt(m.rps, 0),
+            _fmt(m.rps * chunks, 0),
+            str(chunks),
+            _fmt(m.p50_ms, 2),
+            _fmt(m.p99_ms, 2),
+            _fmt(vs_lite, 1, "×"),
+            _fmt(None if vs_direct is None else 100 * vs_direct, 1, " %"),
+            _errors(m),
+        ]
+
+    header = [
+        "system",
+        "responses/s",
+        "chunks/s",
+        "chunks seen (curl)",
+        "p50 ms",
+        "p99 ms",
+        "vs LiteLLM",
+        "of direct",
+        "errors",
+    ]
+    title = "### 4. Streaming 64-chunk responses, 16 connections"
+    return [title, "", *_table(header, _rows(results, "stream", len(header), row))]
+
+
+def ledger(results: Results, baseline: str) -> list[str]:
+    base = results.measure("ledger", baseline)
+
+    def row(system: str, cell: Cell) -> list[str]:
+        m = cell.measure
+        assert m is not None
+        change = None if base is None else 100 * (m.rps / base.rps - 1)
+        return [_fmt(m.rps, 0), _fmt(m.p50_ms, 2), _fmt(m.p99_ms, 2), _fmt(change, 1, " %"), cell.detail, _errors(m)]
+
+    header = ["system", "req/s", "p50 ms", "p99 ms", f"req/s vs {baseline}", "ledger rows", "errors"]
+    title = "### 5. The price of accounting (Switchyard, 32 connections, non-streaming)"
+    return [title, "", *_table(header, _rows(results, "ledger", len(header), row))]
+
+
+def workers(results: Results, one: str) -> list[str]:
+    base = results.measure("workers", one)
+
+    def row(system: str, cell: Cell) -> list[str]:
+        m = cell.measure
+        assert m is not None
+        return [
+            _fmt(m.rps, 0),
+            _fmt(m.p50_ms, 2),
+            _fmt(m.p99_ms, 2),
+            _fmt(_ratio(m.rps, base.rps if base else None), 2, "×"),
+            _errors(m),
+        ]
+
+    header = ["system", "req/s", "p50 ms", "p99 ms", "vs 1 worker", "errors"]
+    title = "### 6. Workers (Switchyard, 32 connections, non-streaming)"
+    return [title, "", *_table(header, _rows(results, "workers", len(header), row))]
+
+
+def memory(results: Results) -> list[str]:
+    rows = [
+        [
+            r.system,
+            _fmt(r.before_mb),
+            _fmt(r.after_mb),
+            _fmt(r.after_mb - r.before_mb, 1, " MB"),
+            f"{r.requests:,}",
+            r.note,
+        ]
+        for r in results.rss
+    ]
+    header = ["system", "RSS before MB", "RSS after MB", "growth", "requests between", "note"]
+    return ["### Memory (VmRSS, summed over the process tree)", "", *_table(header, rows)]
+
+
+@dataclass(frozen=True)
+class Names:
+    """System names the bar refers to."""
+
+    switchyard: str
+    portkey: str
+    ledger_off: str
+    workers_n: str
+
+
+def bar(results: Results, names: Names) -> list[str]:
+    """The lead's bar, each line with the measured value and yes / no / n/a."""
+    rows: list[list[str]] = []
+
+    def line(criterion: str, value: float | None, passed: bool | None, fmt: str) -> None:
+        verdict = "n/a" if passed is None else ("yes" if passed else "NO")
+        rows.append([criterion, "—" if value is None else fmt.format(value), verdict])
+
+    def ratio(scenario: str, ours: str, theirs: str) -> float | None:
+        a, b = results.measure(scenario, ours), results.measure(scenario, theirs)
+        return _ratio(a.rps if a else None, b.rps if b else None)
+
+    sy = names.switchyard
+    r = ratio("throughput", sy, results.litellm)
+    line("non-streaming throughput ≥ 15× LiteLLM", r, None if r is None else r >= 15, "{:.1f}×")
+    r = ratio("throughput", sy, names.portkey)
+    line("non-streaming throughput ≥ 3× Portkey", r, None if r is None else r >= 3, "{:.1f}×")
+    ours, floor = results.measure("latency", sy), results.measure("latency", results.direct)
+    added = None if ours is None or floor is None else ours.p50_ms - floor.p50_ms
+    line("added latency p50 ≤ 0.6 ms", added, None if added is None else added <= 0.6, "{:.3f} ms")
+    r = ratio("stream", sy, results.litellm)
+    line("streaming chunks/s ≥ 30× LiteLLM", r, None if r is None else r >= 30, "{:.1f}×")
+    on, off = results.measure("ledger", sy), results.measure("ledger", names.ledger_off)
+    cost = None if on is None or off is None else 100 * (1 - on.rps / off.rps)
+    line("ledger on costs ≤ 10 % (SQLite vs ledger off)", cost, None if cost is None else cost <= 10, "{:.1f} %")
+    full = next((row for row in results.rss if row.system == sy and row.requests >= 100_000), None)
+    growth = None if full is None else full.after_mb - full.before_mb
+    line("RSS growth ≤ 20 MB over 100k requests", growth, None if growth is None else growth <= 20, "{:.1f} MB")
+    r = ratio("workers", names.workers_n, sy)
+    line(f"{names.workers_n} rises over 1 worker", r, None if r is None else r > 1, "{:.2f}×")
+    return ["### Bar (for the lead)", "", *_table(["criterion", "measured", "met"], rows)]

@@ -1,0 +1,426 @@
+"""Switchyard side by side with LiteLLM proxy and Portkey gateway: `python bench/run.py`.
+
+The orchestrator (this file) only starts processes and reads numbers; the load comes from `wrk`
+(bench/lua/request.lua), pinned with `taskset` to the load CPUs together with the mock upstreams,
+while the gateway under test is pinned to its own CPU with one worker. Systems are measured one at
+a time (start, scenarios 1–4, RSS, stop), then Switchyard again with PostgreSQL and with the ledger
+off (5), with N workers (6), and a fresh Switchyard for the RSS-over-100k-requests step. The tables
+are printed last and appended to bench/RESULTS.md with the date, versions and exact command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import platform
+import shlex
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import report
+from load import Check, Measure, check, run_wrk
+from peers import (
+    PEERS,
+    REPO,
+    Direct,
+    LiteLLM,
+    Mocks,
+    Portkey,
+    Switchyard,
+    SwitchyardOptions,
+    Target,
+    installed_litellm,
+    installed_portkey,
+    package_version,
+    repo_python,
+)
+from procs import Server, StartError, free_port
+from report import Cell, Names, Results, RssRow
+
+# scenario key -> (request kind, connections)
+SCENARIOS = {"throughput": ("json", 32), "latency": ("json", 1), "slow": ("slow", 256), "stream": ("stream", 16)}
+SCENARIO_NUMBERS = {"1": "throughput", "2": "latency", "3": "slow", "4": "stream"}
+PG_DB = "switchyard_bench"
+PG_URL = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_DB}"
+
+
+@dataclass
+class Plan:
+    """The parsed command line plus derived facts every step needs."""
+
+    run_dir: Path
+    gateway_cpus: str
+    load_cpus: str
+    all_cpus: str
+    duration: float
+    warmup: float
+    workers: int
+    scenarios: list[str]
+    extra: set[str]  # "5", "6", "rss"
+    systems: list[str]
+    rss_requests: int
+    rss_max_s: float
+    results_file: Path | None
+    command: str
+    install_notes: dict[str, str] = field(default_factory=dict)
+
+
+def _parser() -> argparse.ArgumentParser:
+    cpus = os.cpu_count() or 1
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--duration", type=float, default=10.0, help="measured seconds per scenario (default 10)")
+    add("--warmup", type=float, default=2.0, help="warm-up seconds before each measure (default 2)")
+    add("--systems", default="direct,switchyard,litellm,portkey", help="comma list (default all)")
+    add("--scenarios", default="1,2,3,4,5,6,rss", help="comma list of 1-6 and rss (default all)")
+    add("--workers", type=int, default=max(2, cpus), help="workers for scenario 6 (default: CPU count, ≥2)")
+    add("--gateway-cpus", default="0", help="taskset list for the gateway under test (default 0)")
+    add("--load-cpus", default="1" if cpus > 1 else "0", help="taskset list for wrk and the mocks (default 1)")
+    add("--rss-requests", type=int, default=100_000, help="requests for the RSS step (default 100000)")
+    add("--rss-max-s", type=float, default=240.0, help="time cap for the RSS step (default 240 s)")
+    add("--results", default=str(Path(__file__).with_name("RESULTS.md")), help="file to append tables to")
+    add("--no-results", action="store_true", help="print only; do not append to the results file")
+    return parser
+
+
+def _plan(argv: list[str]) -> Plan:
+    ns = _parser().parse_args(argv)
+    picked = [s.strip() for s in ns.scenarios.split(",") if s.strip()]
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = Path("/tmp/bench-run") / stamp
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Plan(
+        run_dir=run_dir,
+        gateway_cpus=ns.gateway_cpus,
+        load_cpus=ns.load_cpus,
+        all_cpus=f"0-{(os.cpu_count() or 1) - 1}",
+        duration=ns.duration,
+        warmup=ns.warmup,
+        workers=ns.workers,
+        scenarios=[SCENARIO_NUMBERS[s] for s in picked if s in SCENARIO_NUMBERS],
+        extra={s for s in picked if s in ("5", "6", "rss")},
+        systems=[s.strip() for s in ns.systems.split(",") if s.strip()],
+        rss_requests=ns.rss_requests,
+        rss_max_s=ns.rss_max_s,
+        results_file=None if ns.no_results else Path(ns.results),
+        command=shlex.join(sys.orig_argv),
+    )
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- setup -----------------------------------------------------------------------------------------
+
+
+def ensure_tools() -> None:
+    if shutil.which("wrk") is None:
+        log("wrk missing: apt-get install -y wrk")
+        subprocess.run(["apt-get", "install", "-y", "wrk"], check=True, stdout=subprocess.DEVNULL)
+    for tool in ("taskset", "curl"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"bench: {tool} is required")
+
+
+def install_peers(plan: Plan) -> None:
+    PEERS.mkdir(parents=True, exist_ok=True)
+    for key, peer in (("litellm", LiteLLM), ("portkey", Portkey)):
+        if key not in plan.systems:
+            continue
+        log(f"installing {peer.name} under {PEERS} (skipped when present)")
+        try:
+            peer.install()
+        except (subprocess.CalledProcessError, OSError) as exc:
+            plan.install_notes[peer.name] = f"install failed: {exc}"
+
+
+def versions(plan: Plan) -> list[str]:
+    def out(argv: list[str]) -> str:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except OSError:
+            return "?"
+        return (done.stdout or done.stderr).strip().splitlines()[0] if (done.stdout or done.stderr) else "?"
+
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return [
+        f"switchyard: {out(['git', '-C', str(REPO), 'describe', '--always', '--dirty'])} "
+        f"({out([repo_python(), '--version'])})",
+        f"litellm[proxy]: {installed_litellm() or 'not installed'}",
+        f"@portkey-ai/gateway: {installed_portkey() or 'not installed'} "
+        f"(@hono/node-server {package_version('@hono/node-server')}, node {out(['node', '--version'])})",
+        f"load generator: {out(['wrk', '--version'])}",
+        f"machine: {cpu}, {os.cpu_count()} CPUs, Linux {platform.release()}; gateway on CPU {plan.gateway_cpus}, "
+        f"wrk + mocks on CPU {plan.load_cpus}",
+    ]
+
+
+# --- measuring -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """Requests sent to one server (to compare with the ledger rows it wrote)."""
+
+    sent: int = 0
+
+    def add(self, measure: Measure) -> Measure:
+        self.sent += measure.requests
+        return measure
+
+
+def measure(plan: Plan, target: Target, scenario: str, tally: Tally) -> Cell:
+    kind, connections = SCENARIOS[scenario]
+    request = target.request(kind)
+    sample: Check = check(request, target.shape, stream=kind == "stream")
+    tally.sent += 1
+    if not sample.ok:
+        log(f"  {target.name} {scenario}: check failed: {sample.problem}")
+        return Cell(check=sample)
+    tally.add(run_wrk(request, connections, plan.warmup, plan.load_cpus, plan.run_dir))
+    result = tally.add(run_wrk(request, connections, plan.duration, plan.load_cpus, plan.run_dir))
+    log(
+        f"  {target.name} {scenario}: {result.rps:,.0f}/s p50 {result.p50_ms:.2f} ms p99 {result.p99_ms:.2f} ms "
+        f"errors {result.failures}"
+    )
+    return Cell(measure=result, check=sample)
+
+
+def start(server: Server | None) -> str | None:
+    """Start a server; None when it runs, else why it does not."""
+    if server is None:
+        return None
+    log(f"starting {server.name} on CPU {server.cpus} (port {server.port})")
+    try:
+        server.start()
+    except StartError as exc:
+        log(str(exc))
+        return f"does not start: {str(exc).splitlines()[0]}"
+    return None
+
+
+def bench_target(plan: Plan, results: Results, target: Target, scenarios: list[str]) -> Tally:
+    tally = Tally()
+    note = plan.install_notes.get(target.name)
+    server = None if note else target.server(plan.run_dir, plan.gateway_cpus)
+    note = note or start(server)
+    if note:
+        for scenario in scenarios:
+            results.put(scenario, target.name, Cell(note=note))
+        return tally
+    try:
+        before = server.rss_mb() if server else 0.0
+        for scenario in scenarios:
+            cell = measure(plan, target, scenario, tally)
+            if server is not None and server.exit_code is not None:
+                cell = Cell(note=f"crashed (exit {server.exit_code}) during {scenario}")
+            results.put(scenario, target.name, cell)
+        if server is not None:
+            results.rss.append(RssRow(target.name, before, server.rss_mb(), tally.sent, "scenarios 1–4, same process"))
+    finally:
+        if server is not None:
+            server.stop()
+    return tally
+
+
+def sqlite_rows(path: Path) -> int | None:
+    try:
+        with sqlite3.connect(path) as db:
+            row = db.execute("select count(*) from ledger").fetchone()
+    except sqlite3.Error:
+        return None
+    return int(row[0])
+
+
+def psql(sql: str, db: str = "postgres") -> str:
+    argv = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", db, "-tAc", sql]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def rows_note(rows: int | None, sent: int) -> str:
+    return "unknown" if rows is None else f"{rows:,} for ~{sent:,} requests"
+
+
+def switchyard(mocks: Mocks, options: SwitchyardOptions) -> Switchyard:
+    return Switchyard(mocks, free_port(), options)
+
+
+def prepare_postgres(plan: Plan, target: Switchyard) -> str | None:
+    """A fresh bench database with the schema applied; None when ready, else why not."""
+    try:
+        psql(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+        psql(f"CREATE DATABASE {PG_DB}")
+    except (subprocess.CalledProcessError, OSError) as exc:
+        return f"PostgreSQL unavailable: {getattr(exc, 'stderr', '') or exc}".strip()
+    config = target.write_config(plan.run_dir)
+    done = subprocess.run(
+        [repo_python(), "-m", "app.cli", "db", "upgrade", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        return f"db upgrade failed: {(done.stderr or done.stdout).strip()[-200:]}"
+    return None
+
+
+def ledger_scenario(plan: Plan, results: Results, mocks: Mocks, sqlite_detail: str) -> tuple[str, str]:
+    """Scenario 5: SQLite (from scenario 1), PostgreSQL and ledger off; returns (sqlite, off) names."""
+    base = results.get("throughput", "switchyard")
+    sqlite_name, off_name = "switchyard (SQLite ledger)", "switchyard (ledger off)"
+    if base is not None:
+        results.put("ledger", sqlite_name, Cell(base.measure, base.check, base.note, sqlite_detail))
+    pg = switchyard(mocks, SwitchyardOptions(PG_URL, label="switchyard (PostgreSQL ledger)"))
+    note = prepare_postgres(plan, pg)
+    if note:
+        results.put("ledger", pg.name, Cell(note=note))
+    else:
+        tally = bench_target(plan, results, pg, ["throughput"])
+        moved = results.cells["throughput"].pop(pg.name)
+        rows = None
+        with contextlib.suppress(subprocess.CalledProcessError, OSError, ValueError):
+            rows = int(psql("select count(*) from ledger", PG_DB))
+        moved.detail = rows_note(rows, tally.sent)
+        results.put("ledger", pg.name, moved)
+    off = switchyard(mocks, SwitchyardOptions("", ledger_enabled=False, label=off_name))
+    bench_target(plan, results, off, ["throughput"])
+    moved = results.cells["throughput"].pop(off.name)
+    if moved.note.startswith("does not start"):
+        moved.note = "no switch yet: `[ledger] enabled = false` is rejected by the config"
+    results.put("ledger", off.name, moved)
+    return sqlite_name, off_name
+
+
+def workers_scenario(plan: Plan, results: Results, mocks: Mocks) -> str:
+    """Scenario 6: N workers on all CPUs, next to scenario 1's single pinned worker."""
+    base = results.get("throughput", "switchyard")
+    if base is not None:
+        results.put("workers", f"switchyard --workers 1 (CPU {plan.gateway_cpus})", base)
+    label = f"switchyard --workers {plan.workers} (CPUs {plan.all_cpus})"
+    target = switchyard(mocks, SwitchyardOptions("", workers=plan.workers, label=label))
+    saved = plan.gateway_cpus
+    plan.gateway_cpus = plan.all_cpus
+    try:
+        bench_target(plan, results, target, ["throughput"])
+    finally:
+        plan.gateway_cpus = saved
+    results.put("workers", label, results.cells["throughput"].pop(label))
+    return label
+
+
+def rss_step(plan: Plan, results: Results, mocks: Mocks) -> None:
+    """A fresh Switchyard: RSS after 2,000 warm-up requests, then after `rss_requests` more."""
+    target = switchyard(mocks, SwitchyardOptions("", label="switchyard"))
+    server = target.server(plan.run_dir, plan.gateway_cpus)
+    note = start(server)
+    if note:
+        results.rss.append(RssRow("switchyard", 0, 0, 0, note))
+        return
+    try:
+        request = target.request("json")
+        run_wrk(request, 32, 60, plan.load_cpus, plan.run_dir, max_requests=2000)
+        before = server.rss_mb()
+        log(f"RSS step: {before:.1f} MB after warm-up; sending {plan.rss_requests:,} requests")
+        done = run_wrk(request, 32, plan.rss_max_s, plan.load_cpus, plan.run_dir, max_requests=plan.rss_requests)
+        time.sleep(1)
+        after = server.rss_mb()
+        capped = "" if done.requests >= plan.rss_requests else f"; stopped by the {plan.rss_max_s:.0f} s cap"
+        note = f"fresh process, 2,000 warm-up requests first, {done.failures} errors{capped}"
+        results.rss.append(RssRow("switchyard", before, after, done.requests, note))
+    finally:
+        server.stop()
+
+
+# --- output ----------------------------------------------------------------------------------------
+
+
+def render(plan: Plan, results: Results, names: Names, header: list[str]) -> str:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"## Run {now}",
+        "",
+        *[f"- {v}" for v in header],
+        "",
+        "Command:",
+        "",
+        "```",
+        f"cd {REPO} && {plan.command}",
+        "```",
+        "",
+    ]
+    sections = [
+        ("throughput", report.throughput(results)),
+        ("latency", report.latency(results)),
+        ("slow", report.slow_upstream(results)),
+        ("stream", report.streaming(results)),
+        ("ledger", report.ledger(results, "switchyard (SQLite ledger)")),
+        ("workers", report.workers(results, f"switchyard --workers 1 (CPU {plan.gateway_cpus})")),
+    ]
+    for key, section in sections:
+        if results.cells.get(key):
+            lines += [*section, ""]
+    if results.rss:
+        lines += [*report.memory(results), ""]
+    lines += [*report.bar(results, names), ""]
+    lines.append(f"Logs and configs of this run: {plan.run_dir}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    plan = _plan(argv)
+    ensure_tools()
+    install_peers(plan)
+    header = versions(plan)
+    mocks = Mocks.create(plan.run_dir, plan.load_cpus, free_port(), free_port())
+    results = Results(litellm=LiteLLM.name)
+    for server in (mocks.fast, mocks.slow):
+        if start(server):
+            raise SystemExit(f"bench: the mock upstream does not start; see {server.log}")
+    sy = switchyard(mocks, SwitchyardOptions("", label="switchyard"))
+    catalogue: dict[str, Target] = {
+        "direct": Direct(mocks, mocks.fast.port),
+        "switchyard": sy,
+        "litellm": LiteLLM(mocks, free_port()),
+        "portkey": Portkey(mocks, free_port()),
+    }
+    names = Names("switchyard", Portkey.name, "switchyard (ledger off)", "")
+    try:
+        sy_tally = Tally()
+        for key in plan.systems:
+            tally = bench_target(plan, results, catalogue[key], plan.scenarios)
+            sy_tally = tally if key == "switchyard" else sy_tally
+        if "5" in plan.extra:
+            rows = sqlite_rows(plan.run_dir / "switchyard.db")
+            ledger_scenario(plan, results, mocks, rows_note(rows, sy_tally.sent) + " (scenarios 1–4)")
+        if "6" in plan.extra:
+            names = Names("switchyard", Portkey.name, "switchyard (ledger off)", workers_scenario(plan, results, mocks))
+        if "rss" in plan.extra:
+            rss_step(plan, results, mocks)
+    finally:
+        mocks.fast.stop()
+        mocks.slow.stop()
+    text = render(plan, results, names, header)
+    if plan.results_file is not None:
+        with plan.results_file.open("a") as out:
+            out.write("\n" + text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

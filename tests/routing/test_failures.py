@@ -1,0 +1,275 @@
+"""Backend trouble: 5xx, connection resets, stalls and garbage streams.
+
+Before the first content event a failure cools the backend down (`failure`) and the request fails
+over; after it, the client gets an `error` event and the request stays on the backend that
+streamed. When every backend is cooling after failures, the answer is 503 with Retry-After and no
+upstream is asked.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from app.mock_http import Reply
+from tests.conftest import StartGateway
+from tests.routing.conftest import (
+    answer,
+    chunk,
+    complete,
+    completions,
+    datas,
+    deployments,
+    error,
+    launch,
+    metric,
+    played,
+    row_view,
+    scrape,
+    seconds_until,
+    stream,
+    stream_answer,
+)
+from tests.upstream import ReplayUpstream, reply_json, reply_sse
+
+FAILURE_COOLDOWN = 4
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param(error(502), id="502"),
+        pytest.param(error(503, "unavailable"), id="503"),
+        pytest.param(reply_json(503, {"object": "error", "message": "engine dead", "code": 503}), id="503-flat"),
+    ],
+)
+async def test_5xx_fails_over_and_cools_the_backend_for_failure_cooldown(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, reply: Reply
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"failure_cooldown_s": FAILURE_COOLDOWN})
+    alpha.enqueue(reply)
+    beta.enqueue(answer("from beta"), repeat=2)
+    response = await complete(gw)
+    assert response.status_code == 200, response.text
+    assert response.json()["provider"] == "beta"
+    state = await deployments(gw)
+    assert (state["alpha"]["ready"], state["alpha"]["cooling_reason"]) == (False, "failure")
+    assert FAILURE_COOLDOWN - 0.5 < seconds_until(state["alpha"]["cooling_until"]) <= FAILURE_COOLDOWN
+    assert state["alpha"]["breaker_open"] is False  # one failure is below the breaker's minimum samples
+    assert state["beta"]["ready"] is True
+    again = await complete(gw)
+    assert again.json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1
+    first, second = await gw.ledger_rows()
+    assert row_view(first) == ("ok", None, None, 2, "beta")
+    assert row_view(second) == ("ok", None, None, 1, "beta")
+    samples = await scrape(gw)
+    assert metric(samples, "switchyard_cooldowns_total", provider="alpha", reason="failure") == 1
+    assert metric(samples, "switchyard_attempts_total", provider="alpha", outcome="transient") == 1
+
+
+async def test_three_backends_fail_over_in_priority_order(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, gamma: ReplayUpstream
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta, "gamma": gamma})
+    alpha.enqueue(error(502))
+    beta.enqueue(error(503, "unavailable"))
+    gamma.enqueue(answer("from gamma"))
+    response = await complete(gw)
+    assert response.status_code == 200, response.text
+    assert response.json()["provider"] == "gamma"
+    assert [len(completions(u)) for u in (alpha, beta, gamma)] == [1, 1, 1]
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("ok", None, None, 3, "gamma")
+    samples = await scrape(gw)
+    assert metric(samples, "switchyard_retries_total", model="chat-1") == 2
+    assert metric(samples, "switchyard_failovers_total", model="chat-1", provider="gamma") == 1
+
+
+async def test_every_backend_cooling_after_failures_is_503_without_upstream_request(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"failure_cooldown_s": FAILURE_COOLDOWN})
+    alpha.enqueue(error(502))
+    beta.enqueue(error(503, "unavailable"))
+    refused = await complete(gw)
+    assert refused.status_code == 502, refused.text
+    assert refused.json()["error"]["message"] == "all backends refused the request"
+    assert refused.json()["error"]["type"] == "upstream_error"
+    state = await deployments(gw)
+    assert {name: (d["ready"], d["cooling_reason"]) for name, d in state.items()} == {
+        "alpha": (False, "failure"),
+        "beta": (False, "failure"),
+    }
+
+    response = await complete(gw)
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["type"] == "unavailable"
+    assert response.json()["error"]["message"] == "no backend is available for this model"
+    assert response.headers["retry-after"] == str(FAILURE_COOLDOWN)
+    assert len(completions(alpha)) == 1
+    assert len(completions(beta)) == 1
+    first, second = await gw.ledger_rows()
+    assert row_view(first) == ("error", "upstream_error", 502, 2, "beta")
+    assert row_view(second) == ("error", "unavailable", 503, 0, None)
+
+
+# -- connection resets ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+async def test_reset_before_the_first_byte_fails_over(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, streamed: bool
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(played(stream_answer("lost") if streamed else answer("lost"), reset_after=0))
+    beta.enqueue(stream_answer("from beta") if streamed else answer("from beta"))
+    if streamed:
+        _, frames = await stream(gw)
+        assert frames[0][1]["provider"] == "beta"
+        assert [d["type"] for d in datas(frames)] == ["stream_start", "text_start", "text_delta", "text_end", "finish"]
+        assert frames[2][1]["delta"] == "from beta"
+    else:
+        response = await complete(gw)
+        assert response.status_code == 200, response.text
+        assert response.json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("ok", None, None, 2, "beta")
+    state = await deployments(gw)
+    assert (state["alpha"]["ready"], state["alpha"]["cooling_reason"]) == (False, "failure")
+
+
+async def test_reset_after_the_first_content_chunk_is_an_error_event_without_failover(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue("mock_reset_midstream")  # one content delta ("Hi"), then a TCP reset
+    _, frames = await stream(gw)
+    assert datas(frames)[1:] == [
+        {"type": "text_start", "text_id": "text_0"},
+        {"type": "text_delta", "text_id": "text_0", "delta": "Hi"},
+        {"type": "text_end", "text_id": "text_0"},
+        {"type": "error", "error": {"message": frames[-1][1]["error"]["message"], "type": "upstream_error", "code": 502}},
+    ]
+    assert frames[0][1]["provider"] == "alpha"
+    assert completions(beta) == []
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("error", "upstream_error", 502, 1, "alpha")
+    state = await deployments(gw)
+    assert state["alpha"]["cooling_reason"] == "failure"
+    assert (state["alpha"]["in_flight"], state["beta"]["in_flight"]) == (0, 0)
+
+
+# -- stalls and timeouts ---------------------------------------------------------------------------
+
+
+def _held_after(reply: Reply, chunks: int) -> Reply:
+    return played(reply, stall_after=chunks)
+
+
+async def test_idle_stall_after_content_is_a_504_error_event(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"timeouts": {"idle": 0.3}})
+    alpha.enqueue(_held_after(stream_answer("Hel"), 1))
+    started = time.monotonic()
+    _, frames = await stream(gw)
+    elapsed = time.monotonic() - started
+    assert [d["type"] for d in datas(frames)] == ["stream_start", "text_start", "text_delta", "text_end", "error"]
+    assert frames[-1][1]["error"]["code"] == 504
+    assert frames[-1][1]["error"]["type"] == "upstream_error"
+    assert 0.3 <= elapsed < 1.5
+    assert completions(beta) == []
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("error", "upstream_error", 504, 1, "alpha")
+
+
+async def test_idle_stall_before_content_on_every_backend_is_504(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"timeouts": {"idle": 0.3}})
+    role_only = reply_sse([chunk({"role": "assistant"}), chunk({"content": "never"}), chunk({}, "stop")], stall_after=1)
+    alpha.enqueue(role_only)
+    beta.enqueue(role_only)
+    started = time.monotonic()
+    response = await complete(gw, stream=True)
+    elapsed = time.monotonic() - started
+    assert response.status_code == 504, response.text
+    assert response.json()["error"]["type"] == "upstream_error"
+    assert "retry-after" not in response.headers
+    assert 0.6 <= elapsed < 2.0  # two attempts of one idle timeout each
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("error", "upstream_error", 504, 2, "beta")
+    samples = await scrape(gw)
+    assert metric(samples, "switchyard_attempts_total", provider="alpha", outcome="timeout") == 1
+    assert metric(samples, "switchyard_attempts_total", provider="beta", outcome="timeout") == 1
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+async def test_first_byte_stall_on_every_backend_is_504_within_the_bound(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, streamed: bool
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"timeouts": {"first_byte": 0.3}})
+    late = stream_answer("late") if streamed else answer("late")
+    alpha.enqueue(played(late, first_byte_delay_s=5.0))
+    beta.enqueue(played(late, first_byte_delay_s=5.0))
+    started = time.monotonic()
+    response = await complete(gw, stream=streamed)
+    elapsed = time.monotonic() - started
+    assert response.status_code == 504, response.text
+    assert response.json()["error"]["type"] == "upstream_error"
+    assert 0.6 <= elapsed < 1.5  # two attempts of `first_byte` each, nowhere near the 5 s stall
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("error", "upstream_error", 504, 2, "beta")
+    state = await deployments(gw)
+    assert {name: d["cooling_reason"] for name, d in state.items()} == {"alpha": "failure", "beta": "failure"}
+
+
+# -- garbage and truncated streams -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "payloads",
+    [
+        pytest.param(["data: <html>bad gateway</html>\n\n", "data: not json at all\n\n"], id="non-json-data-then-eof"),
+        pytest.param(['data: {"choices": [{"delta": \n\n'], id="broken-json"),
+        pytest.param([chunk({"role": "assistant", "content": ""})], id="eof-without-finish-before-content"),
+        pytest.param([": keep-alive\n\n"], id="comment-only-then-eof"),
+    ],
+)
+async def test_garbage_or_truncated_stream_before_content_fails_over(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, payloads: list[Any]
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(reply_sse(payloads, done=False))
+    beta.enqueue(stream_answer("from beta"))
+    _, frames = await stream(gw)
+    assert frames[0][1]["provider"] == "beta"
+    assert [d["type"] for d in datas(frames)] == ["stream_start", "text_start", "text_delta", "text_end", "finish"]
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("ok", None, None, 2, "beta")
+    assert (await deployments(gw))["alpha"]["cooling_reason"] == "failure"
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        pytest.param(['data: {"choices": [{"delta": \n\n'], id="broken-json"),
+        pytest.param(["data: not json\n\n"], id="eof-without-finish"),
+    ],
+)
+async def test_garbage_or_truncated_stream_after_content_is_an_error_event(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, tail: list[Any]
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(reply_sse([chunk({"content": "Half"}), *tail], done=False))
+    _, frames = await stream(gw)
+    assert frames[0][1]["provider"] == "alpha"
+    assert [d["type"] for d in datas(frames)] == ["stream_start", "text_start", "text_delta", "text_end", "error"]
+    assert frames[-1][1]["error"]["code"] == 502
+    assert completions(beta) == []
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("error", "upstream_error", 502, 1, "alpha")
