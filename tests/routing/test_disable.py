@@ -1,0 +1,153 @@
+"""A refused key or an exhausted balance: the whole provider leaves rotation (every backend of it),
+the request fails over, later requests skip it, and only a successful health probe brings it back
+(a probe that itself gets 401 keeps it disabled).
+
+Probe timing is made deterministic with the upstream: the first probe answer is delayed, so every
+request before it runs against the state the test set up, and the health loop (one round at a
+time) cannot re-enable anything early.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from app.mock_http import Reply
+from tests.conftest import StartGateway
+from tests.routing.conftest import (
+    PROBE_PATH,
+    answer,
+    complete,
+    completions,
+    deployments,
+    error,
+    eventually,
+    launch,
+    metric,
+    models_reply,
+    probes_at,
+    row_view,
+    scrape,
+)
+from tests.upstream import ReplayUpstream, load_transcript
+
+PROBING = {"probe_interval_s": 0.1}
+FIRST_PROBE_DELAY = 0.5
+
+
+async def test_401_disables_the_provider_and_fails_over(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(error(401, "authentication_error"))
+    beta.enqueue(answer("from beta"), repeat=3)
+    response = await complete(gw)
+    assert response.status_code == 200, response.text
+    assert response.json()["provider"] == "beta"
+    for model in ("chat-1", "even-1"):  # a refused key takes out every backend of the provider
+        state = (await deployments(gw, model))["alpha"]
+        assert state["ready"] is False
+        assert state["disabled_reason"] == "auth: upstream returned 401"
+        assert "cooling_until" not in state
+    for _ in range(2):
+        again = await complete(gw)
+        assert again.json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1
+    first, *rest = await gw.ledger_rows()
+    assert row_view(first) == ("ok", None, None, 2, "beta")
+    assert [row_view(row) for row in rest] == [("ok", None, None, 1, "beta")] * 2
+    samples = await scrape(gw)
+    assert metric(samples, "switchyard_provider_disabled_total", provider="alpha", reason="auth") == 1
+    assert metric(samples, "switchyard_attempts_total", provider="alpha", outcome="auth") == 1
+    assert metric(samples, "switchyard_backend_ready", provider="alpha", model="even-1") == 0
+
+
+async def test_a_successful_probe_re_enables_a_disabled_provider(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    alpha.enqueue(models_reply(first_byte_delay_s=FIRST_PROBE_DELAY), path=PROBE_PATH)
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, routing=PROBING)
+    alpha.enqueue(error(401, "authentication_error"))
+    alpha.enqueue(answer("alpha is back"))
+    beta.enqueue(answer("from beta"), repeat=2)
+    assert (await complete(gw)).json()["provider"] == "beta"
+    assert (await deployments(gw))["alpha"]["disabled_reason"] == "auth: upstream returned 401"
+    assert (await complete(gw)).json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1
+
+    async def enabled() -> bool:
+        state = (await deployments(gw))["alpha"]
+        return bool(state["ready"]) and "disabled_reason" not in state
+
+    await eventually(enabled, timeout=3.0)
+    response = await complete(gw)
+    assert response.json()["provider"] == "alpha"
+    assert response.json()["message"]["content"] == [{"kind": "text", "data": "alpha is back"}]
+    assert [row_view(row)[3:] for row in await gw.ledger_rows()] == [(2, "beta"), (1, "beta"), (1, "alpha")]
+
+
+async def test_a_probe_answered_401_keeps_the_provider_disabled(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    refused = error(401, "authentication_error")
+    alpha.enqueue(error(401, "authentication_error", first_byte_delay_s=FIRST_PROBE_DELAY), path=PROBE_PATH)
+    alpha.enqueue(refused, repeat=1000, path=PROBE_PATH)
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, routing=PROBING)
+    alpha.enqueue(refused)
+    beta.enqueue(answer("from beta"), repeat=2)
+    assert (await complete(gw)).json()["provider"] == "beta"
+    await eventually(lambda: len(probes_at(alpha, PROBE_PATH)) >= 4, timeout=3.0)
+    state = (await deployments(gw))["alpha"]
+    assert (state["ready"], state["probe_failed"]) == (False, True)
+    assert state["disabled_reason"] == "auth: upstream returned 401"
+    assert (await complete(gw)).json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1
+    assert probes_at(beta, PROBE_PATH) == []  # beta's probes got the built-in 200
+    assert len(beta.probes) >= 3
+
+
+@pytest.mark.parametrize(
+    ("kind", "reply", "reason"),
+    [
+        pytest.param("primalabs", load_transcript("primalabs_403_model_not_allowed"), "auth: upstream returned 403", id="primalabs-403-json"),
+        pytest.param(
+            "primalabs",
+            Reply(403, [("content-type", "text/html")], [b"<html><body>403 Forbidden</body></html>"]),
+            "auth: upstream returned 403",
+            id="primalabs-403-no-json",
+        ),
+        pytest.param("primalabs", load_transcript("primalabs_422_budget_exceeded"), "quota: upstream returned 422", id="primalabs-422-budget"),
+        pytest.param("openai_compatible", load_transcript("openai_429_insufficient_quota"), "quota: upstream returned 429", id="429-insufficient-quota"),
+        pytest.param("fastrun", error(402, "billing_error"), "quota: upstream returned 402", id="402"),
+    ],
+)
+async def test_refused_key_or_exhausted_balance_disables_and_fails_over(
+    start_gateway: StartGateway,
+    alpha: ReplayUpstream,
+    beta: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    reply: Reply,
+    reason: str,
+) -> None:
+    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "pl-test-key")
+    gw = await launch(
+        start_gateway, {"alpha": alpha, "beta": beta}, alpha={"kind": kind, "api_key_env": "ROUTING_TEST_ALPHA_KEY"}
+    )
+    alpha.enqueue(reply)
+    beta.enqueue(answer("from beta"), repeat=2)
+    response = await complete(gw)
+    assert response.status_code == 200, response.text
+    assert response.json()["provider"] == "beta"
+    (sent,) = completions(alpha)
+    assert sent.headers["authorization"] == "Bearer pl-test-key"
+    state = (await deployments(gw))["alpha"]
+    assert (state["ready"], state["disabled_reason"]) == (False, reason)
+    assert "cooling_until" not in state
+    assert (await complete(gw)).json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1
+    first, second = await gw.ledger_rows()
+    assert row_view(first) == ("ok", None, None, 2, "beta")
+    assert row_view(second) == ("ok", None, None, 1, "beta")
+    samples = await scrape(gw)
+    label = reason.partition(":")[0]
+    assert metric(samples, "switchyard_provider_disabled_total", provider="alpha", reason=label) == 1
