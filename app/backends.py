@@ -4,7 +4,8 @@ A backend is one deployment (provider x upstream model). What routing needs to k
 
 - **capacity**: at most `limit` requests in flight; up to `max_queue` more wait (FIFO, each with
   its own deadline) and are handed a slot directly when one is released, so a waiter is never
-  overtaken by a newcomer;
+  overtaken by a newcomer; a waiter also watches the request's other full backends, and a slot
+  freed there with nobody queued for it wakes the waiter to take it;
 - **cool-down**: out of rotation until a time, after the upstream said 429 (`capacity`, honouring
   its Retry-After, capped) or after backend trouble (`failure`: 5xx, connection errors, timeouts);
 - **breaker**: over the last `window` outcomes, an error ratio of at least `ratio` (with at least
@@ -22,18 +23,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Sequence
 from typing import Literal
 
 CoolReason = Literal["capacity", "failure"]
+WaitResult = Literal["slot", "moved", "timeout", "full"]
 
 
 class ProviderState:
-    __slots__ = ("disabled_reason", "key_missing", "name")
+    __slots__ = ("disabled_at", "disabled_reason", "key_missing", "name", "quota_exhausted")
 
     def __init__(self, name: str, *, key_missing: bool = False) -> None:
         self.name = name
         self.key_missing = key_missing  # fixed for the process's life: no probe can change it
         self.disabled_reason: str | None = "key variable is unset" if key_missing else None
+        self.disabled_at = 0.0
+        self.quota_exhausted = False
+
+    def disable(self, reason: str, now: float, *, quota: bool) -> None:
+        self.disabled_reason = reason
+        self.disabled_at = now
+        self.quota_exhausted = quota
+
+    def may_reenable(self, now: float, quota_recheck_s: float) -> bool:
+        """A refused key comes back on the next good probe; an exhausted balance only after
+        `quota_recheck_s`, since `/models` answers 200 with an empty balance too."""
+        return not self.quota_exhausted or now - self.disabled_at >= quota_recheck_s
 
     @property
     def ready(self) -> bool:
@@ -44,6 +59,7 @@ class BackendState:
     __slots__ = (
         "_outcomes",
         "_waiters",
+        "_watchers",
         "breaker_open",
         "cool_reason",
         "cooling_until",
@@ -62,7 +78,8 @@ class BackendState:
         self.limit = limit
         self.max_queue = max_queue
         self.in_flight = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._watchers: deque[asyncio.Future[bool]] = deque()  # requests queued on another backend
         self.cooling_until = 0.0
         self.cool_reason: CoolReason | None = None
         self._outcomes: deque[bool] = deque(maxlen=window)
@@ -107,28 +124,49 @@ class BackendState:
             return True
         return False
 
-    async def acquire(self, max_wait: float) -> bool:
-        """Wait for a slot for at most `max_wait` seconds; False when the queue is full or time ran out."""
+    async def acquire(self, max_wait: float, watch: Sequence[BackendState] = ()) -> WaitResult:
+        """Wait in this backend's queue for at most `max_wait` seconds.
+
+        "slot": a slot here is held. "moved": a backend in `watch` freed a slot with nobody queued
+        on it, so the caller should try that one rather than keep waiting here. "timeout": the wait
+        ran out. "full": the queue was full (or `max_wait` was 0), no wait at all.
+        """
         if self.try_acquire():
-            return True
+            return "slot"
         if len(self._waiters) >= self.max_queue or max_wait <= 0:
-            return False
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            return "full"
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        for other in watch:
+            other._watchers.append(waiter)
         try:
             async with asyncio.timeout(max_wait):
-                await waiter
-        except TimeoutError:
-            return self._abandon(waiter)
-        except asyncio.CancelledError:
-            self._abandon(waiter)
-            raise
-        return True
+                handed = await waiter
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            handed = self._abandon(waiter)
+            if isinstance(exc, asyncio.CancelledError):
+                if handed:
+                    self.release()
+                raise
+            return "slot" if handed else "timeout"
+        finally:
+            for other in watch:
+                with contextlib.suppress(ValueError):
+                    other._watchers.remove(waiter)
+        if handed:
+            return "slot"
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+        return "moved"
 
-    def _abandon(self, waiter: asyncio.Future[None]) -> bool:
-        """A waiter gives up; if a slot was handed to it meanwhile, it keeps it (returns True)."""
+    def _abandon(self, waiter: asyncio.Future[bool]) -> bool:
+        """A waiter gives up; True when a slot here was handed to it meanwhile (it holds it)."""
         if waiter.done() and not waiter.cancelled():
-            return True
+            handed = waiter.result()
+            if not handed:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            return handed
         waiter.cancel()
         with contextlib.suppress(ValueError):
             self._waiters.remove(waiter)
@@ -138,9 +176,14 @@ class BackendState:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)  # the slot passes straight to the waiter
+                waiter.set_result(True)  # the slot passes straight to the waiter
                 return
         self.in_flight -= 1
+        while self._watchers:
+            watcher = self._watchers.popleft()
+            if not watcher.done():
+                watcher.set_result(False)  # a request queued elsewhere may take this slot
+                return
 
     # -- outcomes and the breaker ------------------------------------------------------------
 

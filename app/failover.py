@@ -50,17 +50,23 @@ class Candidates:
     async def next(self, deadline: float) -> Backend | None:
         """The next backend, with a slot held; None when none is left or the deadline passed."""
         loop = asyncio.get_running_loop()
+        queue_deadline: float | None = None
         while self.pending:
             for index, backend in enumerate(self.pending):
                 if backend.state.try_acquire():
                     del self.pending[index]
                     return backend
             backend = min(self.pending, key=lambda b: b.state.queued)
-            self.pending.remove(backend)
-            wait = min(backend.provider.policy.queue_timeout_s, deadline - loop.time())
-            if await backend.state.acquire(wait):
+            if queue_deadline is None:
+                queue_deadline = min(loop.time() + backend.provider.policy.queue_timeout_s, deadline)
+            others = [b.state for b in self.pending if b is not backend]
+            outcome = await backend.state.acquire(queue_deadline - loop.time(), others)
+            if outcome == "slot":
+                self.pending.remove(backend)
                 return backend
-            self.capacity_waits.append(1.0)
+            if outcome != "moved":
+                self.pending.remove(backend)
+                self.capacity_waits.append(1.0)
         return None
 
 
@@ -77,7 +83,7 @@ def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Met
         return
     if exc.kind in (Failure.QUOTA, Failure.AUTH):
         reason = "quota" if exc.kind is Failure.QUOTA else "auth"
-        backend.provider.state.disabled_reason = f"{reason}: upstream returned {exc.status}"
+        backend.provider.state.disable(f"{reason}: upstream returned {exc.status}", now, quota=reason == "quota")
         metrics.disabled.inc((backend.name, reason))
         log.error("provider_disabled", provider=backend.name, reason=reason, status=exc.status, code=exc.code)
         return

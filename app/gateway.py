@@ -75,7 +75,7 @@ class Gateway:
             routing.request_deadline_s,
             routing.probe_interval_s,
         )
-        self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log)
+        self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log, routing.quota_recheck_s)
         self.health.start()
         self.log.info("started", providers=sorted(runtimes), models=len(snapshot.models))
 

@@ -4,8 +4,10 @@ provider was disabled.
 Every `interval` seconds each provider is probed once (`Provider.probe`: `local` tries `/health`,
 then `/v1/models`; hosted kinds `/models`, with the key), and the result applies to all of that
 provider's backends: a failed probe takes them out of rotation, a successful one closes open
-breakers and re-enables a provider that was disabled for a refused key or an exhausted balance (a
-probe that itself gets 401 keeps it disabled). A provider whose key variable is unset is never
+breakers and re-enables a provider that was disabled for a refused key (a probe that itself gets
+401 keeps it disabled) — or for an exhausted balance, but only once `quota_recheck_s` has passed:
+a hosted `/models` answers 200 with an empty balance too, and the balance endpoints of the hosts
+(primalabs `/credits`) have no documented shape to read it from. A provider whose key variable is unset is never
 probed: nothing can change until the operator sets it and restarts. For `local` providers the
 server's own queue depth is read from its `/metrics` in the same round.
 """
@@ -20,9 +22,10 @@ from app.routing import ProviderRuntime, Router
 
 
 class HealthMonitor:
-    def __init__(self, router: Router, interval: float, log: Any) -> None:
+    def __init__(self, router: Router, interval: float, log: Any, quota_recheck_s: float = 300.0) -> None:
         self.router = router
         self.interval = interval
+        self.quota_recheck_s = quota_recheck_s
         self.log = log
         self._task: asyncio.Task[None] | None = None
         self.rounds = 0
@@ -53,9 +56,12 @@ class HealthMonitor:
         except Exception:
             self.log.exception("probe_failed", provider=runtime.config.name)
             ok, depth = False, None
-        if ok and runtime.state.disabled_reason is not None:
+        now = asyncio.get_running_loop().time()
+        state = runtime.state
+        if ok and state.disabled_reason is not None and state.may_reenable(now, self.quota_recheck_s):
             self.log.warning("provider_enabled", provider=runtime.config.name, was=runtime.state.disabled_reason)
-            runtime.state.disabled_reason = None
+            state.disabled_reason = None
+            state.quota_exhausted = False
         for backend in self.router.backends_of(runtime.config.name):
             backend.state.probe_result(ok)
             if depth is not None:

@@ -177,14 +177,19 @@ class Pipeline:
             try:
                 async with asyncio.timeout_at(deadline):
                     await _until_content(events, assembly, exchange)
-            except (UpstreamError, TimeoutError) as exc:
+            except TimeoutError:
+                # The request's own deadline ran out: not the backend's fault, so no cool-down.
                 await events.aclose()
-                failure = exc if isinstance(exc, UpstreamError) else UpstreamError(Failure.TIMEOUT, "deadline passed")
                 self._release(exchange)
-                self._attempt_failed(exchange, failure)
-                if failure.kind is Failure.CLIENT:
-                    raise InvalidRequest(failure.message) from None
-                failures.append(failure)
+                failures.append(UpstreamError(Failure.TIMEOUT, "the request deadline passed"))
+                break
+            except UpstreamError as exc:
+                await events.aclose()
+                self._release(exchange)
+                self._attempt_failed(exchange, exc)
+                if exc.kind is Failure.CLIENT:
+                    raise InvalidRequest(exc.message) from None
+                failures.append(exc)
                 continue
             if exchange.attempts > 1:
                 self.metrics.failovers.inc((model.id, backend.name))

@@ -96,6 +96,7 @@ class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
 class RoutingSettings(Struct, frozen=True, forbid_unknown_fields=True):
     request_deadline_s: Annotated[float, Meta(gt=0)] = 300.0  # bounds the whole failover loop
     probe_interval_s: Annotated[float, Meta(gt=0)] = 10.0  # health probes and /metrics scrapes
+    quota_recheck_s: Annotated[float, Meta(ge=0)] = 300.0  # a provider out of money stays out this long
 
 
 class Settings(Struct, frozen=True, forbid_unknown_fields=True):

@@ -125,8 +125,15 @@ class Switchyard(Target):
         model = SLOW_MODEL if kind == "slow" else MODEL
         return Request(self.port, "/api/v1/completions", switchyard_body(model, kind == "stream"))
 
+    @property
+    def slug(self) -> str:
+        return "".join(c if c.isalnum() or c in "-." else "-" for c in self.name)
+
+    def log_path(self, run_dir: Path) -> Path:
+        return run_dir / f"{self.slug}.log"
+
     def write_config(self, run_dir: Path) -> Path:
-        slug = self.name.replace(" ", "-").replace("/", "-")
+        slug = self.slug
         catalog = run_dir / f"{slug}-catalog.toml"
         catalog.write_text(_switchyard_catalog())
         url = self.options.database_url or f"sqlite+aiosqlite:///{run_dir / (slug + '.db')}"
@@ -147,8 +154,7 @@ class Switchyard(Target):
         argv = [repo_python(), "-m", "app.cli", "serve", "--config", str(config), "--port", str(self.port)]
         if self.options.workers != 1:
             argv += ["--workers", str(self.options.workers)]
-        log = run_dir / f"{config.stem}.log"
-        return Server(self.name, argv, self.port, cpus, log, cwd=REPO)
+        return Server(self.name, argv, self.port, cpus, self.log_path(run_dir), cwd=REPO)
 
 
 def _switchyard_catalog() -> str:

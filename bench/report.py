@@ -34,10 +34,13 @@ class Cell:
         if self.note:
             return self.note
         if self.check is not None and not self.check.ok:
-            return f"fails: {self.check.problem}"
+            return f"fails: {self.check.problem}{self.detail}"
         if self.measure is None:
             return "not measured"
-        return f"fails: {self.measure.error or 'no requests completed'}"
+        if self.measure.error:
+            return f"fails: {self.measure.error}"
+        m = self.measure
+        return f"fails: no response completed in {m.seconds:.0f} s ({m.socket_errors:,} socket errors/timeouts)"
 
 
 @dataclass
@@ -277,7 +280,10 @@ class Names:
 
     switchyard: str
     portkey: str
+    ledger_on: str
+    ledger_pg: str
     ledger_off: str
+    workers_1: str
     workers_n: str
 
 
@@ -303,12 +309,15 @@ def bar(results: Results, names: Names) -> list[str]:
     line("added latency p50 ≤ 0.6 ms", added, None if added is None else added <= 0.6, "{:.3f} ms")
     r = ratio("stream", sy, results.litellm)
     line("streaming chunks/s ≥ 30× LiteLLM", r, None if r is None else r >= 30, "{:.1f}×")
-    on, off = results.measure("ledger", sy), results.measure("ledger", names.ledger_off)
+    on, off = results.measure("ledger", names.ledger_on), results.measure("ledger", names.ledger_off)
     cost = None if on is None or off is None else 100 * (1 - on.rps / off.rps)
     line("ledger on costs ≤ 10 % (SQLite vs ledger off)", cost, None if cost is None else cost <= 10, "{:.1f} %")
+    pg = results.measure("ledger", names.ledger_pg)
+    cost = None if on is None or pg is None else 100 * (1 - pg.rps / on.rps)
+    line("(info) PostgreSQL ledger vs SQLite ledger, req/s lost", cost, None, "{:.1f} %")
     full = next((row for row in results.rss if row.system == sy and row.requests >= 100_000), None)
     growth = None if full is None else full.after_mb - full.before_mb
     line("RSS growth ≤ 20 MB over 100k requests", growth, None if growth is None else growth <= 20, "{:.1f} MB")
-    r = ratio("workers", names.workers_n, sy)
+    r = ratio("workers", names.workers_n, names.workers_1)
     line(f"{names.workers_n} rises over 1 worker", r, None if r is None else r > 1, "{:.2f}×")
     return ["### Bar (for the lead)", "", *_table(["criterion", "measured", "met"], rows)]

@@ -47,6 +47,9 @@ from report import Cell, Names, Results, RssRow
 # scenario key -> (request kind, connections)
 SCENARIOS = {"throughput": ("json", 32), "latency": ("json", 1), "slow": ("slow", 256), "stream": ("stream", 16)}
 SCENARIO_NUMBERS = {"1": "throughput", "2": "latency", "3": "slow", "4": "stream"}
+SQLITE_LABEL = "switchyard (SQLite ledger)"
+PG_LABEL = "switchyard (PostgreSQL ledger)"
+OFF_LABEL = "switchyard (ledger off)"
 PG_DB = "switchyard_bench"
 PG_URL = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_DB}"
 
@@ -114,8 +117,25 @@ def _plan(argv: list[str]) -> Plan:
     )
 
 
+RESULTS_HEADER = """# Benchmark results
+
+Appended by `bench/run.py` (see bench/README.md), newest last. Each run states its date, versions,
+machine and exact command; numbers from different machines or loads are not comparable.
+
+"""
+LOG_FILES: list[Path] = []  # the run directory's bench.log, once known
+
+
 def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    line = f"[bench {time.strftime('%H:%M:%S')}] {message}"
+    print(line, file=sys.stderr, flush=True)
+    for path in LOG_FILES:
+        with path.open("a") as out:
+            out.write(line + "\n")
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 # --- setup -----------------------------------------------------------------------------------------
@@ -166,7 +186,7 @@ def versions(plan: Plan) -> list[str]:
         f"(@hono/node-server {package_version('@hono/node-server')}, node {out(['node', '--version'])})",
         f"load generator: {out(['wrk', '--version'])}",
         f"machine: {cpu}, {os.cpu_count()} CPUs, Linux {platform.release()}; gateway on CPU {plan.gateway_cpus}, "
-        f"wrk + mocks on CPU {plan.load_cpus}",
+        f"wrk + mocks on CPU {plan.load_cpus}; load average at the start: {load_average()}",
     ]
 
 
@@ -184,14 +204,24 @@ class Tally:
         return measure
 
 
-def measure(plan: Plan, target: Target, scenario: str, tally: Tally) -> Cell:
+def error_hint(path: Path | None) -> str:
+    """The first error line of a server's log, to say why a peer failed a check."""
+    if path is None or not path.exists():
+        return ""
+    for line in path.read_text(errors="replace").splitlines():
+        if "Error" in line or "error" in line:
+            return f" (its log: `{line.strip()[:140]}`)"
+    return ""
+
+
+def measure(plan: Plan, target: Target, scenario: str, tally: Tally, server_log: Path | None = None) -> Cell:
     kind, connections = SCENARIOS[scenario]
     request = target.request(kind)
     sample: Check = check(request, target.shape, stream=kind == "stream")
     tally.sent += 1
     if not sample.ok:
         log(f"  {target.name} {scenario}: check failed: {sample.problem}")
-        return Cell(check=sample)
+        return Cell(check=sample, detail=error_hint(server_log))
     tally.add(run_wrk(request, connections, plan.warmup, plan.load_cpus, plan.run_dir))
     result = tally.add(run_wrk(request, connections, plan.duration, plan.load_cpus, plan.run_dir))
     log(
@@ -226,12 +256,15 @@ def bench_target(plan: Plan, results: Results, target: Target, scenarios: list[s
     try:
         before = server.rss_mb() if server else 0.0
         for scenario in scenarios:
-            cell = measure(plan, target, scenario, tally)
+            cell = measure(plan, target, scenario, tally, server.log if server else None)
             if server is not None and server.exit_code is not None:
                 cell = Cell(note=f"crashed (exit {server.exit_code}) during {scenario}")
             results.put(scenario, target.name, cell)
         if server is not None:
-            results.rss.append(RssRow(target.name, before, server.rss_mb(), tally.sent, "scenarios 1–4, same process"))
+            ran = ", ".join(n for n, key in SCENARIO_NUMBERS.items() if key in scenarios)
+            results.rss.append(
+                RssRow(target.name, before, server.rss_mb(), tally.sent, f"one process through scenario(s) {ran}")
+            )
     finally:
         if server is not None:
             server.stop()
@@ -279,13 +312,12 @@ def prepare_postgres(plan: Plan, target: Switchyard) -> str | None:
     return None
 
 
-def ledger_scenario(plan: Plan, results: Results, mocks: Mocks, sqlite_detail: str) -> tuple[str, str]:
-    """Scenario 5: SQLite (from scenario 1), PostgreSQL and ledger off; returns (sqlite, off) names."""
+def ledger_scenario(plan: Plan, results: Results, mocks: Mocks, sqlite_detail: str) -> None:
+    """Scenario 5: SQLite (scenario 1's instance), PostgreSQL and ledger off."""
     base = results.get("throughput", "switchyard")
-    sqlite_name, off_name = "switchyard (SQLite ledger)", "switchyard (ledger off)"
     if base is not None:
-        results.put("ledger", sqlite_name, Cell(base.measure, base.check, base.note, sqlite_detail))
-    pg = switchyard(mocks, SwitchyardOptions(PG_URL, label="switchyard (PostgreSQL ledger)"))
+        results.put("ledger", SQLITE_LABEL, Cell(base.measure, base.check, base.note, sqlite_detail))
+    pg = switchyard(mocks, SwitchyardOptions(PG_URL, label=PG_LABEL))
     note = prepare_postgres(plan, pg)
     if note:
         results.put("ledger", pg.name, Cell(note=note))
@@ -297,21 +329,28 @@ def ledger_scenario(plan: Plan, results: Results, mocks: Mocks, sqlite_detail: s
             rows = int(psql("select count(*) from ledger", PG_DB))
         moved.detail = rows_note(rows, tally.sent)
         results.put("ledger", pg.name, moved)
-    off = switchyard(mocks, SwitchyardOptions("", ledger_enabled=False, label=off_name))
+    off = switchyard(mocks, SwitchyardOptions("", ledger_enabled=False, label=OFF_LABEL))
     bench_target(plan, results, off, ["throughput"])
     moved = results.cells["throughput"].pop(off.name)
-    if moved.note.startswith("does not start"):
-        moved.note = "no switch yet: `[ledger] enabled = false` is rejected by the config"
+    log_text = off.log_path(plan.run_dir).read_text(errors="replace") if moved.note else ""
+    if "enabled" in log_text:
+        moved.note = "no switch yet: the config rejects `[ledger] enabled = false`"
     results.put("ledger", off.name, moved)
-    return sqlite_name, off_name
 
 
-def workers_scenario(plan: Plan, results: Results, mocks: Mocks) -> str:
+def names_for(plan: Plan) -> Names:
+    one = f"switchyard --workers 1 (CPU {plan.gateway_cpus})"
+    many = f"switchyard --workers {plan.workers} (CPUs {plan.all_cpus})"
+    return Names("switchyard", Portkey.name, SQLITE_LABEL, PG_LABEL, OFF_LABEL, one, many)
+
+
+def workers_scenario(plan: Plan, results: Results, mocks: Mocks) -> None:
     """Scenario 6: N workers on all CPUs, next to scenario 1's single pinned worker."""
+    names = names_for(plan)
     base = results.get("throughput", "switchyard")
     if base is not None:
-        results.put("workers", f"switchyard --workers 1 (CPU {plan.gateway_cpus})", base)
-    label = f"switchyard --workers {plan.workers} (CPUs {plan.all_cpus})"
+        results.put("workers", names.workers_1, base)
+    label = names.workers_n
     target = switchyard(mocks, SwitchyardOptions("", workers=plan.workers, label=label))
     saved = plan.gateway_cpus
     plan.gateway_cpus = plan.all_cpus
@@ -320,11 +359,14 @@ def workers_scenario(plan: Plan, results: Results, mocks: Mocks) -> str:
     finally:
         plan.gateway_cpus = saved
     results.put("workers", label, results.cells["throughput"].pop(label))
-    return label
 
 
 def rss_step(plan: Plan, results: Results, mocks: Mocks) -> None:
-    """A fresh Switchyard: RSS after 2,000 warm-up requests, then after `rss_requests` more."""
+    """A fresh Switchyard: RSS after a warm-up, then after `rss_requests` more requests at 32 connections.
+
+    wrk cannot stop on a request count by itself (a stopped thread still waits out `-d`), so the
+    warm-up's rate sets the duration and the Lua script stops sending at exactly the count.
+    """
     target = switchyard(mocks, SwitchyardOptions("", label="switchyard"))
     server = target.server(plan.run_dir, plan.gateway_cpus)
     note = start(server)
@@ -333,14 +375,18 @@ def rss_step(plan: Plan, results: Results, mocks: Mocks) -> None:
         return
     try:
         request = target.request("json")
-        run_wrk(request, 32, 60, plan.load_cpus, plan.run_dir, max_requests=2000)
+        warm = run_wrk(request, 32, max(plan.warmup, 3), plan.load_cpus, plan.run_dir)
         before = server.rss_mb()
-        log(f"RSS step: {before:.1f} MB after warm-up; sending {plan.rss_requests:,} requests")
-        done = run_wrk(request, 32, plan.rss_max_s, plan.load_cpus, plan.run_dir, max_requests=plan.rss_requests)
+        seconds = min(plan.rss_max_s, plan.rss_requests / max(warm.rps, 1) * 1.15 + 2)
+        log(
+            f"RSS step: {before:.1f} MB after {warm.requests:,} warm-up requests; "
+            f"{plan.rss_requests:,} requests in at most {seconds:.0f} s"
+        )
+        done = run_wrk(request, 32, seconds, plan.load_cpus, plan.run_dir, max_requests=plan.rss_requests)
         time.sleep(1)
         after = server.rss_mb()
-        capped = "" if done.requests >= plan.rss_requests else f"; stopped by the {plan.rss_max_s:.0f} s cap"
-        note = f"fresh process, 2,000 warm-up requests first, {done.failures} errors{capped}"
+        short = "" if done.requests >= plan.rss_requests else f"; stopped short after {seconds:.0f} s"
+        note = f"fresh process after {warm.requests:,} warm-up requests, {done.failures} errors{short}"
         results.rss.append(RssRow("switchyard", before, after, done.requests, note))
     finally:
         server.stop()
@@ -368,8 +414,8 @@ def render(plan: Plan, results: Results, names: Names, header: list[str]) -> str
         ("latency", report.latency(results)),
         ("slow", report.slow_upstream(results)),
         ("stream", report.streaming(results)),
-        ("ledger", report.ledger(results, "switchyard (SQLite ledger)")),
-        ("workers", report.workers(results, f"switchyard --workers 1 (CPU {plan.gateway_cpus})")),
+        ("ledger", report.ledger(results, names.ledger_on)),
+        ("workers", report.workers(results, names.workers_1)),
     ]
     for key, section in sections:
         if results.cells.get(key):
@@ -377,12 +423,13 @@ def render(plan: Plan, results: Results, names: Names, header: list[str]) -> str
     if results.rss:
         lines += [*report.memory(results), ""]
     lines += [*report.bar(results, names), ""]
-    lines.append(f"Logs and configs of this run: {plan.run_dir}")
+    lines.append(f"Load average at the end: {load_average()}. Logs and configs of this run: {plan.run_dir}")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str]) -> int:
     plan = _plan(argv)
+    LOG_FILES.append(plan.run_dir / "bench.log")
     ensure_tools()
     install_peers(plan)
     header = versions(plan)
@@ -398,17 +445,17 @@ def main(argv: list[str]) -> int:
         "litellm": LiteLLM(mocks, free_port()),
         "portkey": Portkey(mocks, free_port()),
     }
-    names = Names("switchyard", Portkey.name, "switchyard (ledger off)", "")
+    names = names_for(plan)
     try:
         sy_tally = Tally()
         for key in plan.systems:
             tally = bench_target(plan, results, catalogue[key], plan.scenarios)
             sy_tally = tally if key == "switchyard" else sy_tally
         if "5" in plan.extra:
-            rows = sqlite_rows(plan.run_dir / "switchyard.db")
-            ledger_scenario(plan, results, mocks, rows_note(rows, sy_tally.sent) + " (scenarios 1–4)")
+            rows = sqlite_rows(plan.run_dir / f"{sy.slug}.db")
+            ledger_scenario(plan, results, mocks, rows_note(rows, sy_tally.sent) + " (the instance of scenarios 1–4)")
         if "6" in plan.extra:
-            names = Names("switchyard", Portkey.name, "switchyard (ledger off)", workers_scenario(plan, results, mocks))
+            workers_scenario(plan, results, mocks)
         if "rss" in plan.extra:
             rss_step(plan, results, mocks)
     finally:
@@ -416,8 +463,10 @@ def main(argv: list[str]) -> int:
         mocks.slow.stop()
     text = render(plan, results, names, header)
     if plan.results_file is not None:
+        fresh = not plan.results_file.exists()
         with plan.results_file.open("a") as out:
-            out.write("\n" + text)
+            out.write(RESULTS_HEADER if fresh else "\n")
+            out.write(text)
     print(text)
     return 0
 

@@ -64,7 +64,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
         catalog_dir = tmp_path / "catalog"
         catalog_dir.mkdir(exist_ok=True)
         (catalog_dir / "test.toml").write_text(catalog)
-        raw = {
+        raw: dict[str, object] = {
             "server": server or {},
             "database": {"url": database_url or f"sqlite+aiosqlite:///{tmp_path / 'switchyard.db'}"},
             "catalog": {"files": ["catalog/*.toml"]},

@@ -157,7 +157,9 @@ def stalled_stream(text: str = "held") -> Reply:
 
 def error(status: int, type_: str = "upstream_error", headers: dict[str, str] | None = None, **play: Any) -> Reply:
     """A fastrun-style error body: `{"error": {"message", "type", "code": <int>}}`."""
-    return reply_json(status, {"error": {"message": f"upstream says {status}", "type": type_, "code": status}}, headers, **play)
+    return reply_json(
+        status, {"error": {"message": f"upstream says {status}", "type": type_, "code": status}}, headers, **play
+    )
 
 
 def played(reply: Reply, **fields: Any) -> Reply:
@@ -306,9 +308,9 @@ def metric(samples: dict[Sample, float], name: str, **labels: str) -> float | No
     return matches[0]
 
 
-async def eventually(check: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float = 2.0) -> None:
-    """Poll `check` (sync or async) every 10 ms until it is true; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+async def eventually(check: Callable[[], Awaitable[bool]] | Callable[[], bool], within: float = 2.0) -> None:
+    """Poll `check` (sync or async) every 10 ms until it is true; fail after `within` seconds."""
+    deadline = time.monotonic() + within
     while True:
         result = check()
         if not isinstance(result, bool):
@@ -316,7 +318,7 @@ async def eventually(check: Callable[[], Awaitable[bool]] | Callable[[], bool], 
         if result:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
+            raise AssertionError(f"condition not met within {within} s")
         await asyncio.sleep(0.01)
 
 

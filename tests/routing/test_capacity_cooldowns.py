@@ -29,7 +29,9 @@ from tests.upstream import ReplayUpstream, load_transcript
 AT_CAPACITY = "all backends for this model are at capacity"
 
 
-async def _fail_over_after_429(start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream) -> GatewayHandle:
+async def _fail_over_after_429(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> GatewayHandle:
     """Scenario (1): alpha says 429 with `Retry-After: 7`, beta answers; then a second request."""
     gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"max_concurrency": 8})
     alpha.enqueue("fastrun_429_retry_after")
@@ -118,13 +120,18 @@ def _http_date_in(seconds: float) -> dict[str, str]:
             lambda: error(
                 429,
                 "rate_limit_error",
-                {"x-ratelimit-reset-requests": "1m0s", "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "3s"},
+                {
+                    "x-ratelimit-reset-requests": "1m0s",
+                    "x-ratelimit-remaining-tokens": "0",
+                    "x-ratelimit-reset-tokens": "3s",
+                },
             ),
             2.5,
             3.0,
             id="x-ratelimit-exhausted-family-wins",
         ),
         pytest.param(lambda: load_transcript("primalabs_429_no_body"), 3.5, 4.0, id="no-hint-capacity-cooldown"),
+        pytest.param(lambda: error(429, "rate_limit_error", {"retry-after": "86400"}), 29.5, 30.0, id="capped"),
     ],
 )
 async def test_429_reset_hints_set_the_cool_down(
@@ -135,7 +142,9 @@ async def test_429_reset_hints_set_the_cool_down(
     low: float,
     high: float,
 ) -> None:
-    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"capacity_cooldown_s": 4})
+    gw = await launch(
+        start_gateway, {"alpha": alpha, "beta": beta}, common={"capacity_cooldown_s": 4, "max_cooldown_s": 30}
+    )
     alpha.enqueue(make_reply())
     beta.enqueue(answer(), repeat=2)
     response = await complete(gw)

@@ -61,6 +61,30 @@ async def test_401_disables_the_provider_and_fails_over(
     assert metric(samples, "switchyard_backend_ready", provider="alpha", model="even-1") == 0
 
 
+async def test_every_provider_disabled_is_502_then_503_with_the_probe_interval_as_retry_after(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, routing={"probe_interval_s": 30})
+    alpha.enqueue(error(401, "authentication_error"))
+    beta.enqueue(load_transcript("primalabs_422_budget_exceeded"))
+    refused = await complete(gw)
+    assert refused.status_code == 502, refused.text
+    assert refused.json()["error"]["message"] == "all backends refused the request"
+    state = await deployments(gw)
+    assert {name: (d["ready"], d.get("disabled_reason")) for name, d in state.items()} == {
+        "alpha": (False, "auth: upstream returned 401"),
+        "beta": (False, "quota: upstream returned 422"),
+    }
+    response = await complete(gw)
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["type"] == "unavailable"
+    assert response.headers["retry-after"] == "30"  # the next probe round
+    assert (len(completions(alpha)), len(completions(beta))) == (1, 1)
+    first, second = await gw.ledger_rows()
+    assert row_view(first) == ("error", "upstream_error", 502, 2, "beta")
+    assert row_view(second) == ("error", "unavailable", 503, 0, None)
+
+
 async def test_a_successful_probe_re_enables_a_disabled_provider(
     start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
 ) -> None:
@@ -78,7 +102,7 @@ async def test_a_successful_probe_re_enables_a_disabled_provider(
         state = (await deployments(gw))["alpha"]
         return bool(state["ready"]) and "disabled_reason" not in state
 
-    await eventually(enabled, timeout=3.0)
+    await eventually(enabled, within=3.0)
     response = await complete(gw)
     assert response.json()["provider"] == "alpha"
     assert response.json()["message"]["content"] == [{"kind": "text", "data": "alpha is back"}]
@@ -95,7 +119,7 @@ async def test_a_probe_answered_401_keeps_the_provider_disabled(
     alpha.enqueue(refused)
     beta.enqueue(answer("from beta"), repeat=2)
     assert (await complete(gw)).json()["provider"] == "beta"
-    await eventually(lambda: len(probes_at(alpha, PROBE_PATH)) >= 4, timeout=3.0)
+    await eventually(lambda: len(probes_at(alpha, PROBE_PATH)) >= 4, within=3.0)
     state = (await deployments(gw))["alpha"]
     assert (state["ready"], state["probe_failed"]) == (False, True)
     assert state["disabled_reason"] == "auth: upstream returned 401"
@@ -108,15 +132,30 @@ async def test_a_probe_answered_401_keeps_the_provider_disabled(
 @pytest.mark.parametrize(
     ("kind", "reply", "reason"),
     [
-        pytest.param("primalabs", load_transcript("primalabs_403_model_not_allowed"), "auth: upstream returned 403", id="primalabs-403-json"),
+        pytest.param(
+            "primalabs",
+            load_transcript("primalabs_403_model_not_allowed"),
+            "auth: upstream returned 403",
+            id="primalabs-403-json",
+        ),
         pytest.param(
             "primalabs",
             Reply(403, [("content-type", "text/html")], [b"<html><body>403 Forbidden</body></html>"]),
             "auth: upstream returned 403",
             id="primalabs-403-no-json",
         ),
-        pytest.param("primalabs", load_transcript("primalabs_422_budget_exceeded"), "quota: upstream returned 422", id="primalabs-422-budget"),
-        pytest.param("openai_compatible", load_transcript("openai_429_insufficient_quota"), "quota: upstream returned 429", id="429-insufficient-quota"),
+        pytest.param(
+            "primalabs",
+            load_transcript("primalabs_422_budget_exceeded"),
+            "quota: upstream returned 422",
+            id="primalabs-422-budget",
+        ),
+        pytest.param(
+            "openai_compatible",
+            load_transcript("openai_429_insufficient_quota"),
+            "quota: upstream returned 429",
+            id="429-insufficient-quota",
+        ),
         pytest.param("fastrun", error(402, "billing_error"), "quota: upstream returned 402", id="402"),
     ],
 )
@@ -151,3 +190,30 @@ async def test_refused_key_or_exhausted_balance_disables_and_fails_over(
     samples = await scrape(gw)
     label = reason.partition(":")[0]
     assert metric(samples, "switchyard_provider_disabled_total", provider="alpha", reason=label) == 1
+
+
+@pytest.mark.parametrize(("recheck", "comes_back"), [(60.0, False), (0.3, True)])
+async def test_an_exhausted_balance_stays_out_until_the_quota_recheck(
+    start_gateway: StartGateway,
+    alpha: ReplayUpstream,
+    beta: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    recheck: float,
+    comes_back: bool,
+) -> None:
+    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "pl-test-key")
+    gw = await launch(
+        start_gateway,
+        {"alpha": alpha, "beta": beta},
+        routing={**PROBING, "quota_recheck_s": recheck},
+        alpha={"kind": "primalabs", "api_key_env": "ROUTING_TEST_ALPHA_KEY"},
+    )
+    alpha.enqueue(load_transcript("primalabs_422_budget_exceeded"))
+    beta.enqueue(answer("from beta"), repeat=1000)
+    assert (await complete(gw)).json()["provider"] == "beta"
+    probes_before = len(alpha.probes)
+    await eventually(lambda: len(alpha.probes) >= probes_before + 5, within=3.0)  # /models answers 200 meanwhile
+    state = (await deployments(gw))["alpha"]
+    assert state["probe_failed"] is False
+    assert ("disabled_reason" not in state) is comes_back
+    assert len(completions(alpha)) == 1

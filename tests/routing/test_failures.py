@@ -38,15 +38,19 @@ FAILURE_COOLDOWN = 4
 
 
 @pytest.mark.parametrize(
-    "reply",
+    ("reply", "cooldown"),
     [
-        pytest.param(error(502), id="502"),
-        pytest.param(error(503, "unavailable"), id="503"),
-        pytest.param(reply_json(503, {"object": "error", "message": "engine dead", "code": 503}), id="503-flat"),
+        pytest.param(error(502), FAILURE_COOLDOWN, id="502"),
+        pytest.param(error(503, "unavailable"), FAILURE_COOLDOWN, id="503"),
+        pytest.param(
+            reply_json(503, {"object": "error", "message": "engine dead", "code": 503}), FAILURE_COOLDOWN, id="503-flat"
+        ),
+        pytest.param(error(503, "unavailable", {"retry-after": "2"}), 2, id="503-retry-after"),
+        pytest.param(error(529, "overloaded"), FAILURE_COOLDOWN, id="529"),
     ],
 )
-async def test_5xx_fails_over_and_cools_the_backend_for_failure_cooldown(
-    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, reply: Reply
+async def test_5xx_fails_over_and_cools_the_backend_down(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, reply: Reply, cooldown: float
 ) -> None:
     gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"failure_cooldown_s": FAILURE_COOLDOWN})
     alpha.enqueue(reply)
@@ -56,7 +60,7 @@ async def test_5xx_fails_over_and_cools_the_backend_for_failure_cooldown(
     assert response.json()["provider"] == "beta"
     state = await deployments(gw)
     assert (state["alpha"]["ready"], state["alpha"]["cooling_reason"]) == (False, "failure")
-    assert FAILURE_COOLDOWN - 0.5 < seconds_until(state["alpha"]["cooling_until"]) <= FAILURE_COOLDOWN
+    assert cooldown - 0.5 < seconds_until(state["alpha"]["cooling_until"]) <= cooldown
     assert state["alpha"]["breaker_open"] is False  # one failure is below the breaker's minimum samples
     assert state["beta"]["ready"] is True
     again = await complete(gw)
@@ -152,7 +156,10 @@ async def test_reset_after_the_first_content_chunk_is_an_error_event_without_fai
         {"type": "text_start", "text_id": "text_0"},
         {"type": "text_delta", "text_id": "text_0", "delta": "Hi"},
         {"type": "text_end", "text_id": "text_0"},
-        {"type": "error", "error": {"message": frames[-1][1]["error"]["message"], "type": "upstream_error", "code": 502}},
+        {
+            "type": "error",
+            "error": {"message": frames[-1][1]["error"]["message"], "type": "upstream_error", "code": 502},
+        },
     ]
     assert frames[0][1]["provider"] == "alpha"
     assert completions(beta) == []
@@ -166,15 +173,11 @@ async def test_reset_after_the_first_content_chunk_is_an_error_event_without_fai
 # -- stalls and timeouts ---------------------------------------------------------------------------
 
 
-def _held_after(reply: Reply, chunks: int) -> Reply:
-    return played(reply, stall_after=chunks)
-
-
 async def test_idle_stall_after_content_is_a_504_error_event(
     start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
 ) -> None:
     gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"timeouts": {"idle": 0.3}})
-    alpha.enqueue(_held_after(stream_answer("Hel"), 1))
+    alpha.enqueue(played(stream_answer("Hel"), stall_after=1))
     started = time.monotonic()
     _, frames = await stream(gw)
     elapsed = time.monotonic() - started
