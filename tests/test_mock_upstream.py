@@ -108,8 +108,16 @@ async def test_reasoning_and_tool_call_stream() -> None:
         {"role": "assistant", "reasoning_content": "Let"},
         {"reasoning_content": " me"},
         {"content": "Sunny"},
-        {"tool_calls": [{"index": 0, "id": "call_mock_0", "type": "function",
-                         "function": {"name": "get_weather", "arguments": ""}}]},
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "call_mock_0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": ""},
+                }
+            ]
+        },
         {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]},
         {},
     ]
@@ -121,8 +129,9 @@ async def test_reasoning_and_tool_call_stream() -> None:
         "role": "assistant",
         "content": "Sunny",
         "reasoning_content": "Let me",
-        "tool_calls": [{"id": "call_mock_0", "type": "function",
-                        "function": {"name": "get_weather", "arguments": arguments}}],
+        "tool_calls": [
+            {"id": "call_mock_0", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+        ],
     }
 
 
@@ -138,9 +147,14 @@ async def test_text_completions_json_and_stream() -> None:
     assert [e["choices"][0]["text"] for e in events[:4]] == ["one", " two", " three", ""]
     assert events[3]["choices"][0]["finish_reason"] == "stop"
     prompt = len(body) // 4
-    assert events[4] == {"id": "cmpl-mock", "object": "text_completion", "created": events[0]["created"],
-                         "model": "base", "choices": [],
-                         "usage": {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}}
+    assert events[4] == {
+        "id": "cmpl-mock",
+        "object": "text_completion",
+        "created": events[0]["created"],
+        "model": "base",
+        "choices": [],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3},
+    }
     assert events[5] == "[DONE]"
 
 
@@ -156,8 +170,11 @@ async def test_models_health_metrics_and_unknown_route() -> None:
     assert 'vllm:num_requests_waiting{model_name="served-model"} 3.0\n' in metrics.text
     assert 'vllm:num_requests_running{model_name="served-model"} 0.0\n' in metrics.text
     assert missing.status_code == 404
-    assert missing.json()["error"] == {"message": "no route for GET /v1/nothing",
-                                       "type": "invalid_request_error", "code": 404}
+    assert missing.json()["error"] == {
+        "message": "no route for GET /v1/nothing",
+        "type": "invalid_request_error",
+        "code": 404,
+    }
 
 
 async def test_latency_delays_first_byte_and_metrics_count_it_running() -> None:
@@ -250,8 +267,10 @@ async def test_replay_queue_order_default_and_recorded_requests() -> None:
         upstream.set_default(reply_json(202, {"reply": "default"}))
         fallback = await client.post(f"{url}/completions", json={"n": 4})
     assert statuses == [200, 201, 201, 500]
-    assert models.json()["data"] == [{"id": "a", "object": "model", "owned_by": "replay"},
-                                     {"id": "b", "object": "model", "owned_by": "replay"}]
+    assert models.json()["data"] == [
+        {"id": "a", "object": "model", "owned_by": "replay"},
+        {"id": "b", "object": "model", "owned_by": "replay"},
+    ]
     assert (credits.status_code, fallback.status_code, fallback.json()) == (403, 202, {"reply": "default"})
     assert [r.json()["n"] if r.body else None for r in upstream.requests] == [0, 1, 2, 3, None, 4]
     assert [r.path for r in upstream.requests][-2:] == ["/v1/credits?verbose=1", "/v1/completions"]
@@ -293,9 +312,9 @@ async def test_keep_alive_pipelining_and_chunked_request_bodies_raw() -> None:
         upstream.enqueue(reply_json(200, {"i": 2}), repeat=2)
         reader, writer = await asyncio.open_connection("127.0.0.1", upstream.server.port)
         writer.write(
-            b"POST /v1/a HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"a\":1}"
+            b'POST /v1/a HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{"a":1}'
             b"POST /v1/b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b"5;ext=1\r\n{\"b\":\r\n2\r\n2}\r\n0\r\nX-Trailer: y\r\n\r\n"
+            b'5;ext=1\r\n{"b":\r\n2\r\n2}\r\n0\r\nX-Trailer: y\r\n\r\n'
             b"GET /v1/c HTTP/1.1\r\nHost: x\r\n\r\n"
         )
         replies = [await read_response(reader) for _ in range(3)]
@@ -310,7 +329,10 @@ async def test_keep_alive_pipelining_and_chunked_request_bodies_raw() -> None:
     assert replies[1][2] == b'data: {"i":1}\n\ndata: [DONE]\n\n'
     assert last == (200, {"content-type": "application/json", "content-length": "7"}, b'{"i":2}')
     assert [(r.method, r.path, r.body) for r in upstream.requests] == [
-        ("POST", "/v1/a", b'{"a":1}'), ("POST", "/v1/b", b'{"b":2}'), ("GET", "/v1/c", b""), ("POST", "/v1/d", b"{}")
+        ("POST", "/v1/a", b'{"a":1}'),
+        ("POST", "/v1/b", b'{"b":2}'),
+        ("GET", "/v1/c", b""),
+        ("POST", "/v1/d", b"{}"),
     ]
 
 
@@ -335,8 +357,18 @@ def free_port() -> int:
 async def test_module_runs_as_a_command_until_sigterm() -> None:
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app.mock_upstream", "--port", str(port), "--chunks", "3", "--model", "cli-model",
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "app.mock_upstream",
+        "--port",
+        str(port),
+        "--chunks",
+        "3",
+        "--model",
+        "cli-model",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         assert proc.stdout is not None

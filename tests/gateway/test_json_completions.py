@@ -129,7 +129,11 @@ async def test_upstream_body_is_the_mapped_request(gw: GatewayHandle, primary: R
             "content": None,
             "reasoning_content": "need a tool",
             "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"c":18}'},

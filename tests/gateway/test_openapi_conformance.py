@@ -65,7 +65,9 @@ async def test_error_response_validates(gw: GatewayHandle, validate: Any) -> Non
 
 
 async def test_request_example_from_the_spec_is_accepted(gw: GatewayHandle, primary: ReplayUpstream) -> None:
-    primary.enqueue(reply_json(200, {"id": "u", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]}))
+    primary.enqueue(
+        reply_json(200, {"id": "u", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]})
+    )
     request = {
         "model": "chat-1",
         "system": "You are terse.",
@@ -76,14 +78,21 @@ async def test_request_example_from_the_spec_is_accepted(gw: GatewayHandle, prim
                 "content": [
                     {
                         "kind": "tool_call",
-                        "data": {"id": "call_1", "name": "get_weather", "type": "function", "arguments": {"city": "Paris"}},
+                        "data": {
+                            "id": "call_1",
+                            "name": "get_weather",
+                            "type": "function",
+                            "arguments": {"city": "Paris"},
+                        },
                     }
                 ],
             },
             {
                 "role": "tool",
                 "tool_call_id": "call_1",
-                "content": [{"kind": "tool_result", "data": {"tool_call_id": "call_1", "content": "18C", "is_error": False}}],
+                "content": [
+                    {"kind": "tool_result", "data": {"tool_call_id": "call_1", "content": "18C", "is_error": False}}
+                ],
             },
         ],
         "tools": [
