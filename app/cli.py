@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.settings import ConfigError, Settings, find_config, load_settings
+from catalog.database import open_engine
 from catalog.files import CatalogFileError, load_catalog
 from catalog.migrate import downgrade, upgrade, upgrade_async
 from catalog.sync import sync_catalog
@@ -95,7 +95,7 @@ async def _sync(settings: Settings) -> object:
     catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
     if settings.migrate_on_start:
         await upgrade_async(settings.database.url)
-    engine = create_async_engine(settings.database.url)
+    engine = open_engine(settings.database.url)
     try:
         return await sync_catalog(engine, catalog)
     finally:
@@ -114,7 +114,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     workers = args.workers or server.workers
 
     async def prepare() -> None:
-        engine = create_async_engine(settings.database.url)
+        engine = open_engine(settings.database.url)
         try:
             await prepare_database(settings, engine)
         finally:

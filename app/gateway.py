@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.health import HealthMonitor
 from app.logging import get_logger
@@ -20,8 +20,9 @@ from app.metrics import Metrics
 from app.pipeline import Pipeline
 from app.routing import ProviderRuntime, Router
 from app.settings import Settings, key_missing, provider_configs, provider_policy
+from catalog.database import open_engine
 from catalog.files import load_catalog
-from catalog.ledger import LedgerWriter
+from catalog.ledger import LedgerRecord, LedgerWriter
 from catalog.migrate import upgrade_async
 from catalog.snapshot import load_snapshot
 from catalog.sync import sync_catalog
@@ -43,7 +44,7 @@ class Gateway:
 
     async def start(self) -> None:
         settings = self.settings
-        self.engine = create_async_engine(settings.database.url)
+        self.engine = open_engine(settings.database.url)
         if self.prepare:
             await prepare_database(settings, self.engine)
         snapshot = await load_snapshot(self.engine)
@@ -67,9 +68,12 @@ class Gateway:
         )
         self.ledger.start()
         routing = settings.routing
+        record = self.ledger.submit if ledger.enabled else _discard
+        if not ledger.enabled:
+            self.log.warning("ledger_disabled", reason="[ledger] enabled = false: requests are not recorded")
         self.pipeline = Pipeline(
             self.router,
-            self.ledger.submit,
+            record,
             self.log,
             self.metrics,
             routing.request_deadline_s,
@@ -107,3 +111,7 @@ async def prepare_database(settings: Settings, engine: AsyncEngine) -> None:
     if settings.catalog.sync_on_start:
         catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
         await sync_catalog(engine, catalog)
+
+
+def _discard(_record: LedgerRecord) -> None:
+    """The ledger switched off (`[ledger] enabled = false`, for benchmarks only)."""

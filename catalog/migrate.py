@@ -16,7 +16,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, pool
-from sqlalchemy.ext.asyncio import create_async_engine
+
+from catalog.database import open_engine
 
 
 def _script_location() -> str:
@@ -47,7 +48,7 @@ def _revision_of(connection: Connection) -> str | None:
 
 async def current_async(url: str) -> str | None:
     """The revision stamped in the database, or None when it has never been migrated."""
-    engine = create_async_engine(url, poolclass=pool.NullPool)
+    engine = open_engine(url, poolclass=pool.NullPool)
     try:
         async with engine.connect() as connection:
             return await connection.run_sync(_revision_of)
