@@ -35,6 +35,7 @@ from providers.events import Event
 from providers.openai_chat import ChatStreamParser, build_chat_body, parse_chat_response
 from providers.server_metrics import queue_depth as server_queue_depth
 from providers.sse import SSEParser
+from providers.transport import H1Transport
 from providers.types import CompletionRequest
 
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -59,7 +60,7 @@ class UpstreamClient(httpx.AsyncClient):
 def make_client(max_connections: int = 1000) -> UpstreamClient:
     """The process-wide upstream client; build it in the app's lifespan and `aclose` it there."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return UpstreamClient(AiohttpTransport(limits=limits, retries=0))
+    return UpstreamClient(H1Transport(fallback=AiohttpTransport(limits=limits, retries=0)))
 
 
 class Provider:

@@ -1,0 +1,301 @@
+"""A lean HTTP/1.1 transport for plain-HTTP upstreams, behind httpx's transport seam.
+
+Local inference servers (vLLM, SGLang, llama.cpp, `transformers serve`) and the mock upstream
+speak plain HTTP/1.1 on a private network, and a gateway's cost is what it adds per request. The
+aiohttp transport (via httpx-aiohttp) spent about a fifth of the gateway's CPU per proxied
+request in its client machinery (py-spy, bench/RESULTS.md); this transport is one
+`asyncio.Protocol` per connection, a keep-alive pool per host, and a response parser that does
+only what an upstream answer needs: a status line, headers, and a body framed by
+`Content-Length`, `Transfer-Encoding: chunked` or the connection's end. `https://` URLs (hosted
+providers) go to the fallback transport (aiohttp: TLS, proxies and the rest).
+
+Errors are httpx's: `ConnectError`/`ConnectTimeout` before the request is sent, `ReadTimeout` when
+the upstream is silent past the read timeout (headers or the gap between body reads),
+`ReadError` when the connection breaks, `RemoteProtocolError` for a malformed answer. No retries,
+with one transport-level exception: a *reused* keep-alive connection that the server had already
+closed (it answers nothing at all) is replaced by a fresh one once — the request never reached an
+application, so this is not a retry of the request.
+
+A response body that is not read to its end (a client that went away mid-stream) closes its
+connection, so the upstream sees the disconnect and stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+_MAX_HEAD = 64 * 1024
+_MAX_IDLE_PER_HOST = 256
+_CHUNKED_ENDINGS = (b"\r\n0\r\n\r\n", b"0\r\n\r\n")
+_Key = tuple[str, int]
+
+
+class _Connection(asyncio.Protocol):
+    __slots__ = ("buffer", "closed", "eof", "error", "loop", "transport", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.waiter: asyncio.Future[None] | None = None
+        self.closed = False
+        self.eof = False
+        self.error: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def more(self, read_s: float | None) -> None:
+        """Wait for more bytes (or the end); raises httpx.ReadTimeout after `read_s` seconds.
+
+        One timer handle per wait, not `asyncio.timeout`: this runs for every body read."""
+        if self.closed or self.eof:
+            raise httpx.ReadError("upstream closed the connection") from self.error
+        waiter = self.waiter = self.loop.create_future()
+        timer = self.loop.call_later(read_s, _expire, waiter) if read_s is not None else None
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+        self.closed = True
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(httpx.ReadTimeout("upstream sent nothing within the read timeout"))
+
+
+class H1Transport(httpx.AsyncBaseTransport):
+    def __init__(self, fallback: httpx.AsyncBaseTransport) -> None:
+        self._fallback = fallback
+        self._idle: dict[_Key, deque[_Connection]] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme != "http":
+            return await self._fallback.handle_async_request(request)
+        key = (url.host, url.port or 80)
+        timeout: dict[str, Any] = request.extensions.get("timeout", {})
+        payload = _encode(request, await request.aread())
+        conn, reused = self._take(key), True
+        if conn is None:
+            conn, reused = await self._connect(key, timeout.get("connect")), False
+        try:
+            head = await self._exchange(conn, payload, timeout.get("read"))
+        except httpx.ReadError:
+            conn.close()
+            if not reused or conn.buffer:
+                raise
+            conn = await self._connect(key, timeout.get("connect"))  # the server had dropped it
+            head = await self._exchange(conn, payload, timeout.get("read"))
+        except BaseException:
+            conn.close()
+            raise
+        status, headers = head
+        body = _Body(self, key, conn, headers, timeout.get("read"), request.method == "HEAD" or status in (204, 304))
+        return httpx.Response(status, headers=headers, stream=body, extensions={"http_version": b"HTTP/1.1"})
+
+    async def _exchange(
+        self, conn: _Connection, payload: bytes, read_timeout: float | None
+    ) -> tuple[int, list[tuple[bytes, bytes]]]:
+        assert conn.transport is not None
+        conn.transport.write(payload)
+        return await _read_head(conn, read_timeout)
+
+    def _take(self, key: _Key) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and not conn.eof and not conn.buffer:
+                return conn
+            conn.close()
+        return None
+
+    def release(self, key: _Key, conn: _Connection) -> None:
+        idle = self._idle.setdefault(key, deque())
+        if len(idle) >= _MAX_IDLE_PER_HOST:
+            conn.close()
+        else:
+            idle.append(conn)
+
+    async def _connect(self, key: _Key, connect_s: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(connect_s):
+                _, conn = await loop.create_connection(lambda: _Connection(loop), key[0], key[1])
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout("upstream connect timed out") from exc
+        except OSError as exc:
+            raise httpx.ConnectError(f"upstream connection failed: {exc.strerror or type(exc).__name__}") from exc
+        return conn
+
+    async def aclose(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+        await self._fallback.aclose()
+
+
+def _encode(request: httpx.Request, body: bytes) -> bytes:
+    url = request.url
+    target = url.raw_path  # path and query, already percent-encoded
+    lines = [request.method.encode(), b" ", target, b" HTTP/1.1\r\n"]
+    for name, value in request.headers.raw:
+        lines += (name, b": ", value, b"\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines) + body
+
+
+async def _read_head(conn: _Connection, read_s: float | None) -> tuple[int, list[tuple[bytes, bytes]]]:
+    while (end := conn.buffer.find(b"\r\n\r\n")) < 0:
+        if len(conn.buffer) > _MAX_HEAD:
+            raise httpx.RemoteProtocolError("upstream response head too large")
+        await conn.more(read_s)
+    head = bytes(conn.buffer[:end])
+    del conn.buffer[: end + 4]
+    status_line, *lines = head.split(b"\r\n")
+    parts = status_line.split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise httpx.RemoteProtocolError("malformed upstream status line")
+    headers = []
+    for line in lines:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            raise httpx.RemoteProtocolError("malformed upstream header line")
+        headers.append((name.strip(), value.strip()))
+    return int(parts[1]), headers
+
+
+class _Body(httpx.AsyncByteStream):
+    """The response body, decoded from its framing; the connection goes back to the pool only
+    when the body was read to its end and both sides keep the connection alive."""
+
+    def __init__(
+        self,
+        owner: H1Transport,
+        key: _Key,
+        conn: _Connection,
+        headers: list[tuple[bytes, bytes]],
+        timeout: float | None,
+        empty: bool,
+    ) -> None:
+        self._owner, self._key, self._conn, self._timeout = owner, key, conn, timeout
+        self._length: int | None = 0 if empty else None
+        self._chunked = False
+        self._keep_alive = True
+        for name, value in headers:
+            lowered = name.lower()
+            if lowered == b"content-length" and not empty:
+                self._length = int(value)
+            elif lowered == b"transfer-encoding" and b"chunked" in value.lower():
+                self._chunked = True
+            elif lowered == b"connection" and value.lower() == b"close":
+                self._keep_alive = False
+        if self._chunked:
+            self._length = None
+        elif self._length is None:
+            self._keep_alive = False  # the body ends when the connection does
+        self._done = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._chunked:
+            async for data in self._chunks():
+                yield data
+        elif self._length is not None:
+            async for data in self._sized(self._length):
+                yield data
+        else:
+            async for data in self._until_close():
+                yield data
+        self._done = True
+
+    async def _sized(self, remaining: int) -> AsyncIterator[bytes]:
+        conn = self._conn
+        while remaining:
+            if not conn.buffer:
+                await conn.more(self._timeout)
+                continue
+            data = bytes(conn.buffer[:remaining])
+            del conn.buffer[: len(data)]
+            remaining -= len(data)
+            yield data
+
+    async def _until_close(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        while True:
+            if conn.buffer:
+                data = bytes(conn.buffer)
+                conn.buffer.clear()
+                yield data
+            elif conn.closed or conn.eof:
+                return
+            else:
+                await conn.more(self._timeout)
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        while True:
+            while (line_end := conn.buffer.find(b"\r\n")) < 0:
+                await conn.more(self._timeout)
+            size_text = bytes(conn.buffer[:line_end]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise httpx.RemoteProtocolError("malformed chunk size from upstream") from None
+            del conn.buffer[: line_end + 2]
+            if size == 0:
+                while (trailer_end := conn.buffer.find(b"\r\n")) != 0:  # trailers, then the blank line
+                    if trailer_end < 0:
+                        await conn.more(self._timeout)
+                    else:
+                        del conn.buffer[: trailer_end + 2]
+                del conn.buffer[:2]
+                return
+            async for data in self._sized(size):
+                yield data
+            while len(conn.buffer) < 2:
+                await conn.more(self._timeout)
+            del conn.buffer[:2]
+
+    async def aclose(self) -> None:
+        conn = self._conn
+        if not self._done and self._chunked and bytes(conn.buffer) in _CHUNKED_ENDINGS:
+            # The reader stopped at the stream's own end marker (`data: [DONE]`) and the chunked
+            # terminator is already here: the body is complete, the connection reusable.
+            conn.buffer.clear()
+            self._done = True
+        if self._done and self._keep_alive and not conn.closed and not conn.eof and not conn.buffer:
+            self._owner.release(self._key, conn)
+        else:
+            conn.close()
