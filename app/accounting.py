@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 
 
 def estimate(snapshot: CatalogSnapshot, exchange: Exchange, usage: ev.Usage) -> tuple[Decimal | None, int | None]:
+    """The catalog estimate and the price row's id; computed once per request (the response and
+    the ledger row both need it)."""
+    memo = exchange.estimate
+    if memo is not None and memo[0] is usage:
+        return memo[1], memo[2]
     backend, model = exchange.backend, exchange.model
     if backend is None or model is None:
         return None, None
@@ -36,7 +41,9 @@ def estimate(snapshot: CatalogSnapshot, exchange: Exchange, usage: ev.Usage) -> 
         cache_read_tokens=usage.cache_read_tokens,
         cache_write_tokens=usage.cache_write_tokens,
     )
-    return cost, (price.id if price is not None else None)
+    price_id = price.id if price is not None else None
+    exchange.estimate = (usage, cost, price_id)
+    return cost, price_id
 
 
 def response_cost(

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 from litestar import Litestar, Request
 from litestar.exceptions import HTTPException
 from litestar.response import Response
@@ -67,8 +68,13 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
 
 
 def create_app_from_env() -> Litestar:
-    """Factory for uvicorn workers: the CLI has already migrated and synced the catalog."""
+    """Factory for uvicorn workers: the CLI has already migrated and synced the catalog, and says
+    how many workers it started (`$SWITCHYARD_WORKERS`, which `--workers` may have set)."""
     settings = load_settings(os.environ.get("SWITCHYARD_CONFIG"))
+    workers = os.environ.get("SWITCHYARD_WORKERS")
+    if workers:
+        server = msgspec.structs.replace(settings.server, workers=int(workers))
+        settings = msgspec.structs.replace(settings, server=server)
     return create_app(settings, prepare=False)
 
 

@@ -16,6 +16,8 @@ A backend is one deployment (provider x upstream model). What routing needs to k
 
 All of it is plain in-process state touched only from the event loop (no locks needed); times
 are `loop.time()` (monotonic) seconds. Callers decide what a failure means (providers.errors).
+With several workers or replicas, `app.shared` copies cool-downs, breakers and disablement
+between processes; capacity stays per process (each enforces its share of the limit).
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class ProviderState:
         self.disabled_reason = reason
         self.disabled_at = now
         self.quota_exhausted = quota
+
+    def enable(self) -> None:
+        self.disabled_reason = None
+        self.quota_exhausted = False
 
     def may_reenable(self, now: float, quota_recheck_s: float) -> bool:
         """A refused key comes back on the next good probe; an exhausted balance only after
@@ -98,11 +104,14 @@ class BackendState:
         """In rotation as far as health goes (capacity aside)."""
         return not self.breaker_open and not self.probe_failed and not self.cooling(now)
 
-    def cool_down(self, now: float, seconds: float, reason: CoolReason) -> None:
+    def cool_down(self, now: float, seconds: float, reason: CoolReason) -> bool:
+        """Out of rotation for `seconds` unless already out for longer; True when extended."""
         until = now + seconds
         if until > self.cooling_until:
             self.cooling_until = until
             self.cool_reason = reason
+            return True
+        return False
 
     @property
     def queued(self) -> int:
@@ -202,5 +211,9 @@ class BackendState:
         """A health probe closes an open breaker (with a clean window) or takes the backend out."""
         self.probe_failed = not ok
         if ok and self.breaker_open:
-            self.breaker_open = False
-            self._outcomes.clear()
+            self.close_breaker()
+
+    def close_breaker(self) -> None:
+        """Back in rotation with a clean window (a probe here, or another worker's, succeeded)."""
+        self.breaker_open = False
+        self._outcomes.clear()

@@ -112,6 +112,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     host = args.host or server.host
     port = args.port if args.port is not None else server.port
     workers = args.workers or server.workers
+    settings = msgspec.structs.replace(settings, server=msgspec.structs.replace(server, workers=workers))
 
     async def prepare() -> None:
         engine = open_engine(settings.database.url)
@@ -127,6 +128,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             uvicorn.run(create_app(settings, prepare=False), **common)  # type: ignore[arg-type]
             return 0
         os.environ["SWITCHYARD_CONFIG"] = str(find_config(args.config).resolve())
+        os.environ["SWITCHYARD_WORKERS"] = str(workers)  # each worker enforces its share of the limits
         uvicorn.run("app.application:create_app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
     except SystemExit as exc:  # uvicorn exits 1 or 3 when it cannot bind or start up; config.md says 1
         return 1 if exc.code else 0

@@ -71,26 +71,35 @@ class Candidates:
 
 
 def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:
-    """What one failed attempt does to its backend and provider."""
+    """What one failed attempt does to its backend and provider (announced to the other workers
+    through the provider's publisher, when there is one)."""
     config = backend.provider.policy
     state = backend.state
+    publisher = backend.provider.publisher
     if exc.kind is Failure.CLIENT:
         return
     if exc.kind is Failure.CAPACITY:
         hint = exc.retry_after if exc.retry_after is not None else config.capacity_cooldown_s
-        state.cool_down(now, min(hint, config.max_cooldown_s, MAX_RETRY_AFTER), "capacity")
+        seconds = min(hint, config.max_cooldown_s, MAX_RETRY_AFTER)
+        if state.cool_down(now, seconds, "capacity") and publisher is not None:
+            publisher.cooled(backend)
         metrics.cooldowns.inc((backend.name, "capacity"))
         return
     if exc.kind in (Failure.QUOTA, Failure.AUTH):
         reason = "quota" if exc.kind is Failure.QUOTA else "auth"
         backend.provider.state.disable(f"{reason}: upstream returned {exc.status}", now, quota=reason == "quota")
+        if publisher is not None:
+            publisher.provider_disabled(backend.provider)
         metrics.disabled.inc((backend.name, reason))
         log.error("provider_disabled", provider=backend.name, reason=reason, status=exc.status, code=exc.code)
         return
     hint = exc.retry_after if exc.retry_after is not None else config.failure_cooldown_s
-    state.cool_down(now, min(hint, config.max_cooldown_s), "failure")
+    if state.cool_down(now, min(hint, config.max_cooldown_s), "failure") and publisher is not None:
+        publisher.cooled(backend)
     metrics.cooldowns.inc((backend.name, "failure"))
     if state.record(False):
+        if publisher is not None:
+            publisher.breaker_changed(backend)
         metrics.breaker_trips.inc((backend.name,))
         log.warning("breaker_open", provider=backend.name, upstream_model=backend.upstream_model)
 

@@ -2,11 +2,14 @@
 
 `Gateway.start()` opens the database engine, brings the schema and catalog up to date when the
 settings ask for it, loads the catalog snapshot, builds one upstream HTTP client shared by every
-adapter, and starts the ledger writer. Nothing here runs at import time.
+adapter, and starts the ledger writer. With `[redis]` configured it also links this process to
+the other workers and replicas (`app.shared`) before the first request. Nothing here runs at
+import time.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from app.metrics import Metrics
 from app.pipeline import Pipeline
 from app.routing import ProviderRuntime, Router
 from app.settings import Settings, key_missing, provider_configs, provider_policy
+from app.shared import SharedState
 from catalog.database import open_engine
 from catalog.files import load_catalog
 from catalog.ledger import LedgerRecord, LedgerWriter
@@ -41,6 +45,7 @@ class Gateway:
         self.pipeline: Pipeline | None = None
         self.metrics = Metrics()
         self.health: HealthMonitor | None = None
+        self.shared: SharedState | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -49,6 +54,8 @@ class Gateway:
             await prepare_database(settings, self.engine)
         snapshot = await load_snapshot(self.engine)
         self.client = make_client()
+        if settings.redis is not None:
+            self.shared = SharedState(settings.redis, self.metrics, self.log)
         runtimes = {}
         for config in provider_configs(settings):
             missing = key_missing(settings, config.name)
@@ -57,8 +64,10 @@ class Gateway:
                 self.log.warning("provider_disabled", provider=config.name, reason=f"key variable {env} is unset")
             adapter = Provider(config, self.client)
             policy = provider_policy(settings, config.name)
-            runtimes[config.name] = ProviderRuntime(config, adapter, policy, key_missing=missing)
+            runtimes[config.name] = ProviderRuntime(config, adapter, policy, key_missing=missing, publisher=self.shared)
         self.router = Router(snapshot, runtimes)
+        if self.shared is not None:
+            await self.shared.start(self.router)
         ledger = settings.ledger
         self.ledger = LedgerWriter(
             self.engine,
@@ -86,12 +95,20 @@ class Gateway:
     async def stop(self) -> None:
         if self.health is not None:
             await self.health.stop()
+        if self.shared is not None:
+            await self.shared.stop()
         if self.ledger is not None:
             await self.ledger.close()
         if self.client is not None:
             await self.client.aclose()
         if self.engine is not None:
             await self.engine.dispose()
+
+    async def render_metrics(self) -> str:
+        """`/metrics`: this process's numbers, plus the other live workers' when Redis is configured."""
+        assert self.router is not None
+        remote = await self.shared.remote_series() if self.shared is not None else None
+        return self.metrics.render(self.router, asyncio.get_running_loop().time(), remote)
 
     async def database_ready(self) -> bool:
         if self.engine is None:

@@ -36,9 +36,7 @@ async def list_models(state: State) -> Response[bytes]:
 
 @get("/metrics")
 async def metrics(state: State) -> Response[bytes]:
-    gateway = _gateway(state)
-    assert gateway.router is not None
-    text = gateway.metrics.render(gateway.router, asyncio.get_running_loop().time())
+    text = await _gateway(state).render_metrics()
     return Response(text.encode(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

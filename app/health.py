@@ -10,6 +10,9 @@ a hosted `/models` answers 200 with an empty balance too, and the balance endpoi
 (primalabs `/credits`) have no documented shape to read it from. A provider whose key variable is unset is never
 probed: nothing can change until the operator sets it and restarts. For `local` providers the
 server's own queue depth is read from its `/metrics` in the same round.
+
+Every worker probes for itself; what a probe changes (a provider re-enabled, a breaker closed) is
+announced through the provider's publisher (`app.shared`), so the other workers follow at once.
 """
 
 from __future__ import annotations
@@ -58,11 +61,16 @@ class HealthMonitor:
             ok, depth = False, None
         now = asyncio.get_running_loop().time()
         state = runtime.state
+        publisher = runtime.publisher
         if ok and state.disabled_reason is not None and state.may_reenable(now, self.quota_recheck_s):
             self.log.warning("provider_enabled", provider=runtime.config.name, was=runtime.state.disabled_reason)
-            state.disabled_reason = None
-            state.quota_exhausted = False
+            state.enable()
+            if publisher is not None:
+                publisher.provider_enabled(runtime)
         for backend in self.router.backends_of(runtime.config.name):
+            was_open = backend.state.breaker_open
             backend.state.probe_result(ok)
+            if was_open and not backend.state.breaker_open and publisher is not None:
+                publisher.breaker_changed(backend)
             if depth is not None:
                 backend.state.queue_depth = depth

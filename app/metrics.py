@@ -3,13 +3,20 @@
 Counters are dicts keyed by label tuples, incremented on the request path (a dict update, no
 locks: everything runs on one event loop). Backend gauges are not stored at all: `render` reads
 them from the live backend state when `/metrics` is scraped, so they can never drift.
+
+With several workers a scrape reaches one of them, so `render` can add the other workers' numbers
+(`remote`, collected by `app.shared` from what each worker writes as its `series`): counters and
+the in-flight/queued gauges are summed; the state gauges need no sum, the state being shared.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from app.routing import Router
+
+Series = tuple[str, tuple[str, ...]]  # a metric's name and its label values
+SUMMED_GAUGES = ("switchyard_backend_in_flight", "switchyard_backend_queued")
 
 
 class Counter:
@@ -24,11 +31,15 @@ class Counter:
     def inc(self, key: tuple[str, ...], amount: int = 1) -> None:
         self.values[key] = self.values.get(key, 0) + amount
 
-    def render(self) -> Iterable[str]:
+    def render(self, remote: Mapping[Series, float]) -> Iterable[str]:
+        values: dict[tuple[str, ...], float] = dict(self.values)
+        for (name, key), value in remote.items():
+            if name == self.name:
+                values[key] = values.get(key, 0) + value
         yield f"# HELP {self.name} {self.help}"
         yield f"# TYPE {self.name} counter"
-        for key, value in sorted(self.values.items()):
-            yield f"{self.name}{{{_labels(self.labels, key)}}} {value}"
+        for key, value in sorted(values.items()):
+            yield f"{self.name}{{{_labels(self.labels, key)}}} {_number(value)}"
 
 
 class Metrics:
@@ -64,11 +75,24 @@ class Metrics:
             self.disabled,
         ]
 
-    def render(self, router: Router, now: float) -> str:
+    def series(self, router: Router) -> dict[Series, float]:
+        """This process's counters and its share of the summed gauges, for the other workers."""
+        found: dict[Series, float] = {
+            (counter.name, key): value for counter in self.counters() for key, value in counter.values.items()
+        }
+        for backend in router.all_backends():
+            key = (backend.name, backend.model_id, backend.upstream_model)
+            found[(SUMMED_GAUGES[0], key)] = backend.state.in_flight
+            found[(SUMMED_GAUGES[1], key)] = backend.state.queued
+        return found
+
+    def render(self, router: Router, now: float, remote: Mapping[Series, float] | None = None) -> str:
+        """The exposition text: this process's numbers plus `remote` (the other workers' sums)."""
+        remote = remote or {}
         lines: list[str] = []
         for counter in self.counters():
-            lines.extend(counter.render())
-        lines.extend(_backend_gauges(router, now))
+            lines.extend(counter.render(remote))
+        lines.extend(_backend_gauges(router, now, remote))
         return "\n".join(lines) + "\n"
 
 
@@ -83,17 +107,16 @@ _GAUGES = (
 )
 
 
-def _backend_gauges(router: Router, now: float) -> Iterable[str]:
+def _backend_gauges(router: Router, now: float, remote: Mapping[Series, float]) -> Iterable[str]:
     rows = []
     for backend in router.all_backends():
         state = backend.state
-        labels = _labels(
-            ("provider", "model", "upstream_model"), (backend.name, backend.model_id, backend.upstream_model)
-        )
+        key = (backend.name, backend.model_id, backend.upstream_model)
+        labels = _labels(("provider", "model", "upstream_model"), key)
         values = (
             int(backend.ready(now)),
-            state.in_flight,
-            state.queued,
+            _number(state.in_flight + remote.get((SUMMED_GAUGES[0], key), 0)),
+            _number(state.queued + remote.get((SUMMED_GAUGES[1], key), 0)),
             state.limit,
             round(max(0.0, state.cooling_until - now), 3),
             int(state.breaker_open),
@@ -105,6 +128,11 @@ def _backend_gauges(router: Router, now: float) -> Iterable[str]:
         yield f"# TYPE {name} gauge"
         for labels, values in rows:
             yield f"{name}{{{labels}}} {values[index]}"
+
+
+def _number(value: float) -> str:
+    """Counts summed from several workers come back as floats; print whole numbers as integers."""
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:

@@ -22,6 +22,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from app import wire
@@ -49,6 +50,7 @@ class Exchange:
         "attempts",
         "backend",
         "error",
+        "estimate",
         "first_content",
         "model",
         "request",
@@ -75,6 +77,7 @@ class Exchange:
         self.slot: Backend | None = None  # the backend whose concurrency slot this request holds
         self.status: LedgerStatus = "error"
         self.error: GatewayError | None = None
+        self.estimate: tuple[ev.Usage, Decimal | None, int | None] | None = None  # see accounting.estimate
 
 
 class Pipeline:

@@ -18,6 +18,7 @@ The request path never queries SQL: the snapshot is immutable and in memory.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 from msgspec import Struct
 
@@ -42,18 +43,42 @@ class ProviderPolicy(Struct, frozen=True):
     breaker_error_ratio: float = 0.5
 
 
-class ProviderRuntime:
-    """One configured provider: its adapter, its policy and whether it may take traffic."""
+class StatePublisher(Protocol):
+    """Tells the other workers and replicas about a state change (`app.shared.SharedState`).
 
-    __slots__ = ("adapter", "config", "policy", "state")
+    Each method reads the state it names from the object it is given, and returns at once: the
+    write happens in the background, never on the request path.
+    """
+
+    def cooled(self, backend: Backend) -> None: ...
+
+    def breaker_changed(self, backend: Backend) -> None: ...
+
+    def provider_disabled(self, provider: ProviderRuntime) -> None: ...
+
+    def provider_enabled(self, provider: ProviderRuntime) -> None: ...
+
+
+class ProviderRuntime:
+    """One configured provider: its adapter, its policy, whether it may take traffic, and where
+    changes to that state are announced (`publisher`; None when one process is all there is)."""
+
+    __slots__ = ("adapter", "config", "policy", "publisher", "state")
 
     def __init__(
-        self, config: ProviderConfig, adapter: Provider, policy: ProviderPolicy, *, key_missing: bool = False
+        self,
+        config: ProviderConfig,
+        adapter: Provider,
+        policy: ProviderPolicy,
+        *,
+        key_missing: bool = False,
+        publisher: StatePublisher | None = None,
     ) -> None:
         self.config = config
         self.adapter = adapter
         self.policy = policy
         self.state = ProviderState(config.name, key_missing=key_missing)
+        self.publisher = publisher
 
 
 class Backend:

@@ -38,7 +38,8 @@ class ConfigError(Exception):
 class ServerSettings(Struct, frozen=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080
-    workers: Annotated[int, Meta(ge=1, le=64)] = 1
+    workers: Annotated[int, Meta(ge=1, le=64)] = 1  # processes on this host (`serve --workers N` sets it)
+    replicas: Annotated[int, Meta(ge=1)] = 1  # hosts running this same config against the same upstreams
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 10 * 1024 * 1024
     sse_keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -94,6 +95,13 @@ class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
     max_completion_tokens: bool | None = None
 
 
+class RedisSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    """Shared routing state and metrics for several workers and replicas (`app.shared`)."""
+
+    url: Annotated[str, Meta(pattern=r"^rediss?://")] = "redis://127.0.0.1:6379/0"
+    key_prefix: Annotated[str, Meta(min_length=1, pattern=r"^[^\s*?\[\]]+$")] = "switchyard"
+
+
 class RoutingSettings(Struct, frozen=True, forbid_unknown_fields=True):
     request_deadline_s: Annotated[float, Meta(gt=0)] = 300.0  # bounds the whole failover loop
     probe_interval_s: Annotated[float, Meta(gt=0)] = 10.0  # health probes and /metrics scrapes
@@ -107,6 +115,7 @@ class Settings(Struct, frozen=True, forbid_unknown_fields=True):
     catalog: CatalogSettings = field(default_factory=CatalogSettings)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     routing: RoutingSettings = field(default_factory=RoutingSettings)
+    redis: RedisSettings | None = None  # absent: every process keeps its own routing state
     providers: dict[Annotated[str, Meta(pattern=PROVIDER_NAME)], ProviderSettings] = field(default_factory=dict)
     base_dir: str = "."  # the config file's directory; set by `load_settings`
 
@@ -179,10 +188,13 @@ def provider_configs(settings: Settings) -> list[ProviderConfig]:
 
 
 def provider_policy(settings: Settings, name: str) -> ProviderPolicy:
+    """The provider's policy as this process enforces it: its share of the concurrency and queue
+    limits (`process_share`)."""
     entry = settings.providers[name]
+    processes = settings.server.workers * settings.server.replicas
     return ProviderPolicy(
-        max_concurrency=entry.max_concurrency,
-        max_queue=entry.max_queue,
+        max_concurrency=process_share(entry.max_concurrency, processes),
+        max_queue=process_share(entry.max_queue, processes) if entry.max_queue else 0,
         queue_timeout_s=entry.queue_timeout_s,
         failure_cooldown_s=entry.failure_cooldown_s,
         capacity_cooldown_s=entry.capacity_cooldown_s,
@@ -191,6 +203,16 @@ def provider_policy(settings: Settings, name: str) -> ProviderPolicy:
         breaker_min_samples=entry.breaker_min_samples,
         breaker_error_ratio=entry.breaker_error_ratio,
     )
+
+
+def process_share(limit: int, processes: int) -> int:
+    """One process's part of a limit shared by `processes` processes (workers x replicas).
+
+    Splitting the configured limit statically keeps the total at or below it (but for the floor of
+    one per process) with no coordination on the request path; a Redis semaphore would be exact
+    but costs a round trip before every request and another after it.
+    """
+    return max(1, limit // processes)
 
 
 def key_missing(settings: Settings, name: str) -> bool:

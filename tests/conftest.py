@@ -1,6 +1,6 @@
 """The gateway harness: a real Switchyard server on loopback, configured per test.
 
-`start_gateway(providers=..., catalog=..., server=..., routing=...)` writes the catalog file and
+`start_gateway(providers=..., catalog=..., server=..., routing=..., redis=...)` writes the catalog file and
 a SQLite database into the test's tmp dir, builds `Settings` through the same path `config.toml`
 takes, runs the app under uvicorn on a free port inside the test's event loop, and returns a
 handle with an HTTP client. `handle.ledger_rows()` waits for the ledger writer to flush and
@@ -60,6 +60,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
         server: dict[str, Any] | None = None,
         database_url: str | None = None,
         routing: dict[str, Any] | None = None,
+        redis: dict[str, Any] | None = None,
     ) -> GatewayHandle:
         catalog_dir = tmp_path / "catalog"
         catalog_dir.mkdir(exist_ok=True)
@@ -71,6 +72,8 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
             "providers": providers,
             "routing": routing or {},
         }
+        if redis is not None:
+            raw["redis"] = redis
         settings = settings_from_mapping(raw, base_dir=tmp_path, source="test")
         app = create_app(settings)
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")

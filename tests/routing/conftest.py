@@ -112,6 +112,7 @@ async def launch(
     common: dict[str, Any] | None = None,
     routing: dict[str, Any] | None = None,
     server: dict[str, Any] | None = None,
+    redis: dict[str, Any] | None = None,
     **overrides: dict[str, Any],
 ) -> GatewayHandle:
     """A gateway whose providers are `upstreams` (name → server); `common` applies to every
@@ -120,7 +121,7 @@ async def launch(
         name: {"kind": "openai_compatible", "base_url": upstream.url, **(common or {}), **overrides.get(name, {})}
         for name, upstream in upstreams.items()
     }
-    return await start_gateway(providers=providers, catalog=CATALOG, routing=routing, server=server)
+    return await start_gateway(providers=providers, catalog=CATALOG, routing=routing, server=server, redis=redis)
 
 
 # -- replies ---------------------------------------------------------------------------------------

@@ -1,0 +1,332 @@
+"""Routing state shared by every worker and replica through Redis (`[redis]` in config.toml).
+
+Each process keeps routing in its own memory (`app.backends`) and decides on it alone: a request
+never waits on Redis. What is shared is what changes rarely and matters to everyone:
+
+    event          key (value: the event as JSON)                           expires
+    cool-down      {prefix}:cool:{provider}:{model}:{upstream_model}        when the cool-down ends
+    breaker open   {prefix}:breaker:{provider}:{model}:{upstream_model}     deleted when it closes
+    disabled       {prefix}:disabled:{provider}                             deleted when re-enabled
+
+A change made here (`failover.apply_failure`, `HealthMonitor`) is written as its key and published
+on `{prefix}:events` in one transaction, from a background task (fire and forget; errors are
+logged). A background listener applies the other processes' events to the local state; on start it
+subscribes first and then loads the keys, so a new worker learns what the others already know and
+misses nothing written meanwhile. Times travel as wall-clock epoch seconds and become `loop.time()`
+on arrival. Breaker and disabled keys also expire after `STATE_TTL_S`, so a record that only a
+health probe can end does not outlive every gateway that could probe; a worker that loads one
+probes for itself anyway.
+
+Redis down: the first failure is logged, every process keeps routing on what it knows, events
+meanwhile stay local, and the listener reconnects in the background (then loads the keys again).
+
+Metrics: every second each worker writes its counters and in-flight/queued gauges to the hash
+`{prefix}:metrics:{worker_id}` (expiring after `METRICS_TTL_S`, so a worker that went away drops
+out), and `/metrics` adds the other live workers' hashes to its own numbers (`remote_series`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from msgspec import Struct
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from app.backends import CoolReason
+from app.metrics import Metrics, Series
+from app.routing import Backend, ProviderRuntime, Router
+from app.settings import RedisSettings
+
+STATE_TTL_S = 3600.0  # the longest a breaker or disabled record is kept
+METRICS_INTERVAL_S = 1.0
+METRICS_TTL_S = 10.0
+RECONNECT_S = 1.0
+_ERRORS = (RedisError, OSError)
+
+
+class CoolEvent(Struct, tag="cool", frozen=True):
+    origin: str
+    provider: str
+    model: str
+    upstream_model: str
+    until: float  # epoch seconds
+    reason: CoolReason
+
+
+class BreakerEvent(Struct, tag="breaker", frozen=True):
+    origin: str
+    provider: str
+    model: str
+    upstream_model: str
+    open: bool
+
+
+class DisabledEvent(Struct, tag="disabled", frozen=True):
+    origin: str
+    provider: str
+    reason: str
+    quota: bool
+    at: float  # epoch seconds
+
+
+class EnabledEvent(Struct, tag="enabled", frozen=True):
+    origin: str
+    provider: str
+
+
+Event = CoolEvent | BreakerEvent | DisabledEvent | EnabledEvent
+_encode = msgspec.json.Encoder().encode
+_decode_event = msgspec.json.Decoder(Event).decode
+_decode_series = msgspec.json.Decoder(tuple[str, tuple[str, ...]]).decode
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class SharedState:
+    """One process's link to the others: publishes its state changes (a `StatePublisher`),
+    applies theirs, and shares its metrics."""
+
+    def __init__(self, settings: RedisSettings, metrics: Metrics, log: Any, worker_id: str | None = None) -> None:
+        self.worker_id = worker_id or new_worker_id()
+        self.prefix = settings.key_prefix
+        self.channel = f"{self.prefix}:events"
+        self.metrics = metrics
+        self.log = log
+        # No retries inside the client: a failed call is logged and the listener reconnects.
+        self.redis = Redis.from_url(
+            settings.url, socket_connect_timeout=1.0, socket_timeout=5.0, retry=Retry(NoBackoff(), 0)
+        )
+        self.available = False
+        self._outage_logged = False
+        self._router: Router | None = None
+        self._backends: dict[tuple[str, str, str], Backend] = {}
+        self._pubsub: PubSub | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._writes: set[asyncio.Task[None]] = set()
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    async def start(self, router: Router) -> None:
+        """Learn the current state (if Redis answers), then listen and share metrics in the background."""
+        self._router = router
+        self._backends = {(b.name, b.model_id, b.upstream_model): b for b in router.all_backends()}
+        await self._connect()
+        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._share_metrics())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._writes:
+            await asyncio.wait(set(self._writes), timeout=2.0)
+        if self.available:
+            with contextlib.suppress(*_ERRORS):
+                await self.redis.delete(self._metrics_key(self.worker_id))
+        await self._close_pubsub()
+        await self.redis.aclose()
+
+    async def _connect(self) -> bool:
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.channel)
+            await self._load()
+        except _ERRORS as exc:
+            with contextlib.suppress(*_ERRORS):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            self._down(exc)
+            return False
+        self._pubsub = pubsub
+        if self._outage_logged:
+            self.log.warning("redis_reconnected", worker=self.worker_id)
+        self.available, self._outage_logged = True, False
+        return True
+
+    async def _close_pubsub(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(*_ERRORS):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+
+    def _down(self, exc: BaseException) -> None:
+        """Redis failed: log it once per outage; the listener reconnects."""
+        self.available = False
+        if not self._outage_logged:
+            self._outage_logged = True
+            self.log.error("redis_unavailable", error=f"{type(exc).__name__}: {exc}", worker=self.worker_id)
+
+    # -- remote events -----------------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        while True:
+            if self._pubsub is None or not self.available:
+                await self._close_pubsub()
+                if not await self._connect():
+                    await asyncio.sleep(RECONNECT_S)
+                continue
+            try:
+                message = await self._pubsub.get_message(timeout=1.0)
+            except _ERRORS as exc:
+                self._down(exc)
+                continue
+            if message is not None and message.get("type") == "message":
+                self._apply_raw(message["data"])
+
+    async def _load(self) -> None:
+        for kind in ("cool", "breaker", "disabled"):
+            keys = [key async for key in self.redis.scan_iter(match=f"{self.prefix}:{kind}:*", count=500)]
+            if keys:
+                for raw in await self.redis.mget(keys):
+                    if raw is not None:
+                        self._apply_raw(raw)
+
+    def _apply_raw(self, raw: bytes | str) -> None:
+        try:
+            event = _decode_event(raw)
+        except msgspec.DecodeError:
+            self.log.warning("redis_event_unreadable", data=str(raw[:200]))
+            return
+        if event.origin != self.worker_id:
+            self.apply(event)
+
+    def apply(self, event: Event) -> None:
+        """Another process's state change, applied to ours (never announced again)."""
+        now = asyncio.get_running_loop().time()
+        wall = time.time()  # epoch `t` is loop time `now - (wall - t)`
+        if isinstance(event, CoolEvent | BreakerEvent):
+            backend = self._backends.get((event.provider, event.model, event.upstream_model))
+            if backend is None:
+                return
+            if isinstance(event, BreakerEvent):
+                if event.open:
+                    backend.state.breaker_open = True
+                else:
+                    backend.state.close_breaker()
+            elif event.until > wall:
+                backend.state.cool_down(now, event.until - wall, event.reason)
+            return
+        runtime = self._router.providers.get(event.provider) if self._router is not None else None
+        if runtime is None or runtime.state.key_missing:
+            return
+        if isinstance(event, DisabledEvent):
+            runtime.state.disable(event.reason, now - (wall - event.at), quota=event.quota)
+        else:
+            runtime.state.enable()
+
+    # -- publishing (StatePublisher) ---------------------------------------------------------------
+
+    def cooled(self, backend: Backend) -> None:
+        state = backend.state
+        remaining = state.cooling_until - asyncio.get_running_loop().time()
+        if remaining <= 0 or state.cool_reason is None:
+            return
+        until = time.time() + remaining
+        names = (backend.name, backend.model_id, backend.upstream_model)
+        event = CoolEvent(self.worker_id, *names, until=until, reason=state.cool_reason)
+        self._publish(self._backend_key("cool", backend), event, math.ceil(remaining * 1000))
+
+    def breaker_changed(self, backend: Backend) -> None:
+        is_open = backend.state.breaker_open
+        event = BreakerEvent(self.worker_id, backend.name, backend.model_id, backend.upstream_model, is_open)
+        self._publish(self._backend_key("breaker", backend), event, _ms(STATE_TTL_S) if is_open else None)
+
+    def provider_disabled(self, provider: ProviderRuntime) -> None:
+        state = provider.state
+        if state.disabled_reason is None or state.key_missing:
+            return
+        at = time.time() - (asyncio.get_running_loop().time() - state.disabled_at)
+        event = DisabledEvent(self.worker_id, provider.config.name, state.disabled_reason, state.quota_exhausted, at)
+        self._publish(f"{self.prefix}:disabled:{provider.config.name}", event, _ms(STATE_TTL_S))
+
+    def provider_enabled(self, provider: ProviderRuntime) -> None:
+        event = EnabledEvent(self.worker_id, provider.config.name)
+        self._publish(f"{self.prefix}:disabled:{provider.config.name}", event, None)
+
+    def _backend_key(self, kind: str, backend: Backend) -> str:
+        return f"{self.prefix}:{kind}:{backend.name}:{backend.model_id}:{backend.upstream_model}"
+
+    def _publish(self, key: str, event: Event, expire_ms: int | None) -> None:
+        """Set (or, with no expiry, delete) `key` and publish the event, in the background."""
+        if not self.available:
+            return  # the outage is logged; this change stays local
+        task = asyncio.create_task(self._write(key, _encode(event), expire_ms))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write(self, key: str, payload: bytes, expire_ms: int | None) -> None:
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                if expire_ms is None:
+                    pipe.delete(key)
+                else:
+                    pipe.set(key, payload, px=max(1, expire_ms))
+                pipe.publish(self.channel, payload)
+                await pipe.execute()
+        except _ERRORS as exc:
+            self._down(exc)
+
+    # -- metrics -----------------------------------------------------------------------------------
+
+    def _metrics_key(self, worker_id: str) -> str:
+        return f"{self.prefix}:metrics:{worker_id}"
+
+    async def _share_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(METRICS_INTERVAL_S)
+            if self.available and self._router is not None:
+                await self.write_metrics()
+
+    async def write_metrics(self) -> None:
+        """This worker's counters and summed gauges, as a hash that lives `METRICS_TTL_S`."""
+        assert self._router is not None
+        mapping = {_encode(series): value for series, value in self.metrics.series(self._router).items()}
+        key = self._metrics_key(self.worker_id)
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                if mapping:
+                    pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]  # redis's stubs want str keys
+                pipe.pexpire(key, _ms(METRICS_TTL_S))
+                await pipe.execute()
+        except _ERRORS as exc:
+            self._down(exc)
+
+    async def remote_series(self) -> Mapping[Series, float] | None:
+        """The sum of every other live worker's metrics; None when Redis does not answer."""
+        if not self.available:
+            return None
+        own = self._metrics_key(self.worker_id).encode()
+        try:
+            keys = [k async for k in self.redis.scan_iter(match=self._metrics_key("*"), count=500) if k != own]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hgetall(key)
+                hashes: list[dict[bytes, bytes]] = await pipe.execute()
+        except _ERRORS as exc:
+            self._down(exc)
+            return None
+        total: dict[Series, float] = {}
+        for fields in hashes:
+            for field, value in fields.items():
+                series = _decode_series(field)
+                total[series] = total.get(series, 0) + float(value)
+        return total
+
+
+def _ms(seconds: float) -> int:
+    return math.ceil(seconds * 1000)

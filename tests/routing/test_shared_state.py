@@ -1,0 +1,329 @@
+"""Several workers share routing state and metrics through the real Redis on this machine.
+
+Two (or three) gateways started in one test with the same `[redis] key_prefix` stand for the
+workers of one deployment: what one learns from an upstream (a 429's Retry-After, a refused key,
+an open breaker, a probe that brings a provider back) the others apply without asking the
+upstream, a gateway started later learns it on start, and `/metrics` on any of them sums the
+counters of all. Every test uses its own key prefix and deletes its keys afterwards; Redis must
+be running (a connection error fails the test).
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+from redis.asyncio import Redis
+
+from tests.conftest import GatewayHandle, StartGateway
+from tests.routing.conftest import (
+    PROBE_PATH,
+    Held,
+    answer,
+    complete,
+    completions,
+    deployments,
+    error,
+    eventually,
+    launch,
+    metric,
+    models_reply,
+    row_view,
+    scrape,
+    seconds_until,
+    stalled_stream,
+)
+from tests.upstream import ReplayUpstream
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+ALPHA_CHAT = "alpha:chat-1:alpha/chat-1"  # provider:model:upstream_model in a backend's keys
+
+
+class Store:
+    """The Redis the gateways share, under this test's own key prefix."""
+
+    def __init__(self, client: Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.config = {"url": REDIS_URL, "key_prefix": prefix}
+
+    async def keys(self, kind: str) -> list[str]:
+        found = [key.decode() async for key in self.client.scan_iter(match=f"{self.prefix}:{kind}:*")]
+        return sorted(key.removeprefix(f"{self.prefix}:{kind}:") for key in found)
+
+    async def value(self, kind: str, name: str) -> dict[str, Any]:
+        raw = await self.client.get(f"{self.prefix}:{kind}:{name}")
+        assert raw is not None, (kind, name)
+        decoded: dict[str, Any] = msgspec.json.decode(raw)
+        return decoded
+
+    async def ttl_ms(self, kind: str, name: str) -> int:
+        ttl: int = await self.client.pttl(f"{self.prefix}:{kind}:{name}")
+        return ttl
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[Store]:
+    """Listed first in a test's arguments, so it is torn down after the gateways."""
+    client = Redis.from_url(REDIS_URL)
+    assert await client.ping()
+    store = Store(client, f"switchyard-test-{uuid.uuid4().hex[:12]}")
+    yield store
+    keys = [key async for key in client.scan_iter(match=f"{store.prefix}:*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+async def _pair(
+    start_gateway: StartGateway, store: Store, upstreams: dict[str, ReplayUpstream], **options: Any
+) -> tuple[GatewayHandle, GatewayHandle]:
+    first = await launch(start_gateway, upstreams, redis=store.config, **options)
+    second = await launch(start_gateway, upstreams, redis=store.config, **options)
+    return first, second
+
+
+async def test_a_429_on_one_worker_cools_the_backend_on_the_other(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    a, b = await _pair(start_gateway, store, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(error(429, "rate_limit_error", {"retry-after": "30"}))
+    beta.enqueue(answer("from beta"), repeat=2)
+    assert (await complete(a)).json()["provider"] == "beta"
+
+    async def cooling_on_b() -> bool:
+        return "cooling_until" in (await deployments(b))["alpha"]
+
+    await eventually(cooling_on_b)
+    state = (await deployments(b))["alpha"]
+    assert (state["ready"], state["cooling_reason"], state.get("disabled_reason")) == (False, "capacity", None)
+    assert 29.0 < seconds_until(state["cooling_until"]) <= 30.0
+    assert "cooling_until" not in (await deployments(b, "even-1"))["alpha"]  # only that backend
+    assert await store.keys("cool") == [ALPHA_CHAT]
+    assert 29_000 < await store.ttl_ms("cool", ALPHA_CHAT) <= 30_000
+    value = await store.value("cool", ALPHA_CHAT)
+    assert (value["type"], value["provider"], value["model"], value["reason"]) == (
+        "cool",
+        "alpha",
+        "chat-1",
+        "capacity",
+    )
+
+    response = await complete(b)
+    assert response.status_code == 200, response.text
+    assert response.json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1  # b never asked alpha
+    first, second = await b.ledger_rows()  # one database for both gateways
+    assert row_view(first) == ("ok", None, None, 2, "beta")
+    assert row_view(second) == ("ok", None, None, 1, "beta")
+
+    assert a.gateway.shared is not None
+
+    async def a_shared_its_metrics() -> bool:
+        return bool(await store.client.exists(f"{store.prefix}:metrics:{a.gateway.shared.worker_id}"))
+
+    await eventually(a_shared_its_metrics)
+    samples = await scrape(b)  # a's cool-down counted once: b applied it without counting it
+    assert metric(samples, "switchyard_cooldowns_total", provider="alpha", reason="capacity") == 1
+
+
+async def test_a_401_on_one_worker_disables_the_provider_on_the_other(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    a, b = await _pair(start_gateway, store, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(error(401, "authentication_error"))
+    beta.enqueue(answer("from beta"), repeat=2)
+    assert (await complete(a)).json()["provider"] == "beta"
+
+    async def disabled_on_b() -> bool:
+        return "disabled_reason" in (await deployments(b))["alpha"]
+
+    await eventually(disabled_on_b)
+    for model in ("chat-1", "even-1"):
+        state = (await deployments(b, model))["alpha"]
+        assert (state["ready"], state["disabled_reason"]) == (False, "auth: upstream returned 401")
+        assert "cooling_until" not in state
+    assert await store.keys("disabled") == ["alpha"]
+    assert 3_590_000 < await store.ttl_ms("disabled", "alpha") <= 3_600_000
+    value = await store.value("disabled", "alpha")
+    assert (value["reason"], value["quota"]) == ("auth: upstream returned 401", False)
+    assert (await complete(b)).json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1
+
+
+async def test_a_probe_that_re_enables_a_provider_re_enables_it_everywhere(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    b = await launch(
+        start_gateway, {"alpha": alpha, "beta": beta}, redis=store.config, routing={"probe_interval_s": 60}
+    )
+    alpha.enqueue(models_reply(first_byte_delay_s=1.5), path=PROBE_PATH)  # a's first probe, answered late
+    a = await launch(
+        start_gateway, {"alpha": alpha, "beta": beta}, redis=store.config, routing={"probe_interval_s": 0.1}
+    )
+    alpha.enqueue(error(401, "authentication_error"))
+    alpha.enqueue(answer("alpha is back"))
+    beta.enqueue(answer("from beta"))
+    assert (await complete(a)).json()["provider"] == "beta"
+
+    async def alpha_state_on_b() -> str | None:
+        reason: str | None = (await deployments(b))["alpha"].get("disabled_reason")
+        return reason
+
+    async def disabled_on_b() -> bool:
+        return await alpha_state_on_b() == "auth: upstream returned 401"
+
+    await eventually(disabled_on_b, within=1.0)  # before a's probe answers
+
+    async def enabled_on_b() -> bool:
+        return await alpha_state_on_b() is None
+
+    await eventually(enabled_on_b, within=3.0)
+    assert await store.keys("disabled") == []
+    response = await complete(b)
+    assert response.json()["provider"] == "alpha"
+    assert response.json()["message"]["content"] == [{"kind": "text", "data": "alpha is back"}]
+
+
+async def test_a_worker_started_later_learns_cool_downs_breakers_and_disabled_providers(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, gamma: ReplayUpstream
+) -> None:
+    upstreams = {"alpha": alpha, "beta": beta, "gamma": gamma}
+    one_strike = {"breaker_window": 1, "breaker_min_samples": 1, "failure_cooldown_s": 20}
+    a, b = await _pair(start_gateway, store, upstreams, gamma=one_strike)
+    alpha.enqueue(error(429, "rate_limit_error", {"retry-after": "30"}))
+    beta.enqueue(error(401, "authentication_error"))
+    gamma.enqueue(error(500))
+    refused = await complete(a)
+    assert refused.status_code == 502, refused.text
+
+    async def recorded() -> bool:
+        keys = (await store.keys("cool"), await store.keys("breaker"), await store.keys("disabled"))
+        return keys == (
+            [ALPHA_CHAT, "gamma:chat-1:gamma/chat-1"],
+            ["gamma:chat-1:gamma/chat-1"],
+            ["beta"],
+        )
+
+    await eventually(recorded)
+    c = await launch(start_gateway, upstreams, redis=store.config, gamma=one_strike)
+    for gw in (b, c):
+        state = await deployments(gw)
+        assert {name: (d["ready"], d.get("cooling_reason"), d["breaker_open"]) for name, d in state.items()} == {
+            "alpha": (False, "capacity", False),
+            "beta": (False, None, False),
+            "gamma": (False, "failure", True),
+        }
+        assert 28.0 < seconds_until(state["alpha"]["cooling_until"]) <= 30.0
+        assert 18.0 < seconds_until(state["gamma"]["cooling_until"]) <= 20.0
+        assert state["beta"]["disabled_reason"] == "auth: upstream returned 401"
+        unavailable = await complete(gw)
+        assert unavailable.status_code == 429, unavailable.text  # alpha's 429 is the soonest way back
+    assert (len(completions(alpha)), len(completions(beta)), len(completions(gamma))) == (1, 1, 1)
+
+
+async def test_metrics_on_any_worker_sum_every_live_worker(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    a, b = await _pair(start_gateway, store, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(answer(), repeat=3)
+    for gw in (a, a, b):
+        assert (await complete(gw)).json()["provider"] == "alpha"
+    alpha.enqueue(stalled_stream())
+    held = Held(a)
+    try:
+        assert await held.started() == "alpha"
+
+        async def summed(gw: GatewayHandle) -> bool:
+            samples = await scrape(gw)
+            total = metric(samples, "switchyard_requests_total", model="chat-1", provider="alpha", status="ok")
+            in_flight = metric(samples, "switchyard_backend_in_flight", provider="alpha", model="chat-1")
+            return (total, in_flight) == (3, 1)
+
+        for gw in (a, b):
+            await eventually(functools.partial(summed, gw), within=3.0)
+        samples = await scrape(b)
+        assert metric(samples, "switchyard_attempts_total", provider="alpha", outcome="ok") == 3
+        assert metric(samples, "switchyard_backend_in_flight", provider="alpha", model="even-1") == 0
+        assert metric(samples, "switchyard_backend_limit", provider="alpha", model="chat-1") == 64  # not summed
+    finally:
+        await held.release()
+    assert len(await store.keys("metrics")) == 2
+
+
+@pytest.mark.parametrize(
+    ("server", "configured", "limit"),
+    [
+        pytest.param({"workers": 2}, 4, 2, id="2-workers"),
+        pytest.param({"workers": 2, "replicas": 3}, 13, 2, id="2-workers-3-replicas"),
+        pytest.param({"workers": 4, "replicas": 2}, 4, 1, id="floor-of-one"),
+        pytest.param({}, 4, 4, id="one-process"),
+    ],
+)
+async def test_each_worker_enforces_its_share_of_max_concurrency(
+    start_gateway: StartGateway,
+    alpha: ReplayUpstream,
+    beta: ReplayUpstream,
+    server: dict[str, Any],
+    configured: int,
+    limit: int,
+) -> None:
+    gw = await launch(
+        start_gateway, {"alpha": alpha, "beta": beta}, server=server, common={"max_concurrency": configured}
+    )
+    state = await deployments(gw)
+    assert (state["alpha"]["limit"], state["beta"]["limit"]) == (limit, limit)
+
+
+async def test_the_queue_is_split_too(start_gateway: StartGateway, alpha: ReplayUpstream) -> None:
+    """max_concurrency 2 and max_queue 2 over 2 workers: one slot and one queue place here."""
+    gw = await launch(
+        start_gateway,
+        {"alpha": alpha},
+        server={"workers": 2},
+        common={"max_concurrency": 2, "max_queue": 2, "queue_timeout_s": 10},
+    )
+    alpha.enqueue(stalled_stream(), repeat=2)
+    holding, waiting = Held(gw), Held(gw)
+    try:
+        assert await holding.started() == "alpha"
+
+        async def queued() -> bool:
+            return (await deployments(gw))["alpha"]["queued"] == 1
+
+        await eventually(queued)
+        refused = await complete(gw)
+        assert refused.status_code == 429, refused.text
+        state = (await deployments(gw))["alpha"]
+        assert (state["in_flight"], state["queued"], state["limit"]) == (1, 1, 1)
+        await holding.release()
+        assert await waiting.started() == "alpha"  # the freed slot went to the waiter
+    finally:
+        await holding.release()
+        await waiting.release()
+    assert len(completions(alpha)) == 2
+
+
+async def test_redis_unreachable_the_gateway_still_serves_on_its_own_state(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed when the block ends: nothing listens there
+    redis = {"url": f"redis://127.0.0.1:{port}/0", "key_prefix": f"switchyard-test-{uuid.uuid4().hex[:12]}"}
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, redis=redis)
+    alpha.enqueue(error(429, "rate_limit_error", {"retry-after": "30"}))
+    beta.enqueue(answer("from beta"), repeat=2)
+    for _ in range(2):
+        response = await complete(gw)
+        assert response.status_code == 200, response.text
+        assert response.json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1  # the cool-down still holds locally
+    assert (await deployments(gw))["alpha"]["cooling_reason"] == "capacity"
+    samples = await scrape(gw)
+    assert metric(samples, "switchyard_requests_total", model="chat-1", provider="beta", status="ok") == 2
