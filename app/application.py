@@ -38,8 +38,8 @@ _log = get_logger("switchyard.errors")
 
 
 def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
-    configure_logging(settings.server.log_level)
-    gateway = Gateway(settings, prepare=prepare)
+    writer = configure_logging(settings.server.log_level)
+    gateway = Gateway(settings, prepare=prepare, log_writer=writer)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:

@@ -18,7 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.health import HealthMonitor
-from app.logging import get_logger
+from app.logging import LineWriter, get_logger
 from app.metrics import Metrics
 from app.pipeline import Pipeline
 from app.routing import ProviderRuntime, Router
@@ -34,8 +34,9 @@ from providers.adapter import Provider, make_client
 
 
 class Gateway:
-    def __init__(self, settings: Settings, *, prepare: bool = True) -> None:
+    def __init__(self, settings: Settings, *, prepare: bool = True, log_writer: LineWriter | None = None) -> None:
         self.settings = settings
+        self.log_writer = log_writer
         self.prepare = prepare
         self.log: Any = get_logger("switchyard")
         self.engine: AsyncEngine | None = None
@@ -90,9 +91,13 @@ class Gateway:
         )
         self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log, routing.quota_recheck_s)
         self.health.start()
+        if self.log_writer is not None:
+            self.log_writer.flush_every(0.2)
         self.log.info("started", providers=sorted(runtimes), models=len(snapshot.models))
 
     async def stop(self) -> None:
+        if self.log_writer is not None:
+            self.log_writer.stop()
         if self.health is not None:
             await self.health.stop()
         if self.shared is not None:

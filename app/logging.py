@@ -4,32 +4,102 @@ Configured once from `Settings` in the app's lifespan (nothing at import time). 
 line (`event="request"`) carries the request id, model, provider, status, the five token buckets,
 cost, latency, time to first token and attempts — never prompts, request bodies or keys. Hot
 paths (per streamed chunk) do not log.
+
+The processor chain is kept short because it runs on every request: msgspec encodes the line
+(stdlib `json` plus structlog's ISO timestamper cost about a sixth of a proxied request's CPU,
+measured under load), and the timestamp's seconds part is formatted once per second.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
-from typing import Any
+import time
+from collections.abc import MutableMapping
+from typing import Any, BinaryIO
 
+import msgspec
 import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_encoder = msgspec.json.Encoder()
 
 
-def configure_logging(level: str) -> None:
+class _Timestamp:
+    """`2026-11-30T01:02:03.456Z`, UTC, with the formatted second cached."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(self, _logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        event_dict["timestamp"] = f"{self._prefix}.{int((now - second) * 1000):03d}Z"
+        return event_dict
+
+
+def _render(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> bytes:
+    return _encoder.encode(event_dict)
+
+
+class LineWriter:
+    """structlog's logger: each line goes into the process's buffered stdout without a flush (a
+    write system call per request was a tenth of a proxied request's CPU). The app's lifespan runs
+    `flush_every` so lines leave within a fraction of a second; error lines are flushed at once."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self._timer: asyncio.TimerHandle | None = None
+
+    def msg(self, message: bytes) -> None:
+        self._file.write(message + b"\n")
+
+    def err(self, message: bytes) -> None:
+        self._file.write(message + b"\n")
+        self._file.flush()
+
+    debug = info = warning = msg
+    error = critical = exception = fatal = err
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def flush_every(self, interval: float) -> None:
+        """Flush every `interval` seconds on the running loop until `stop`."""
+        loop = asyncio.get_running_loop()
+
+        def tick() -> None:
+            self.flush()
+            self._timer = loop.call_later(interval, tick)
+
+        self._timer = loop.call_later(interval, tick)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.flush()
+
+
+def configure_logging(level: str) -> LineWriter:
+    writer = LineWriter(sys.stdout.buffer)
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _Timestamp(),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
+            _render,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stdout),
+        logger_factory=lambda *_args: writer,
         cache_logger_on_first_use=True,
     )
+    return writer
 
 
 def get_logger(name: str) -> Any:
