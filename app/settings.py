@@ -99,7 +99,7 @@ class RedisSettings(Struct, frozen=True, forbid_unknown_fields=True):
     """Shared routing state and metrics for several workers and replicas (`app.shared`)."""
 
     url: Annotated[str, Meta(pattern=r"^rediss?://")] = "redis://127.0.0.1:6379/0"
-    key_prefix: Annotated[str, Meta(min_length=1, pattern=r"^[^\s*?\[\]]+$")] = "switchyard"
+    key_prefix: Annotated[str, Meta(min_length=1, pattern=r"^[^\s*?\[\]\\]+$")] = "switchyard"  # no glob characters
 
 
 class RoutingSettings(Struct, frozen=True, forbid_unknown_fields=True):

@@ -136,6 +136,8 @@ class SharedState:
                 await task
         if self._writes:
             await asyncio.wait(set(self._writes), timeout=2.0)
+            for write in list(self._writes):
+                write.cancel()
         if self.available:
             with contextlib.suppress(*_ERRORS):
                 await self.redis.delete(self._metrics_key(self.worker_id))
@@ -175,18 +177,29 @@ class SharedState:
 
     async def _listen(self) -> None:
         while True:
-            if self._pubsub is None or not self.available:
-                await self._close_pubsub()
-                if not await self._connect():
-                    await asyncio.sleep(RECONNECT_S)
-                continue
             try:
-                message = await self._pubsub.get_message(timeout=1.0)
-            except _ERRORS as exc:
-                self._down(exc)
-                continue
-            if message is not None and message.get("type") == "message":
-                self._apply_raw(message["data"])
+                await self._receive()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not end the listener for the process's life
+                self.log.exception("redis_listener_failed", worker=self.worker_id)
+                self.available = False
+                await asyncio.sleep(RECONNECT_S)
+
+    async def _receive(self) -> None:
+        """Apply the next event, if one comes within a second; reconnect first when needed."""
+        if self._pubsub is None or not self.available:
+            await self._close_pubsub()
+            if not await self._connect():
+                await asyncio.sleep(RECONNECT_S)
+            return
+        try:
+            message = await self._pubsub.get_message(timeout=1.0)
+        except _ERRORS as exc:
+            self._down(exc)
+            return
+        if message is not None and message.get("type") == "message":
+            self._apply_raw(message["data"])
 
     async def _load(self) -> None:
         for kind in ("cool", "breaker", "disabled"):
@@ -290,7 +303,10 @@ class SharedState:
         while True:
             await asyncio.sleep(METRICS_INTERVAL_S)
             if self.available and self._router is not None:
-                await self.write_metrics()
+                try:
+                    await self.write_metrics()
+                except Exception:
+                    self.log.exception("redis_metrics_failed", worker=self.worker_id)
 
     async def write_metrics(self) -> None:
         """This worker's counters and summed gauges, as a hash that lives `METRICS_TTL_S`."""

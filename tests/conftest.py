@@ -1,9 +1,10 @@
 """The gateway harness: a real Switchyard server on loopback, configured per test.
 
-`start_gateway(providers=..., catalog=..., server=..., routing=..., redis=...)` writes the catalog file and
-a SQLite database into the test's tmp dir, builds `Settings` through the same path `config.toml`
-takes, runs the app under uvicorn on a free port inside the test's event loop, and returns a
-handle with an HTTP client. `handle.ledger_rows()` waits for the ledger writer to flush and
+`start_gateway(providers=..., catalog=..., server=..., routing=..., redis=...)` writes the catalog
+file and a SQLite database into the test's tmp dir, builds `Settings` through the same path
+`config.toml` takes, runs the app under uvicorn on a free port inside the test's event loop, and
+returns a handle with an HTTP client (`redis` adds a `[redis]` table; calling it twice in one test
+gives two gateways on one database, like two workers). `handle.ledger_rows()` waits for the ledger writer to flush and
 returns the rows from SQL.
 """
 

@@ -10,6 +10,8 @@ be running (a connection error fails the test).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import socket
 import uuid
@@ -78,6 +80,47 @@ async def store() -> AsyncIterator[Store]:
     if keys:
         await client.delete(*keys)
     await client.aclose()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port  # closed again: nothing listens there until a test starts something
+
+
+class Relay:
+    """A TCP relay to the real Redis on a port of its own, which a test starts late and cuts, so
+    a gateway pointed at it sees Redis come back and go away."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.close()
+        self._writers.clear()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", 6379)
+        self._writers += [writer, upstream_writer]
+        await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    writer.close()
 
 
 async def _pair(
@@ -312,10 +355,7 @@ async def test_the_queue_is_split_too(start_gateway: StartGateway, alpha: Replay
 async def test_redis_unreachable_the_gateway_still_serves_on_its_own_state(
     start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
 ) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed when the block ends: nothing listens there
-    redis = {"url": f"redis://127.0.0.1:{port}/0", "key_prefix": f"switchyard-test-{uuid.uuid4().hex[:12]}"}
+    redis = {"url": f"redis://127.0.0.1:{_free_port()}/0", "key_prefix": f"switchyard-test-{uuid.uuid4().hex[:12]}"}
     gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, redis=redis)
     alpha.enqueue(error(429, "rate_limit_error", {"retry-after": "30"}))
     beta.enqueue(answer("from beta"), repeat=2)
@@ -327,3 +367,35 @@ async def test_redis_unreachable_the_gateway_still_serves_on_its_own_state(
     assert (await deployments(gw))["alpha"]["cooling_reason"] == "capacity"
     samples = await scrape(gw)
     assert metric(samples, "switchyard_requests_total", model="chat-1", provider="beta", status="ok") == 2
+
+
+async def test_a_worker_reconnects_learns_what_it_missed_and_survives_losing_redis_again(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, gamma: ReplayUpstream
+) -> None:
+    upstreams = {"alpha": alpha, "beta": beta, "gamma": gamma}
+    relay = Relay()
+    a = await launch(start_gateway, upstreams, redis={**store.config, "url": relay.url})  # Redis "down"
+    b = await launch(start_gateway, upstreams, redis=store.config)
+    alpha.enqueue(error(401, "authentication_error"))
+    beta.enqueue(answer("from beta"))
+    assert (await complete(b)).json()["provider"] == "beta"
+    assert "disabled_reason" not in (await deployments(a))["alpha"]
+    try:
+        await relay.start()
+
+        async def learned(provider: str, field: str) -> bool:
+            return field in (await deployments(a))[provider]
+
+        await eventually(functools.partial(learned, "alpha", "disabled_reason"), within=3.0)  # loaded on reconnect
+        beta.enqueue(error(429, "rate_limit_error", {"retry-after": "30"}))
+        gamma.enqueue(answer("from gamma"), repeat=3)
+        assert (await complete(b)).json()["provider"] == "gamma"
+        await eventually(functools.partial(learned, "beta", "cooling_until"))  # published while connected
+        assert (await complete(a)).json()["provider"] == "gamma"
+        await relay.stop()
+        response = await complete(a)  # Redis gone again: a keeps routing on what it knows
+        assert response.status_code == 200, response.text
+        assert response.json()["provider"] == "gamma"
+    finally:
+        await relay.stop()
+    assert (len(completions(alpha)), len(completions(beta)), len(completions(gamma))) == (1, 2, 3)

@@ -1,0 +1,73 @@
+"""`switchyard serve --workers 2` with `[redis]`: real uvicorn worker processes share one Redis.
+
+Each worker enforces its share of `max_concurrency` (`--workers` reaches the worker processes),
+and `/metrics`, whichever worker the scrape reaches, counts the requests every worker served.
+Uses the real Redis on this machine under a key prefix of its own, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from redis import Redis
+
+from tests.cli_harness import Process, cli_env, complete, free_port, processes, start_mock, write_config
+
+SECRET = "sk-test-SECRET-123"
+SERVED = 'switchyard_requests_total{model="hosted-model",provider="hosted",status="ok"} '
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    client = Redis.from_url("redis://127.0.0.1:6379/0")
+    assert client.ping()
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    try:
+        yield prefix
+    finally:
+        keys = list(client.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+def _wait(check: Callable[[], bool], what: Callable[[], str], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout}s: {what()}")
+        time.sleep(0.1)
+
+
+def test_two_workers_split_the_limit_and_sum_their_metrics(tmp_path: Path, prefix: str) -> None:
+    client = Redis.from_url("redis://127.0.0.1:6379/0")
+    extra = f'max_concurrency = 4\n\n[redis]\nurl = "redis://127.0.0.1:6379/0"\nkey_prefix = "{prefix}"\n'
+    with processes() as started:
+        config = write_config(tmp_path, start_mock(tmp_path, started), extra)
+        port = free_port()
+        args = ["serve", "--config", str(config), "--port", str(port), "--workers", "2"]
+        started.append(serve := Process(tmp_path, "serve", args, cli_env(SWITCHYARD_TEST_HOSTED_KEY=SECRET)))
+        base = f"http://127.0.0.1:{port}"
+        serve.wait_http(f"{base}/healthz")
+        _wait(
+            lambda: len(list(client.scan_iter(match=f"{prefix}:metrics:*"))) == 2, lambda: "two workers sharing metrics"
+        )
+        models = {m["id"]: m for m in httpx.get(f"{base}/api/v1/models").json()["data"]}
+        assert [d["limit"] for d in models["hosted-model"]["deployments"]] == [2]  # 4 over 2 workers
+        assert [d["limit"] for d in models["tiny"]["deployments"]] == [32]  # the default 64 over 2
+        for _ in range(6):
+            complete(base, "hosted-model", "hello")
+        scrapes: list[str] = []
+
+        def every_scrape_counts_six() -> bool:
+            text = httpx.get(f"{base}/metrics").text
+            scrapes.append(next((line for line in text.splitlines() if line.startswith(SERVED)), ""))
+            return scrapes[-8:] == [SERVED + "6"] * 8  # eight in a row, from whichever worker answered
+
+        _wait(every_scrape_counts_six, lambda: f"summed metrics, last scrapes {scrapes[-3:]}")
+    client.close()
