@@ -109,7 +109,7 @@ class Direct(Target):
 class SwitchyardOptions:
     database_url: str  # "" means a fresh SQLite file in the run directory
     workers: int = 1
-    ledger_enabled: bool = True  # False writes `[ledger] enabled = false` (a switch the lead may add)
+    ledger_enabled: bool = True  # False writes `[ledger] enabled = false` (accounting off, to price it)
     label: str = "switchyard"
 
 
@@ -140,7 +140,7 @@ class Switchyard(Target):
         ledger = "" if self.options.ledger_enabled else "\n[ledger]\nenabled = false\n"
         config = run_dir / f"{slug}.toml"
         config.write_text(
-            f'[server]\nhost = "127.0.0.1"\nport = {self.port}\naccess_log = false\nlog_level = "warning"\n\n'
+            f'[server]\nhost = "127.0.0.1"\nport = {self.port}\naccess_log = false\nlog_level = "info"\n\n'
             f'[database]\nurl = "{url}"\n\n[catalog]\nfiles = ["{catalog.name}"]\n{ledger}\n'
             f'[providers.mock]\nkind = "openai_compatible"\nbase_url = "{self.mocks.url()}"\n'
             "max_concurrency = 4096\n\n"
