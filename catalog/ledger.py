@@ -276,13 +276,13 @@ async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) ->
             await connection.execute(statement, rows[start : start + _ROWS_PER_STATEMENT])
 
 
-_Bound = tuple[tuple[str, Callable[[Any], Any] | None], ...]
+_Bound = tuple[tuple[int, Callable[[Any], Any]], ...]
 _sqlite_plans: dict[str, tuple[str, _Bound]] = {}
 
 
 def _sqlite_plan(dialect: Dialect) -> tuple[str, _Bound]:
-    """The SQLite INSERT as driver SQL plus each column's own bind processor (the same conversions
-    the table's types apply: UTC datetimes, exact decimals as text), built once.
+    """The SQLite INSERT as driver SQL plus the bind processors of the columns that have one (the
+    same conversions the table's types apply: UTC datetimes, exact decimals as text), built once.
 
     On the embedded default the gateway process itself runs the ledger's inserts, on the core that
     serves requests; SQLAlchemy's per-row parameter machinery for 27 columns cost more than the
@@ -291,19 +291,24 @@ def _sqlite_plan(dialect: Dialect) -> tuple[str, _Bound]:
     plan = _sqlite_plans.get(dialect.name)
     if plan is None:
         table = LedgerRow.__table__
-        columns = tuple((name, table.c[name].type.bind_processor(dialect)) for name in _COLUMNS)
+        processors = (
+            (i, table.c[name].type.dialect_impl(dialect).bind_processor(dialect)) for i, name in enumerate(_COLUMNS)
+        )
+        bound = tuple((i, process) for i, process in processors if process is not None)
         names = ", ".join(_COLUMNS)
         marks = ", ".join("?" for _ in _COLUMNS)
         sql = f"INSERT INTO ledger ({names}) VALUES ({marks}) ON CONFLICT (request_id) DO NOTHING"  # noqa: S608
-        plan = _sqlite_plans[dialect.name] = (sql, columns)
+        plan = _sqlite_plans[dialect.name] = (sql, bound)
     return plan
 
 
-def _bound(record: LedgerRecord, columns: _Bound) -> tuple[Any, ...]:
-    return tuple(
-        value if process is None or value is None else process(value)
-        for value, process in ((getattr(record, name), process) for name, process in columns)
-    )
+def _bound(record: LedgerRecord, processors: _Bound) -> tuple[Any, ...]:
+    row = list(msgspec.structs.astuple(record))
+    for index, process in processors:
+        value = row[index]
+        if value is not None:
+            row[index] = process(value)
+    return tuple(row)
 
 
 @functools.cache

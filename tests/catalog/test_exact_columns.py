@@ -99,3 +99,29 @@ async def test_naive_datetimes_are_refused(engine: AsyncEngine) -> None:
     with pytest.raises(StatementError, match="naive datetime"):
         async with engine.begin() as connection:
             await connection.execute(insert(LedgerRow).values(ledger_row("r", None, datetime(2026, 1, 1))))
+
+
+@pytest.mark.parametrize("cost", [Decimal("123456789012.123456789012345678"), Decimal("0.123456789012345678")])
+async def test_the_ledger_writers_path_keeps_every_digit(engine: AsyncEngine, cost: Decimal) -> None:
+    """`write_records` (the batched writer's path: driver executemany on SQLite) stores the same
+    exact text as the SQLAlchemy path; a float anywhere on the way would lose these digits."""
+    from catalog.ledger import LedgerRecord, write_records
+
+    record = LedgerRecord(
+        request_id="exact-1",
+        started_at=START,
+        finished_at=START + timedelta(microseconds=7),
+        status="ok",
+        streamed=True,
+        latency_ms=1.5,
+        cost_usd=cost,
+        estimated_cost_usd=cost,
+        input_tokens=3,
+    )
+    await write_records(engine, [record, record])  # the second is a duplicate: skipped
+    async with engine.connect() as connection:
+        rows = (await connection.execute(select(LedgerRow))).all()
+    (row,) = rows
+    assert (row.cost_usd, row.estimated_cost_usd) == (cost, cost)
+    assert (row.started_at, row.finished_at) == (START, START + timedelta(microseconds=7))
+    assert (row.streamed, row.input_tokens, row.output_tokens) == (True, 3, None)
