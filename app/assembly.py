@@ -145,10 +145,6 @@ class Assembly:
                 content.append(part)
         return Message(role="assistant", content=content)
 
-    @property
-    def has_tool_calls(self) -> bool:
-        return bool(self._calls)
-
     def final_finish_reason(self) -> str:
         if self._calls:
             return "tool_calls"

@@ -121,10 +121,6 @@ class BackendState:
     def load(self) -> float:
         return self.in_flight + len(self._waiters) + self.queue_depth
 
-    @property
-    def full(self) -> bool:
-        return self.in_flight >= self.limit
-
     # -- capacity -------------------------------------------------------------------------------
 
     def try_acquire(self) -> bool:

@@ -45,6 +45,8 @@ async def completions(scope: Scope, receive: Receive, send: Send) -> None:
     assert gateway.pipeline is not None
     assert gateway.router is not None
     body = await _read_body(receive, gateway.settings.server.max_body_bytes)
+    if body is None:
+        return  # the client went away before sending its body: nobody to answer
     exchange = Exchange(request_id, decode_request(body, gateway.router.providers))
     id_header = (b"x-request-id", request_id.encode())
     if not exchange.stream:
@@ -59,13 +61,13 @@ async def completions(scope: Scope, receive: Receive, send: Send) -> None:
     await _send_stream(relay, first, receive, send)
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            raise asyncio.CancelledError  # the client went away before sending its body
+            return None
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -179,7 +179,6 @@ def provider_configs(settings: Settings) -> list[ProviderConfig]:
                 base_url=entry.base_url.rstrip("/"),
                 api_key=api_key or None,
                 priority=entry.priority,
-                max_concurrency=entry.max_concurrency,
                 timeouts=Timeouts(**msgspec.structs.asdict(entry.timeouts)),
                 wire=wire,
             )

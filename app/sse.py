@@ -35,7 +35,6 @@ class Relay:
         self._last = self._loop.time()
         self._timer: asyncio.TimerHandle | None = self._loop.call_later(interval, self._tick)
         self._pump = asyncio.create_task(self._run())
-        self.started = False
 
     async def _run(self) -> None:
         try:
@@ -71,7 +70,6 @@ class Relay:
         if item is _END:
             await self.aclose()
             raise InternalError("the completion ended without output")
-        self.started = True
         return item  # type: ignore[return-value]
 
     async def _next(self) -> object:

@@ -48,7 +48,6 @@ class ProviderConfig(Struct, frozen=True):
     base_url: str  # ends at the API root, e.g. "http://127.0.0.1:8000/v1"
     api_key: str | None = None  # resolved from the environment by the app; never logged
     priority: int = 0
-    max_concurrency: int = 64
     timeouts: Timeouts = field(default_factory=Timeouts)
     wire: WireProfile = field(default_factory=WireProfile)
     headers: dict[str, str] = field(default_factory=dict)  # extra static headers (not secrets)

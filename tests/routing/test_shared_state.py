@@ -161,7 +161,8 @@ async def test_a_429_on_one_worker_cools_the_backend_on_the_other(
     assert response.status_code == 200, response.text
     assert response.json()["provider"] == "beta"
     assert len(completions(alpha)) == 1  # b never asked alpha
-    first, second = await b.ledger_rows()  # one database for both gateways
+    await a.ledger_rows()  # flushes a's writer: both gateways write one database
+    first, second = await b.ledger_rows()
     assert row_view(first) == ("ok", None, None, 2, "beta")
     assert row_view(second) == ("ok", None, None, 1, "beta")
 
