@@ -64,7 +64,7 @@ class LedgerSettings(Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = True  # false only to measure what accounting costs (bench/): no rows are written
     queue_size: Annotated[int, Meta(ge=1)] = 10_000
     batch_size: Annotated[int, Meta(ge=1)] = 256
-    flush_interval_s: Annotated[float, Meta(gt=0)] = 0.05
+    flush_interval_s: Annotated[float, Meta(gt=0)] = 0.25  # each batch wakes the SQLite thread: fewer is cheaper
 
 
 class TimeoutSettings(Struct, frozen=True, forbid_unknown_fields=True):
