@@ -194,6 +194,9 @@ class Pipeline:
                     raise InvalidRequest(exc.message) from None
                 failures.append(exc)
                 continue
+            except BaseException:  # cancelled (the client went away) or a bug: close the upstream now
+                await events.aclose()
+                raise
             if exchange.attempts > 1:
                 self.metrics.failovers.inc((model.id, backend.name))
             return assembly, events
