@@ -183,6 +183,7 @@ async def serve_forever(options: ScriptedOptions, host: str, port: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
+        # not the main thread, or a loop/platform without signal handlers: Ctrl-C still ends it
         with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
     try:
