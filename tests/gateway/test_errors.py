@@ -233,10 +233,7 @@ async def test_upstream_timeout_is_504(
     gw = await start_gateway(
         providers=providers_for(primary, secondary, {"primary": fast, "secondary": fast}), catalog=CATALOG
     )
-    stalled = reply_json(200, {"id": "late"})
-    stalled = stalled.__class__(
-        **{**{n: getattr(stalled, n) for n in stalled.__struct_fields__}, "first_byte_delay_s": 5.0}
-    )
+    stalled = reply_json(200, {"id": "late"}, first_byte_delay_s=5.0)
     primary.enqueue(stalled)
     secondary.enqueue(stalled)
     response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})

@@ -277,8 +277,7 @@ async def test_keepalive_ping_before_first_token(
     gw = await start_gateway(
         providers=providers_for(primary, secondary), catalog=CATALOG, server={"sse_keepalive_s": 0.2}
     )
-    reply = reply_sse([chunk({"content": "late"}), chunk({}, "stop")])
-    primary.enqueue(reply.__class__(**{**_fields(reply), "first_byte_delay_s": 0.5}))
+    primary.enqueue(reply_sse([chunk({"content": "late"}), chunk({}, "stop")], first_byte_delay_s=0.5))
     response = await gw.client.post(
         "/api/v1/completions",
         json={
@@ -293,15 +292,10 @@ async def test_keepalive_ping_before_first_token(
     assert response.text.index("ping") < response.text.index("stream_start")
 
 
-def _fields(reply: Any) -> dict[str, Any]:
-    return {name: getattr(reply, name) for name in reply.__struct_fields__}
-
-
 async def test_client_disconnect_cancels_upstream_and_records_cancelled(
     gw: GatewayHandle, primary: ReplayUpstream
 ) -> None:
-    reply = reply_sse([chunk({"content": "a"}), chunk({"content": "b"}), chunk({}, "stop")])
-    primary.enqueue(reply.__class__(**{**_fields(reply), "stall_after": 2}))
+    primary.enqueue(reply_sse([chunk({"content": "a"}), chunk({"content": "b"}), chunk({}, "stop")], stall_after=2))
     async with gw.client.stream(
         "POST",
         "/api/v1/completions",
