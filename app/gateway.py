@@ -10,6 +10,7 @@ import time.
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from catalog.migrate import upgrade_async
 from catalog.snapshot import load_snapshot
 from catalog.sync import sync_catalog
 from providers.adapter import Provider, make_client
+
+_GC_YOUNG_THRESHOLD = 20_000
 
 
 class Gateway:
@@ -94,6 +97,7 @@ class Gateway:
         if self.log_writer is not None:
             self.log_writer.flush_every(0.2)
         self.log.info("started", providers=sorted(runtimes), models=len(snapshot.models))
+        tune_gc()
 
     async def stop(self) -> None:
         if self.log_writer is not None:
@@ -124,6 +128,22 @@ class Gateway:
         except Exception:
             return False
         return True
+
+
+def tune_gc() -> None:
+    """Move everything built at start-up out of the cyclic collector's reach, and collect less often.
+
+    A request allocates a few hundred container objects (Structs, dicts, coroutines, futures);
+    with the default threshold (700) the collector ran every few requests, and each full
+    collection walked every object the service holds for its lifetime — modules, the app, the
+    catalog snapshot, SQLAlchemy's tables. `gc.freeze()` after start-up parks those in a
+    permanent generation; a young-generation threshold of 20,000 still collects the few
+    per-request cycles (exceptions with tracebacks, cancelled tasks) within a few dozen
+    requests. Together +13 % throughput at 32 connections (bench/RESULTS.md).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 async def prepare_database(settings: Settings, engine: AsyncEngine) -> None:

@@ -66,6 +66,17 @@ class UTCDateTime(TypeDecorator[datetime]):
         utc = value.astimezone(UTC)
         return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
 
+    @staticmethod
+    def sqlite_text(value: datetime) -> str:
+        """What `process_bind_param` and SQLAlchemy's SQLite `DATETIME` together store
+        (`2026-11-30 03:04:05.000123`, UTC), in one C call instead of two Python layers: the
+        ledger writer converts every row's timestamps on the core that serves requests."""
+        if value.tzinfo is not UTC:
+            if value.tzinfo is None or value.utcoffset() is None:
+                raise ValueError(f"naive datetime {value.isoformat()} given for a UTC column")
+            value = value.astimezone(UTC)
+        return value.replace(tzinfo=None).isoformat(" ", "microseconds")
+
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
@@ -103,8 +114,13 @@ class ExactDecimal(TypeDecorator[Decimal]):
     def process_bind_param(self, value: Decimal | None, dialect: Dialect) -> Decimal | str | None:
         if value is None:
             return None
-        rounded = self.quantize(Decimal(value))
-        return format(rounded, "f") if dialect.name == "sqlite" else rounded
+        if dialect.name == "sqlite":
+            return self.sqlite_text(value)
+        return self.quantize(Decimal(value))
+
+    def sqlite_text(self, value: Decimal) -> str:
+        """The stored text on SQLite: the value rounded to the column's scale, never exponent form."""
+        return format(self.quantize(value if type(value) is Decimal else Decimal(value)), "f")
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
         if value is None:

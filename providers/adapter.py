@@ -35,7 +35,7 @@ from providers.events import Event
 from providers.openai_chat import ChatStreamParser, build_chat_body, parse_chat_response
 from providers.server_metrics import queue_depth as server_queue_depth
 from providers.sse import SSEParser
-from providers.transport import H1Transport
+from providers.transport import H1Transport, RawResponse
 from providers.types import CompletionRequest
 
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -63,14 +63,24 @@ def make_client(max_connections: int = 1000) -> UpstreamClient:
     return UpstreamClient(H1Transport(fallback=AiohttpTransport(limits=limits, retries=0)))
 
 
+Answer = httpx.Response | RawResponse
+
+
 class Provider:
-    """A configured upstream: `events` runs one completion attempt against it."""
+    """A configured upstream: `events` runs one completion attempt against it.
+
+    A plain-`http://` upstream (a local server, the mock) is called through `H1Transport.exchange`
+    with the request head encoded once here: only `content-length` and the body change per
+    request. `https://` upstreams go through httpx and its aiohttp transport."""
 
     def __init__(self, config: ProviderConfig, client: UpstreamClient) -> None:
         self.config = config
         self._client = client
         base = config.base_url.rstrip("/")
         self._chat_url = httpx.URL(f"{base}/chat/completions")
+        plain = self._chat_url.scheme == "http" and isinstance(client.transport, H1Transport)
+        self._h1 = client.transport if plain and isinstance(client.transport, H1Transport) else None
+        self._h1_key = (self._chat_url.host, self._chat_url.port or 80)
         self._models_url = f"{base}/models"
         self._root = base.removesuffix("/v1")
         headers = {**config.headers, "content-type": "application/json"}
@@ -79,6 +89,8 @@ class Provider:
         self._probe_headers = {key: value for key, value in headers.items() if key != "content-type"}
         self._json_headers = httpx.Headers({**headers, "accept": "application/json"})
         self._stream_headers = httpx.Headers({**headers, "accept": "text/event-stream", "accept-encoding": "identity"})
+        self._json_head = _request_head(self._chat_url, self._json_headers)
+        self._stream_head = _request_head(self._chat_url, self._stream_headers)
         timeouts = config.timeouts
         self._json_timeout = {"connect": timeouts.connect, "read": timeouts.first_byte, "write": None, "pool": None}
         self._stream_timeout = {"connect": timeouts.connect, "read": timeouts.idle, "write": None, "pool": None}
@@ -88,14 +100,19 @@ class Provider:
         stream that ends without a finish reason."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeouts.total
-        request = httpx.Request(
-            "POST",
-            self._chat_url,
-            content=build_chat_body(req, upstream_model, self.config, stream=stream),
-            headers=self._stream_headers if stream else self._json_headers,
-            extensions={"timeout": self._stream_timeout if stream else self._json_timeout},
-        )
-        response = await self._send(request)
+        body = build_chat_body(req, upstream_model, self.config, stream=stream)
+        if self._h1 is not None:
+            response: Answer = await self._send_h1(body, stream)
+        else:
+            response = await self._send(
+                httpx.Request(
+                    "POST",
+                    self._chat_url,
+                    content=body,
+                    headers=self._stream_headers if stream else self._json_headers,
+                    extensions={"timeout": self._stream_timeout if stream else self._json_timeout},
+                )
+            )
         try:
             if not 200 <= response.status_code < 300:
                 raise classify_response(response.status_code, response.headers, await _error_body(response))
@@ -108,6 +125,24 @@ class Provider:
                     yield event
         finally:
             await response.aclose()
+
+    async def _send_h1(self, body: bytes, stream: bool) -> RawResponse:
+        """The plain-HTTP path; the same timeouts as `_send`, kept by the transport's own timers
+        (no asyncio deadline per request): connect, then the whole head within
+        min(first_byte, total), then each body read (`idle` when streaming, else `first_byte`)."""
+        assert self._h1 is not None
+        timeouts = self.config.timeouts
+        head = self._stream_head if stream else self._json_head
+        try:
+            return await self._h1.exchange(
+                self._h1_key,
+                b"%s%d\r\n\r\n%s" % (head, len(body), body),
+                connect_s=timeouts.connect,
+                head_s=min(timeouts.first_byte, timeouts.total),
+                read_s=timeouts.idle if stream else timeouts.first_byte,
+            )
+        except _TRANSPORT_ERRORS as exc:
+            raise classify_transport(exc) from exc
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
         timeouts = self.config.timeouts
@@ -145,8 +180,17 @@ class Provider:
         return response.status_code == 200
 
 
+def _request_head(url: httpx.URL, headers: httpx.Headers) -> bytes:
+    """`POST` request line and headers up to an open `content-length: ` (the body's length follows)."""
+    lines = [b"POST ", url.raw_path, b" HTTP/1.1\r\nhost: ", url.netloc, b"\r\n"]
+    for name, value in headers.raw:
+        lines += (name, b": ", value, b"\r\n")
+    lines.append(b"content-length: ")
+    return b"".join(lines)
+
+
 async def _stream_events(
-    response: httpx.Response, loop: asyncio.AbstractEventLoop, deadline: float
+    response: Answer, loop: asyncio.AbstractEventLoop, deadline: float
 ) -> AsyncGenerator[Event, None]:
     sse = SSEParser()
     parser = ChatStreamParser()
@@ -168,14 +212,14 @@ async def _stream_events(
         yield event
 
 
-async def _read_body(response: httpx.Response) -> bytes:
+async def _read_body(response: Answer) -> bytes:
     try:
         return await response.aread()
     except _TRANSPORT_ERRORS as exc:
         raise classify_transport(exc) from exc
 
 
-async def _error_body(response: httpx.Response) -> bytes:
+async def _error_body(response: Answer) -> bytes:
     """At most `_ERROR_BODY_LIMIT` bytes of an error answer; a body that breaks off is just short."""
     body = bytearray()
     try:

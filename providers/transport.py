@@ -104,33 +104,57 @@ class H1Transport(httpx.AsyncBaseTransport):
         url = request.url
         if url.scheme != "http":
             return await self._fallback.handle_async_request(request)
-        key = (url.host, url.port or 80)
         timeout: dict[str, Any] = request.extensions.get("timeout", {})
-        payload = _encode(request, await request.aread())
+        answer = await self.exchange(
+            (url.host, url.port or 80),
+            _encode(request, await request.aread()),
+            connect_s=timeout.get("connect"),
+            head_s=timeout.get("read"),
+            read_s=timeout.get("read"),
+            head_only=request.method == "HEAD",
+        )
+        return httpx.Response(
+            answer.status_code, headers=answer.raw_headers, stream=answer.body, extensions={"http_version": b"HTTP/1.1"}
+        )
+
+    async def exchange(
+        self,
+        key: _Key,
+        payload: bytes,
+        *,
+        connect_s: float | None,
+        head_s: float | None,
+        read_s: float | None,
+        head_only: bool = False,
+    ) -> RawResponse:
+        """Send `payload` (a whole encoded request) to `key` = (host, port) and read the answer's
+        head: the plain-HTTP path without httpx's Request/Response objects, which cost about a
+        sixth of a proxied request's CPU (py-spy, bench/RESULTS.md). `connect_s` bounds a new
+        connection, `head_s` the wait for the whole status line and headers, `read_s` each body read."""
         conn, reused = self._take(key), True
         if conn is None:
-            conn, reused = await self._connect(key, timeout.get("connect")), False
+            conn, reused = await self._connect(key, connect_s), False
         try:
-            head = await self._exchange(conn, payload, timeout.get("read"))
+            head = await self._exchange(conn, payload, head_s)
         except httpx.ReadError:
             conn.close()
             if not reused or conn.buffer:
                 raise
-            conn = await self._connect(key, timeout.get("connect"))  # the server had dropped it
-            head = await self._exchange(conn, payload, timeout.get("read"))
+            conn = await self._connect(key, connect_s)  # the server had dropped it
+            head = await self._exchange(conn, payload, head_s)
         except BaseException:
             conn.close()
             raise
         status, headers = head
-        body = _Body(self, key, conn, headers, timeout.get("read"), request.method == "HEAD" or status in (204, 304))
-        return httpx.Response(status, headers=headers, stream=body, extensions={"http_version": b"HTTP/1.1"})
+        body = _Body(self, key, conn, headers, read_s, head_only or status in (204, 304))
+        return RawResponse(status, headers, body)
 
     async def _exchange(
-        self, conn: _Connection, payload: bytes, read_timeout: float | None
+        self, conn: _Connection, payload: bytes, head_s: float | None
     ) -> tuple[int, list[tuple[bytes, bytes]]]:
         assert conn.transport is not None
         conn.transport.write(payload)
-        return await _read_head(conn, read_timeout)
+        return await _read_head(conn, head_s)
 
     def _take(self, key: _Key) -> _Connection | None:
         idle = self._idle.get(key)
@@ -177,11 +201,12 @@ def _encode(request: httpx.Request, body: bytes) -> bytes:
     return b"".join(lines) + body
 
 
-async def _read_head(conn: _Connection, read_s: float | None) -> tuple[int, list[tuple[bytes, bytes]]]:
+async def _read_head(conn: _Connection, head_s: float | None) -> tuple[int, list[tuple[bytes, bytes]]]:
+    deadline = None if head_s is None else conn.loop.time() + head_s
     while (end := conn.buffer.find(b"\r\n\r\n")) < 0:
         if len(conn.buffer) > _MAX_HEAD:
             raise httpx.RemoteProtocolError("upstream response head too large")
-        await conn.more(read_s)
+        await conn.more(None if deadline is None else max(0.0, deadline - conn.loop.time()))
     head = bytes(conn.buffer[:end])
     del conn.buffer[: end + 4]
     status_line, *lines = head.split(b"\r\n")
@@ -195,6 +220,37 @@ async def _read_head(conn: _Connection, read_s: float | None) -> tuple[int, list
             raise httpx.RemoteProtocolError("malformed upstream header line")
         headers.append((name.strip(), value.strip()))
     return int(parts[1]), headers
+
+
+class RawResponse:
+    """An answer on the plain-HTTP path: status, raw headers and the body, read once.
+
+    The same reading surface as `httpx.Response` where the adapter uses it (`status_code`,
+    `headers`, `aread`, `aiter_raw`, `aiter_bytes`, `aclose`). Bodies are passed on as sent: the
+    gateway never asks for a content encoding, so there is nothing to decode."""
+
+    __slots__ = ("body", "raw_headers", "status_code")
+
+    def __init__(self, status_code: int, raw_headers: list[tuple[bytes, bytes]], body: _Body) -> None:
+        self.status_code = status_code
+        self.raw_headers = raw_headers
+        self.body = body
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Header names lower-cased; a repeated header keeps its last value."""
+        return {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in self.raw_headers}
+
+    async def aread(self) -> bytes:
+        return await self.body.read_all()
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return self.body.__aiter__()
+
+    aiter_bytes = aiter_raw
+
+    async def aclose(self) -> None:
+        await self.body.aclose()
 
 
 class _Body(httpx.AsyncByteStream):
@@ -239,6 +295,18 @@ class _Body(httpx.AsyncByteStream):
             async for data in self._until_close():
                 yield data
         self._done = True
+
+    async def read_all(self) -> bytes:
+        """The whole body; a `Content-Length` body is one slice of the connection's buffer."""
+        length, conn = self._length, self._conn
+        if self._chunked or length is None:
+            return b"".join([data async for data in self])
+        while len(conn.buffer) < length:
+            await conn.more(self._timeout)
+        data = bytes(conn.buffer[:length])
+        del conn.buffer[:length]
+        self._done = True
+        return data
 
     async def _sized(self, remaining: int) -> AsyncIterator[bytes]:
         conn = self._conn

@@ -24,3 +24,39 @@ def test_uuid7_layout_and_time_order() -> None:
 
 def test_uuid7_is_unique() -> None:
     assert len({uuid7() for _ in range(10_000)}) == 10_000
+
+
+def test_uuid7_random_bits_span_pool_refills() -> None:
+    """Ids drawn across several 4 KiB refills keep 74 random bits each: no short slice at a
+    pool's end (4096 is not a multiple of 10), every id valid and distinct."""
+    ids = [uuid7() for _ in range(2_000)]
+    assert len(set(ids)) == len(ids)
+    random_parts = {value.replace("-", "")[13:] for value in ids}  # after the version nibble
+    assert len(random_parts) == len(ids)
+    for value in ids:
+        parsed = uuid.UUID(value)
+        assert parsed.version == 7
+        assert parsed.variant == uuid.RFC_4122
+
+
+def test_forked_child_does_not_repeat_parent_ids() -> None:
+    import os
+
+    uuid7()  # the pool is filled and partly used
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_end)
+        os.write(write_end, "\n".join(uuid7() for _ in range(50)).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child = set(pipe.read().split("\n"))
+    os.waitpid(pid, 0)
+    parent = {uuid7() for _ in range(50)}
+    assert len(child) == 50
+
+    def random_bits(ids: set[str]) -> set[str]:
+        return {value.replace("-", "")[13:] for value in ids}
+
+    assert not random_bits(child) & random_bits(parent)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from catalog.ledger import LedgerRecord, LedgerWriter, write_records
 from catalog.migrate import upgrade_async
-from catalog.tables import LedgerRow
+from catalog.tables import ExactDecimal, LedgerRow
 
 START = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
@@ -179,3 +181,36 @@ async def test_a_row_the_database_refuses_is_set_aside_not_retried_forever(engin
     assert await ledger(engine) == [FULL, FAILED]
     assert writer.rejected == [bad]
     await writer.close()
+
+
+@pytest.mark.parametrize(
+    ("started_at", "cost"),
+    [
+        (START, Decimal("0.0000166")),  # a whole second: the fraction is still stored
+        (datetime(2026, 11, 30, 14, 30, 5, 7, tzinfo=timezone(timedelta(hours=5, minutes=30))), Decimal("1E-7")),
+        (START + timedelta(microseconds=999_999), Decimal("12.3456789012345678905")),  # rounded half-even
+    ],
+)
+async def test_sqlite_rows_store_exactly_what_the_table_types_store(
+    tmp_path: Path, started_at: datetime, cost: Decimal
+) -> None:
+    """The writer's driver-level rows and a SQLAlchemy Core insert of the same record leave the
+    same text in every column (timestamps as UTC text, exact decimals in fixed notation)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    await upgrade_async(url)
+    engine = create_async_engine(url)
+    try:
+        fast = record(1, started_at=started_at, finished_at=started_at, cost_usd=cost, estimated_cost_usd=cost)
+        core = msgspec.structs.replace(fast, request_id="core")
+        await write_records(engine, [fast])
+        async with engine.begin() as connection:
+            await connection.execute(insert(LedgerRow), [msgspec.structs.asdict(core)])
+            result = await connection.exec_driver_sql("SELECT * FROM ledger ORDER BY request_id = 'core'")
+            written, expected = (row[1:] for row in result.all())
+        assert written == expected
+        assert (await ledger(engine))[0] == msgspec.structs.replace(
+            fast, started_at=started_at.astimezone(UTC), finished_at=started_at.astimezone(UTC),
+            cost_usd=ExactDecimal(30, 18).quantize(cost), estimated_cost_usd=ExactDecimal(30, 18).quantize(cost),
+        )
+    finally:
+        await engine.dispose()
