@@ -1,8 +1,8 @@
 """The usage ledger writer: one row per routed request, written off the request path.
 
 `LedgerWriter.submit` is synchronous and never waits on the database: the record joins a bounded
-in-memory queue, and one background task writes batches of up to `batch_size` rows as multi-row
-`INSERT ... ON CONFLICT (request_id) DO NOTHING`, so replaying a row is harmless. Rows are written
+in-memory queue, and one background task writes batches of up to `batch_size` rows as one
+`INSERT ... ON CONFLICT (request_id) DO NOTHING` executemany, so replaying a row is harmless. Rows are written
 in submission order; `flush()` waits until every row submitted before it was written.
 
 No row is dropped. When the queue is full, records go to the overflow list (and keep their order:
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -38,14 +37,12 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from catalog.tables import COST_PRECISION, COST_SCALE, ExactDecimal, LedgerRow, UTCDateTime, insert_for
+from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
 
 LedgerStatus = Literal["ok", "error", "cancelled"]
 CostSource = Literal["authoritative", "estimated"]
 
-_MAX_PARAMETERS = 30_000  # below SQLite's and PostgreSQL's bind-parameter limits per statement
 _MAX_BACKOFF = 5.0
-_COST_TYPE = ExactDecimal(COST_PRECISION, COST_SCALE)
 _OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalError)
 
 log = structlog.get_logger("switchyard.ledger")
@@ -82,7 +79,6 @@ class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _COLUMNS = tuple(LedgerRecord.__struct_fields__)
-_ROWS_PER_STATEMENT = max(1, _MAX_PARAMETERS // len(_COLUMNS))
 
 
 class LedgerWriter:
@@ -100,8 +96,9 @@ class LedgerWriter:
         self._max_queue = max_queue
         self._batch_size = max(1, batch_size)
         self._flush_interval = flush_interval
-        self._queue: deque[LedgerRecord] = deque()
-        self._overflow: list[LedgerRecord] = []
+        self._plan = plan_for(engine.dialect)
+        self._queue: deque[_Entry] = deque()
+        self._overflow: list[_Entry] = []
         self._submitted = 0
         self._written = 0
         self._closing = False
@@ -128,12 +125,12 @@ class LedgerWriter:
         """Queue `record` for writing. Never blocks, never raises for a full queue."""
         if self._closing:
             raise RuntimeError("the ledger writer is closed")
-        _check(record)
+        entry = (record, self._plan.encode(record))  # refuses what the database would refuse later
         self._submitted += 1
         if self._overflow or len(self._queue) >= self._max_queue:
-            self._on_overflow(record)
+            self._on_overflow(entry)
         else:
-            self._queue.append(record)
+            self._queue.append(entry)
         if len(self._queue) >= self._batch_size:
             self._wake.set()
 
@@ -164,11 +161,11 @@ class LedgerWriter:
             if error is not None:
                 raise error
 
-    def _on_overflow(self, record: LedgerRecord) -> None:
+    def _on_overflow(self, entry: _Entry) -> None:
         """Hook: a record that found the queue full. Durable spill-to-file replaces this list."""
         if not self._overflow:
             log.warning("ledger_queue_full", max_queue=self._max_queue)
-        self._overflow.append(record)
+        self._overflow.append(entry)
 
     def _refill(self) -> None:
         room = self._max_queue - len(self._queue)
@@ -176,7 +173,7 @@ class LedgerWriter:
             moved, self._overflow = self._overflow[:room], self._overflow[room:]
             self._queue.extend(moved)
 
-    def _take_batch(self) -> list[LedgerRecord]:
+    def _take_batch(self) -> list[_Entry]:
         self._refill()
         count = min(self._batch_size, len(self._queue))
         return [self._queue.popleft() for _ in range(count)]
@@ -194,11 +191,11 @@ class LedgerWriter:
             if self._closing and not self._queue and not self._overflow:
                 return
 
-    async def _write_with_retry(self, batch: Sequence[LedgerRecord]) -> None:
+    async def _write_with_retry(self, batch: Sequence[_Entry]) -> None:
         attempt = 0
         while True:
             try:
-                await write_records(self._engine, batch)
+                await _write_rows(self._engine, self._plan, [row for _, row in batch])
             except Exception as exc:
                 if not _is_outage(exc):
                     await self._isolate(batch, exc)
@@ -208,15 +205,15 @@ class LedgerWriter:
             else:
                 return
 
-    async def _isolate(self, batch: Sequence[LedgerRecord], exc: Exception) -> None:
+    async def _isolate(self, batch: Sequence[_Entry], exc: Exception) -> None:
         """The rows themselves failed: write them one by one so only the bad ones are set aside."""
         if len(batch) == 1:
-            self._on_rejected(batch[0], exc)
+            self._on_rejected(batch[0][0], exc)
             return
-        for record in batch:
-            await self._write_with_retry([record])
+        for entry in batch:
+            await self._write_with_retry([entry])
 
-    def _on_write_failure(self, batch: Sequence[LedgerRecord], exc: Exception, attempt: int) -> float:
+    def _on_write_failure(self, batch: Sequence[_Entry], exc: Exception, attempt: int) -> float:
         """Hook: the database is unreachable or failing; returns the delay before the retry.
 
         Durable spill-to-file belongs here: append the batch to the spill file and move on.
@@ -228,10 +225,6 @@ class LedgerWriter:
         """Hook: a row the database will never accept (a bug upstream of here); kept, not dropped."""
         log.error("ledger_row_rejected", request_id=record.request_id, error=type(exc).__name__)
         self.rejected.append(record)
-
-
-def _as_row(record: LedgerRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in _COLUMNS}
 
 
 def _is_outage(exc: Exception) -> bool:
@@ -248,84 +241,78 @@ def _is_outage(exc: Exception) -> bool:
     return isinstance(exc, SQLAlchemyError | OSError)
 
 
-def _check(record: LedgerRecord) -> None:
-    """Refuse at `submit` what the database would refuse later, while the caller can see it."""
-    for moment in (record.started_at, record.finished_at):
-        if moment.tzinfo is None or moment.utcoffset() is None:
-            raise ValueError(f"ledger record {record.request_id}: naive datetime {moment.isoformat()}")
-    for cost in (record.cost_usd, record.estimated_cost_usd):
-        if cost is not None:
-            _COST_TYPE.quantize(cost)
-
-
 async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) -> None:
     """Write `records` now in one transaction, idempotently (a known request id is skipped).
 
-    The writer's batches go through here; so can replays and tools. Not for the request path.
+    The writer's batches take the same path; so can replays and tools. Not for the request path.
     """
-    if not records:
-        return
-    async with engine.begin() as connection:
-        if connection.dialect.name == "sqlite":
-            sql, columns = _sqlite_plan(connection.dialect)
-            await connection.exec_driver_sql(sql, [_bound(record, columns) for record in records])
-            return
-        rows = [_as_row(record) for record in records]
-        statement = _insert_statement(connection.dialect.name)
-        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-            await connection.execute(statement, rows[start : start + _ROWS_PER_STATEMENT])
+    plan = plan_for(engine.dialect)
+    await _write_rows(engine, plan, [plan.encode(record) for record in records])
 
 
-_Bound = tuple[tuple[int, Callable[[Any], Any]], ...]
-_sqlite_plans: dict[str, tuple[str, _Bound]] = {}
+async def _write_rows(engine: AsyncEngine, plan: _Plan, rows: list[tuple[Any, ...]]) -> None:
+    if rows:
+        async with engine.begin() as connection:
+            await connection.exec_driver_sql(plan.sql, rows)
 
 
-def _sqlite_plan(dialect: Dialect) -> tuple[str, _Bound]:
-    """The SQLite INSERT as driver SQL plus a converter for each column that needs one, built once.
+_Encoders = tuple[tuple[int, Callable[[Any], Any]], ...]
+_Entry = tuple[LedgerRecord, tuple[Any, ...]]  # the record and its encoded row
 
-    On the embedded default the gateway process itself runs the ledger's inserts, on the core that
-    serves requests; SQLAlchemy's per-row parameter machinery for 27 columns cost more than the
-    insert (bench/RESULTS.md), so rows go to the driver's `executemany` as plain tuples. The
-    converters store exactly what the table's types store (tests/catalog compare them): the UTC
-    timestamp and exact-decimal columns use their types' one-call `sqlite_text` (SQLAlchemy's
-    two-layer processors were 2 µs per timestamp), the rest SQLAlchemy's own bind processors.
+
+class _Plan:
+    """The ledger INSERT for one dialect as driver SQL, and how a record becomes its parameters.
+
+    The gateway process runs the ledger's inserts on the core that serves requests, so a row costs
+    what its encoding costs: SQLAlchemy's per-row parameter machinery for 27 columns (Core
+    `insert` with dicts) cost more than the insert itself on both databases (bench/RESULTS.md).
+    Rows are plain lists, encoded once at `submit`, and go to the driver's `executemany` through
+    `exec_driver_sql` (the dialect's error wrapping and transactions stay SQLAlchemy's). The
+    encoders store exactly what the table's types store (tests/catalog compare them with a Core
+    insert): UTC timestamps and exact decimals through their types' one-call encoders, other
+    columns through SQLAlchemy's own bind processors where the dialect has one. An encoder raises
+    `ValueError` for what the database would refuse (a naive datetime, a cost that does not fit).
+
     One fixed statement, not a multi-row INSERT per batch size: SQLite keeps every distinct
     prepared statement in its cache, and batch-sized statements of thousands of parameters grew
     the process by 19 MB over 100,000 requests while saving no CPU.
     """
-    plan = _sqlite_plans.get(dialect.name)
-    if plan is None:
+
+    __slots__ = ("encoders", "sql")
+
+    def __init__(self, dialect: Dialect) -> None:
         table = LedgerRow.__table__
-        bound = []
+        sqlite = dialect.name == "sqlite"
+        encoders: list[tuple[int, Callable[[Any], Any]]] = []
         for index, name in enumerate(_COLUMNS):
             column_type = table.c[name].type
-            if isinstance(column_type, UTCDateTime | ExactDecimal):
-                bound.append((index, column_type.sqlite_text))
+            if isinstance(column_type, UTCDateTime):
+                encoders.append((index, column_type.sqlite_text if sqlite else column_type.aware_utc))
+            elif isinstance(column_type, ExactDecimal):
+                encoders.append((index, column_type.sqlite_text if sqlite else column_type.quantize))
             elif (process := column_type.dialect_impl(dialect).bind_processor(dialect)) is not None:
-                bound.append((index, process))
+                encoders.append((index, process))
+        self.encoders: _Encoders = tuple(encoders)
+        marks = ", ".join("?" if sqlite else f"${n}" for n in range(1, len(_COLUMNS) + 1))
         names = ", ".join(_COLUMNS)
-        marks = ", ".join("?" for _ in _COLUMNS)
-        sql = f"INSERT INTO ledger ({names}) VALUES ({marks}) ON CONFLICT (request_id) DO NOTHING"  # noqa: S608
-        plan = _sqlite_plans[dialect.name] = (sql, tuple(bound))
+        self.sql = f"INSERT INTO ledger ({names}) VALUES ({marks}) ON CONFLICT (request_id) DO NOTHING"  # noqa: S608
+
+    def encode(self, record: LedgerRecord) -> tuple[Any, ...]:
+        row = list(msgspec.structs.astuple(record))
+        for index, encode in self.encoders:
+            value = row[index]
+            if value is not None:
+                row[index] = encode(value)
+        return tuple(row)
+
+
+_plans: dict[str, _Plan] = {}
+
+
+def plan_for(dialect: Dialect) -> _Plan:
+    if dialect.name not in ("sqlite", "postgresql"):
+        raise ValueError(f"the ledger supports SQLite and PostgreSQL, not {dialect.name}")
+    plan = _plans.get(dialect.name)
+    if plan is None:
+        plan = _plans[dialect.name] = _Plan(dialect)
     return plan
-
-
-def _bound(record: LedgerRecord, processors: _Bound) -> tuple[Any, ...]:
-    row = list(msgspec.structs.astuple(record))
-    for index, process in processors:
-        value = row[index]
-        if value is not None:
-            row[index] = process(value)
-    return tuple(row)
-
-
-@functools.cache
-def _insert_statement(dialect_name: str) -> Any:
-    """One INSERT … ON CONFLICT DO NOTHING per dialect, built once and run as an executemany.
-
-    A `.values(rows)` statement is a new multi-row construct per batch, and SQLAlchemy compiled it
-    afresh every time (a third of the gateway's CPU under load, measured with py-spy); one cached
-    statement with a parameter list compiles once and lets the dialect batch the rows itself.
-    """
-    insert = insert_for(dialect_name)
-    return insert(LedgerRow.__table__).on_conflict_do_nothing(index_elements=["request_id"])

@@ -67,15 +67,20 @@ class UTCDateTime(TypeDecorator[datetime]):
         return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
 
     @staticmethod
-    def sqlite_text(value: datetime) -> str:
-        """What `process_bind_param` and SQLAlchemy's SQLite `DATETIME` together store
-        (`2026-11-30 03:04:05.000123`, UTC), in one C call instead of two Python layers: the
-        ledger writer converts every row's timestamps on the core that serves requests."""
+    def aware_utc(value: datetime) -> datetime:
+        """What `process_bind_param` hands PostgreSQL's driver: the same instant, in UTC."""
         if value.tzinfo is not UTC:
             if value.tzinfo is None or value.utcoffset() is None:
                 raise ValueError(f"naive datetime {value.isoformat()} given for a UTC column")
             value = value.astimezone(UTC)
-        return value.replace(tzinfo=None).isoformat(" ", "microseconds")
+        return value
+
+    @staticmethod
+    def sqlite_text(value: datetime) -> str:
+        """What `process_bind_param` and SQLAlchemy's SQLite `DATETIME` together store
+        (`2026-11-30 03:04:05.000123`, UTC), in one C call instead of two Python layers: the
+        ledger writer converts every row's timestamps on the core that serves requests."""
+        return UTCDateTime.aware_utc(value).replace(tzinfo=None).isoformat(" ", "microseconds")
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -191,26 +190,22 @@ async def test_a_row_the_database_refuses_is_set_aside_not_retried_forever(engin
         (START + timedelta(microseconds=999_999), Decimal("12.3456789012345678905")),  # rounded half-even
     ],
 )
-async def test_sqlite_rows_store_exactly_what_the_table_types_store(
-    tmp_path: Path, started_at: datetime, cost: Decimal
+async def test_writer_rows_store_exactly_what_the_table_types_store(
+    engine: AsyncEngine, started_at: datetime, cost: Decimal
 ) -> None:
     """The writer's driver-level rows and a SQLAlchemy Core insert of the same record leave the
-    same text in every column (timestamps as UTC text, exact decimals in fixed notation)."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
-    await upgrade_async(url)
-    engine = create_async_engine(url)
-    try:
-        fast = record(1, started_at=started_at, finished_at=started_at, cost_usd=cost, estimated_cost_usd=cost)
-        core = msgspec.structs.replace(fast, request_id="core")
-        await write_records(engine, [fast])
-        async with engine.begin() as connection:
-            await connection.execute(insert(LedgerRow), [msgspec.structs.asdict(core)])
-            result = await connection.exec_driver_sql("SELECT * FROM ledger ORDER BY request_id = 'core'")
-            written, expected = (row[1:] for row in result.all())
-        assert written == expected
-        assert (await ledger(engine))[0] == msgspec.structs.replace(
-            fast, started_at=started_at.astimezone(UTC), finished_at=started_at.astimezone(UTC),
-            cost_usd=ExactDecimal(30, 18).quantize(cost), estimated_cost_usd=ExactDecimal(30, 18).quantize(cost),
-        )
-    finally:
-        await engine.dispose()
+    same values in every column, on SQLite (timestamps as UTC text, exact decimals in fixed
+    notation) and on PostgreSQL (timestamptz, NUMERIC)."""
+    fast = record(1, started_at=started_at, finished_at=started_at, cost_usd=cost, estimated_cost_usd=cost)
+    core = msgspec.structs.replace(fast, request_id="core")
+    await write_records(engine, [fast])
+    async with engine.begin() as connection:
+        await connection.execute(insert(LedgerRow), [msgspec.structs.asdict(core)])
+        result = await connection.exec_driver_sql("SELECT * FROM ledger ORDER BY request_id = 'core'")
+        written, expected = (row[1:] for row in result.all())
+    assert written == expected
+    exact = ExactDecimal(30, 18).quantize(cost)
+    utc = started_at.astimezone(UTC)
+    assert (await ledger(engine))[0] == msgspec.structs.replace(
+        fast, started_at=utc, finished_at=utc, cost_usd=exact, estimated_cost_usd=exact
+    )
