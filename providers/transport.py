@@ -9,6 +9,10 @@ only what an upstream answer needs: a status line, headers, and a body framed by
 `Content-Length`, `Transfer-Encoding: chunked` or the connection's end. `https://` URLs (hosted
 providers) go to the fallback transport (aiohttp: TLS, proxies and the rest).
 
+Two entrances: `handle_async_request` (httpx's seam: probes and anything else that uses the
+client) and `exchange`, which the adapter's completion calls use with a request it encoded
+itself and which answers a `RawResponse` instead of httpx's objects (bench/RESULTS.md, step 12).
+
 Errors are httpx's: `ConnectError`/`ConnectTimeout` before the request is sent, `ReadTimeout` when
 the upstream is silent past the read timeout (headers or the gap between body reads),
 `ReadError` when the connection breaks, `RemoteProtocolError` for a malformed answer. No retries,
