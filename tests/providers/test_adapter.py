@@ -327,3 +327,55 @@ async def test_connections_are_reused(upstream: Upstream, client: Any, transcrip
         events, error = await collect(adapter.events(REQUEST, "m", stream=True))
         assert (events, error) == (HELLO, None)
     assert (len(upstream.requests), upstream.connections) == (3, 1)
+
+
+async def raw_upstream(answer: Callable[[asyncio.StreamWriter], Any]) -> tuple[asyncio.Server, str]:
+    """A loopback server that reads one request and lets `answer` write whatever it likes."""
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.startswith(b"content-length"))
+        await reader.readexactly(length)
+        try:
+            await answer(writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(connection, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+
+async def test_first_byte_bounds_the_whole_head_not_each_read(client: Any) -> None:
+    """An upstream that trickles its status line and headers a byte at a time, each byte well
+    within `first_byte`, still times out once `first_byte` has passed since the request."""
+
+    async def trickle(writer: asyncio.StreamWriter) -> None:
+        for byte in b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}":
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    server, url = await raw_upstream(trickle)
+    config = ProviderConfig(name="local", kind="local", base_url=url, timeouts=Timeouts(first_byte=0.3))
+    started = asyncio.get_running_loop().time()
+    events, error = await collect(Provider(config, client).events(REQUEST, "m", stream=False))
+    elapsed = asyncio.get_running_loop().time() - started
+    server.close()
+    assert events == []
+    assert error is not None
+    assert error.kind is Failure.TIMEOUT
+    assert 0.25 < elapsed < 1.0
+
+
+async def test_a_whole_body_shorter_than_its_length_is_transient(client: Any) -> None:
+    async def short(writer: asyncio.StreamWriter) -> None:
+        writer.write(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{"id": "x"')
+        await writer.drain()
+
+    server, url = await raw_upstream(short)
+    config = ProviderConfig(name="local", kind="local", base_url=url)
+    events, error = await collect(Provider(config, client).events(REQUEST, "m", stream=False))
+    server.close()
+    assert events == []
+    assert error is not None
+    assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream connection failed")
