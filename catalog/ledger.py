@@ -16,7 +16,6 @@ replayed when it returns") plugs in.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -102,6 +101,7 @@ class LedgerWriter:
         self._submitted = 0
         self._written = 0
         self._closing = False
+        self._drain_to = 0  # rows submitted up to this count leave now, full batch or not
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -138,7 +138,7 @@ class LedgerWriter:
         """Wait until every record submitted before this call has been written."""
         if self._task is None:
             raise RuntimeError("the ledger writer was never started")
-        target = self._submitted
+        target = self._drain_to = max(self._drain_to, self._submitted)
         self._wake.set()
         async with self._progress:
             await self._progress.wait_for(lambda: self._written >= target or self._stopped())
@@ -178,12 +178,25 @@ class LedgerWriter:
         count = min(self._batch_size, len(self._queue))
         return [self._queue.popleft() for _ in range(count)]
 
+    def _due(self) -> bool:
+        """A full batch is waiting, or rows that must leave now: the flush interval passed without a
+        full batch, or `flush()`/`close()` asked for them."""
+        waiting = len(self._queue) + len(self._overflow)
+        return waiting >= self._batch_size or (waiting > 0 and (self._closing or self._written < self._drain_to))
+
     async def _run(self) -> None:
+        """Write full batches as they fill, and whatever is queued once `flush_interval` passes
+        without one. Not the partial batch that gathered while the previous one was written: each
+        batch is a transaction of about six round trips to aiosqlite's thread (≈ 0.2 ms of the
+        event loop's CPU, measured alone), so under load batches stay full instead of shrinking
+        to whatever arrived during the last write."""
         while True:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._wake.wait(), self._flush_interval)
+            except TimeoutError:
+                self._drain_to = max(self._drain_to, self._submitted)
             self._wake.clear()
-            while batch := self._take_batch():
+            while self._due() and (batch := self._take_batch()):
                 await self._write_with_retry(batch)
                 async with self._progress:
                     self._written += len(batch)

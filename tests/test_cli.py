@@ -201,7 +201,10 @@ def test_serve_answers_logs_one_line_per_request_and_stops_on_a_signal(tmp_path:
         started.append(serve := Process(tmp_path, "serve", ["serve", "--port", str(port)], env))
         base = f"http://127.0.0.1:{port}"
         serve.wait_http(f"{base}/healthz")
-        assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
+        health = httpx.get(f"{base}/healthz")
+        assert health.json() == {"status": "ok"}
+        assert "server" not in health.headers  # the stack is not advertised
+        assert "date" in health.headers
         assert httpx.get(f"{base}/readyz").json() == {"status": "ok", "database": True, "backends": True}
         bodies = [complete(base, "tiny-alias", PROMPT), complete(base, "hosted-model", PROMPT)]
         assert [(b["model"], b["provider"]) for b in bodies] == [("tiny", "local"), ("hosted-model", "hosted")]

@@ -114,6 +114,34 @@ async def test_many_rows_are_written_in_batches(engine: AsyncEngine) -> None:
     await writer.close()
 
 
+async def test_full_batches_leave_at_once_and_the_rest_waits_for_the_interval(engine: AsyncEngine) -> None:
+    """Rows that arrive while a batch is being written do not go out as a small batch of their
+    own: they wait for a full batch, the flush interval, or `flush()`."""
+    sizes: list[int] = []
+
+    def count(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+        if statement.startswith("INSERT INTO ledger"):
+            sizes.append(len(params))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    writer = LedgerWriter(engine, batch_size=100, flush_interval=0.5)
+    writer.start()
+    records = [record(n) for n in range(250)]
+    for item in records:
+        writer.submit(item)
+    for _ in range(100):  # the two full batches are written without waiting for the interval
+        await asyncio.sleep(0.01)
+        if writer.pending == 50:
+            break
+    assert (sizes, writer.pending) == ([100, 100], 50)
+    await asyncio.sleep(0.2)
+    assert writer.pending == 50  # not yet: neither a full batch nor the interval
+    await asyncio.sleep(0.6)
+    assert (sizes, writer.pending) == ([100, 100, 50], 0)  # the interval passed
+    assert await ledger(engine) == records
+    await writer.close()
+
+
 async def test_a_full_queue_overflows_without_losing_or_reordering(engine: AsyncEngine) -> None:
     writer = LedgerWriter(engine, max_queue=5, batch_size=3)
     writer.start()
