@@ -78,8 +78,8 @@ class Provider:
         self._client = client
         base = config.base_url.rstrip("/")
         self._chat_url = httpx.URL(f"{base}/chat/completions")
-        plain = self._chat_url.scheme == "http" and isinstance(client.transport, H1Transport)
-        self._h1 = client.transport if plain and isinstance(client.transport, H1Transport) else None
+        transport = client.transport
+        self._h1 = transport if self._chat_url.scheme == "http" and isinstance(transport, H1Transport) else None
         self._h1_key = (self._chat_url.host, self._chat_url.port or 80)
         self._models_url = f"{base}/models"
         self._root = base.removesuffix("/v1")
