@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import msgspec
 import structlog
+from sqlalchemy import Boolean
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import (
     DBAPIError,
@@ -303,6 +304,8 @@ class _Plan:
                 encoders.append((index, column_type.sqlite_text if sqlite else column_type.aware_utc))
             elif isinstance(column_type, ExactDecimal):
                 encoders.append((index, column_type.sqlite_text if sqlite else column_type.quantize))
+            elif sqlite and isinstance(column_type, Boolean):
+                continue  # the driver binds a bool as the integer 1 or 0, as SQLAlchemy's processor does
             elif (process := column_type.dialect_impl(dialect).bind_processor(dialect)) is not None:
                 encoders.append((index, process))
         self.encoders: _Encoders = tuple(encoders)

@@ -80,7 +80,8 @@ class UTCDateTime(TypeDecorator[datetime]):
         """What `process_bind_param` and SQLAlchemy's SQLite `DATETIME` together store
         (`2026-11-30 03:04:05.000123`, UTC), in one C call instead of two Python layers: the
         ledger writer converts every row's timestamps on the core that serves requests."""
-        return UTCDateTime.aware_utc(value).replace(tzinfo=None).isoformat(" ", "microseconds")
+        # The naive part of an aware isoformat is always 26 characters ("+00:00" follows).
+        return UTCDateTime.aware_utc(value).isoformat(" ", "microseconds")[:26]
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
