@@ -1,9 +1,10 @@
 """The usage ledger writer: one row per routed request, written off the request path.
 
-`LedgerWriter.submit` is synchronous and never waits on the database: the record joins a bounded
-in-memory queue, and one background task writes batches of up to `batch_size` rows as one
-`INSERT ... ON CONFLICT (request_id) DO NOTHING` executemany, so replaying a row is harmless. Rows are written
-in submission order; `flush()` waits until every row submitted before it was written.
+`LedgerWriter.submit` is synchronous and never waits on the database: the record is encoded for
+its database (`catalog.ledger_store`) and joins a bounded in-memory queue, and one background
+task writes batches of up to `batch_size` rows, each as one transaction that skips request ids
+already present (`ON CONFLICT (request_id) DO NOTHING`), so replaying a row is harmless. Rows are
+written in submission order; `flush()` waits until every row submitted before it was written.
 
 No row is dropped. When the queue is full, records go to the overflow list (and keep their order:
 while it is non-empty new records join it too). When a batch fails, the error is logged — its
@@ -16,16 +17,15 @@ replayed when it returns") plugs in.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
 import msgspec
 import structlog
-from sqlalchemy import Boolean
-from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import (
     DBAPIError,
     InterfaceError,
@@ -37,7 +37,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
+from catalog.ledger_store import is_sqlite_outage, store_for
 
 LedgerStatus = Literal["ok", "error", "cancelled"]
 CostSource = Literal["authoritative", "estimated"]
@@ -96,7 +96,7 @@ class LedgerWriter:
         self._max_queue = max_queue
         self._batch_size = max(1, batch_size)
         self._flush_interval = flush_interval
-        self._plan = plan_for(engine.dialect)
+        self._store = store_for(engine, _COLUMNS)
         self._queue: deque[_Entry] = deque()
         self._overflow: list[_Entry] = []
         self._submitted = 0
@@ -126,7 +126,7 @@ class LedgerWriter:
         """Queue `record` for writing. Never blocks, never raises for a full queue."""
         if self._closing:
             raise RuntimeError("the ledger writer is closed")
-        entry = (record, self._plan.encode(record))  # refuses what the database would refuse later
+        entry = (record, self._store.encode(record))  # refuses what the database would refuse later
         self._submitted += 1
         if self._overflow or len(self._queue) >= self._max_queue:
             self._on_overflow(entry)
@@ -150,7 +150,10 @@ class LedgerWriter:
         self._closing = True
         task = self._started()
         self._wake.set()
-        await task
+        try:
+            await task
+        finally:
+            await self._store.close()
         self._raise_if_crashed()
 
     def _stopped(self) -> bool:
@@ -209,7 +212,7 @@ class LedgerWriter:
         attempt = 0
         while True:
             try:
-                await _write_rows(self._engine, self._plan, [row for _, row in batch])
+                await self._store.write([row for _, row in batch])
             except Exception as exc:
                 if not _is_outage(exc):
                     await self._isolate(batch, exc)
@@ -248,6 +251,8 @@ def _is_outage(exc: Exception) -> bool:
     error) never heal on retry; neither does a bug of ours. Those rows are set aside instead of
     blocking the rest. A missing table (`ProgrammingError`: not migrated yet) counts as an outage.
     """
+    if isinstance(exc, sqlite3.Error):
+        return is_sqlite_outage(exc)
     if isinstance(exc, DBAPIError):
         return exc.connection_invalidated or isinstance(exc, _OUTAGE_ERRORS)
     if isinstance(exc, StatementError):
@@ -258,77 +263,15 @@ def _is_outage(exc: Exception) -> bool:
 async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) -> None:
     """Write `records` now in one transaction, idempotently (a known request id is skipped).
 
-    The writer's batches take the same path; so can replays and tools. Not for the request path.
+    The writer's batches take the same path (`catalog.ledger_store`); so can replays and tools.
+    Not for the request path.
     """
-    plan = plan_for(engine.dialect)
-    await _write_rows(engine, plan, [plan.encode(record) for record in records])
+    store = store_for(engine, _COLUMNS)
+    try:
+        if records:
+            await store.write([store.encode(record) for record in records])
+    finally:
+        await store.close()
 
 
-async def _write_rows(engine: AsyncEngine, plan: _Plan, rows: list[tuple[Any, ...]]) -> None:
-    if rows:
-        async with engine.begin() as connection:
-            await connection.exec_driver_sql(plan.sql, rows)
-
-
-_Encoders = tuple[tuple[int, Callable[[Any], Any]], ...]
-_Entry = tuple[LedgerRecord, tuple[Any, ...]]  # the record and its encoded row
-
-
-class _Plan:
-    """The ledger INSERT for one dialect as driver SQL, and how a record becomes its parameters.
-
-    The gateway process runs the ledger's inserts on the core that serves requests, so a row costs
-    what its encoding costs: SQLAlchemy's per-row parameter machinery for 27 columns (Core
-    `insert` with dicts) cost more than the insert itself on both databases (bench/RESULTS.md).
-    Rows are plain lists, encoded once at `submit`, and go to the driver's `executemany` through
-    `exec_driver_sql` (the dialect's error wrapping and transactions stay SQLAlchemy's). The
-    encoders store exactly what the table's types store (tests/catalog compare them with a Core
-    insert): UTC timestamps and exact decimals through their types' one-call encoders, other
-    columns through SQLAlchemy's own bind processors where the dialect has one. An encoder raises
-    `ValueError` for what the database would refuse (a naive datetime, a cost that does not fit).
-
-    One fixed statement, not a multi-row INSERT per batch size: SQLite keeps every distinct
-    prepared statement in its cache, and batch-sized statements of thousands of parameters grew
-    the process by 19 MB over 100,000 requests while saving no CPU.
-    """
-
-    __slots__ = ("encoders", "sql")
-
-    def __init__(self, dialect: Dialect) -> None:
-        table = LedgerRow.__table__
-        sqlite = dialect.name == "sqlite"
-        encoders: list[tuple[int, Callable[[Any], Any]]] = []
-        for index, name in enumerate(_COLUMNS):
-            column_type = table.c[name].type
-            if isinstance(column_type, UTCDateTime):
-                encoders.append((index, column_type.sqlite_text if sqlite else column_type.aware_utc))
-            elif isinstance(column_type, ExactDecimal):
-                encoders.append((index, column_type.sqlite_text if sqlite else column_type.quantize))
-            elif sqlite and isinstance(column_type, Boolean):
-                continue  # the driver binds a bool as the integer 1 or 0, as SQLAlchemy's processor does
-            elif (process := column_type.dialect_impl(dialect).bind_processor(dialect)) is not None:
-                encoders.append((index, process))
-        self.encoders: _Encoders = tuple(encoders)
-        marks = ", ".join("?" if sqlite else f"${n}" for n in range(1, len(_COLUMNS) + 1))
-        names = ", ".join(_COLUMNS)
-        self.sql = f"INSERT INTO ledger ({names}) VALUES ({marks}) ON CONFLICT (request_id) DO NOTHING"  # noqa: S608
-
-    def encode(self, record: LedgerRecord) -> tuple[Any, ...]:
-        row = list(msgspec.structs.astuple(record))
-        for index, encode in self.encoders:
-            value = row[index]
-            if value is not None:
-                row[index] = encode(value)
-        return tuple(row)
-
-
-_plans: dict[str, _Plan] = {}
-
-
-def plan_for(dialect: Dialect) -> _Plan:
-    if dialect.name not in ("sqlite", "postgresql"):
-        raise ValueError(f"the ledger supports SQLite and PostgreSQL, not {dialect.name}")
-    plan = _plans.get(dialect.name)
-    if plan is None:
-        plan = _plans[dialect.name] = _Plan(dialect)
-    return plan
+_Entry = tuple[LedgerRecord, Any]  # the record and the store's encoding of it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
@@ -95,35 +96,58 @@ async def test_a_duplicate_request_id_is_written_once(engine: AsyncEngine) -> No
     await writer.close()
 
 
-async def test_many_rows_are_written_in_batches(engine: AsyncEngine) -> None:
-    inserts: list[int] = []
+@pytest.fixture
+def batches(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every ledger INSERT transaction, as the database driver saw it: on PostgreSQL
+    the rows in the statement's JSON document, on SQLite the INSERTs between BEGIN and COMMIT
+    (traced on the connections `sqlite3.connect` opens, the ledger thread's included)."""
+    sizes: list[int] = []
+    if engine.dialect.name == "postgresql":
 
-    def count(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
-        if statement.startswith("INSERT INTO ledger"):
-            inserts.append(1)
+        def count(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+            if statement.startswith("INSERT INTO ledger"):
+                sizes.append(len(msgspec.json.decode(params[0])))
 
-    event.listen(engine.sync_engine, "before_cursor_execute", count)
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        return sizes
+    connect = sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        connection = connect(*args, **kwargs)
+        open_batch: list[int] = []
+
+        def trace(statement: str) -> None:
+            if statement == "BEGIN":
+                open_batch[:] = [0]
+            elif statement.startswith("INSERT INTO ledger") and open_batch:
+                open_batch[0] += 1
+            elif statement == "COMMIT" and open_batch:
+                sizes.append(open_batch.pop())
+
+        connection.set_trace_callback(trace)
+        return connection
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    return sizes
+
+
+async def test_many_rows_are_written_in_batches(engine: AsyncEngine, batches: list[int]) -> None:
     writer = LedgerWriter(engine, batch_size=100, flush_interval=10.0)
     writer.start()
     records = [record(n) for n in range(1000)]
     for item in records:
         writer.submit(item)
     await writer.flush()
-    assert len(inserts) == 10
+    assert batches == [100] * 10
     assert await ledger(engine) == records
     await writer.close()
 
 
-async def test_full_batches_leave_at_once_and_the_rest_waits_for_the_interval(engine: AsyncEngine) -> None:
+async def test_full_batches_leave_at_once_and_the_rest_waits_for_the_interval(
+    engine: AsyncEngine, batches: list[int]
+) -> None:
     """Rows that arrive while a batch is being written do not go out as a small batch of their
     own: they wait for a full batch, the flush interval, or `flush()`."""
-    sizes: list[int] = []
-
-    def count(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
-        if statement.startswith("INSERT INTO ledger"):
-            sizes.append(len(params))
-
-    event.listen(engine.sync_engine, "before_cursor_execute", count)
     writer = LedgerWriter(engine, batch_size=100, flush_interval=0.5)
     writer.start()
     records = [record(n) for n in range(250)]
@@ -133,11 +157,11 @@ async def test_full_batches_leave_at_once_and_the_rest_waits_for_the_interval(en
         await asyncio.sleep(0.01)
         if writer.pending == 50:
             break
-    assert (sizes, writer.pending) == ([100, 100], 50)
+    assert (batches, writer.pending) == ([100, 100], 50)
     await asyncio.sleep(0.2)
     assert writer.pending == 50  # not yet: neither a full batch nor the interval
     await asyncio.sleep(0.6)
-    assert (sizes, writer.pending) == ([100, 100, 50], 0)  # the interval passed
+    assert (batches, writer.pending) == ([100, 100, 50], 0)  # the interval passed
     assert await ledger(engine) == records
     await writer.close()
 

@@ -1,0 +1,226 @@
+"""Where ledger rows go: one store per database, each writing a batch in one transaction.
+
+The gateway process runs the ledger on the core that serves requests, so what a row costs on the
+way to the database is what the ledger costs (bench/RESULTS.md: `bash bench/instructions.sh`
+counts it). Each store therefore does its per-row work once, at `encode` (called by
+`LedgerWriter.submit`, which is also where a record the database would refuse — a naive
+datetime, a cost that does not fit — raises `ValueError`), and one hand-off per batch:
+
+- `SQLiteStore` (a database file, the embedded default): rows are lists bound by the stdlib
+  `sqlite3` driver's `executemany`, on a thread of its own with its own connection; a batch is
+  one hop to that thread. Through SQLAlchemy's async engine and aiosqlite a batch was about six
+  round trips between the threads.
+- `PostgresStore`: the batch is one JSON document (msgspec encodes it in C, ≈ 0.7 µs a row) that
+  PostgreSQL turns into rows with `json_populate_recordset`, one statement through the engine;
+  the parsing happens in the database server, not in the gateway. Costs are rounded here first
+  (PostgreSQL would round ties away from zero, the column type rounds half-even).
+- `EngineStore`: SQLite databases that are not a plain file (`:memory:`, URI filenames), which a
+  second connection could not reach: the same rows as `SQLiteStore` through the engine.
+
+All three store exactly what the table's types store (tests/catalog compare every column with a
+SQLAlchemy Core insert of the same record) and skip a request id that is already there, so
+replaying a batch is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+from sqlalchemy import Boolean
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from catalog.database import SQLITE_PRAGMAS
+from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
+
+if TYPE_CHECKING:
+    from catalog.ledger import LedgerRecord
+
+_CONFLICT = "ON CONFLICT (request_id) DO NOTHING"
+
+
+class LedgerStore(Protocol):
+    def encode(self, record: LedgerRecord) -> Any:
+        """What `write` takes for `record`; ValueError for what the database would refuse."""
+
+    async def write(self, rows: Sequence[Any]) -> None:
+        """Insert `rows` in one transaction, skipping request ids already present."""
+
+    async def close(self) -> None: ...
+
+
+def store_for(engine: AsyncEngine, columns: Sequence[str]) -> LedgerStore:
+    """The store for `engine`'s database; `columns` are `LedgerRecord`'s fields, in order."""
+    if engine.dialect.name == "postgresql":
+        return PostgresStore(engine, columns)
+    if engine.dialect.name == "sqlite":
+        path = engine.url.database
+        if path and path != ":memory:" and not path.startswith("file:") and not engine.url.query:
+            return SQLiteStore(path, columns)
+        return EngineStore(engine, columns)
+    raise ValueError(f"the ledger supports SQLite and PostgreSQL, not {engine.dialect.name}")
+
+
+class SQLiteRows:
+    """A record as the list of parameters SQLite's driver binds, and the INSERT they go to."""
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        table, dialect = LedgerRow.__table__, sqlite_dialect.dialect()
+        self._times: list[int] = []
+        self._decimals: list[tuple[int, ExactDecimal]] = []
+        self._others: list[tuple[int, Any]] = []
+        for index, name in enumerate(columns):
+            column_type = table.c[name].type
+            if isinstance(column_type, UTCDateTime):
+                self._times.append(index)
+            elif isinstance(column_type, ExactDecimal):
+                self._decimals.append((index, column_type))
+            elif isinstance(column_type, Boolean):
+                continue  # bound as 1 or 0 (`_bind_directly`), as SQLAlchemy's processor stores it
+            elif (process := column_type.dialect_impl(dialect).bind_processor(dialect)) is not None:
+                self._others.append((index, process))
+        marks = ", ".join("?" * len(columns))
+        self.sql = f"INSERT INTO ledger ({', '.join(columns)}) VALUES ({marks}) {_CONFLICT}"  # noqa: S608
+        _bind_directly()
+
+    def encode(self, record: LedgerRecord) -> list[Any]:
+        row = list(msgspec.structs.astuple(record))
+        for index in self._times:
+            row[index] = UTCDateTime.sqlite_text(row[index])
+        last: tuple[Any, str] | None = None
+        for index, column in self._decimals:
+            value = row[index]
+            if value is not None:
+                # cost_usd and estimated_cost_usd are usually the same object: encode it once
+                row[index] = last[1] if last is not None and last[0] is value else column.sqlite_text(value)
+                last = (value, row[index])
+        for index, process in self._others:
+            if (value := row[index]) is not None:
+                row[index] = process(value)
+        return row
+
+
+def _bind_directly() -> None:
+    """Let the `sqlite3` driver bind None and bool without its adapter search.
+
+    The driver binds int, float and str directly but sends every other value through the
+    adapter registry, and a miss looks up `__adapt__`/`__conform__` attributes that do not exist,
+    raising and clearing an AttributeError each time: ≈ 3,300 instructions per value, 13,000 per
+    ledger row (callgrind). Registered adapters are found at once: None stays None (NULL), a bool
+    becomes the int the driver would have bound anyway. Process-wide and idempotent; what every
+    connection stores is unchanged.
+    """
+    sqlite3.register_adapter(type(None), _NONE.get)
+    sqlite3.register_adapter(bool, int)
+
+
+_NONE: dict[object, None] = {}  # `_NONE.get(value)` is None for every value, in one C call
+
+
+class SQLiteStore(SQLiteRows):
+    """Batches through the stdlib driver on one thread that owns its connection."""
+
+    def __init__(self, path: str, columns: Sequence[str]) -> None:
+        super().__init__(columns)
+        self._path = path
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite")
+        self._connection: sqlite3.Connection | None = None  # used on `_thread` only
+
+    async def write(self, rows: Sequence[Any]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._insert, rows)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._disconnect)
+        self._thread.shutdown(wait=True)
+
+    def _insert(self, rows: Sequence[Any]) -> None:
+        connection = self._connection or self._connect()
+        try:
+            connection.execute("BEGIN")
+            connection.executemany(self.sql, rows)
+            connection.execute("COMMIT")
+        except BaseException as exc:
+            if connection.in_transaction:
+                connection.rollback()
+            if is_sqlite_outage(exc):
+                self._disconnect()  # the next attempt opens the file again
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(self._path, isolation_level=None)
+        for pragma in SQLITE_PRAGMAS:
+            connection.execute(pragma)
+        self._connection = connection
+        return connection
+
+    def _disconnect(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+def is_sqlite_outage(exc: BaseException) -> bool:
+    """The database failing (locked past the busy timeout, I/O, no such table yet, not a database
+    file), not the rows: the same batch may succeed later."""
+    return isinstance(exc, sqlite3.OperationalError | OSError) or type(exc) is sqlite3.DatabaseError
+
+
+class EngineStore(SQLiteRows):
+    """`SQLiteRows` through the engine, for SQLite databases only the engine's connection reaches."""
+
+    def __init__(self, engine: AsyncEngine, columns: Sequence[str]) -> None:
+        super().__init__(columns)
+        self._engine = engine
+
+    async def write(self, rows: Sequence[Any]) -> None:
+        async with self._engine.begin() as connection:
+            await connection.exec_driver_sql(self.sql, list(rows))
+
+    async def close(self) -> None:
+        return None
+
+
+class PostgresStore:
+    """Batches as one JSON document that PostgreSQL unpacks into ledger rows."""
+
+    def __init__(self, engine: AsyncEngine, columns: Sequence[str]) -> None:
+        self._engine = engine
+        self._json = msgspec.json.Encoder()
+        table = LedgerRow.__table__
+        self._times = [name for name in columns if isinstance(table.c[name].type, UTCDateTime)]
+        self._decimals = [(name, t) for name in columns if isinstance(t := table.c[name].type, ExactDecimal)]
+        names = ", ".join(columns)
+        self.sql = (
+            f"INSERT INTO ledger ({names}) SELECT {names} "  # noqa: S608
+            f"FROM json_populate_recordset(NULL::ledger, $1::json) {_CONFLICT}"
+        )
+
+    def encode(self, record: LedgerRecord) -> LedgerRecord:
+        """The record itself, or a copy with its costs rounded to the column's scale.
+
+        Timestamps go as RFC 3339 with their offset (the same instant, whatever the zone); a naive
+        one is refused, since PostgreSQL would read it in the session's time zone."""
+        for name in self._times:
+            moment: datetime = getattr(record, name)
+            if moment.tzinfo is not UTC:
+                UTCDateTime.aware_utc(moment)
+        rounded: dict[str, Any] = {}
+        for name, column in self._decimals:
+            value = getattr(record, name)
+            if value is not None and (exact := column.quantize(value)) != value:
+                rounded[name] = exact
+        return msgspec.structs.replace(record, **rounded) if rounded else record
+
+    async def write(self, rows: Sequence[Any]) -> None:
+        document = self._json.encode(rows).decode()
+        async with self._engine.begin() as connection:
+            await connection.exec_driver_sql(self.sql, (document,))
+
+    async def close(self) -> None:
+        return None
