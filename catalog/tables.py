@@ -230,11 +230,8 @@ class LedgerRow(Base):
 
     __tablename__ = "ledger"
     __table_args__ = (
-        Index("ix_ledger_started_at", "started_at"),
-        Index("ix_ledger_model_started_at", "model", "started_at"),
-        Index("ix_ledger_provider_started_at", "provider", "started_at"),
-        Index("ix_ledger_api_key_started_at", "api_key_id", "started_at"),
-        Index("ix_ledger_status_started_at", "status", "started_at"),
+        # One index for the time-bounded reports, covering their filters (migration 0002).
+        Index("ix_ledger_reporting", "started_at", "model", "provider", "api_key_id", "status"),
     )
 
     request_id: Mapped[str] = mapped_column(String(64), primary_key=True)

@@ -203,13 +203,20 @@ async def test_rows_wait_out_a_database_that_is_not_ready(fresh_url: Callable[[]
     await engine.dispose()
 
 
-async def test_bad_records_are_refused_at_submit(engine: AsyncEngine) -> None:
+async def test_records_the_database_would_refuse_are_set_aside_at_write_time(engine: AsyncEngine) -> None:
+    """Encoding happens per batch, so a bad record is found there: it is kept in `rejected`, not
+    written, and the rows around it are written."""
     writer = LedgerWriter(engine)
-    with pytest.raises(ValueError, match="naive datetime"):
-        writer.submit(record(5, started_at=datetime(2026, 1, 1)))
-    with pytest.raises(ValueError, match="integer digits"):
-        writer.submit(record(5, cost_usd=Decimal("1E+20")))
+    writer.start()
+    naive = record(5, started_at=datetime(2026, 1, 1))
+    too_large = record(6, cost_usd=Decimal("1E+20"))
+    for item in (FULL, naive, too_large, FAILED):
+        writer.submit(item)
+    await asyncio.wait_for(writer.flush(), timeout=10)
+    assert await ledger(engine) == [FULL, FAILED]
+    assert writer.rejected == [naive, too_large]
     assert writer.pending == 0
+    await writer.close()
 
 
 async def test_close_without_start_still_writes(engine: AsyncEngine) -> None:

@@ -15,7 +15,8 @@ from catalog import migrate
 from catalog.tables import metadata
 
 TABLES = {"models", "model_aliases", "deployments", "prices", "ledger"}
-LEDGER_INDEXES = {
+LEDGER_INDEXES = {"ix_ledger_reporting": ["started_at", "model", "provider", "api_key_id", "status"]}
+FIRST_LEDGER_INDEXES = {
     "ix_ledger_started_at": ["started_at"],
     "ix_ledger_model_started_at": ["model", "started_at"],
     "ix_ledger_provider_started_at": ["provider", "started_at"],
@@ -49,13 +50,15 @@ async def test_upgrade_downgrade_upgrade(fresh_url: Callable[[], Awaitable[str]]
     url = await fresh_url()
     assert await migrate.current_async(url) is None
     await migrate.upgrade_async(url)
-    assert await migrate.current_async(url) == migrate.head() == "0001"
+    assert await migrate.current_async(url) == migrate.head() == "0002"
     assert await inspect_db(url, _schema) == {"tables": TABLES, "indexes": LEDGER_INDEXES}
+    await migrate.downgrade_async(url, "0001")
+    assert await inspect_db(url, _schema) == {"tables": TABLES, "indexes": FIRST_LEDGER_INDEXES}
     await migrate.downgrade_async(url, "base")
     assert await migrate.current_async(url) is None
     assert await inspect_db(url, _schema) == {"tables": set(), "indexes": {}}
     await migrate.upgrade_async(url)
-    assert await migrate.current_async(url) == "0001"
+    assert await migrate.current_async(url) == "0002"
     assert await inspect_db(url, _schema) == {"tables": TABLES, "indexes": LEDGER_INDEXES}
 
 
@@ -68,6 +71,30 @@ async def test_the_migrated_schema_matches_the_models(fresh_url: Callable[[], Aw
 async def test_the_sync_api_works_outside_an_event_loop(fresh_url: Callable[[], Awaitable[str]]) -> None:
     url = await fresh_url()
     await asyncio.to_thread(migrate.upgrade, url)
-    assert await asyncio.to_thread(migrate.current, url) == "0001"
+    assert await asyncio.to_thread(migrate.current, url) == "0002"
     await asyncio.to_thread(migrate.downgrade, url, "base")
     assert await asyncio.to_thread(migrate.current, url) is None
+
+
+async def test_a_time_bounded_filtered_report_reads_the_reporting_index(
+    fresh_url: Callable[[], Awaitable[str]],
+) -> None:
+    """The shape of every report (cost.md: a period, optional model/provider/key filters) is
+    answered from `ix_ledger_reporting`, not by scanning the ledger."""
+    url = await fresh_url()
+    await migrate.upgrade_async(url)
+    engine = create_async_engine(url)
+    period = "started_at >= '2026-11-01' AND started_at < '2026-12-01'"
+    report = f"SELECT count(*), sum(input_tokens) FROM ledger WHERE {period} AND model = 'm' AND api_key_id = 'k'"  # noqa: S608
+    try:
+        async with engine.connect() as connection:
+            if engine.dialect.name == "sqlite":
+                plan = (await connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {report}")).all()
+                search = "SEARCH ledger USING INDEX ix_ledger_reporting (started_at>? AND started_at<?)"
+                assert [row[-1] for row in plan] == [search]
+            else:
+                await connection.exec_driver_sql("SET enable_seqscan = off")  # an empty table is cheaper to scan
+                plan = "\n".join(row[0] for row in (await connection.exec_driver_sql(f"EXPLAIN {report}")).all())
+                assert "ix_ledger_reporting" in plan
+    finally:
+        await engine.dispose()
