@@ -34,13 +34,13 @@ import msgspec
 import structlog
 from sqlalchemy.exc import (
     DBAPIError,
+    DisconnectionError,
     InterfaceError,
     InternalError,
     OperationalError,
     ProgrammingError,
-    SQLAlchemyError,
-    StatementError,
 )
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.ledger_store import is_sqlite_outage, store_for
@@ -259,9 +259,9 @@ def _is_outage(exc: Exception) -> bool:
         return is_sqlite_outage(exc)
     if isinstance(exc, DBAPIError):
         return exc.connection_invalidated or isinstance(exc, _OUTAGE_ERRORS)
-    if isinstance(exc, StatementError):
-        return False
-    return isinstance(exc, SQLAlchemyError | OSError)
+    # Outside the driver, only a pool timeout or a lost connection is the database's doing; any
+    # other SQLAlchemy error (a bad argument, a statement that does not compile) is a bug of ours.
+    return isinstance(exc, PoolTimeout | DisconnectionError | OSError)
 
 
 async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) -> None:

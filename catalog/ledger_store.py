@@ -177,7 +177,7 @@ class EngineStore(SQLiteRows):
         self._engine = engine
 
     async def write(self, records: Sequence[LedgerRecord]) -> None:
-        rows = [self.encode(record) for record in records]
+        rows = [tuple(self.encode(record)) for record in records]  # SQLAlchemy takes tuples, not lists
         async with self._engine.begin() as connection:
             await connection.exec_driver_sql(self.sql, rows)
 

@@ -268,3 +268,19 @@ async def test_writer_rows_store_exactly_what_the_table_types_store(
     assert (await ledger(engine))[0] == msgspec.structs.replace(
         fast, started_at=utc, finished_at=utc, cost_usd=exact, estimated_cost_usd=exact
     )
+
+
+@pytest.mark.parametrize("url", ["sqlite+aiosqlite://", "sqlite+aiosqlite:///:memory:"])
+async def test_a_database_only_the_engine_reaches_is_written_through_the_engine(url: str) -> None:
+    """An in-memory SQLite database exists only on the engine's connection: the writer uses it
+    (a second connection of its own would write into a database nobody reads)."""
+    engine = create_async_engine(url)
+    async with engine.begin() as connection:
+        await connection.run_sync(LedgerRow.metadata.create_all)
+    writer = LedgerWriter(engine)
+    writer.start()
+    for item in (FULL, FAILED, FULL):
+        writer.submit(item)
+    await writer.close()
+    assert await ledger(engine) == [FULL, FAILED]
+    await engine.dispose()
