@@ -281,6 +281,7 @@ class Names:
     switchyard: str
     portkey: str
     ledger_on: str
+    ledger_on_again: str
     ledger_pg: str
     ledger_off: str
     workers_1: str
@@ -310,11 +311,14 @@ def bar(results: Results, names: Names) -> list[str]:
     r = ratio("stream", sy, results.litellm)
     line("streaming chunks/s ≥ 30× LiteLLM", r, None if r is None else r >= 30, "{:.1f}×")
     on, off = results.measure("ledger", names.ledger_on), results.measure("ledger", names.ledger_off)
-    cost = None if on is None or off is None else 100 * (1 - on.rps / off.rps)
-    line("ledger on costs ≤ 10 % (SQLite vs ledger off)", cost, None if cost is None else cost <= 10, "{:.1f} %")
+    again = results.measure("ledger", names.ledger_on_again)
+    sqlite = [m.rps for m in (on, again) if m is not None]  # the runs before and after ledger off
+    cost = None if not sqlite or off is None else 100 * (1 - sum(sqlite) / len(sqlite) / off.rps)
+    criterion = "ledger on costs ≤ 10 % (SQLite, mean of the runs around ledger off)"
+    line(criterion, cost, None if cost is None else cost <= 10, "{:.1f} %")
     pg = results.measure("ledger", names.ledger_pg)
-    cost = None if on is None or pg is None else 100 * (1 - pg.rps / on.rps)
-    line("(info) PostgreSQL ledger vs SQLite ledger, req/s lost", cost, None, "{:.1f} %")
+    cost = None if pg is None or off is None else 100 * (1 - pg.rps / off.rps)
+    line("ledger on costs ≤ 10 % (PostgreSQL vs ledger off)", cost, None if cost is None else cost <= 10, "{:.1f} %")
     full = next((row for row in results.rss if row.system == sy and row.requests >= 100_000), None)
     growth = None if full is None else full.after_mb - full.before_mb
     line("RSS growth ≤ 20 MB over 100k requests", growth, None if growth is None else growth <= 20, "{:.1f} MB")
