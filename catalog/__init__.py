@@ -7,6 +7,8 @@
 - `snapshot`: the in-memory view the request path reads (SQL is never queried per request).
 - `pricing`: usage times the price row → exact `Decimal` cost, or None when unpriced.
 - `ledger`: `LedgerRecord` and the batched, off-request-path `LedgerWriter`.
+- `ledger_store`: how a batch reaches each database (SQLite's driver on its own thread, one JSON
+  document per batch for PostgreSQL), with the per-row encoding done once per batch.
 
 Importing this package does nothing but define names: engines, tasks and files are opened by the
 caller (the app's lifespan or the CLI).
