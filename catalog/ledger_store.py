@@ -129,11 +129,16 @@ class SQLiteStore(SQLiteRows):
         self._path = path
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite")
         self._connection: sqlite3.Connection | None = None  # used on `_thread` only
+        self._closed = False
 
     async def write(self, records: Sequence[LedgerRecord]) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._insert, records)
 
     async def close(self) -> None:
+        """Close the connection on its thread and stop the thread; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         await asyncio.get_running_loop().run_in_executor(self._thread, self._disconnect)
         self._thread.shutdown(wait=True)
 

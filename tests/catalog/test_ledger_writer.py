@@ -186,6 +186,7 @@ async def test_close_drains_without_flush(engine: AsyncEngine) -> None:
     assert await ledger(engine) == [FULL]
     with pytest.raises(RuntimeError, match="closed"):
         writer.submit(FAILED)
+    await writer.close()  # a second close (a shutdown hook run twice) is harmless
 
 
 async def test_rows_wait_out_a_database_that_is_not_ready(fresh_url: Callable[[], Awaitable[str]]) -> None:
