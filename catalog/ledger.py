@@ -98,7 +98,6 @@ class LedgerWriter:
         batch_size: int = 256,
         flush_interval: float = 0.05,
     ) -> None:
-        self._engine = engine
         self._max_queue = max_queue
         self._batch_size = max(1, batch_size)
         self._flush_interval = flush_interval
