@@ -18,8 +18,8 @@ from litestar import Litestar, Request
 from litestar.exceptions import HTTPException
 from litestar.response import Response
 
-from app import handlers
-from app.completions import completions
+from app.edge import handlers
+from app.edge.unified import completions
 from app.errors import (
     GatewayError,
     InternalError,
@@ -29,9 +29,9 @@ from app.errors import (
     PayloadTooLarge,
     error_body,
 )
-from app.gateway import Gateway
 from app.ids import uuid7
 from app.logging import configure_logging, get_logger
+from app.service import Service
 from app.settings import Settings, load_settings
 
 _log = get_logger("switchyard.errors")
@@ -39,16 +39,16 @@ _log = get_logger("switchyard.errors")
 
 def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
     writer = configure_logging(settings.server.log_level)
-    gateway = Gateway(settings, prepare=prepare, log_writer=writer)
+    service = Service(settings, prepare=prepare, log_writer=writer)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        await gateway.start()
-        app.state.gateway = gateway
+        await service.start()
+        app.state.service = service
         try:
             yield
         finally:
-            await gateway.stop()
+            await service.stop()
 
     return Litestar(
         route_handlers=[

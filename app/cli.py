@@ -56,7 +56,7 @@ def _config_option(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["mock-upstream"]:
-        from app import mock_upstream
+        from devtools import mock_upstream
 
         return mock_upstream.main(args_list[1:])
     try:
@@ -106,7 +106,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from app.application import create_app
-    from app.gateway import prepare_database
+    from app.service import prepare_database
 
     server = settings.server
     host = args.host or server.host

@@ -5,7 +5,7 @@ locks: everything runs on one event loop). Backend gauges are not stored at all:
 them from the live backend state when `/metrics` is scraped, so they can never drift.
 
 With several workers a scrape reaches one of them, so `render` can add the other workers' numbers
-(`remote`, collected by `app.shared` from what each worker writes as its `series`): counters and
+(`remote`, collected by `app.routing.cluster` from what each worker writes as its `series`): counters and
 the in-flight/queued gauges are summed; the state gauges need no sum, the state being shared.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from app.routing import Router
+from app.routing.router import Router
 
 Series = tuple[str, tuple[str, ...]]  # a metric's name and its label values
 SUMMED_GAUGES = ("switchyard_backend_in_flight", "switchyard_backend_queued")

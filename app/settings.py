@@ -23,7 +23,6 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 from msgspec import Meta, Struct, field
 
-from app.routing import ProviderPolicy
 from providers.config import KIND_DEFAULTS, ProviderConfig, ProviderKind, Timeouts, WireProfile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +32,21 @@ PROVIDER_NAME = r"^[a-z0-9][a-z0-9_\-]*$"
 
 class ConfigError(Exception):
     """Invalid configuration; the message names the file and the key."""
+
+
+class ProviderPolicy(Struct, frozen=True):
+    """How routing treats one provider's backends: this process's share of the configured limits
+    (`provider_policy`)."""
+
+    max_concurrency: int = 64
+    max_queue: int = 256
+    queue_timeout_s: float = 10.0
+    failure_cooldown_s: float = 2.0
+    capacity_cooldown_s: float = 1.0
+    max_cooldown_s: float = 300.0
+    breaker_window: int = 20
+    breaker_min_samples: int = 5
+    breaker_error_ratio: float = 0.5
 
 
 class ServerSettings(Struct, frozen=True, forbid_unknown_fields=True):
@@ -96,7 +110,7 @@ class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class RedisSettings(Struct, frozen=True, forbid_unknown_fields=True):
-    """Shared routing state and metrics for several workers and replicas (`app.shared`)."""
+    """Shared routing state and metrics for several workers and replicas (`app.routing.cluster`)."""
 
     url: Annotated[str, Meta(pattern=r"^rediss?://")] = "redis://127.0.0.1:6379/0"
     key_prefix: Annotated[str, Meta(min_length=1, pattern=r"^[^\s*?\[\]\\]+$")] = "switchyard"  # no glob characters

@@ -65,7 +65,7 @@ class Mocks:
 
     @classmethod
     def create(cls, run_dir: Path, cpus: str, fast_port: int, slow_port: int) -> Mocks:
-        base = [repo_python(), "-m", "app.mock_upstream", "--chunks", "64"]
+        base = [repo_python(), "-m", "devtools.mock_upstream", "--chunks", "64"]
 
         def server(name: str, port: int, extra: list[str]) -> Server:
             argv = [*base, "--port", str(port), *extra]

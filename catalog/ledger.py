@@ -26,11 +26,7 @@ import asyncio
 import sqlite3
 from collections import deque
 from collections.abc import Sequence
-from datetime import datetime
-from decimal import Decimal
-from typing import Literal
 
-import msgspec
 import structlog
 from sqlalchemy.exc import (
     DBAPIError,
@@ -44,9 +40,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.ledger_store import is_sqlite_outage, store_for
-
-LedgerStatus = Literal["ok", "error", "cancelled"]
-CostSource = Literal["authoritative", "estimated"]
+from catalog.records import LedgerRecord
 
 _MAX_BACKOFF = 5.0
 _OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalError)
@@ -54,34 +48,6 @@ _OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalEr
 log = structlog.get_logger("switchyard.ledger")
 
 
-class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One `ledger` row. Token buckets are None when the upstream did not report them."""
-
-    request_id: str
-    started_at: datetime
-    finished_at: datetime
-    status: LedgerStatus
-    streamed: bool
-    latency_ms: float  # milliseconds, sub-millisecond precision kept for benchmarks
-    attempts: int = 1
-    api_key_id: str | None = None
-    model: str | None = None
-    provider: str | None = None
-    upstream_model: str | None = None
-    upstream_request_id: str | None = None
-    error_type: str | None = None
-    error_status: int | None = None
-    stop_reason: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    cache_read_tokens: int | None = None
-    cache_write_tokens: int | None = None
-    cost_usd: Decimal | None = None
-    estimated_cost_usd: Decimal | None = None
-    cost_source: CostSource | None = None
-    price_id: int | None = None
-    ttft_ms: float | None = None
 
 
 _COLUMNS = tuple(LedgerRecord.__struct_fields__)

@@ -29,7 +29,7 @@ import sqlite3
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 from sqlalchemy import Boolean
@@ -37,10 +37,8 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.database import SQLITE_PRAGMAS
+from catalog.records import LedgerRecord
 from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
-
-if TYPE_CHECKING:
-    from catalog.ledger import LedgerRecord
 
 _CONFLICT = "ON CONFLICT (request_id) DO NOTHING"
 

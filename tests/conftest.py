@@ -21,23 +21,23 @@ import uvicorn
 from sqlalchemy import text
 
 from app.application import create_app
-from app.gateway import Gateway
+from app.service import Service
 from app.settings import settings_from_mapping
 
 
 class GatewayHandle:
-    def __init__(self, server: uvicorn.Server, task: asyncio.Task[None], gateway: Gateway, url: str) -> None:
+    def __init__(self, server: uvicorn.Server, task: asyncio.Task[None], service: Service, url: str) -> None:
         self.server = server
         self.task = task
-        self.gateway = gateway
+        self.service = service
         self.url = url
         self.client = httpx.AsyncClient(base_url=url, timeout=30.0)
 
     async def ledger_rows(self) -> list[dict[str, Any]]:
-        assert self.gateway.ledger is not None
-        assert self.gateway.engine is not None
-        await self.gateway.ledger.flush()
-        async with self.gateway.engine.connect() as conn:
+        assert self.service.ledger is not None
+        assert self.service.engine is not None
+        await self.service.ledger.flush()
+        async with self.service.engine.connect() as conn:
             result = await conn.execute(text("SELECT * FROM ledger ORDER BY started_at, request_id"))
             return [dict(row._mapping) for row in result]
 
@@ -88,7 +88,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
             task.result()
         assert uv_server.started, "gateway did not start"
         port = uv_server.servers[0].sockets[0].getsockname()[1]
-        handle = GatewayHandle(uv_server, task, app.state.gateway, f"http://127.0.0.1:{port}")
+        handle = GatewayHandle(uv_server, task, app.state.service, f"http://127.0.0.1:{port}")
         handles.append(handle)
         return handle
 

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.mock_openai import ScriptedOptions, estimate_prompt_tokens
-from app.mock_upstream import main, scripted_server
+from devtools.mock_openai import ScriptedOptions, estimate_prompt_tokens
+from devtools.mock_upstream import main, scripted_server
 from tests.upstream import ReplayUpstream, load_transcript, reply_json, reply_sse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -359,7 +359,7 @@ async def test_module_runs_as_a_command_until_sigterm() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "app.mock_upstream",
+        "devtools.mock_upstream",
         "--port",
         str(port),
         "--chunks",

@@ -1,6 +1,6 @@
 """The tests' upstream: a loopback HTTP server that answers from a queue of recorded or inline replies.
 
-It is `app.mock_http.MockUpstreamServer` (the same HTTP code the benchmarks use) with a
+It is `devtools.mock_http.MockUpstreamServer` (the same HTTP code the benchmarks use) with a
 responder that pops `Reply`s in order, so a test scripts exactly what each upstream call gets —
 a transcript from `tests/transcripts/<name>.json`, or a reply built inline with `reply_json` /
 `reply_sse` — and afterwards asserts on `.requests`, what the gateway actually sent.
@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from app.mock_http import MockUpstreamServer, ReceivedRequest, Reply
+from devtools.mock_http import MockUpstreamServer, ReceivedRequest, Reply
 
 TRANSCRIPTS = Path(__file__).parent / "transcripts"
 _PROBES = ("/health", "/models", "/metrics")

@@ -14,8 +14,9 @@ import pytest
 from sqlalchemy import event, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from catalog.ledger import LedgerRecord, LedgerWriter, write_records
+from catalog.ledger import LedgerWriter, write_records
 from catalog.migrate import upgrade_async
+from catalog.records import LedgerRecord
 from catalog.tables import ExactDecimal, LedgerRow
 
 START = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)

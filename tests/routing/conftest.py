@@ -25,7 +25,7 @@ import httpx
 import msgspec
 import pytest
 
-from app.mock_http import ReceivedRequest, Reply
+from devtools.mock_http import ReceivedRequest, Reply
 from tests.conftest import GatewayHandle, StartGateway
 from tests.frames import parse_sse
 from tests.upstream import ReplayUpstream, reply_json, reply_sse

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from app.mock_http import Reply
+from devtools.mock_http import Reply
 from tests.conftest import GatewayHandle, StartGateway
 from tests.routing.conftest import (
     answer,

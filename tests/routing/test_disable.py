@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.mock_http import Reply
+from devtools.mock_http import Reply
 from tests.conftest import StartGateway
 from tests.routing.conftest import (
     PROBE_PATH,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app.mock_http import Reply
+from devtools.mock_http import Reply
 from tests.conftest import StartGateway
 from tests.routing.conftest import (
     answer,

@@ -166,10 +166,10 @@ async def test_a_429_on_one_worker_cools_the_backend_on_the_other(
     assert row_view(first) == ("ok", None, None, 2, "beta")
     assert row_view(second) == ("ok", None, None, 1, "beta")
 
-    assert a.gateway.shared is not None
+    assert a.service.cluster is not None
 
     async def a_shared_its_metrics() -> bool:
-        return bool(await store.client.exists(f"{store.prefix}:metrics:{a.gateway.shared.worker_id}"))
+        return bool(await store.client.exists(f"{store.prefix}:metrics:{a.service.cluster.worker_id}"))
 
     await eventually(a_shared_its_metrics)
     samples = await scrape(b)  # a's cool-down counted once: b applied it without counting it

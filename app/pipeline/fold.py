@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from app import wire
+from app.edge import unified_format as wire
 from providers import events as ev
 from providers.types import (
     ContentPart,

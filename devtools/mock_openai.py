@@ -4,7 +4,7 @@ For one (endpoint, model) every byte of a completion reply is built once, into a
 frames up to the finish chunk, and the JSON body cut around its usage object. Per request only the
 usage (prompt tokens are estimated from the request body's size) is encoded and spliced in, so the
 mock stays many times cheaper than the gateway it stands behind. Deciding which reply a request
-gets (routes, injected faults, pacing) is `app.mock_upstream.ScriptedResponder`'s business.
+gets (routes, injected faults, pacing) is `devtools.mock_upstream.ScriptedResponder`'s business.
 """
 
 from __future__ import annotations

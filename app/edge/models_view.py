@@ -13,7 +13,7 @@ from decimal import Decimal
 
 from msgspec import Struct
 
-from app.routing import Backend, Router
+from app.routing.router import Backend, Router
 
 
 class BackendView(Struct, omit_defaults=True):

@@ -3,8 +3,8 @@
 `ScriptedResponder` answers chat/text completions, `/models`, `/health` and vLLM-style `/metrics`
 like a vLLM server would, from `ScriptedOptions`: fixed latency, chunking, reasoning, a tool call
 and injected failures (a status with `Retry-After` on every N-th completion, or a reset after N
-chunks). The reply bytes come from `app.mock_openai` (built once per endpoint and model); the HTTP
-server under it is `app.mock_http.MockUpstreamServer`, the same one the tests' replay server uses.
+chunks). The reply bytes come from `devtools.mock_openai` (built once per endpoint and model); the HTTP
+server under it is `devtools.mock_http.MockUpstreamServer`, the same one the tests' replay server uses.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from app.mock_http import MockUpstreamServer, ReceivedRequest, Reply, error_reply
-from app.mock_openai import (
+from devtools.mock_http import MockUpstreamServer, ReceivedRequest, Reply, error_reply
+from devtools.mock_openai import (
     CHAT_PATH,
     DEFAULT_TEXT,
     DONE_FRAME,

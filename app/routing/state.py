@@ -16,7 +16,7 @@ A backend is one deployment (provider x upstream model). What routing needs to k
 
 All of it is plain in-process state touched only from the event loop (no locks needed); times
 are `loop.time()` (monotonic) seconds. Callers decide what a failure means (providers.errors).
-With several workers or replicas, `app.shared` copies cool-downs, breakers and disablement
+With several workers or replicas, `app.routing.cluster` copies cool-downs, breakers and disablement
 between processes; capacity stays per process (each enforces its share of the limit).
 """
 

@@ -1,7 +1,7 @@
 """Routing: from a request's `model` and `provider` pin to the backends that may serve it.
 
 A *backend* is one deployment: a configured provider serving one upstream model (providers.md).
-The router builds every backend (with its live state, `app.backends`) once from the catalog
+The router builds every backend (with its live state, `app.routing.state`) once from the catalog
 snapshot and the configured providers. Resolution:
 1. `model` names a catalog id or alias (unknown → 400 `model`); no `model` means the default:
    the catalog model marked `default` that has a ready backend, preferring the one whose best ready
@@ -10,7 +10,7 @@ snapshot and the configured providers. Resolution:
    (else 400 `provider`);
 3. the route is every backend of the model on a configured provider, in priority order
    (deployment, then provider); which of them are eligible right now, and in what load order,
-   is the failover loop's business (`app.failover`).
+   is the failover loop's business (`app.routing.failover`).
 
 The request path never queries SQL: the snapshot is immutable and in memory.
 """
@@ -20,31 +20,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from msgspec import Struct
-
-from app.backends import BackendState, ProviderState
 from app.errors import InvalidRequest, NoBackendAvailable
+from app.routing.state import BackendState, ProviderState
+from app.settings import ProviderPolicy
 from catalog.snapshot import CatalogSnapshot, ModelEntry
 from providers.adapter import Provider
 from providers.config import ProviderConfig
 
 
-class ProviderPolicy(Struct, frozen=True):
-    """How the gateway treats one provider's backends (config.toml, per provider)."""
-
-    max_concurrency: int = 64
-    max_queue: int = 256
-    queue_timeout_s: float = 10.0
-    failure_cooldown_s: float = 2.0
-    capacity_cooldown_s: float = 1.0
-    max_cooldown_s: float = 300.0
-    breaker_window: int = 20
-    breaker_min_samples: int = 5
-    breaker_error_ratio: float = 0.5
-
-
 class StatePublisher(Protocol):
-    """Tells the other workers and replicas about a state change (`app.shared.SharedState`).
+    """Tells the other workers and replicas about a state change (`app.routing.cluster.ClusterLink`).
 
     Each method reads the state it names from the object it is given, and returns at once: the
     write happens in the background, never on the request path.

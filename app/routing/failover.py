@@ -25,7 +25,7 @@ from typing import Any
 
 from app.errors import AllBackendsFailed, AtCapacity, GatewayError, NoBackendAvailable, UpstreamTimeout
 from app.metrics import Metrics
-from app.routing import Backend
+from app.routing.router import Backend
 from providers.errors import MAX_RETRY_AFTER, Failure, UpstreamError
 
 

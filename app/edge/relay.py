@@ -19,7 +19,7 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from app import wire
+from app.edge import unified_format as wire
 from app.errors import GatewayError, InternalError, stream_error_view
 
 _END = object()

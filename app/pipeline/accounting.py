@@ -13,14 +13,14 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from app.assembly import STOP_REASONS, Assembly
-from catalog.ledger import CostSource, LedgerRecord
+from app.pipeline.fold import STOP_REASONS, Assembly
 from catalog.pricing import estimate_cost
+from catalog.records import CostSource, LedgerRecord
 from catalog.snapshot import CatalogSnapshot
 from providers import events as ev
 
 if TYPE_CHECKING:
-    from app.pipeline import Exchange
+    from app.pipeline.pipeline import Exchange
 
 
 def estimate(snapshot: CatalogSnapshot, exchange: Exchange, usage: ev.Usage) -> tuple[Decimal | None, int | None]:

@@ -12,7 +12,7 @@ probed: nothing can change until the operator sets it and restarts. For `local` 
 server's own queue depth is read from its `/metrics` in the same round.
 
 Every worker probes for itself; what a probe changes (a provider re-enabled, a breaker closed) is
-announced through the provider's publisher (`app.shared`), so the other workers follow at once.
+announced through the provider's publisher (`app.routing.cluster`), so the other workers follow at once.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from app.routing import ProviderRuntime, Router
+from app.routing.router import ProviderRuntime, Router
 
 
 class HealthMonitor:

@@ -1,4 +1,4 @@
-"""`POST /api/v1/completions` as a raw ASGI route: the gateway's hot path.
+"""`POST /api/v1/completions` as a raw ASGI route: the service's hot path.
 
 Litestar's regular handler machinery (signature model, dependency resolution, response objects)
 costs about a sixth of the CPU of a whole proxied request (py-spy, bench/RESULTS.md), and this
@@ -6,7 +6,7 @@ endpoint needs none of it: it reads bytes, decodes them with a prebuilt msgspec 
 writes bytes. So it is mounted with `@asgi` and speaks ASGI directly; the rest of the app (routing,
 the exception handler that renders every error, lifespan) is still Litestar's.
 
-Streaming: the response starts with the first frame (see `app.sse.Relay`); while frames are
+Streaming: the response starts with the first frame (see `app.edge.relay.Relay`); while frames are
 sent, a watcher awaits `http.disconnect` and cancels the sending task, which closes the relay and,
 through it, the upstream request — the client that goes away stops the upstream within a second.
 """
@@ -19,13 +19,13 @@ import contextlib
 from litestar import asgi
 from litestar.types import Receive, Scope, Send
 
-from app import wire
+from app.edge import unified_format as wire
+from app.edge.relay import Relay
+from app.edge.validation import decode_request
 from app.errors import MethodNotAllowed, PayloadTooLarge
-from app.gateway import Gateway
 from app.ids import uuid7
-from app.pipeline import Exchange
-from app.sse import Relay
-from app.validation import decode_request
+from app.pipeline.pipeline import Exchange
+from app.service import Service
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _SSE_HEADERS = [
@@ -41,21 +41,21 @@ async def completions(scope: Scope, receive: Receive, send: Send) -> None:
     scope.setdefault("state", {})["request_id"] = request_id
     if scope.get("method") != "POST":
         raise MethodNotAllowed("method not allowed")
-    gateway: Gateway = scope["litestar_app"].state.gateway
-    assert gateway.pipeline is not None
-    assert gateway.router is not None
-    body = await _read_body(receive, gateway.settings.server.max_body_bytes)
+    service: Service = scope["litestar_app"].state.service
+    assert service.pipeline is not None
+    assert service.router is not None
+    body = await _read_body(receive, service.settings.server.max_body_bytes)
     if body is None:
         return  # the client went away before sending its body: nobody to answer
-    exchange = Exchange(request_id, decode_request(body, gateway.router.providers))
+    exchange = Exchange(request_id, decode_request(body, service.router.providers))
     id_header = (b"x-request-id", request_id.encode())
     if not exchange.stream:
-        payload = wire.encode_response(await gateway.pipeline.complete(exchange))
+        payload = wire.encode_response(await service.pipeline.complete(exchange))
         headers = [*_JSON_HEADERS, id_header, (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload, "more_body": False})
         return
-    relay = Relay(gateway.pipeline.stream(exchange), gateway.settings.server.sse_keepalive_s)
+    relay = Relay(service.pipeline.stream(exchange), service.settings.server.sse_keepalive_s)
     first = await relay.first()
     await send({"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, id_header]})
     await _send_stream(relay, first, receive, send)

@@ -1,9 +1,9 @@
 """The running service's parts, built from `Settings` in the app's lifespan and closed there.
 
-`Gateway.start()` opens the database engine, brings the schema and catalog up to date when the
+`Service.start()` opens the database engine, brings the schema and catalog up to date when the
 settings ask for it, loads the catalog snapshot, builds one upstream HTTP client shared by every
 adapter, and starts the ledger writer. With `[redis]` configured it also links this process to
-the other workers and replicas (`app.shared`) before the first request. Nothing here runs at
+the other workers and replicas (`app.routing.cluster`) before the first request. Nothing here runs at
 import time.
 """
 
@@ -18,17 +18,18 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.health import HealthMonitor
 from app.logging import LineWriter, get_logger
 from app.metrics import Metrics
-from app.pipeline import Pipeline
-from app.routing import ProviderRuntime, Router
+from app.pipeline.pipeline import Pipeline
+from app.routing.cluster import ClusterLink
+from app.routing.health import HealthMonitor
+from app.routing.router import ProviderRuntime, Router
 from app.settings import Settings, key_missing, provider_configs, provider_policy
-from app.shared import SharedState
 from catalog.database import open_engine
 from catalog.files import load_catalog
-from catalog.ledger import LedgerRecord, LedgerWriter
+from catalog.ledger import LedgerWriter
 from catalog.migrate import upgrade_async
+from catalog.records import LedgerRecord
 from catalog.snapshot import load_snapshot
 from catalog.sync import sync_catalog
 from providers.adapter import Provider, make_client
@@ -36,7 +37,7 @@ from providers.adapter import Provider, make_client
 _GC_YOUNG_THRESHOLD = 20_000
 
 
-class Gateway:
+class Service:
     def __init__(self, settings: Settings, *, prepare: bool = True, log_writer: LineWriter | None = None) -> None:
         self.settings = settings
         self.log_writer = log_writer
@@ -49,7 +50,7 @@ class Gateway:
         self.pipeline: Pipeline | None = None
         self.metrics = Metrics()
         self.health: HealthMonitor | None = None
-        self.shared: SharedState | None = None
+        self.cluster: ClusterLink | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -59,7 +60,7 @@ class Gateway:
         snapshot = await load_snapshot(self.engine)
         self.client = make_client()
         if settings.redis is not None:
-            self.shared = SharedState(settings.redis, self.metrics, self.log)
+            self.cluster = ClusterLink(settings.redis, self.metrics, self.log)
         runtimes = {}
         for config in provider_configs(settings):
             missing = key_missing(settings, config.name)
@@ -68,10 +69,12 @@ class Gateway:
                 self.log.warning("provider_disabled", provider=config.name, reason=f"key variable {env} is unset")
             adapter = Provider(config, self.client)
             policy = provider_policy(settings, config.name)
-            runtimes[config.name] = ProviderRuntime(config, adapter, policy, key_missing=missing, publisher=self.shared)
+            runtimes[config.name] = ProviderRuntime(
+                config, adapter, policy, key_missing=missing, publisher=self.cluster
+            )
         self.router = Router(snapshot, runtimes)
-        if self.shared is not None:
-            await self.shared.start(self.router)
+        if self.cluster is not None:
+            await self.cluster.start(self.router)
         ledger = settings.ledger
         self.ledger = LedgerWriter(
             self.engine,
@@ -104,8 +107,8 @@ class Gateway:
             self.log_writer.stop()
         if self.health is not None:
             await self.health.stop()
-        if self.shared is not None:
-            await self.shared.stop()
+        if self.cluster is not None:
+            await self.cluster.stop()
         if self.ledger is not None:
             await self.ledger.close()
         if self.client is not None:
@@ -116,7 +119,7 @@ class Gateway:
     async def render_metrics(self) -> str:
         """`/metrics`: this process's numbers, plus the other live workers' when Redis is configured."""
         assert self.router is not None
-        remote = await self.shared.remote_series() if self.shared is not None else None
+        remote = await self.cluster.remote_series() if self.cluster is not None else None
         return self.metrics.render(self.router, asyncio.get_running_loop().time(), remote)
 
     async def database_ready(self) -> bool:

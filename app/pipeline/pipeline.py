@@ -3,7 +3,7 @@
 This is the only module that touches both `providers` and `catalog`. The flow is one direction:
 
     Router.route()     the model's backends, in priority order
-    _open()            one retry loop (`app.failover`): take a slot on the next eligible backend,
+    _open()            one retry loop (`app.routing.failover`): take a slot on the next eligible backend,
                        start an attempt, and pull events until the first *content* event; a failure
                        before that updates the backend's state and moves on (or stops, for a client
                        error). The first content event commits the request to that backend — from
@@ -25,15 +25,15 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from app import wire
-from app.accounting import ledger_record, log_line, response_cost
-from app.assembly import STOP_REASONS, Assembly
+from app.edge import unified_format as wire
+from app.edge.validation import check_capabilities
 from app.errors import AllBackendsFailed, GatewayError, InvalidRequest, UpstreamTimeout, stream_error_view
-from app.failover import Candidates, apply_failure, exhausted
 from app.metrics import Metrics
-from app.routing import Backend, Route, Router
-from app.validation import check_capabilities
-from catalog.ledger import LedgerRecord, LedgerStatus
+from app.pipeline.accounting import ledger_record, log_line, response_cost
+from app.pipeline.fold import STOP_REASONS, Assembly
+from app.routing.failover import Candidates, apply_failure, exhausted
+from app.routing.router import Backend, Route, Router
+from catalog.records import LedgerRecord, LedgerStatus
 from catalog.snapshot import ModelEntry
 from providers import events as ev
 from providers.errors import Failure, UpstreamError

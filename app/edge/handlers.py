@@ -1,6 +1,6 @@
 """HTTP handlers for everything but the hot path: `/api/v1/models`, `/healthz`, `/readyz`, `/metrics`.
 
-(`POST /api/v1/completions` is a raw ASGI route in `app.completions`.) Errors are raised as
+(`POST /api/v1/completions` is a raw ASGI route in `app.edge.unified`.) Errors are raised as
 `GatewayError` and rendered by the one exception handler in `app.application`.
 """
 
@@ -13,22 +13,22 @@ from litestar import get
 from litestar.datastructures import State
 from litestar.response import Response
 
-from app.gateway import Gateway
-from app.models_view import model_list
+from app.edge.models_view import model_list
+from app.service import Service
 
 _JSON = "application/json"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _plain_encoder = msgspec.json.Encoder()
 
 
-def _gateway(state: State) -> Gateway:
-    gateway: Gateway = state.gateway
-    return gateway
+def _service(state: State) -> Service:
+    service: Service = state.service
+    return service
 
 
 @get("/api/v1/models")
 async def list_models(state: State) -> Response[bytes]:
-    router = _gateway(state).router
+    router = _service(state).router
     assert router is not None
     now = asyncio.get_running_loop().time()
     return Response(_plain_encoder.encode(model_list(router, now)), media_type=_JSON)
@@ -36,7 +36,7 @@ async def list_models(state: State) -> Response[bytes]:
 
 @get("/metrics")
 async def metrics(state: State) -> Response[bytes]:
-    text = await _gateway(state).render_metrics()
+    text = await _service(state).render_metrics()
     return Response(text.encode(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -47,9 +47,9 @@ async def healthz() -> Response[bytes]:
 
 @get("/readyz")
 async def readyz(state: State) -> Response[bytes]:
-    gateway = _gateway(state)
-    database = await gateway.database_ready()
-    router = gateway.router
+    service = _service(state)
+    database = await service.database_ready()
+    router = service.router
     now = asyncio.get_running_loop().time()
     backends = router is not None and any(b.ready(now) for b in router.all_backends())
     ok = database and backends

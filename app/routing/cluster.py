@@ -1,6 +1,6 @@
 """Routing state shared by every worker and replica through Redis (`[redis]` in config.toml).
 
-Each process keeps routing in its own memory (`app.backends`) and decides on it alone: a request
+Each process keeps routing in its own memory (`app.routing.state`) and decides on it alone: a request
 never waits on Redis. What is shared is what changes rarely and matters to everyone:
 
     event          key (value: the event as JSON)                           expires
@@ -45,9 +45,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from app.backends import CoolReason
 from app.metrics import Metrics, Series
-from app.routing import Backend, ProviderRuntime, Router
+from app.routing.router import Backend, ProviderRuntime, Router
+from app.routing.state import CoolReason
 from app.settings import RedisSettings
 
 STATE_TTL_S = 3600.0  # the longest a breaker or disabled record is kept
@@ -97,7 +97,7 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class SharedState:
+class ClusterLink:
     """One process's link to the others: publishes its state changes (a `StatePublisher`),
     applies theirs, and shares its metrics."""
 

@@ -1,0 +1,46 @@
+"""The ledger's row type and its enums: what the app hands the ledger writer for one request.
+
+Kept apart from the writer (`catalog.ledger`) and the stores (`catalog.ledger_store`) so that both,
+and the app's accounting, import the type without importing each other.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Literal
+
+import msgspec
+
+LedgerStatus = Literal["ok", "error", "cancelled"]
+CostSource = Literal["authoritative", "estimated"]
+
+
+class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One `ledger` row. Token buckets are None when the upstream did not report them."""
+
+    request_id: str
+    started_at: datetime
+    finished_at: datetime
+    status: LedgerStatus
+    streamed: bool
+    latency_ms: float  # milliseconds, sub-millisecond precision kept for benchmarks
+    attempts: int = 1
+    api_key_id: str | None = None
+    model: str | None = None
+    provider: str | None = None
+    upstream_model: str | None = None
+    upstream_request_id: str | None = None
+    error_type: str | None = None
+    error_status: int | None = None
+    stop_reason: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cost_usd: Decimal | None = None
+    estimated_cost_usd: Decimal | None = None
+    cost_source: CostSource | None = None
+    price_id: int | None = None
+    ttft_ms: float | None = None
