@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from app.context import RequestContext
+from app.pipeline.events import Outcome
 from app.routing.router import Router
 
 Series = tuple[str, tuple[str, ...]]  # a metric's name and its label values
@@ -74,6 +76,10 @@ class Metrics:
             self.breaker_trips,
             self.disabled,
         ]
+
+    def request_done(self, ctx: RequestContext, outcome: Outcome) -> None:
+        """Count one finished request (the pipeline calls this once per request)."""
+        self.requests.inc((outcome.model or "", outcome.provider or "", outcome.status))
 
     def series(self, router: Router) -> dict[Series, float]:
         """This process's counters and its share of the summed gauges, for the other workers."""

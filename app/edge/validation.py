@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 
 import msgspec
 
@@ -22,7 +22,6 @@ from app.errors import InvalidRequest
 from providers.types import (
     AudioPart,
     CompletionRequest,
-    ContentPart,
     DocumentPart,
     FileData,
     ImageData,
@@ -45,7 +44,6 @@ _PART_ROLES: dict[type, frozenset[str]] = {
     RedactedThinkingPart: frozenset({"assistant"}),
 }
 _TEXT_ONLY_ROLES = frozenset({"system", "developer"})
-_CAPABILITY = {ImagePart: "vision", AudioPart: "audio", DocumentPart: "documents"}
 
 
 def decode_request(body: bytes, providers: Collection[str]) -> CompletionRequest:
@@ -141,22 +139,6 @@ def _check_provider_options(request: CompletionRequest, providers: Collection[st
             if key in _RESERVED_OPTIONS:
                 raise _invalid(f"provider_options.{name}.{key}", f"may not override '{key}'")
 
-
-def check_capabilities(request: CompletionRequest, model: str, capabilities: Collection[str]) -> None:
-    """A media part the model cannot take is a 400 naming the part (api.md), unless the catalog says
-    the model has the capability."""
-    for path, part in _media_parts(request):
-        needed = _CAPABILITY[type(part)]
-        if needed not in capabilities:
-            kind = type(part).__struct_config__.tag
-            raise _invalid(path, f"model '{model}' does not accept '{kind}' parts (no '{needed}' capability)")
-
-
-def _media_parts(request: CompletionRequest) -> Iterator[tuple[str, ContentPart]]:
-    for m_index, message in enumerate(request.messages):
-        for p_index, part in enumerate(message.content):
-            if isinstance(part, ImagePart | AudioPart | DocumentPart):
-                yield f"messages[{m_index}].content[{p_index}]", part
 
 
 def _invalid(param: str, detail: str) -> InvalidRequest:

@@ -26,10 +26,10 @@ from decimal import Decimal
 from typing import Any
 
 from app.edge import unified_format as wire
-from app.edge.validation import check_capabilities
 from app.errors import AllBackendsFailed, GatewayError, InvalidRequest, UpstreamTimeout, stream_error_view
 from app.metrics import Metrics
 from app.pipeline.accounting import ledger_record, log_line, response_cost
+from app.pipeline.admission import admit
 from app.pipeline.fold import STOP_REASONS, Assembly
 from app.routing.failover import Candidates, apply_failure, exhausted
 from app.routing.router import Backend, Route, Router
@@ -165,7 +165,7 @@ class Pipeline:
         now = loop.time()
         request = exchange.request
         exchange.model = model = self.router.resolve_model(request.model, now)
-        check_capabilities(request, model.id, model.capabilities)
+        admit(request, model)
         exchange.route = route = self.router.route(model, request.provider)
         candidates = Candidates(route.backends, now, self._probe_interval_s)
         deadline = now + self._deadline_s

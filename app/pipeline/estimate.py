@@ -1,0 +1,49 @@
+"""Token estimates for what an upstream did not count for us.
+
+The gateway has no tokenizer for the models it fronts (and loading one per model would cost more
+than the request), so it estimates: about four characters of text per token, the usual figure for
+English prose under BPE tokenizers, plus a few tokens of framing per message. Used where nothing
+better exists: the usage recorded for a cancelled stream whose upstream never reported usage
+(marked `usage_estimated` in the ledger), and the request-size check before routing.
+
+Counted: system text, every text, thinking, tool-call argument and tool-result part, the tools'
+JSON definitions and the output schema. Media parts (image, audio, document) are not counted:
+their token cost depends on the model's encoder and the gateway never fetches them.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from providers.types import CompletionRequest, TextPart, ThinkingPart, ToolCallPart, ToolResultPart
+
+CHARS_PER_TOKEN = 4
+MESSAGE_OVERHEAD = 4  # role and separators, per message
+_encode = msgspec.json.encode
+
+
+def prompt_chars(request: CompletionRequest) -> int:
+    """Characters of everything the upstream will tokenize as input (media parts aside)."""
+    chars = len(request.system) if request.system else 0
+    for message in request.messages:
+        for part in message.content:
+            if isinstance(part, TextPart):
+                chars += len(part.data)
+            elif isinstance(part, ThinkingPart):
+                chars += len(part.data.text)
+            elif isinstance(part, ToolCallPart):
+                data = part.data
+                chars += len(data.name) + len(data.raw_arguments or _encode(data.arguments))
+            elif isinstance(part, ToolResultPart):
+                content = part.data.content
+                chars += len(content) if isinstance(content, str) else len(_encode(content))
+    if request.tools:
+        chars += len(_encode(request.tools))
+    if request.schema is not None:
+        chars += len(_encode(request.schema))
+    return chars
+
+
+def estimate_input_tokens(request: CompletionRequest) -> int:
+    chars = prompt_chars(request)
+    return -(-chars // CHARS_PER_TOKEN) + MESSAGE_OVERHEAD * len(request.messages)
