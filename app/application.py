@@ -2,8 +2,10 @@
 
 Every failure, whether ours (`GatewayError`), the framework's (404, 405, 413 from the body-size
 limit) or unexpected, leaves through `_render_error` in api.md's two-view error format with the
-`x-request-id` header. Unexpected exceptions are logged with their traceback and answered with a
-generic 500: internal paths and stack traces never reach a client.
+`x-request-id` header. A request rejected before it reached the pipeline gets its canonical
+`request` log line here (`status: rejected`); the pipeline writes every other request's.
+Unexpected exceptions are logged with their traceback and answered with a generic 500: internal
+paths and stack traces never reach a client.
 """
 
 from __future__ import annotations
@@ -81,6 +83,18 @@ def create_app_from_env() -> Litestar:
 def _render_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     request_id = getattr(request.state, "request_id", None) or uuid7()
     error = _as_gateway_error(exc, request_id)
+    if not getattr(request.state, "routed", False):
+        # Rejected before the pipeline took it (bad body, 404, 405, 413): the pipeline's
+        # canonical line was never written, so this is that request's line.
+        _log.info(
+            "request",
+            request_id=request_id,
+            method=request.method,
+            path=request.url.path[:200],
+            status="rejected",
+            error_status=error.status_code,
+            error_type=error.type,
+        )
     headers = {"x-request-id": request_id, **error.headers()}
     return Response(
         error_body(error, request_id), status_code=error.status_code, media_type="application/json", headers=headers

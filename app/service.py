@@ -92,7 +92,6 @@ class Service:
             record,
             self.log,
             self.metrics,
-            routing.request_deadline_s,
             routing.probe_interval_s,
         )
         self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log, routing.quota_recheck_s)

@@ -27,6 +27,7 @@ class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
     latency_ms: float  # milliseconds, sub-millisecond precision kept for benchmarks
     attempts: int = 1
     api_key_id: str | None = None
+    api: str | None = None  # the ingress that took the request (`unified`, `openai_chat` …)
     model: str | None = None
     provider: str | None = None
     upstream_model: str | None = None
@@ -39,6 +40,7 @@ class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_tokens: int | None = None
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
+    usage_estimated: bool = False  # the buckets were counted by the gateway, not reported upstream
     cost_usd: Decimal | None = None
     estimated_cost_usd: Decimal | None = None
     cost_source: CostSource | None = None

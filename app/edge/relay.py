@@ -1,14 +1,16 @@
-"""Relaying pipeline frames to an SSE response, with keep-alive pings and prompt cancellation.
+"""Relaying the pipeline's events to an SSE response: rendering, keep-alive pings, prompt cancel.
 
-The pipeline's frame generator runs in one pump task per request; the response iterates a
-`Relay`. That split buys three things without per-chunk timers:
-- keep-alive: one repeating timer per request pushes `event: ping` when nothing was sent for
-  `interval` seconds, before the first token too;
-- the first item decides the response: an exception before any frame is an ordinary HTTP error,
-  a frame (or a ping, when the upstream is slow to start) starts the 200 SSE response;
-- cancellation: when the client goes away Litestar cancels the response, `aclose()` cancels the
-  pump, and the cancellation lands inside the pipeline's upstream read, which closes the upstream
-  connection and records the request as `cancelled`.
+The pipeline's event generator runs in one pump task per request, which renders each event to
+bytes with the ingress's `StreamRenderer`; the response iterates the `Relay`. That split buys
+three things without per-chunk timers:
+- keep-alive: one repeating timer per request pushes the renderer's `ping` when nothing was sent
+  for `interval` seconds, before the first token too;
+- the first item decides the response: an exception before any frame is an ordinary HTTP error
+  (rendered by the ingress's error handler), a frame (or a ping, when the upstream is slow to
+  start) starts the 200 SSE response;
+- cancellation: when the client goes away the handler's task is cancelled (`DisconnectWatch`),
+  the relay is closed, which cancels the pump, and the cancellation lands inside the pipeline's
+  upstream read, which closes the upstream connection and records the request as `cancelled`.
 Frames that queue up while the client is slower than the upstream are sent joined, one write.
 """
 
@@ -18,16 +20,30 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Protocol
 
-from app.edge import unified_format as wire
-from app.errors import GatewayError, InternalError, stream_error_view
+from app.errors import GatewayError, InternalError
+from app.pipeline.events import Event
 
 _END = object()
 
 
+class StreamRenderer(Protocol):
+    """One ingress's streaming format: canonical events in, SSE bytes out."""
+
+    ping: bytes
+
+    def render(self, event: Event) -> bytes:
+        """The frames for `event` (b"" when the format has nothing to say for it)."""
+
+    def error(self, error: GatewayError) -> bytes:
+        """The frame that ends a stream that failed after it started."""
+
+
 class Relay:
-    def __init__(self, source: AsyncIterator[bytes], interval: float) -> None:
+    def __init__(self, source: AsyncIterator[Event], renderer: StreamRenderer, interval: float) -> None:
         self._source = source
+        self._renderer = renderer
         self._interval = interval
         self._items: deque[object] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -37,9 +53,12 @@ class Relay:
         self._pump = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
+        render = self._renderer.render
         try:
-            async for data in self._source:
-                self._push(data)
+            async for event in self._source:
+                data = render(event)
+                if data:
+                    self._push(data)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -57,13 +76,17 @@ class Relay:
     def _tick(self) -> None:
         idle = self._loop.time() - self._last
         if idle >= self._interval and not self._items:
-            self._push(wire.PING_FRAME)
+            self._push(self._renderer.ping)
             idle = 0.0
         self._timer = self._loop.call_later(self._interval - idle, self._tick)
 
     async def first(self) -> bytes:
         """The first frame; raises the pipeline's error when it failed before any output."""
-        item = await self._next()
+        try:
+            item = await self._next()
+        except BaseException:  # cancelled: the client went away before the first frame
+            await self.aclose()
+            raise
         if isinstance(item, BaseException):
             await self.aclose()
             raise item
@@ -91,7 +114,7 @@ class Relay:
                             yield b"".join(chunks)
                         return
                     if isinstance(item, BaseException):
-                        chunks.append(_error_frame(item))
+                        chunks.append(self._error_frame(item))
                         yield b"".join(chunks)
                         return
                     chunks.append(item)  # type: ignore[arg-type]
@@ -111,7 +134,6 @@ class Relay:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pump
 
-
-def _error_frame(exc: BaseException) -> bytes:
-    error = exc if isinstance(exc, GatewayError) else InternalError("internal error")
-    return wire.frame(wire.ErrorEvent(error=stream_error_view(error)))
+    def _error_frame(self, exc: BaseException) -> bytes:
+        """A failure the pipeline did not turn into an error `Outcome` (a bug): said generically."""
+        return self._renderer.error(exc if isinstance(exc, GatewayError) else InternalError("internal error"))

@@ -1,105 +1,168 @@
-"""`POST /api/v1/completions` as a raw ASGI route: the service's hot path.
+"""The native ingress, `POST /api/v1/completions` (api.md): fabro's message-part request in, the
+`CompletionResponse` or `event: stream_event` frames out.
 
-Litestar's regular handler machinery (signature model, dependency resolution, response objects)
-costs about a sixth of the CPU of a whole proxied request (py-spy, bench/RESULTS.md), and this
-endpoint needs none of it: it reads bytes, decodes them with a prebuilt msgspec decoder, and
-writes bytes. So it is mounted with `@asgi` and speaks ASGI directly; the rest of the app (routing,
-the exception handler that renders every error, lifespan) is still Litestar's.
-
-Streaming: the response starts with the first frame (see `app.edge.relay.Relay`); while frames are
-sent, a watcher awaits `http.disconnect` and cancels the sending task, which closes the relay and,
-through it, the upstream request — the client that goes away stops the upstream within a second.
+A front door is a translator in and a renderer out over the one pipeline: the request body is
+already our canonical `CompletionRequest` (`app.edge.validation.decode_request`), a JSON answer is
+rendered from the pipeline's `Outcome` (`response_of`), a stream event by event
+(`UnifiedStream`). ASGI itself is `app.edge.asgi`'s business.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from collections.abc import Callable
+from typing import Any
 
+import msgspec
 from litestar import asgi
 from litestar.types import Receive, Scope, Send
 
-from app.edge import unified_format as wire
+from app.context import RequestContext, new_context
+from app.edge import unified_format as fmt
+from app.edge.asgi import DisconnectWatch, begin, client_gone_is_quiet, mark_routed, read_body, send_json, send_stream
 from app.edge.relay import Relay
 from app.edge.validation import decode_request
-from app.errors import MethodNotAllowed, PayloadTooLarge
-from app.ids import uuid7
-from app.pipeline.pipeline import Exchange
+from app.errors import GatewayError, stream_error_view
+from app.pipeline import events as ev
 from app.service import Service
+from providers.events import Usage
+from providers.types import CompletionRequest, Message, TextPart
 
-_JSON_HEADERS = [(b"content-type", b"application/json")]
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
+_json_decoder = msgspec.json.Decoder()
 
 
 @asgi("/api/v1/completions", copy_scope=False)
 async def completions(scope: Scope, receive: Receive, send: Send) -> None:
-    request_id = uuid7()
-    scope.setdefault("state", {})["request_id"] = request_id
-    if scope.get("method") != "POST":
-        raise MethodNotAllowed("method not allowed")
+    request_id = begin(scope)
     service: Service = scope["litestar_app"].state.service
     assert service.pipeline is not None
     assert service.router is not None
-    body = await _read_body(receive, service.settings.server.max_body_bytes)
+    server = service.settings.server
+    body = await read_body(receive, server.max_body_bytes)
     if body is None:
         return  # the client went away before sending its body: nobody to answer
-    exchange = Exchange(request_id, decode_request(body, service.router.providers))
-    id_header = (b"x-request-id", request_id.encode())
-    if not exchange.stream:
-        payload = wire.encode_response(await service.pipeline.complete(exchange))
-        headers = [*_JSON_HEADERS, id_header, (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
-        return
-    relay = Relay(service.pipeline.stream(exchange), service.settings.server.sse_keepalive_s)
-    first = await relay.first()
-    await send({"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, id_header]})
-    await _send_stream(relay, first, receive, send)
+    request = decode_request(body, service.router.providers)
+    deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
+    ctx = new_context(request_id, "unified", stream=bool(request.stream), deadline=deadline)
+    mark_routed(scope)
+    watch = DisconnectWatch(receive)
+    with client_gone_is_quiet(watch):
+        if not ctx.stream:
+            outcome = await service.pipeline.complete(ctx, request)
+            watch.stop()
+            await send_json(send, fmt.encode_response(response_of(ctx, request, outcome)), request_id)
+            return
+        relay = Relay(service.pipeline.stream(ctx, request), UnifiedStream(ctx, request), server.sse_keepalive_s)
+        await send_stream(relay, send, request_id, watch)
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge("request body too large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+def response_of(ctx: RequestContext, request: CompletionRequest, outcome: ev.Outcome) -> fmt.CompletionResponse:
+    """The whole answer (also the `response` of the `finish` frame)."""
+    message = outcome.message or Message(role="assistant", content=[])
+    return fmt.CompletionResponse(
+        id=ctx.request_id,
+        model=outcome.model or "",
+        provider=outcome.provider or "",
+        message=message,
+        stop_reason=outcome.stop_reason or "end_turn",
+        usage=outcome.usage or Usage(),
+        output=structured_output(message) if request.schema is not None else None,
+        cost_usd=outcome.cost.usd,
+        cost_source=outcome.cost.source,
+    )
 
 
-async def _send_stream(relay: Relay, first: bytes, receive: Receive, send: Send) -> None:
-    sender = asyncio.current_task()
-    assert sender is not None
-    disconnected = False
-
-    async def watch() -> None:
-        nonlocal disconnected
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        disconnected = True
-        sender.cancel()
-
-    watcher = asyncio.create_task(watch())
+def structured_output(message: Message) -> Any:
+    """The parsed JSON of the answer's text, or None when it is not JSON (the text stays in the
+    message either way, so nothing is lost)."""
+    text = "".join(part.data for part in message.content if isinstance(part, TextPart))
     try:
-        async with contextlib.aclosing(relay.frames(first)) as frames:
-            async for chunk in frames:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except asyncio.CancelledError:
-        if not disconnected:
-            raise
-        sender.uncancel()
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        return _json_decoder.decode(text)
+    except msgspec.DecodeError:
+        return None
+
+
+class UnifiedStream:
+    """Canonical events → `stream_event` frames (api.md's table, in its order)."""
+
+    ping = fmt.PING_FRAME
+
+    def __init__(self, ctx: RequestContext, request: CompletionRequest) -> None:
+        self._ctx = ctx
+        self._request = request
+        self._text_id = ""
+        self._renderers: dict[type, Callable[[Any], bytes]] = {
+            ev.TextDelta: self._text_delta,
+            ev.ReasoningDelta: _reasoning_delta,
+            ev.Started: self._started,
+            ev.TextStart: self._text_start,
+            ev.TextEnd: _text_end,
+            ev.ReasoningStart: _reasoning_start,
+            ev.ReasoningEnd: _reasoning_end,
+            ev.ToolCallStart: _tool_call_start,
+            ev.ToolCallDelta: _tool_call_delta,
+            ev.ToolCallEnd: _tool_call_end,
+            ev.Outcome: self._outcome,
+        }
+
+    def render(self, event: ev.Event) -> bytes:
+        return self._renderers[type(event)](event)
+
+    def error(self, error: GatewayError) -> bytes:
+        return fmt.frame(fmt.ErrorEvent(error=stream_error_view(error)))
+
+    def _text_delta(self, event: ev.TextDelta) -> bytes:
+        return fmt.frame(fmt.TextDelta(self._text_id, event.text))
+
+    def _started(self, event: ev.Started) -> bytes:
+        return fmt.frame(fmt.StreamStart(self._ctx.request_id, event.model, event.provider))
+
+    def _text_start(self, event: ev.TextStart) -> bytes:
+        self._text_id = f"text_{event.index}"
+        return fmt.frame(fmt.TextStart(self._text_id))
+
+    def _outcome(self, outcome: ev.Outcome) -> bytes:
+        if outcome.error is not None:
+            return self.error(outcome.error)
+        response = response_of(self._ctx, self._request, outcome)
+        finish = fmt.FinishEvent(
+            finish_reason=outcome.finish_reason or "stop",
+            stop_reason=response.stop_reason,
+            usage=response.usage,
+            response=response,
+        )
+        return fmt.frame(finish)
+
+
+_REASONING_START = fmt.frame(fmt.ReasoningStart())
+_REASONING_END = fmt.frame(fmt.ReasoningEnd())
+
+
+def _reasoning_delta(event: ev.ReasoningDelta) -> bytes:
+    return fmt.frame(fmt.ReasoningDelta(event.text))
+
+
+def _reasoning_start(_event: ev.ReasoningStart) -> bytes:
+    return _REASONING_START
+
+
+def _reasoning_end(_event: ev.ReasoningEnd) -> bytes:
+    return _REASONING_END
+
+
+def _text_end(event: ev.TextEnd) -> bytes:
+    return fmt.frame(fmt.TextEnd(f"text_{event.index}"))
+
+
+def _tool_call_start(event: ev.ToolCallStart) -> bytes:
+    return fmt.frame(fmt.ToolCallStart(fmt.ToolCallView(event.id, event.name, "function", {}, "")))
+
+
+def _tool_call_delta(event: ev.ToolCallDelta) -> bytes:
+    return fmt.frame(fmt.ToolCallDelta(fmt.ToolCallView(event.id, event.name, "function", {}, event.fragment)))
+
+
+def _tool_call_end(event: ev.ToolCallEnd) -> bytes:
+    call = event.call
+    view = fmt.ToolCallView(call.id, call.name, "function", call.arguments, call.raw_arguments or "")
+    return fmt.frame(fmt.ToolCallEnd(view))

@@ -11,17 +11,16 @@ Struct construction, one encode and one concatenation.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 from msgspec import Struct
 
 from app.errors import StreamErrorView
+from app.pipeline.events import StopReason
+from catalog.records import CostSource
 from providers.events import Usage
 from providers.types import Message
-
-StopReason = Literal["end_turn", "max_tokens", "tool_calls", "content_filter"]
-CostSource = Literal["authoritative", "estimated"]
 
 
 class CompletionResponse(Struct):

@@ -1,97 +1,87 @@
-"""Accounting for one finished request: usage, cost, the ledger row and the canonical log line.
+"""Accounting for one finished request: its cost, its ledger row and its canonical log line.
 
 Cost rules (cost.md): an upstream-reported billed cost is `authoritative` and wins; otherwise the
 catalog estimate from the price row in effect at the request's start is `estimated`; no usage or
-no usable price is `null`. The estimate is always computed when there is usage, and kept in the
-ledger beside an authoritative cost. Unknown usage stays NULL in the ledger, never 0.
+no usable price is unpriced (None). The estimate is computed whenever there is usage — once per
+request, into a `Cost` — and kept in the ledger beside an authoritative cost. Unknown usage stays
+NULL in the ledger, never 0.
+
+`ledger_record` and `log_line` are functions of the request's context and its outcome only.
 """
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from app.pipeline.fold import STOP_REASONS, Assembly
+from app.context import RequestContext
+from app.pipeline.events import UNPRICED, Cost, Outcome
 from catalog.pricing import estimate_cost
-from catalog.records import CostSource, LedgerRecord
+from catalog.records import LedgerRecord
 from catalog.snapshot import CatalogSnapshot
-from providers import events as ev
-
-if TYPE_CHECKING:
-    from app.pipeline.pipeline import Exchange
+from providers.events import Usage
 
 
-def estimate(snapshot: CatalogSnapshot, exchange: Exchange, usage: ev.Usage) -> tuple[Decimal | None, int | None]:
-    """The catalog estimate and the price row's id; computed once per request (the response and
-    the ledger row both need it)."""
-    memo = exchange.estimate
-    if memo is not None and memo[0] is usage:
-        return memo[1], memo[2]
-    backend, model = exchange.backend, exchange.model
-    if backend is None or model is None:
-        return None, None
-    price = snapshot.price_at(backend.name, model.id, exchange.started_at)
-    cost = estimate_cost(
-        price,
+def price(
+    snapshot: CatalogSnapshot,
+    provider: str,
+    model: str,
+    started_at: datetime,
+    usage: Usage | None,
+    billed: Decimal | None,
+) -> Cost:
+    """The request's `Cost`: `billed` (the upstream's own figure) wins over the catalog estimate."""
+    if usage is None:
+        return UNPRICED
+    row = snapshot.price_at(provider, model, started_at)
+    estimate = estimate_cost(
+        row,
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
         reasoning_tokens=usage.reasoning_tokens,
         cache_read_tokens=usage.cache_read_tokens,
         cache_write_tokens=usage.cache_write_tokens,
     )
-    price_id = price.id if price is not None else None
-    exchange.estimate = (usage, cost, price_id)
-    return cost, price_id
+    price_id = row.id if row is not None else None
+    if billed is not None:
+        return Cost(billed, "authoritative", estimate, price_id)
+    if estimate is not None:
+        return Cost(estimate, "estimated", estimate, price_id)
+    return Cost(price_id=price_id)
 
 
-def response_cost(
-    snapshot: CatalogSnapshot, exchange: Exchange, report: ev.UsageReport | None
-) -> tuple[Decimal | None, CostSource | None]:
-    if report is None:
-        return None, None
-    if report.cost_usd is not None:
-        return report.cost_usd, "authoritative"
-    cost, _ = estimate(snapshot, exchange, report.usage)
-    return (cost, "estimated") if cost is not None else (None, None)
-
-
-def ledger_record(snapshot: CatalogSnapshot, exchange: Exchange, assembly: Assembly | None) -> LedgerRecord:
-    now = time.perf_counter()
-    backend, error = exchange.backend, exchange.error
-    report = assembly.usage if assembly is not None else None
-    usage = report.usage if report is not None else None
-    cost, price_id = estimate(snapshot, exchange, usage) if usage is not None else (None, None)
-    authoritative = report.cost_usd if report is not None else None
-    finish = assembly.final_finish_reason() if assembly is not None and assembly.finish_reason else None
-    first = exchange.first_content
+def ledger_record(ctx: RequestContext, outcome: Outcome) -> LedgerRecord:
+    usage, error, cost = outcome.usage, outcome.error, outcome.cost
+    first = outcome.first_content
     return LedgerRecord(
-        request_id=exchange.request_id,
-        started_at=exchange.started_at,
+        request_id=ctx.request_id,
+        started_at=ctx.started_at,
         finished_at=datetime.now(UTC),
-        api_key_id=None,
-        model=exchange.model.id if exchange.model is not None else None,
-        provider=backend.name if backend is not None else None,
-        upstream_model=backend.upstream_model if backend is not None else None,
-        upstream_request_id=assembly.upstream_request_id if assembly is not None else None,
-        streamed=exchange.stream,
-        status=exchange.status,
+        api_key_id=ctx.principal.key_id,
+        api=ctx.ingress,
+        model=outcome.model,
+        provider=outcome.provider,
+        upstream_model=outcome.upstream_model,
+        upstream_request_id=outcome.upstream_request_id,
+        streamed=ctx.stream,
+        status=outcome.status,
         error_type=error.type if error is not None else None,
         error_status=error.status_code if error is not None else None,
-        stop_reason=STOP_REASONS[finish] if finish is not None else None,
+        stop_reason=outcome.stop_reason,
         input_tokens=usage.input_tokens if usage else None,
         output_tokens=usage.output_tokens if usage else None,
         reasoning_tokens=usage.reasoning_tokens if usage else None,
         cache_read_tokens=usage.cache_read_tokens if usage else None,
         cache_write_tokens=usage.cache_write_tokens if usage else None,
-        cost_usd=authoritative if authoritative is not None else cost,
-        estimated_cost_usd=cost,
-        cost_source="authoritative" if authoritative is not None else ("estimated" if cost is not None else None),
-        price_id=price_id,
-        latency_ms=round((now - exchange.started) * 1000, 3),
-        ttft_ms=round((first - exchange.started) * 1000, 3) if first is not None else None,
-        attempts=exchange.attempts,
+        usage_estimated=outcome.usage_estimated,
+        cost_usd=cost.usd,
+        estimated_cost_usd=cost.estimate_usd,
+        cost_source=cost.source,
+        price_id=cost.price_id,
+        latency_ms=round((outcome.finished - ctx.started) * 1000, 3),
+        ttft_ms=round((first - ctx.started) * 1000, 3) if first is not None else None,
+        attempts=outcome.attempts,
     )
 
 
@@ -99,6 +89,7 @@ def log_line(log: Any, record: LedgerRecord) -> None:
     log.info(
         "request",
         request_id=record.request_id,
+        api=record.api,
         model=record.model,
         provider=record.provider,
         status=record.status,
@@ -109,6 +100,7 @@ def log_line(log: Any, record: LedgerRecord) -> None:
         reasoning_tokens=record.reasoning_tokens,
         cache_read_tokens=record.cache_read_tokens,
         cache_write_tokens=record.cache_write_tokens,
+        usage_estimated=record.usage_estimated,
         cost_usd=str(record.cost_usd) if record.cost_usd is not None else None,
         latency_ms=record.latency_ms,
         ttft_ms=record.ttft_ms,

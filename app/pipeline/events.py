@@ -29,7 +29,9 @@ from msgspec import Struct
 
 from app.errors import GatewayError
 from catalog.records import CostSource, LedgerStatus
-from providers.events import ReasoningDelta, TextDelta, Usage
+from providers.events import ReasoningDelta as ReasoningDelta
+from providers.events import TextDelta as TextDelta
+from providers.events import Usage
 from providers.types import Message, ToolCallData
 
 StopReason = Literal["end_turn", "max_tokens", "tool_calls", "content_filter"]

@@ -1,13 +1,17 @@
-"""The fold of canonical upstream events into `stream_event` frames and the final message.
+"""The fold of one attempt's upstream events into canonical events and the assistant message.
 
-One `Assembly` per attempt that produced content. Streaming and non-streaming requests share it:
-with `emit=True` each event also appends its SSE frames to `out` (drained by the pipeline after
-every event); with `emit=False` only the message is built. So the JSON response is literally the
-fold of the same event stream, and there is one accounting path.
+One `Fold` per attempt. With `emit=True` (streaming) every upstream event also appends the
+canonical events it causes to `out` (`app.pipeline.events`), which the pipeline yields and clears
+after each upstream event; with `emit=False` (a JSON answer) only the message is built. Either
+way the message and the usage come from the same fold, so there is one accounting path.
 
-Block rules (api.md): text and reasoning blocks open on their first delta and close when another
-kind of block starts or the stream finishes; every tool call is its own block, correlated by id,
-and all open calls are closed (with their arguments parsed) at the end, in order of appearance.
+Block rules (api.md): text and reasoning blocks open on their first non-empty delta and close when
+another kind of block starts or the answer ends; every tool call is its own block, correlated by
+id, and all calls are closed (arguments parsed) at the end, in order of appearance.
+
+The fold also counts what it relayed (`relayed_output`, `relayed_reasoning`: one per delta, the
+usual size of a streamed chunk), the usage of last resort for a cancelled stream whose upstream
+never reported any.
 """
 
 from __future__ import annotations
@@ -16,37 +20,26 @@ from typing import Any
 
 import msgspec
 
-from app.edge import unified_format as wire
+from app.pipeline import events as out
+from app.pipeline.events import FinishReason
 from providers import events as ev
-from providers.types import (
-    ContentPart,
-    Message,
-    TextPart,
-    ThinkingData,
-    ThinkingPart,
-    ToolCallData,
-    ToolCallPart,
-)
+from providers.types import ContentPart, Message, TextPart, ThinkingData, ThinkingPart, ToolCallData, ToolCallPart
 
-STOP_REASONS: dict[str, wire.StopReason] = {
-    "stop": "end_turn",
-    "length": "max_tokens",
-    "tool_calls": "tool_calls",
-    "content_filter": "content_filter",
-}
 _json_decoder = msgspec.json.Decoder()
+_FINISH_REASONS = frozenset(("stop", "length", "tool_calls", "content_filter"))
 
 
 class _Call:
-    __slots__ = ("fragments", "id", "name")
+    __slots__ = ("fragments", "id", "index", "name")
 
-    def __init__(self, call_id: str, name: str) -> None:
+    def __init__(self, index: int, call_id: str, name: str) -> None:
+        self.index = index
         self.id = call_id
         self.name = name
         self.fragments: list[str] = []
 
 
-class Assembly:
+class Fold:
     __slots__ = (
         "_block",
         "_block_parts",
@@ -56,41 +49,43 @@ class Assembly:
         "finish_reason",
         "out",
         "parts",
+        "relayed_output",
+        "relayed_reasoning",
         "upstream_request_id",
         "usage",
     )
 
     def __init__(self, *, emit: bool) -> None:
         self.emit = emit
-        self.out: list[bytes] = []
+        self.out: list[out.Event] = []
         self.parts: list[ContentPart | _Call] = []
         self.usage: ev.UsageReport | None = None
         self.finish_reason: str | None = None
         self.upstream_request_id: str | None = None
-        self._block: str | None = None  # "text" | "reasoning" | None
+        self.relayed_output = 0
+        self.relayed_reasoning = 0
+        self._block: type[ev.TextDelta] | type[ev.ReasoningDelta] | None = None
         self._block_parts: list[str] = []
         self._texts = 0
         self._calls: dict[int, _Call] = {}
 
     def feed(self, event: ev.Event) -> None:
-        if isinstance(event, ev.TextDelta):
+        if isinstance(event, ev.TextDelta | ev.ReasoningDelta):
             if event.text:
-                self._delta("text", event.text)
-        elif isinstance(event, ev.ReasoningDelta):
-            if event.text:
-                self._delta("reasoning", event.text)
+                self._delta(event)
         elif isinstance(event, ev.ToolCallStart):
             self._close_block()
-            call = _Call(event.id, event.name)
+            call = _Call(len(self._calls), event.id, event.name)
             self._calls[event.key] = call
             self.parts.append(call)
             if self.emit:
-                self.out.append(wire.frame(wire.ToolCallStart(_view(call, {}, ""))))
+                self.out.append(out.ToolCallStart(call.index, call.id, call.name))
         elif isinstance(event, ev.ToolCallArgs):
             call = self._calls[event.key]
             call.fragments.append(event.fragment)
+            self.relayed_output += 1
             if self.emit:
-                self.out.append(wire.frame(wire.ToolCallDelta(_view(call, {}, event.fragment))))
+                self.out.append(out.ToolCallDelta(call.index, call.id, call.name, event.fragment))
         elif isinstance(event, ev.UsageReport):
             self.usage = event
         elif isinstance(event, ev.Finish):
@@ -98,71 +93,61 @@ class Assembly:
         else:
             self.upstream_request_id = event.upstream_request_id
 
-    def _delta(self, kind: str, text: str) -> None:
-        if self._block != kind:
+    def _delta(self, event: ev.TextDelta | ev.ReasoningDelta) -> None:
+        kind = type(event)
+        if self._block is not kind:
             self._close_block()
             self._block = kind
             if self.emit:
-                start: wire.StreamEvent = (
-                    wire.TextStart(f"text_{self._texts}") if kind == "text" else wire.ReasoningStart()
-                )
-                self.out.append(wire.frame(start))
-        self._block_parts.append(text)
+                self.out.append(out.TextStart(self._texts) if kind is ev.TextDelta else out.ReasoningStart())
+        self._block_parts.append(event.text)
+        if kind is ev.TextDelta:
+            self.relayed_output += 1
+        else:
+            self.relayed_reasoning += 1
         if self.emit:
-            delta: wire.StreamEvent = (
-                wire.TextDelta(f"text_{self._texts}", text) if kind == "text" else wire.ReasoningDelta(text)
-            )
-            self.out.append(wire.frame(delta))
+            self.out.append(event)
 
     def _close_block(self) -> None:
         if self._block is None:
             return
         text = "".join(self._block_parts)
         self._block_parts = []
-        if self._block == "text":
+        if self._block is ev.TextDelta:
             self.parts.append(TextPart(text))
             if self.emit:
-                self.out.append(wire.frame(wire.TextEnd(f"text_{self._texts}")))
+                self.out.append(out.TextEnd(self._texts, text))
             self._texts += 1
         else:
             self.parts.append(ThinkingPart(ThinkingData(text=text)))
             if self.emit:
-                self.out.append(wire.frame(wire.ReasoningEnd()))
+                self.out.append(out.ReasoningEnd(text))
         self._block = None
 
     def close(self) -> Message:
-        """Close every open block (emitting the `*_end` frames) and return the assistant message."""
+        """Close every open block (emitting the `*End` events) and return the assistant message."""
         self._close_block()
         content: list[ContentPart] = []
         for part in self.parts:
             if isinstance(part, _Call):
                 raw = "".join(part.fragments)
-                call = _view(part, _parse_arguments(raw), raw)
+                call = ToolCallData(part.id, part.name, _parse_arguments(raw), raw_arguments=raw)
                 if self.emit:
-                    self.out.append(wire.frame(wire.ToolCallEnd(call)))
-                content.append(ToolCallPart(ToolCallData(call.id, call.name, call.arguments, raw_arguments=raw)))
+                    self.out.append(out.ToolCallEnd(part.index, call))
+                content.append(ToolCallPart(call))
             else:
                 content.append(part)
         return Message(role="assistant", content=content)
 
-    def final_finish_reason(self) -> str:
+    def final_finish_reason(self) -> FinishReason | None:
+        """`tool_calls` whenever calls were returned; an unknown reason reads as `stop`; None when
+        the upstream never said it finished."""
+        reason = self.finish_reason
+        if reason is None:
+            return None
         if self._calls:
             return "tool_calls"
-        reason = self.finish_reason or "stop"
-        return reason if reason in STOP_REASONS else "stop"
-
-    def structured_output(self, message: Message) -> Any:
-        """The parsed JSON of the answer's text, or None when it is not JSON (the text stays in
-        the message either way, so nothing is lost)."""
-        text = "".join(part.data for part in message.content if isinstance(part, TextPart))
-        try:
-            return _json_decoder.decode(text)
-        except msgspec.DecodeError:
-            return None
-
-
-def _view(call: _Call, arguments: Any, raw: str) -> wire.ToolCallView:
-    return wire.ToolCallView(id=call.id, name=call.name, type="function", arguments=arguments, raw_arguments=raw)
+        return reason if reason in _FINISH_REASONS else "stop"  # type: ignore[return-value]
 
 
 def _parse_arguments(raw: str) -> Any:

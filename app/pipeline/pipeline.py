@@ -1,83 +1,93 @@
-"""The request pipeline: route → failover loop → fold events → accounting → ledger row and log line.
+"""The request pipeline: route → failover loop → fold → `Outcome` → ledger row, metrics, log line.
 
-This is the only module that touches both `providers` and `catalog`. The flow is one direction:
+This is the only module that touches both `providers` and `catalog`, and it knows no wire format:
+it takes a `RequestContext` and a `CompletionRequest` from an ingress and gives back canonical
+events (`app.pipeline.events`) that the ingress renders.
 
-    Router.route()     the model's backends, in priority order
-    _open()            one retry loop (`app.routing.failover`): take a slot on the next eligible backend,
-                       start an attempt, and pull events until the first *content* event; a failure
-                       before that updates the backend's state and moves on (or stops, for a client
-                       error). The first content event commits the request to that backend — from
-                       then on a failure is an `error` event (or a 502), never a failover.
-    fold               every event goes through one `Assembly` (frames for SSE, the message for both)
-    _close()           in a `finally`: the slot is released, the ledger row queued (off the request
-                       path) and the canonical log line written — so success, upstream error and
-                       client cancellation all leave exactly one row.
+    complete(ctx, request) -> Outcome     a JSON answer: the fold of the whole event stream
+    stream(ctx, request)   -> events      Started, block events …, then the Outcome (last)
 
-`request_deadline_s` bounds the whole loop: queue waits and attempts before the first content.
+The flow is one direction:
+
+    Router.route()     the model's backends, in priority order; `admit` checks the request fits
+    _open()            one retry loop (`app.routing.failover`): take a slot on the next eligible
+                       backend, start an attempt, and pull events until the first *content*
+                       event; a failure before that updates the backend's state and moves on (or
+                       stops, for a client error). The first content event commits the request
+                       to that backend — from then on a failure ends the answer with an error
+                       `Outcome` (streaming) or a 502/504 (JSON), never a failover.
+    Fold               every upstream event of the committed attempt (`app.pipeline.fold`)
+    _close()           once, before the Outcome is handed out (or in a `finally` when the request
+                       ends otherwise): the slot is released, the ledger row queued (off the
+                       request path), the request counted and its canonical line logged — so
+                       success, upstream error and client cancellation all leave exactly one row.
+
+Errors before the answer starts are raised (`GatewayError`): each ingress renders them as an
+ordinary HTTP error in its own shape. `ctx.deadline` bounds the loop: queue waits and attempts
+before the first content. A cancelled request (the client went away) is recorded `cancelled`;
+when its upstream never reported usage, the ledger gets the prompt's estimate and the deltas
+already relayed, marked `usage_estimated` (app/pipeline/estimate.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from datetime import UTC, datetime
-from decimal import Decimal
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from app.edge import unified_format as wire
-from app.errors import AllBackendsFailed, GatewayError, InvalidRequest, UpstreamTimeout, stream_error_view
+from app.context import RequestContext
+from app.errors import AllBackendsFailed, GatewayError, InvalidRequest, UpstreamTimeout
 from app.metrics import Metrics
-from app.pipeline.accounting import ledger_record, log_line, response_cost
+from app.pipeline.accounting import ledger_record, log_line, price
 from app.pipeline.admission import admit
-from app.pipeline.fold import STOP_REASONS, Assembly
+from app.pipeline.estimate import estimate_input_tokens
+from app.pipeline.events import UNPRICED, Event, Outcome, Started
+from app.pipeline.fold import Fold
 from app.routing.failover import Candidates, apply_failure, exhausted
-from app.routing.router import Backend, Route, Router
+from app.routing.router import Backend, Router
 from catalog.records import LedgerRecord, LedgerStatus
 from catalog.snapshot import ModelEntry
 from providers import events as ev
 from providers.errors import Failure, UpstreamError
-from providers.types import CompletionRequest
+from providers.types import CompletionRequest, Message
 
 _CONTENT = (ev.TextDelta, ev.ReasoningDelta, ev.ToolCallStart, ev.ToolCallArgs, ev.Finish)
-Events = AsyncGenerator[ev.Event, None]
+Upstream = AsyncGenerator[ev.Event, None]
 
 
-class Exchange:
-    """Everything known about one request while it runs; becomes its ledger row."""
+class _Run:
+    """What is known about one request while it runs; private to the pipeline, it becomes the
+    request's `Outcome` once (`Pipeline._close`)."""
 
     __slots__ = (
         "attempts",
         "backend",
+        "ctx",
         "error",
-        "estimate",
         "first_content",
+        "fold",
+        "message",
         "model",
+        "outcome",
         "request",
-        "request_id",
-        "route",
         "slot",
-        "started",
-        "started_at",
         "status",
-        "stream",
     )
 
-    def __init__(self, request_id: str, request: CompletionRequest) -> None:
-        self.request_id = request_id
+    def __init__(self, ctx: RequestContext, request: CompletionRequest) -> None:
+        self.ctx = ctx
         self.request = request
-        self.stream = bool(request.stream)
-        self.started_at = datetime.now(UTC)
-        self.started = time.perf_counter()
-        self.first_content: float | None = None
         self.attempts = 0
         self.model: ModelEntry | None = None
-        self.route: Route | None = None
         self.backend: Backend | None = None
         self.slot: Backend | None = None  # the backend whose concurrency slot this request holds
+        self.fold: Fold | None = None  # the latest attempt's
+        self.first_content: float | None = None
+        self.message: Message | None = None
         self.status: LedgerStatus = "error"
         self.error: GatewayError | None = None
-        self.estimate: tuple[ev.Usage, Decimal | None, int | None] | None = None  # see accounting.estimate
+        self.outcome: Outcome | None = None
 
 
 class Pipeline:
@@ -87,182 +97,204 @@ class Pipeline:
         record: Callable[[LedgerRecord], None],
         log: Any,
         metrics: Metrics,
-        deadline_s: float,
         probe_interval_s: float = 10.0,
     ) -> None:
         self.router = router
         self._record = record
         self._log = log
         self.metrics = metrics
-        self._deadline_s = deadline_s
         self._probe_interval_s = probe_interval_s
 
-    async def complete(self, exchange: Exchange) -> wire.CompletionResponse:
-        """A non-streaming completion: the fold of the same event stream, returned whole."""
-        assembly: Assembly | None = None
+    async def complete(self, ctx: RequestContext, request: CompletionRequest) -> Outcome:
+        """A whole answer. Raises `GatewayError` when there is none (mid-answer failures too)."""
+        run = _Run(ctx, request)
         try:
-            assembly, events = await self._open(exchange, emit=False)
+            upstream = await self._open(run, emit=False)
+            fold = run.fold
+            assert fold is not None
             try:
-                async for event in events:
-                    assembly.feed(event)
+                async for event in upstream:
+                    fold.feed(event)
             except UpstreamError as exc:
-                self._attempt_failed(exchange, exc)
+                self._attempt_failed(run, exc)
                 raise _mid_answer_error(exc) from None
             finally:
-                await events.aclose()
-            response = self._finish(exchange, assembly)
-            self._attempt_ok(exchange)
-            return response
+                await upstream.aclose()
+            run.message = fold.close()
+            self._attempt_ok(run)
+            return self._close(run)
         except GatewayError as exc:
-            exchange.error = exc
+            run.error = exc
+            raise
+        except asyncio.CancelledError:
+            run.status = "cancelled"
             raise
         finally:
-            self._close(exchange, assembly)
+            self._close(run)
 
-    async def stream(self, exchange: Exchange) -> AsyncIterator[bytes]:
-        """SSE frames. Raises `GatewayError` before the first frame when no backend produced
-        content (an ordinary HTTP error); afterwards failures become an `error` event."""
-        assembly: Assembly | None = None
+    async def stream(self, ctx: RequestContext, request: CompletionRequest) -> AsyncGenerator[Event, None]:
+        """Canonical events, the `Outcome` last. Raises `GatewayError` before the first event when
+        no backend produced content; afterwards a failure is an `Outcome` with its `error`."""
+        run = _Run(ctx, request)
         try:
-            assembly, events = await self._open(exchange, emit=True)
-            assert exchange.backend is not None
-            assert exchange.model is not None
-            start = wire.StreamStart(exchange.request_id, exchange.model.id, exchange.backend.name)
-            yield wire.frame(start) + _drain(assembly)
+            upstream = await self._open(run, emit=True)
+            fold = run.fold
+            assert fold is not None
+            assert run.model is not None
+            assert run.backend is not None
+            yield Started(run.model.id, run.backend.name)
             try:
-                async for event in events:
-                    assembly.feed(event)
-                    if assembly.out:
-                        yield _drain(assembly)
+                for item in fold.out:
+                    yield item
+                fold.out.clear()
+                async for event in upstream:
+                    fold.feed(event)
+                    if fold.out:
+                        for item in fold.out:
+                            yield item
+                        fold.out.clear()
             except UpstreamError as exc:
-                self._attempt_failed(exchange, exc)
-                exchange.error = error = _mid_answer_error(exc)
-                assembly.close()  # every opened block is closed before the error event
-                yield _drain(assembly) + wire.frame(wire.ErrorEvent(error=stream_error_view(error)))
-                return
+                self._attempt_failed(run, exc)
+                run.error = _mid_answer_error(exc)
             finally:
-                await events.aclose()
-            response = self._finish(exchange, assembly)
-            self._attempt_ok(exchange)
-            finish = wire.FinishEvent(
-                finish_reason=assembly.final_finish_reason(),
-                stop_reason=response.stop_reason,
-                usage=response.usage,
-                response=response,
-            )
-            yield _drain(assembly) + wire.frame(finish)
+                await upstream.aclose()
+            run.message = fold.close()  # every open block is closed, before the error too
+            for item in fold.out:
+                yield item
+            fold.out.clear()
+            if run.error is None:
+                self._attempt_ok(run)
+            yield self._close(run)
         except GatewayError as exc:
-            exchange.error = exc
+            run.error = exc
             raise
         except (asyncio.CancelledError, GeneratorExit):
-            exchange.status = "cancelled"
+            run.status = "cancelled"
             raise
         finally:
-            self._close(exchange, assembly)
+            self._close(run)
 
-    async def _open(self, exchange: Exchange, *, emit: bool) -> tuple[Assembly, Events]:
+    async def _open(self, run: _Run, *, emit: bool) -> Upstream:
         loop = asyncio.get_running_loop()
         now = loop.time()
-        request = exchange.request
-        exchange.model = model = self.router.resolve_model(request.model, now)
+        request, deadline = run.request, run.ctx.deadline
+        run.model = model = self.router.resolve_model(request.model, now)
         admit(request, model)
-        exchange.route = route = self.router.route(model, request.provider)
+        route = self.router.route(model, request.provider)
         candidates = Candidates(route.backends, now, self._probe_interval_s)
-        deadline = now + self._deadline_s
         failures: list[UpstreamError] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:
-            exchange.slot = exchange.backend = backend
-            exchange.attempts += 1
-            if exchange.attempts > 1:
+            run.slot = run.backend = backend
+            run.attempts += 1
+            if run.attempts > 1:
                 self.metrics.retries.inc((model.id,))
-            assembly = Assembly(emit=emit)
-            events = backend.provider.adapter.events(request, backend.upstream_model, stream=exchange.stream)
+            run.fold = Fold(emit=emit)
+            upstream = backend.provider.adapter.events(request, backend.upstream_model, stream=run.ctx.stream)
             try:
                 async with asyncio.timeout_at(deadline):
-                    await _until_content(events, assembly, exchange)
+                    await _until_content(upstream, run)
             except TimeoutError:
                 # The request's own deadline ran out: not the backend's fault, so no cool-down.
-                await events.aclose()
-                self._release(exchange)
+                await upstream.aclose()
+                self._release(run)
                 failures.append(UpstreamError(Failure.TIMEOUT, "the request deadline passed"))
                 break
             except UpstreamError as exc:
-                await events.aclose()
-                self._release(exchange)
-                self._attempt_failed(exchange, exc)
+                await upstream.aclose()
+                self._release(run)
+                self._attempt_failed(run, exc)
                 if exc.kind is Failure.CLIENT:
                     raise InvalidRequest(exc.message) from None
                 failures.append(exc)
                 continue
             except BaseException:  # cancelled (the client went away) or a bug: close the upstream now
-                await events.aclose()
+                await upstream.aclose()
                 raise
-            if exchange.attempts > 1:
+            if run.attempts > 1:
                 self.metrics.failovers.inc((model.id, backend.name))
-            return assembly, events
+            return upstream
         raise exhausted(failures, candidates)
 
-    def _attempt_ok(self, exchange: Exchange) -> None:
-        exchange.status = "ok"
-        if exchange.backend is not None:
-            exchange.backend.state.record(True)
-            self.metrics.attempts.inc((exchange.backend.name, "ok"))
+    def _attempt_ok(self, run: _Run) -> None:
+        run.status = "ok"
+        if run.backend is not None:
+            run.backend.state.record(True)
+            self.metrics.attempts.inc((run.backend.name, "ok"))
 
-    def _attempt_failed(self, exchange: Exchange, exc: UpstreamError) -> None:
-        backend = exchange.backend
+    def _attempt_failed(self, run: _Run, exc: UpstreamError) -> None:
+        backend = run.backend
         if backend is not None:
             apply_failure(backend, exc, asyncio.get_running_loop().time(), self.metrics, self._log)
             self.metrics.attempts.inc((backend.name, exc.kind.value))
 
-    def _release(self, exchange: Exchange) -> None:
-        if exchange.slot is not None:
-            exchange.slot.state.release()
-            exchange.slot = None
+    def _release(self, run: _Run) -> None:
+        if run.slot is not None:
+            run.slot.state.release()
+            run.slot = None
 
-    def _finish(self, exchange: Exchange, assembly: Assembly) -> wire.CompletionResponse:
-        model, backend = exchange.model, exchange.backend
-        assert model is not None
-        assert backend is not None
-        message = assembly.close()
-        report = assembly.usage
-        cost, source = response_cost(self.router.snapshot, exchange, report)
-        return wire.CompletionResponse(
-            id=exchange.request_id,
-            model=model.id,
-            provider=backend.name,
-            message=message,
-            stop_reason=STOP_REASONS[assembly.final_finish_reason()],
-            usage=report.usage if report is not None else ev.Usage(),
-            output=assembly.structured_output(message) if exchange.request.schema is not None else None,
-            cost_usd=cost,
-            cost_source=source,
-        )
-
-    def _close(self, exchange: Exchange, assembly: Assembly | None) -> None:
-        """Release the slot, queue the ledger row, count and log the request. Never raises."""
-        self._release(exchange)
+    def _close(self, run: _Run) -> Outcome:
+        """The request's `Outcome`, made once: release the slot, queue the ledger row, count and
+        log the request. Never raises."""
+        if run.outcome is not None:
+            return run.outcome
+        self._release(run)
+        outcome = run.outcome = self._outcome(run)
         try:
-            record = ledger_record(self.router.snapshot, exchange, assembly)
+            record = ledger_record(run.ctx, outcome)
             self._record(record)
-            self.metrics.requests.inc((record.model or "", record.provider or "", record.status))
+            self.metrics.request_done(run.ctx, outcome)
             log_line(self._log, record)
         except Exception:
-            self._log.exception("ledger_record_failed", request_id=exchange.request_id)
+            self._log.exception("ledger_record_failed", request_id=run.ctx.request_id)
+        return outcome
+
+    def _outcome(self, run: _Run) -> Outcome:
+        fold, backend, model = run.fold, run.backend, run.model
+        usage, billed, estimated = None, None, False
+        if fold is not None and fold.usage is not None:
+            usage, billed = fold.usage.usage, fold.usage.cost_usd
+        elif fold is not None and run.status == "cancelled":
+            usage, estimated = _counted_usage(run.request, fold), True
+        cost = UNPRICED
+        if backend is not None and model is not None:
+            cost = price(self.router.snapshot, backend.name, model.id, run.ctx.started_at, usage, billed)
+        return Outcome(
+            status=run.status,
+            finished=time.perf_counter(),
+            attempts=run.attempts,
+            model=model.id if model is not None else None,
+            provider=backend.name if backend is not None else None,
+            upstream_model=backend.upstream_model if backend is not None else None,
+            upstream_request_id=fold.upstream_request_id if fold is not None else None,
+            message=run.message,
+            finish_reason=fold.final_finish_reason() if fold is not None else None,
+            usage=usage,
+            usage_estimated=estimated,
+            cost=cost,
+            error=run.error,
+            first_content=run.first_content,
+        )
 
 
-async def _until_content(events: Events, assembly: Assembly, exchange: Exchange) -> None:
+async def _until_content(upstream: Upstream, run: _Run) -> None:
     """Pull events until the first content event (or the end of the answer)."""
-    async for event in events:
-        assembly.feed(event)
+    fold = run.fold
+    assert fold is not None
+    async for event in upstream:
+        fold.feed(event)
         if isinstance(event, _CONTENT):
-            exchange.first_content = time.perf_counter()
+            run.first_content = time.perf_counter()
             return
 
 
-def _drain(assembly: Assembly) -> bytes:
-    data = b"".join(assembly.out)
-    assembly.out.clear()
-    return data
+def _counted_usage(request: CompletionRequest, fold: Fold) -> ev.Usage:
+    """What a cancelled attempt used, as far as the gateway can tell: the prompt's estimate and
+    one token per delta relayed (reasoning deltas in their own bucket)."""
+    return ev.Usage(
+        input_tokens=estimate_input_tokens(request),
+        output_tokens=fold.relayed_output,
+        reasoning_tokens=fold.relayed_reasoning,
+    )
 
 
 def _mid_answer_error(exc: UpstreamError) -> GatewayError:

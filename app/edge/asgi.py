@@ -1,0 +1,138 @@
+"""ASGI plumbing shared by every ingress: the body, the request id, the disconnect watch, sending.
+
+The completion ingresses are raw ASGI routes (`@asgi`): Litestar's handler machinery (signature
+model, dependency resolution, response objects) cost about a sixth of a proxied request's CPU
+(py-spy, bench/RESULTS.md), and these endpoints need none of it. Each ingress module translates
+its request into a `CompletionRequest`, hands it to the pipeline and renders what comes back;
+everything about ASGI itself is here, once.
+
+Disconnects. A client that goes away must cancel its upstream request (api.md), whether it waits
+for a JSON answer or reads a stream, before the first token too. `DisconnectWatch` awaits
+`http.disconnect` and cancels the handler's task; the cancellation lands in the pipeline, which
+closes the upstream connection and records the request as `cancelled`. The watch starts
+`WATCH_AFTER_S` after the body was read, from a timer: most answers from a local server take
+less, and a watcher task per request would cost more than the timer (the server keeps the
+disconnect, so a client gone before the watch starts is seen at once when it does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from litestar.types import Receive, Scope, Send
+
+from app.edge.relay import Relay
+from app.errors import MethodNotAllowed, PayloadTooLarge
+from app.ids import uuid7
+
+WATCH_AFTER_S = 0.05
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def begin(scope: Scope, methods: tuple[str, ...] = ("POST",)) -> str:
+    """A new request id, kept in the scope's state for the error renderer; 405 for other methods."""
+    request_id = uuid7()
+    state: dict[str, Any] = scope.setdefault("state", {})
+    state["request_id"] = request_id
+    if scope.get("method") not in methods:
+        raise MethodNotAllowed("method not allowed")
+    return request_id
+
+
+def mark_routed(scope: Scope) -> None:
+    """From here on the pipeline accounts for the request (its ledger row and log line)."""
+    scope["state"]["routed"] = True
+
+
+async def read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None when the client went away before sending it."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge("request body too large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class DisconnectWatch:
+    """Cancels the current task when the client disconnects, until `stop`."""
+
+    __slots__ = ("_receive", "_task", "_timer", "_watcher", "gone")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task = asyncio.current_task()
+        self._watcher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start)
+        self.gone = False
+
+    def _start(self) -> None:
+        self._timer = None
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        if self._task is not None and not self.gone:
+            self.gone = True
+            self._task.cancel()
+
+    def stop(self) -> None:
+        """The answer is complete (or failed): a disconnect from now on changes nothing."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+        self._task = None
+
+
+async def send_json(send: Send, payload: bytes, request_id: str, status: int = 200) -> None:
+    headers = [*JSON_HEADERS, (b"x-request-id", request_id.encode()), (b"content-length", b"%d" % len(payload))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+async def send_stream(relay: Relay, send: Send, request_id: str, watch: DisconnectWatch) -> None:
+    """The SSE response: started with the relay's first item (an error before it is raised, for
+    the ingress's error renderer), then every frame as it comes."""
+    first = await relay.first()
+    headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    async with contextlib.aclosing(relay.frames(first)) as frames:
+        async for chunk in frames:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    watch.stop()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+@contextlib.contextmanager
+def client_gone_is_quiet(watch: DisconnectWatch) -> Iterator[None]:
+    """A cancellation caused by the client's disconnect ends the handler quietly (there is
+    nobody to answer); any other cancellation goes on."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not watch.gone:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+    finally:
+        watch.stop()

@@ -1,0 +1,145 @@
+"""A client that goes away cancels its upstream request — JSON or streamed, before the first token
+or after — and the ledger records what was used (api.md, cost.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlsplit
+
+from tests.conftest import GatewayHandle
+from tests.gateway.catalog import primary_cost
+from tests.upstream import ReplayUpstream, reply_json, reply_sse
+
+PROMPT = "x" * 400  # 400 characters: 100 tokens at four per token, plus 4 for the message
+PROMPT_ESTIMATE = 104
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-c1",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def body(*, stream: bool) -> dict[str, Any]:
+    message = {"role": "user", "content": [{"kind": "text", "data": PROMPT}]}
+    return {"model": "chat-1", "stream": stream, "messages": [message]}
+
+
+async def until(predicate: Callable[[], bool], within: float) -> float:
+    """Seconds until `predicate()` held; fails after `within`."""
+    started = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - started < within, "condition not met in time"
+        await asyncio.sleep(0.005)
+    return time.monotonic() - started
+
+
+async def post_raw(gw: GatewayHandle, payload: dict[str, Any]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client that sends its request and can then simply drop the connection."""
+    url = urlsplit(gw.url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    data = json.dumps(payload).encode()
+    head = f"POST /api/v1/completions HTTP/1.1\r\nhost: {url.netloc}\r\ncontent-type: application/json\r\n"
+    writer.write(head.encode() + b"content-length: %d\r\n\r\n" % len(data) + data)
+    await writer.drain()
+    return reader, writer
+
+
+async def one_row(gw: GatewayHandle) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    while not rows:
+        assert time.monotonic() - started < 2.0, "no ledger row"
+        rows = await gw.ledger_rows()
+    (row,) = rows
+    return row
+
+
+def estimated_usage(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        row["status"],
+        row["usage_estimated"],
+        row["input_tokens"],
+        row["output_tokens"],
+        row["reasoning_tokens"],
+        row["cache_read_tokens"],
+        row["cache_write_tokens"],
+        row["cost_source"],
+    )
+
+
+async def test_a_json_client_that_disconnects_cancels_the_upstream_request(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "late"}, "finish_reason": "stop"}]}
+    primary.enqueue(reply_json(200, answer, first_byte_delay_s=5.0))
+    _, writer = await post_raw(gw, body(stream=False))
+    await until(lambda: len(primary.requests) == 1 and primary.open_connections == 1, within=2.0)
+    writer.close()
+    assert await until(lambda: primary.open_connections == 0, within=1.0) < 1.0
+    row = await one_row(gw)
+    assert (row["streamed"], row["provider"], row["attempts"]) == (False, "primary", 1)
+    # Nothing came back, so the gateway counts what it can: the prompt went upstream.
+    assert estimated_usage(row) == ("cancelled", True, PROMPT_ESTIMATE, 0, 0, 0, 0, "estimated")
+    assert Decimal(row["cost_usd"]) == primary_cost(PROMPT_ESTIMATE, 0) == Decimal("0.0000104")
+
+
+async def test_a_stream_cancelled_before_any_output_cancels_the_upstream_within_a_second(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """No ping has started the response yet (the keep-alive is 15 s): the client still sees
+    nothing when it leaves, and the upstream is told at once."""
+    primary.enqueue(reply_sse([chunk({"content": "late"}), chunk({}, "stop")], first_byte_delay_s=10.0))
+    _, writer = await post_raw(gw, body(stream=True))
+    await until(lambda: len(primary.requests) == 1 and primary.open_connections == 1, within=2.0)
+    writer.close()
+    assert await until(lambda: primary.open_connections == 0, within=1.0) < 1.0
+    row = await one_row(gw)
+    assert row["streamed"] == 1
+    assert estimated_usage(row) == ("cancelled", True, PROMPT_ESTIMATE, 0, 0, 0, 0, "estimated")
+
+
+async def test_a_cancelled_stream_without_upstream_usage_records_what_was_relayed(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    deltas = [
+        chunk({"reasoning_content": "Think"}),
+        chunk({"reasoning_content": "ing."}),
+        chunk({"content": "One"}),
+        chunk({"content": " two"}),
+        chunk({"content": " three"}),
+    ]
+    primary.enqueue(reply_sse([*deltas, chunk({"content": " four"}), chunk({}, "stop")], stall_after=5))
+    seen = 0
+    async with gw.client.stream("POST", "/api/v1/completions", json=body(stream=True)) as response:
+        async for line in response.aiter_lines():
+            seen += '"type":"text_delta"' in line
+            if seen == 3:
+                break
+    await until(lambda: primary.open_connections == 0, within=1.0)
+    row = await one_row(gw)
+    # One token per delta relayed (three text, two reasoning) and the prompt's estimate, priced
+    # from the catalog and marked as the gateway's own count.
+    assert estimated_usage(row) == ("cancelled", True, PROMPT_ESTIMATE, 3, 2, 0, 0, "estimated")
+    expected = primary_cost(PROMPT_ESTIMATE, 3, reasoning=2)
+    assert Decimal(row["cost_usd"]) == Decimal(row["estimated_cost_usd"]) == expected
+    assert row["stop_reason"] is None
+
+
+async def test_usage_the_upstream_reported_is_never_marked_estimated(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    usage = {"prompt_tokens": 7, "completion_tokens": 2}
+    primary.enqueue(reply_sse([chunk({"content": "Hi"}), {**chunk({}, "stop"), "usage": usage}]))
+    response = await gw.client.post("/api/v1/completions", json=body(stream=True))
+    assert response.status_code == 200
+    row = await one_row(gw)
+    assert estimated_usage(row) == ("ok", False, 7, 2, 0, 0, 0, "estimated")
+    assert row["api"] == "unified"

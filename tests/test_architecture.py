@@ -1,0 +1,115 @@
+"""The tree is the architecture (STYLE.md): dependencies point one way and imports never circle.
+
+Read from the source with `ast`, so every import counts: module level, inside functions, and under
+`TYPE_CHECKING`.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("app", "providers", "catalog", "devtools")
+MAX_LINES = 400
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}".rstrip(".")
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                yield target
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: set(imports(name, path, known)) for name, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in edges:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_graph_has_no_cycles() -> None:
+    assert cycles(graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_providers_and_catalog_are_leaves_and_devtools_stays_out_of_the_service() -> None:
+    edges = graph()
+    top = {name: {target.split(".")[0] for target in targets} for name, targets in edges.items()}
+    for leaf in ("providers", "catalog"):
+        outside = {name: sorted(t - {leaf}) for name, t in top.items() if name.startswith(leaf) and t - {leaf}}
+        assert outside == {}, leaf
+    # `switchyard mock-upstream` is the one way in: the CLI imports devtools lazily, nothing else does.
+    assert sorted(name for name, t in top.items() if name.startswith("app") and "devtools" in t) == ["app.cli"]
+    assert sorted(name for name, t in top.items() if name.startswith("devtools") and t & {"app", "catalog"}) == []
+
+
+def test_no_module_is_over_400_lines() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    assert {name: size for name, size in sizes.items() if size > MAX_LINES} == {}
+
+
+def test_reading_the_configuration_imports_no_routing_http_or_sql() -> None:
+    heavy = ("aiohttp", "httpx", "sqlalchemy", "litestar", "redis", "app.routing")
+    probe = f"import sys, app.settings; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert done.stdout.strip() == ""
