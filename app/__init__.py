@@ -1,1 +1,26 @@
-"""Switchyard's HTTP edge and orchestration."""
+"""Switchyard's HTTP edge and orchestration.
+
+    application.py   create_app(settings): the Litestar app, its lifespan, the one error renderer
+    service.py       Service: the running parts (engine, upstream client, router, pipeline, ledger
+                     writer, health monitor, cluster link), built from Settings and closed again
+    settings.py      config.toml → frozen, typed Settings (imports no routing, HTTP or SQL)
+    context.py       RequestContext: request id, ingress, principal, deadline — made once per request
+    errors.py        the error tree and its two-view JSON body
+    metrics.py       Prometheus counters and live gauges
+    logging.py       structlog JSON lines, one canonical `request` line per request
+    cli.py, ids.py   the `switchyard` command; uuid7 request ids
+    edge/            HTTP in and out: shared ASGI plumbing (asgi.py), the SSE relay (relay.py), one
+                     module per ingress (unified.py: POST /api/v1/completions, with its output
+                     format in unified_format.py and request validation in validation.py), the
+                     small handlers (models, health, metrics)
+    pipeline/        format-neutral: pipeline.py (route → failover → fold → Outcome), fold.py,
+                     events.py (what every ingress renders), accounting.py (cost, ledger row, log
+                     line), admission.py, estimate.py
+    routing/         router.py (model → backends), state.py (capacity, cool-downs, breaker),
+                     failover.py (the retry loop's decisions), health.py (probes), cluster.py
+                     (the Redis link between workers and replicas)
+
+Following one request: edge/unified.py → edge/asgi.py → edge/validation.py → context.py →
+pipeline/pipeline.py → routing/router.py → routing/failover.py → providers/adapter.py →
+pipeline/fold.py → pipeline/accounting.py → edge/relay.py (streams).
+"""

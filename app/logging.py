@@ -1,9 +1,10 @@
 """Structured logging: JSON lines through structlog, one canonical line per request.
 
-Configured once from `Settings` in the app's lifespan (nothing at import time). The canonical
-line (`event="request"`) carries the request id, model, provider, status, the five token buckets,
-cost, latency, time to first token and attempts — never prompts, request bodies or keys. Hot
-paths (per streamed chunk) do not log.
+Configured once by `create_app` from `Settings` (nothing at import time). The canonical line
+(`event="request"`, written by `app.pipeline.accounting.log_line` for every routed request and by
+the error renderer for one rejected before routing) carries the request id, ingress, model,
+provider, status, the five token buckets, cost, latency, time to first token and attempts —
+never prompts, request bodies or keys. Hot paths (per streamed chunk) do not log.
 
 The processor chain is kept short because it runs on every request: msgspec encodes the line
 (stdlib `json` plus structlog's ISO timestamper cost about a sixth of a proxied request's CPU,

@@ -3,8 +3,8 @@
 `Service.start()` opens the database engine, brings the schema and catalog up to date when the
 settings ask for it, loads the catalog snapshot, builds one upstream HTTP client shared by every
 adapter, and starts the ledger writer. With `[redis]` configured it also links this process to
-the other workers and replicas (`app.routing.cluster`) before the first request. Nothing here runs at
-import time.
+the other workers and replicas (`app.routing.cluster`) before the first request. Nothing here runs
+at import time.
 """
 
 from __future__ import annotations
