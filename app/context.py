@@ -17,7 +17,7 @@ from typing import Literal
 
 from msgspec import Struct
 
-Ingress = Literal["unified", "openai_chat", "openai_completions", "anthropic"]
+Ingress = Literal["unified", "openai_chat", "openai_completions", "anthropic_messages"]  # ingress.md
 
 
 class Principal(Struct, frozen=True):
