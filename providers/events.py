@@ -56,6 +56,29 @@ class ToolCallArgs(Struct, frozen=True):
     fragment: str
 
 
+class TopLogprob(Struct, frozen=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(Struct, frozen=True):
+    """One sampled token's log probability, with the most likely alternatives when asked for
+    (OpenAI chat's `logprobs.content[i]` shape; `text_offset` from a legacy `/completions`)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = []
+    text_offset: int | None = None
+
+
+class Logprobs(Struct, frozen=True):
+    """Log probabilities of the tokens of the deltas just before it (only when the request asked)."""
+
+    tokens: list[TokenLogprob]
+
+
 class UsageReport(Struct, frozen=True):
     usage: Usage
     cost_usd: Decimal | None = None  # authoritative cost, when the upstream reported what it billed
@@ -65,4 +88,4 @@ class Finish(Struct, frozen=True):
     reason: FinishReason
 
 
-Event = UpstreamMeta | TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgs | UsageReport | Finish
+Event = UpstreamMeta | TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgs | Logprobs | UsageReport | Finish

@@ -36,8 +36,10 @@ from providers.errors import ErrorBody, Failure, UpstreamError, classify_error_c
 from providers.events import (
     Event,
     Finish,
+    Logprobs,
     ReasoningDelta,
     TextDelta,
+    TokenLogprob,
     ToolCallArgs,
     ToolCallStart,
     UpstreamMeta,
@@ -80,11 +82,16 @@ class _Delta(Struct):
     tool_calls: list[_ToolCallDelta] | None = None
 
 
+class _ChoiceLogprobs(Struct):
+    content: list[TokenLogprob] | None = None
+
+
 class _Choice(Struct):
     index: int = 0
     delta: _Delta | None = None
     message: _Delta | None = None  # non-streamed answers
     finish_reason: str | None = None
+    logprobs: _ChoiceLogprobs | None = None
 
 
 class _Chunk(Struct):
@@ -164,6 +171,8 @@ class ChatStreamParser:
             delta = choice.delta if choice.delta is not None else choice.message
             if delta is not None:
                 self._delta(delta, events)
+            if choice.logprobs is not None and choice.logprobs.content:
+                events.append(Logprobs(choice.logprobs.content))
             if choice.finish_reason:
                 self._finish = normalise_finish(choice.finish_reason)
         return events

@@ -144,7 +144,7 @@ class WireJSONSchema(Struct):
 
 
 class WireResponseFormat(Struct):
-    json_schema: WireJSONSchema
+    json_schema: WireJSONSchema | UnsetType = UNSET
     type: str = "json_schema"
 
 
@@ -166,6 +166,16 @@ class ChatBody(Struct):
     reasoning_effort: str | UnsetType = UNSET
     temperature: float | UnsetType = UNSET
     top_p: float | UnsetType = UNSET
+    seed: int | UnsetType = UNSET
+    top_k: int | UnsetType = UNSET
+    min_p: float | UnsetType = UNSET
+    repetition_penalty: float | UnsetType = UNSET
+    presence_penalty: float | UnsetType = UNSET
+    frequency_penalty: float | UnsetType = UNSET
+    logprobs: bool | UnsetType = UNSET
+    top_logprobs: int | UnsetType = UNSET
+    parallel_tool_calls: bool | UnsetType = UNSET
+    user: str | UnsetType = UNSET
 
 
 _encoder = msgspec.json.Encoder()
@@ -194,6 +204,8 @@ def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *,
         body.tool_choice = _tool_choice(req.tool_choice)
     if req.schema is not None:
         body.response_format = WireResponseFormat(json_schema=WireJSONSchema(schema=req.schema))
+    elif req.json_object:
+        body.response_format = WireResponseFormat(type="json_object")
     if req.stop_sequences:
         body.stop = req.stop_sequences
     if req.max_tokens is not None:
@@ -207,7 +219,31 @@ def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *,
         body.temperature = req.temperature
     if req.top_p is not None:
         body.top_p = req.top_p
+    _sampling_extras(req, body)
     return body
+
+
+_EXTRAS = (
+    "seed",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "top_logprobs",
+    "parallel_tool_calls",
+    "user",
+)
+
+
+def _sampling_extras(req: CompletionRequest, body: ChatBody) -> None:
+    """The options sent under their own names when the client gave them (ChatBody's and
+    CompletionRequest's field names are the same)."""
+    for name in _EXTRAS:
+        value = getattr(req, name)
+        if value is not None:
+            setattr(body, name, value)
 
 
 def _tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> WireTool:

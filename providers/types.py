@@ -136,3 +136,16 @@ class CompletionRequest(Struct, omit_defaults=True):
     reasoning_effort: ReasoningEffort | None = None
     provider: str | None = None
     provider_options: dict[str, dict[str, Any]] | None = None
+    # Sampling and output options OpenAI-compatible servers take, passed on when given (the
+    # OpenAI-compatible ingress fills them; native clients may send them too).
+    json_object: bool | None = None  # answer with a JSON object, no schema (`response_format: json_object`)
+    seed: int | None = None
+    top_k: Annotated[int, Meta(ge=-1)] | None = None  # -1 or 0: off (vLLM / llama.cpp conventions)
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None

@@ -102,6 +102,7 @@ class UnifiedStream:
             ev.ToolCallStart: _tool_call_start,
             ev.ToolCallDelta: _tool_call_delta,
             ev.ToolCallEnd: _tool_call_end,
+            ev.Logprobs: _nothing,  # not part of api.md's stream
             ev.Outcome: self._outcome,
         }
 
@@ -136,6 +137,10 @@ class UnifiedStream:
 
 _REASONING_START = fmt.frame(fmt.ReasoningStart())
 _REASONING_END = fmt.frame(fmt.ReasoningEnd())
+
+
+def _nothing(_event: ev.Logprobs) -> bytes:
+    return b""
 
 
 def _reasoning_delta(event: ev.ReasoningDelta) -> bytes:

@@ -13,6 +13,7 @@ Anthropic events); a non-streaming response is rendered from the `Outcome` alone
     ToolCallStart(index, id, name)          a tool call opens; `index` counts calls from 0
     ToolCallDelta(index, id, name, fragment)   a fragment of its JSON arguments
     ToolCallEnd(index, call)    the call closes with its arguments parsed (after every other block)
+    Logprobs(tokens)            log probabilities of the deltas before it (only when asked for)
     Outcome                     the last event: status, message, usage, cost, error
 
 Blocks never overlap: text and reasoning blocks close when another kind of content starts; tool
@@ -29,9 +30,10 @@ from msgspec import Struct
 
 from app.errors import GatewayError
 from catalog.records import CostSource, LedgerStatus
+from providers.events import Logprobs as Logprobs
 from providers.events import ReasoningDelta as ReasoningDelta
 from providers.events import TextDelta as TextDelta
-from providers.events import Usage
+from providers.events import TokenLogprob, Usage
 from providers.types import Message, ToolCallData
 
 StopReason = Literal["end_turn", "max_tokens", "tool_calls", "content_filter"]
@@ -115,6 +117,7 @@ class Outcome(Struct, kw_only=True):
     upstream_request_id: str | None = None
     message: Message | None = None
     finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = None  # when the request asked and the upstream gave them
     usage: Usage | None = None
     usage_estimated: bool = False
     cost: Cost = UNPRICED
@@ -137,5 +140,6 @@ Event = (
     | ToolCallStart
     | ToolCallDelta
     | ToolCallEnd
+    | Logprobs
     | Outcome
 )

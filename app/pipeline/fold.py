@@ -47,6 +47,7 @@ class Fold:
         "_texts",
         "emit",
         "finish_reason",
+        "logprobs",
         "out",
         "parts",
         "relayed_output",
@@ -62,6 +63,7 @@ class Fold:
         self.usage: ev.UsageReport | None = None
         self.finish_reason: str | None = None
         self.upstream_request_id: str | None = None
+        self.logprobs: list[ev.TokenLogprob] | None = None
         self.relayed_output = 0
         self.relayed_reasoning = 0
         self._block: type[ev.TextDelta] | type[ev.ReasoningDelta] | None = None
@@ -90,6 +92,12 @@ class Fold:
             self.usage = event
         elif isinstance(event, ev.Finish):
             self.finish_reason = event.reason
+        elif isinstance(event, ev.Logprobs):
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(event.tokens)
+            if self.emit:
+                self.out.append(event)
         else:
             self.upstream_request_id = event.upstream_request_id
 

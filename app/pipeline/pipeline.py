@@ -268,6 +268,7 @@ class Pipeline:
             upstream_request_id=fold.upstream_request_id if fold is not None else None,
             message=run.message,
             finish_reason=fold.final_finish_reason() if fold is not None else None,
+            logprobs=fold.logprobs if fold is not None else None,
             usage=usage,
             usage_estimated=estimated,
             cost=cost,
