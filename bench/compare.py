@@ -1,0 +1,277 @@
+"""Two checkouts of Switchyard side by side (A/B): `python bench/compare.py --base DIR [--new DIR]`.
+
+One run of bench/run.py drifts by several per cent over minutes on this machine, so a before/after
+comparison is a series of pairs instead: in each pair every scenario is measured on both trees back
+to back, each time a fresh gateway process started from its own tree (cwd and PYTHONPATH) with the
+same generated config (SQLite ledger on, as run.py's scenario 1), and the order alternates from pair
+to pair (base first, then new first, …) so a steady drift cancels. The number to read is the ratio
+new/base of each pair, then their mean and spread. Every gateway prints the files its `app`,
+`catalog` and `providers` packages came from before it starts serving; a process that imported
+another tree stops the run. The rest is run.py's: one mock upstream (the new tree's), wrk pinned
+with it to the load CPUs, the gateway alone on its CPU, a curl check before every measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import run
+from peers import REPO, Direct, Mocks, Switchyard, SwitchyardOptions, repo_python
+from procs import Server, free_port
+from report import CHUNKS, Cell, _fmt, _table
+from run import Plan, Tally, log, measure, start
+
+SIDES = ("base", "new")
+BAR = 0.03  # the largest slowdown the bar allows, as a fraction
+MARK = "bench-compare imports:"
+PROBE = (  # the gateway's entry point: `python -m app.cli …`, after printing where its packages come from
+    "import runpy, sys\nimport app, catalog, providers\n"
+    f"print({MARK!r}, app.__file__, catalog.__file__, providers.__file__, flush=True)\n"
+    "runpy.run_module('app.cli', run_name='__main__', alter_sys=True)\n"
+)
+# run.py's scenario key -> (title, metric, higher is better)
+METRICS = {
+    "throughput": ("1. Non-streaming throughput, 32 connections", "req/s", True),
+    "latency": ("2. Latency, 1 connection", "p50 ms", False),
+    "stream": ("4. Streaming 64-chunk responses, 16 connections", "chunks/s", True),
+}
+
+
+class TreeSwitchyard(Switchyard):
+    """run.py's Switchyard target, started from another checkout through PROBE."""
+
+    def __init__(self, mocks: Mocks, options: SwitchyardOptions, tree: Path) -> None:
+        super().__init__(mocks, free_port(), options)
+        self.tree = tree
+
+    def server(self, run_dir: Path, cpus: str) -> Server:
+        plain = super().server(run_dir, cpus)
+        args = plain.argv[plain.argv.index("app.cli") + 1 :]
+        argv = [plain.argv[0], "-c", PROBE, *args]
+        return replace(plain, argv=argv, cwd=self.tree, env={"PYTHONPATH": str(self.tree)})
+
+
+@dataclass
+class Job:
+    plan: Plan  # run.py's: CPUs, durations, run directory, results file, command
+    trees: dict[str, Path]  # "base" / "new" -> checkout
+    pairs: int
+    imports: dict[str, str] = field(default_factory=dict)  # side -> what its last process imported
+    described: dict[str, str] = field(default_factory=dict)  # side -> `git describe` at the start
+    cells: dict[str, list[dict[str, Cell]]] = field(default_factory=dict)  # scenario -> per pair, side -> cell
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--base", required=True, type=Path, help="checkout measured as the baseline")
+    add("--new", default=REPO, type=Path, help=f"checkout measured against it (default {REPO})")
+    add("--scenarios", default="1,2,4", help="comma list of run.py's scenarios 1, 2, 4 (default all three)")
+    add("--pairs", type=int, default=3, help="base/new pairs per scenario, order alternating (default 3)")
+    add("--duration", type=float, default=10.0, help="measured seconds per scenario and tree (default 10)")
+    add("--warmup", type=float, default=2.0, help="warm-up seconds before each measure (default 2)")
+    add("--gateway-cpus", default="0", help="taskset list for the gateway under test (default 0)")
+    add("--load-cpus", default="1" if (os.cpu_count() or 1) > 1 else "0", help="for wrk and the mock (default 1)")
+    add("--results", default=str(Path(__file__).with_name("RESULTS.md")), help="file to append tables to")
+    add("--no-results", action="store_true", help="print only; do not append to the results file")
+    return parser
+
+
+def _job(argv: list[str]) -> Job:
+    ns = _parser().parse_args(argv)
+    picked = [run.SCENARIO_NUMBERS.get(s.strip(), s.strip()) for s in ns.scenarios.split(",") if s.strip()]
+    if not picked or any(s not in METRICS for s in picked):
+        raise SystemExit(f"compare: --scenarios takes 1, 2 and 4, not {ns.scenarios!r}")
+    picked = sorted(set(picked), key=list(METRICS).index)
+    trees = {"base": ns.base.resolve(), "new": ns.new.resolve()}
+    for side, tree in trees.items():
+        if not (tree / "app" / "cli.py").is_file():
+            raise SystemExit(f"compare: --{side} {tree} is not a Switchyard checkout (no app/cli.py)")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = Path("/tmp/bench-run") / f"{stamp}-compare"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cpus = f"0-{(os.cpu_count() or 1) - 1}"
+    results = None if ns.no_results else Path(ns.results)
+    plan = Plan(
+        run_dir,
+        ns.gateway_cpus,
+        ns.load_cpus,
+        cpus,
+        ns.duration,
+        ns.warmup,
+        1,
+        picked,
+        set(),
+        [],
+        0,
+        0.0,
+        results,
+        shlex.join(sys.orig_argv),
+    )
+    return Job(plan, trees, max(1, ns.pairs))
+
+
+# --- measuring -------------------------------------------------------------------------------------
+
+
+def imported_from(server: Server, tree: Path) -> str:
+    """The package files PROBE printed, checked to lie in `tree`; stops the run when they do not."""
+    lines = server.log.read_text(errors="replace").splitlines()
+    line = next((ln for ln in lines if ln.startswith(MARK)), "")
+    files = [Path(f).resolve() for f in line.removeprefix(MARK).split()]
+    if len(files) != 3 or not all(f.is_relative_to(tree) for f in files):
+        raise SystemExit(f"compare: {server.name} did not import {tree}: {line or 'no import line in its log'}")
+    return ", ".join(str(f) for f in files)
+
+
+def measure_side(job: Job, mocks: Mocks, side: str, label: str, scenario: str) -> Cell:
+    """One fresh gateway from `side`'s tree: start, check the imports, curl check, warm up, measure, stop."""
+    target = TreeSwitchyard(mocks, SwitchyardOptions("", label=label), job.trees[side])
+    server = target.server(job.plan.run_dir, job.plan.gateway_cpus)
+    note = start(server)
+    if note:
+        return Cell(note=note)
+    try:
+        job.imports[side] = imported_from(server, job.trees[side])
+        cell = measure(job.plan, target, scenario, Tally(), server.log)
+        return Cell(note=f"crashed (exit {server.exit_code})") if server.exit_code is not None else cell
+    finally:
+        server.stop()
+
+
+def run_pairs(job: Job, mocks: Mocks) -> None:
+    job.cells = {scenario: [] for scenario in job.plan.scenarios}
+    for pair in range(job.pairs):
+        order = SIDES if pair % 2 == 0 else SIDES[::-1]
+        log(f"pair {pair + 1}/{job.pairs}: {' then '.join(order)}")
+        for scenario in job.plan.scenarios:
+            row: dict[str, Cell] = {}
+            if scenario == "latency":  # the floor, for the added latency
+                row["direct"] = measure(job.plan, Direct(mocks, mocks.fast.port), scenario, Tally())
+            for side in order:
+                row[side] = measure_side(job, mocks, side, f"{side} {pair + 1} {scenario}", scenario)
+            job.cells[scenario].append(row)
+
+
+# --- output ----------------------------------------------------------------------------------------
+
+
+def value(scenario: str, cell: Cell | None) -> float | None:
+    if cell is None or not cell.usable or cell.measure is None or cell.measure.failures:
+        return None
+    m = cell.measure
+    if scenario == "latency":
+        return m.p50_ms
+    chunks = cell.check.chunks if cell.check is not None and cell.check.chunks else CHUNKS
+    return m.rps * chunks if scenario == "stream" else m.rps
+
+
+def shown(scenario: str, cell: Cell) -> str:
+    number = value(scenario, cell)
+    if number is not None:
+        return _fmt(number, 3 if scenario == "latency" else 0)
+    if cell.usable and cell.measure is not None:
+        return f"{cell.measure.failures:,} errors"
+    return cell.failure()
+
+
+def verdict(ratios: list[float], higher: bool) -> tuple[str, str]:
+    """The mean ratio with its spread, and whether it meets the bar."""
+    if not ratios:
+        return "—", "n/a: no pair measured both trees"
+    mean = sum(ratios) / len(ratios)
+    limit = 1 - BAR if higher else 1 + BAR
+    met = mean >= limit if higher else mean <= limit
+    crossed = min(ratios) < limit <= max(ratios) if higher else min(ratios) <= limit < max(ratios)
+    rule = f"mean new/base {'≥' if higher else '≤'} {limit:.2f}, {'higher' if higher else 'lower'} is better"
+    note = "; single pairs fall on both sides of it" if crossed else ""
+    return f"{mean:.3f} ({min(ratios):.3f}..{max(ratios):.3f})", f"**{'yes' if met else 'NO'}** ({rule}{note})"
+
+
+def scenario_table(scenario: str, rows: list[dict[str, Cell]]) -> list[str]:
+    title, unit, higher = METRICS[scenario]
+    header = ["pair", "order", f"base {unit}", f"new {unit}", "new/base"]
+    header += ["direct p50 ms", "base added ms", "new added ms"] if scenario == "latency" else []
+    body, ratios = [], []
+    for pair, row in enumerate(rows):
+        base, new = value(scenario, row["base"]), value(scenario, row["new"])
+        ratio = new / base if base and new else None
+        ratios += [ratio] if ratio else []
+        order = "base, new" if pair % 2 == 0 else "new, base"
+        line = [str(pair + 1), order, shown(scenario, row["base"]), shown(scenario, row["new"]), _fmt(ratio, 3)]
+        if scenario == "latency":
+            floor = value(scenario, row.get("direct"))
+            added = [None if x is None or floor is None else x - floor for x in (base, new)]
+            line += [_fmt(floor, 3), *(_fmt(x, 3) for x in added)]
+        body.append(line)
+    spread, met = verdict(ratios, higher)
+    body.append(["mean (min..max)", "", "", "", spread, *([""] * (len(header) - 5))])
+    return [f"### {title}", "", *_table(header, body), "", f"Within the {BAR * 100:g} % bar: {met}."]
+
+
+def describe(tree: Path, before: str | None = None) -> str:
+    done = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    now = done.stdout.strip() or "not a git checkout"
+    return now if before in (None, now) else f"{before} (changed during the run: {now} at the end)"
+
+
+def render(job: Job, machine: list[str]) -> str:
+    plan, trees = job.plan, job.trees
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    base, new = (describe(trees[s], job.described[s]) for s in SIDES)
+    lines = [f"## A/B comparison {now}: base {base} vs new {new}", ""]
+    lines += [f"- {s}: {trees[s]}; its gateways imported {job.imports.get(s, 'nothing (none started)')}" for s in SIDES]
+    lines += [
+        f"- {job.pairs} pair(s), base first in odd pairs and new first in even ones; {plan.warmup:g} s warm-up and "
+        f"{plan.duration:g} s measured per tree and scenario, each on a fresh gateway (SQLite ledger on)",
+        f"- mock upstream: the new tree's `devtools.mock_upstream --chunks 64`; python: {repo_python()} "
+        f"({platform.python_version()})",
+        *[f"- {line}" for line in machine],
+        "",
+        "Command:",
+        "",
+        "```",
+        f"cd {Path.cwd()} && {plan.command}",
+        "```",
+        "",
+    ]
+    for scenario, rows in job.cells.items():
+        lines += [*scenario_table(scenario, rows), ""]
+    lines.append(f"Load average at the end: {run.load_average()}. Logs and configs of this run: {plan.run_dir}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    job = _job(argv)
+    run.LOG_FILES.append(job.plan.run_dir / "compare.log")
+    run.ensure_tools()
+    job.described = {side: describe(tree) for side, tree in job.trees.items()}
+    machine = [v for v in run.versions(job.plan) if v.startswith(("load generator", "machine"))]
+    mocks = Mocks.create(job.plan.run_dir, job.plan.load_cpus, free_port(), free_port())
+    mocks.fast.cwd, mocks.fast.env = job.trees["new"], {"PYTHONPATH": str(job.trees["new"])}
+    if start(mocks.fast):  # scenarios 1, 2 and 4 only use the fast mock
+        raise SystemExit(f"compare: the mock upstream does not start; see {mocks.fast.log}")
+    try:
+        run_pairs(job, mocks)
+    finally:
+        mocks.fast.stop()
+    text = render(job, machine)
+    if job.plan.results_file is not None:
+        fresh = not job.plan.results_file.exists()
+        with job.plan.results_file.open("a") as out:
+            out.write(run.RESULTS_HEADER if fresh else "\n")
+            out.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
