@@ -9,7 +9,9 @@ rotation.
 
 Lookup order for the file: `--config`, `$SWITCHYARD_CONFIG`, `./config.toml`, then the bundled
 `config.example.toml`. Relative paths (catalog globs, a SQLite file) are relative to the config
-file's directory, so a service started from any working directory sees the same files.
+file's directory, so a service started from any working directory sees the same files. Without
+`[catalog] files` the catalog is the one bundled with the package (a package resource), so a
+config copied anywhere (`/etc/switchyard/`) needs no `catalog/` folder beside it.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class AuthSettings(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class CatalogSettings(Struct, frozen=True, forbid_unknown_fields=True):
-    files: list[str] = field(default_factory=lambda: ["catalog/*.toml"])
+    files: list[str] | None = None  # globs, relative to the config file; absent: the catalog bundled with the package
     sync_on_start: bool = True
 
 
