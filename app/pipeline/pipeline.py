@@ -169,7 +169,7 @@ class Pipeline:
         exchange.route = route = self.router.route(model, request.provider)
         candidates = Candidates(route.backends, now, self._probe_interval_s)
         deadline = now + self._deadline_s
-        failures: list[UpstreamError] = []
+        failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:
             exchange.slot = exchange.backend = backend
             exchange.attempts += 1
@@ -184,7 +184,7 @@ class Pipeline:
                 # The request's own deadline ran out: not the backend's fault, so no cool-down.
                 await events.aclose()
                 self._release(exchange)
-                failures.append(UpstreamError(Failure.TIMEOUT, "the request deadline passed"))
+                failures.append((backend.name, UpstreamError(Failure.TIMEOUT, "the request deadline passed")))
                 break
             except UpstreamError as exc:
                 await events.aclose()
@@ -192,7 +192,7 @@ class Pipeline:
                 self._attempt_failed(exchange, exc)
                 if exc.kind is Failure.CLIENT:
                     raise InvalidRequest(exc.message) from None
-                failures.append(exc)
+                failures.append((backend.name, exc))
                 continue
             except BaseException:  # cancelled (the client went away) or a bug: close the upstream now
                 await events.aclose()
