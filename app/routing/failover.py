@@ -31,6 +31,7 @@ from typing import Any
 from app.errors import AllBackendsFailed, AtCapacity, GatewayError, NoBackendAvailable, UpstreamTimeout
 from app.metrics import Metrics
 from app.routing.router import Backend
+from app.routing.state import CoolReason
 from providers.errors import MAX_RETRY_AFTER, Failure, UpstreamError
 
 
@@ -79,42 +80,38 @@ def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Met
     """What one failed attempt does to its backend and provider (announced to the other workers
     through the provider's publisher, when there is one), logged as one `attempt_failed` line and,
     when they change, `provider_disabled` / `breaker_open`."""
-    config = backend.provider.policy
-    state = backend.state
-    publisher = backend.provider.publisher
+    policy = backend.provider.policy
     if exc.kind is Failure.CLIENT:
         _log_attempt(log, backend, exc, None)
-        return
-    if exc.kind is Failure.CAPACITY:
-        hint = exc.retry_after if exc.retry_after is not None else config.capacity_cooldown_s
-        seconds = min(hint, config.max_cooldown_s, MAX_RETRY_AFTER)
-        extended = state.cool_down(now, seconds, "capacity")
-        if extended and publisher is not None:
-            publisher.cooled(backend)
-        metrics.cooldowns.inc((backend.name, "capacity"))
-        _log_attempt(log, backend, exc, seconds if extended else None)
-        return
-    if exc.kind in (Failure.QUOTA, Failure.AUTH):
+    elif exc.kind is Failure.CAPACITY:
+        hint = exc.retry_after if exc.retry_after is not None else policy.capacity_cooldown_s
+        cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s, MAX_RETRY_AFTER), "capacity", metrics)
+        _log_attempt(log, backend, exc, cooled)
+    elif exc.kind in (Failure.QUOTA, Failure.AUTH):
         _disable(backend, exc, now, metrics, log)
-        return
-    hint = exc.retry_after if exc.retry_after is not None else config.failure_cooldown_s
-    seconds = min(hint, config.max_cooldown_s)
-    extended = state.cool_down(now, seconds, "failure")
-    if extended and publisher is not None:
-        publisher.cooled(backend)
-    metrics.cooldowns.inc((backend.name, "failure"))
-    _log_attempt(log, backend, exc, seconds if extended else None)
-    if state.record(False):
-        if publisher is not None:
-            publisher.breaker_changed(backend)
-        metrics.breaker_trips.inc((backend.name,))
-        log.warning(
-            "breaker_open",
-            provider=backend.name,
-            model=backend.model_id,
-            upstream_model=backend.upstream_model,
-            source="attempts",
-        )
+    else:
+        hint = exc.retry_after if exc.retry_after is not None else policy.failure_cooldown_s
+        cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s), "failure", metrics)
+        _log_attempt(log, backend, exc, cooled)
+        if backend.state.record(False):
+            _breaker_opened(backend, metrics, log)
+
+
+def _cool_down(backend: Backend, now: float, seconds: float, reason: CoolReason, metrics: Metrics) -> float | None:
+    """Cool the backend down; the seconds applied, or None when it was already out for longer."""
+    extended = backend.state.cool_down(now, seconds, reason)
+    if extended and backend.provider.publisher is not None:
+        backend.provider.publisher.cooled(backend)
+    metrics.cooldowns.inc((backend.name, reason))
+    return seconds if extended and seconds > 0 else None
+
+
+def _breaker_opened(backend: Backend, metrics: Metrics, log: Any) -> None:
+    if backend.provider.publisher is not None:
+        backend.provider.publisher.breaker_changed(backend)
+    metrics.breaker_trips.inc((backend.name,))
+    names = {"provider": backend.name, "model": backend.model_id, "upstream_model": backend.upstream_model}
+    log.warning("breaker_open", **names, source="attempt")
 
 
 def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:
@@ -128,10 +125,11 @@ def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics,
     metrics.disabled.inc((backend.name, kind))
     _log_attempt(log, backend, exc, None)
     if was_ready:
+        reason = provider.state.disabled_reason
         log.error(
             "provider_disabled",
             provider=backend.name,
-            reason=provider.state.disabled_reason,
+            reason=reason,
             status=exc.status,
             code=exc.code,
             source="attempt",
@@ -141,8 +139,7 @@ def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics,
 def _log_attempt(log: Any, backend: Backend, exc: UpstreamError, cooldown_s: float | None) -> None:
     """`attempt_failed`: which backend, what the upstream did (`status`, or the transport error's
     class in `error`), the short `cause` the client's 502 names, and the cool-down it got."""
-    log_method = log.info if exc.kind is Failure.CLIENT else log.warning
-    log_method(
+    (log.info if exc.kind is Failure.CLIENT else log.warning)(
         "attempt_failed",
         provider=backend.name,
         model=backend.model_id,
@@ -151,17 +148,25 @@ def _log_attempt(log: Any, backend: Backend, exc: UpstreamError, cooldown_s: flo
         status=exc.status,
         error=transport_error(exc),
         cause=attempt_cause(exc),
-        cooldown_s=cooldown_s if cooldown_s else None,
+        cooldown_s=cooldown_s,
     )
 
 
-def transport_error(exc: UpstreamError) -> str | None:
-    """The class of the innermost exception the adapter wrapped (`raise classify_transport(e) from
-    e`): `ConnectionRefusedError`, `ReadError`, ...; None for an HTTP answer or a malformed body."""
+def _wrapped(exc: UpstreamError) -> list[BaseException]:
+    """The exceptions the adapter wrapped (`raise classify_transport(e) from e`), outermost first."""
+    chain: list[BaseException] = []
     cause = exc.__cause__
-    while cause is not None and cause.__cause__ is not None:
+    while cause is not None:
+        chain.append(cause)
         cause = cause.__cause__
-    return type(cause).__name__ if cause is not None else None
+    return chain
+
+
+def transport_error(exc: UpstreamError) -> str | None:
+    """The class of the innermost wrapped exception (`ConnectionRefusedError`, `ReadError`, ...);
+    None for an HTTP answer or an unreadable body."""
+    chain = _wrapped(exc)
+    return type(chain[-1]).__name__ if chain else None
 
 
 def attempt_cause(exc: UpstreamError) -> str:
@@ -169,20 +174,15 @@ def attempt_cause(exc: UpstreamError) -> str:
     wrong on the wire. Never the upstream's message, a URL or a key."""
     if exc.kind is Failure.TIMEOUT:
         return "timed out"
-    chain: list[BaseException] = []
-    cause = exc.__cause__
-    while cause is not None:
-        chain.append(cause)
-        cause = cause.__cause__
+    chain = _wrapped(exc)
     if chain:
-        for error in chain:
-            for kind, phrase in _TRANSPORT_PHRASES:
-                if isinstance(error, kind):
-                    return phrase
-        return "connection failed"
-    if exc.status is not None and exc.message == f"upstream returned {exc.status}":
-        return str(exc.status)  # the message `classify_response` gives every non-client status
-    return "malformed response"  # an answer or stream the adapter could not read
+        phrases = (phrase for error in chain for kind, phrase in _TRANSPORT_PHRASES if isinstance(error, kind))
+        return next(phrases, "connection failed")
+    # `classify_response` words every non-client status this way; a status with any other message
+    # is one the adapter set for an answer or stream it could not read.
+    if exc.status is not None and (exc.kind is Failure.CLIENT or exc.message == f"upstream returned {exc.status}"):
+        return str(exc.status)
+    return "malformed response"
 
 
 _TRANSPORT_PHRASES: tuple[tuple[type[BaseException], str], ...] = (

@@ -9,6 +9,7 @@ without their timestamps.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import uuid
@@ -149,6 +150,17 @@ async def test_a_reset_connection_and_a_malformed_answer(
     ]
 
 
+async def test_a_request_the_upstream_refuses_is_an_info_line_without_a_cool_down(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(error(400, "invalid_request_error"))
+    response = await complete(gw)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == "upstream says 400"
+    assert logs.lines("attempt_failed", gw) == [{**attempt("alpha", "client", 400, None, "400", None), "level": "info"}]
+
+
 # -- the 502 names every attempt's cause ------------------------------------------------------------
 
 
@@ -218,7 +230,7 @@ async def test_the_breaker_opening_and_a_probe_closing_it_are_a_line_each(
         assert (await complete(gw)).json()["provider"] == "beta"
     assert logs.lines("attempt_failed", gw) == [attempt("alpha", "transient", 502, None, "502", None)] * 2
     names = {"provider": "alpha", "model": "chat-1", "upstream_model": "alpha/chat-1"}
-    assert logs.lines("breaker_open") == [{"event": "breaker_open", "level": "warning", **names, "source": "attempts"}]
+    assert logs.lines("breaker_open") == [{"event": "breaker_open", "level": "warning", **names, "source": "attempt"}]
 
     async def closed() -> bool:
         return (await deployments(gw))["alpha"]["breaker_open"] is False
@@ -291,11 +303,12 @@ async def test_a_breaker_another_worker_opened_and_closed_is_logged_with_its_ori
     assert a.service.cluster is not None
     names = {"provider": "alpha", "model": "chat-1", "upstream_model": "alpha/chat-1"}
     origin = {"source": "cluster", "origin": a.service.cluster.worker_id}
-    assert logs.lines("breaker_open") == [
-        {"event": "breaker_open", "level": "warning", **names, "source": "attempts"},
+    by_source = functools.partial(sorted, key=lambda line: line["source"])  # two writers: flushed in any order
+    assert by_source(logs.lines("breaker_open", a, b)) == [
+        {"event": "breaker_open", "level": "warning", **names, "source": "attempt"},
         {"event": "breaker_open", "level": "warning", **names, **origin},
     ]
-    assert logs.lines("breaker_closed") == [
-        {"event": "breaker_closed", "level": "info", **names, "source": "probe"},
+    assert by_source(logs.lines("breaker_closed", a, b)) == [
         {"event": "breaker_closed", "level": "info", **names, **origin},
+        {"event": "breaker_closed", "level": "info", **names, "source": "probe"},
     ]
