@@ -3,20 +3,28 @@
 Exit codes: 0 success, 2 bad usage or invalid configuration (the message names the key), 1 anything
 else. `serve` prepares the database once in the parent process (migrations on the embedded SQLite
 default, catalog sync) and then starts the workers, which only read; so N workers never race each
-other on the schema or the catalog.
+other on the schema or the catalog. It binds the socket itself and logs `listening` with the bound
+address (`url`): with one worker once the app has started, with several once the socket listens.
+A `serve` or `catalog sync` that fails before it got going removes the SQLite file it created.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
+import uvicorn
+from sqlalchemy.engine import make_url
+from uvicorn.supervisors import Multiprocess
 
+from app.logging import configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine
 from catalog.files import CatalogFileError, load_catalog
@@ -85,7 +93,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         else:
             downgrade(settings.database.url, args.revision)
         return 0
-    report = asyncio.run(_sync(settings))
+    with _StartGuard(settings.database.url) as guard:
+        report = asyncio.run(_sync(settings))
+        guard.started = True
     print(msgspec.json.encode(report).decode())
     return 0
 
@@ -103,44 +113,103 @@ async def _sync(settings: Settings) -> object:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    import uvicorn
-
     from app.application import create_app
-    from app.service import prepare_database
 
     server = settings.server
     host = args.host or server.host
     port = args.port if args.port is not None else server.port
     workers = args.workers or server.workers
     settings = msgspec.structs.replace(settings, server=msgspec.structs.replace(server, workers=workers))
-
-    async def prepare() -> None:
-        engine = open_engine(settings.database.url)
-        try:
-            await prepare_database(settings, engine)
-        finally:
-            await engine.dispose()
-
-    asyncio.run(prepare())
-    # No `server: uvicorn` header: it names our stack to every client, and uvicorn checks each
-    # response header against two regular expressions (≈ 2 % of the instructions per request).
-    common = {
-        "host": host,
-        "port": port,
-        "log_level": "warning",
-        "access_log": server.access_log,
-        "server_header": False,
-    }
-    try:
-        if workers == 1:
-            uvicorn.run(create_app(settings, prepare=False), **common)  # type: ignore[arg-type]
-            return 0
+    if workers > 1:
         os.environ["SWITCHYARD_CONFIG"] = str(find_config(args.config).resolve())
         os.environ["SWITCHYARD_WORKERS"] = str(workers)  # each worker enforces its share of the limits
-        uvicorn.run("app.application:create_app_from_env", factory=True, workers=workers, **common)  # type: ignore[arg-type]
-    except SystemExit as exc:  # uvicorn exits 1 or 3 when it cannot bind or start up; config.md says 1
-        return 1 if exc.code else 0
-    return 0
+    # No `server: uvicorn` header: it names our stack to every client, and uvicorn checks each
+    # response header against two regular expressions (≈ 2 % of the instructions per request).
+    # No uvicorn access log: the canonical `request` line is the access log.
+    config = uvicorn.Config(
+        create_app(settings, prepare=False) if workers == 1 else "app.application:create_app_from_env",
+        factory=workers > 1,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+    )
+    with _StartGuard(settings.database.url) as guard:
+        asyncio.run(_prepare(settings))
+        try:
+            sock = config.bind_socket()
+            address = f"[{host}]" if ":" in host else host
+            url = f"http://{address}:{sock.getsockname()[1]}"
+            if workers == 1:
+                single = _Server(config, url)
+                with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+                    single.run(sockets=[sock])
+                guard.started = single.started
+            else:
+                sock.listen(config.backlog)  # connections wait in the backlog until a worker is up
+                _announce(url, settings.server.log_level)
+                guard.started = True
+                Multiprocess(config, sockets=[sock]).run()
+        except SystemExit as exc:  # uvicorn exits 1 or 3 when it cannot bind or start up; config.md says 1
+            return 1 if exc.code else 0
+    return 0 if guard.started else 1
+
+
+async def _prepare(settings: Settings) -> None:
+    """Migrate and sync the catalog once, here, before any worker starts (workers only read)."""
+    from app.service import prepare_database
+
+    engine = open_engine(settings.database.url)
+    try:
+        await prepare_database(settings, engine)
+    finally:
+        await engine.dispose()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, logging `listening` (with the bound address) once the app has started;
+    uvicorn's own line is plain text, below the `warning` level it runs at."""
+
+    def __init__(self, config: uvicorn.Config, url: str) -> None:
+        super().__init__(config)
+        self.url = url
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            get_logger("switchyard").info("listening", url=self.url)
+
+
+def _announce(url: str, log_level: str) -> None:
+    """`listening`, from the parent of several workers, in the service's JSON log format."""
+    writer = configure_logging(log_level)
+    get_logger("switchyard").info("listening", url=url)
+    writer.flush()
+
+
+class _StartGuard:
+    """Removes the SQLite file the database URL names (with its -wal, -shm and -journal files)
+    when this command created it and did not get as far as `started`: a failed start, whatever
+    the cause, leaves no database file behind."""
+
+    def __init__(self, url: str) -> None:
+        parsed = make_url(url)
+        name = parsed.database if parsed.get_backend_name() == "sqlite" else None
+        path = Path(name) if name and name != ":memory:" and not name.startswith("file:") else None
+        self.created = path if path is not None and not path.exists() else None
+        self.started = False
+
+    def __enter__(self) -> _StartGuard:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.created is None or self.started:
+            return
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{self.created}{suffix}").unlink()
 
 
 if __name__ == "__main__":

@@ -149,11 +149,12 @@ def tune_gc() -> None:
 
 
 async def prepare_database(settings: Settings, engine: AsyncEngine) -> None:
-    """Migrate (when configured: SQLite by default) and sync the catalog files into SQL."""
+    """Migrate (when configured: SQLite by default) and sync the catalog files into SQL. The files
+    are read first: a catalog error must not leave behind a database this start created."""
+    catalog = load_catalog(settings.catalog.files, Path(settings.base_dir)) if settings.catalog.sync_on_start else None
     if settings.migrate_on_start:
         await upgrade_async(settings.database.url)
-    if settings.catalog.sync_on_start:
-        catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
+    if catalog is not None:
         await sync_catalog(engine, catalog)
 
 

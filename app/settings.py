@@ -9,7 +9,12 @@ rotation.
 
 Lookup order for the file: `--config`, `$SWITCHYARD_CONFIG`, `./config.toml`, then the bundled
 `config.example.toml`. Relative paths (catalog globs, a SQLite file) are relative to the config
-file's directory, so a service started from any working directory sees the same files.
+file's directory, so a service started from any working directory sees the same files. Without
+`[catalog] files` the catalog is the one bundled with the package (a package resource), so a
+config copied anywhere (`/etc/switchyard/`) needs no `catalog/` folder beside it.
+
+`[server] access_log` is refused with a message saying why (exit 2): it never printed anything
+(uvicorn ran at `warning`), and the canonical `request` line is the access log.
 """
 
 from __future__ import annotations
@@ -57,7 +62,6 @@ class ServerSettings(Struct, frozen=True, forbid_unknown_fields=True):
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 10 * 1024 * 1024
     sse_keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    access_log: bool = False
 
 
 class DatabaseSettings(Struct, frozen=True, forbid_unknown_fields=True):
@@ -70,7 +74,7 @@ class AuthSettings(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class CatalogSettings(Struct, frozen=True, forbid_unknown_fields=True):
-    files: list[str] = field(default_factory=lambda: ["catalog/*.toml"])
+    files: list[str] | None = None  # globs, relative to the config file; absent: the catalog bundled with the package
     sync_on_start: bool = True
 
 
@@ -161,6 +165,10 @@ def load_settings(explicit: str | None = None) -> Settings:
 
 
 def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str) -> Settings:
+    server = raw.get("server")
+    if isinstance(server, dict) and "access_log" in server:
+        message = "no longer a setting (the `request` log line is the access log); delete it"
+        raise ConfigError(f"{source}: server.access_log: {message}")
     providers = raw.get("providers")
     if isinstance(providers, dict):  # checked one by one first: msgspec names a dict value `[...]`
         for name, entry in providers.items():

@@ -140,7 +140,7 @@ class Switchyard(Target):
         ledger = "" if self.options.ledger_enabled else "\n[ledger]\nenabled = false\n"
         config = run_dir / f"{slug}.toml"
         config.write_text(
-            f'[server]\nhost = "127.0.0.1"\nport = {self.port}\naccess_log = false\nlog_level = "info"\n\n'
+            f'[server]\nhost = "127.0.0.1"\nport = {self.port}\nlog_level = "info"\n\n'
             f'[database]\nurl = "{url}"\n\n[catalog]\nfiles = ["{catalog.name}"]\n{ledger}\n'
             f'[providers.mock]\nkind = "openai_compatible"\nbase_url = "{self.mocks.url()}"\n'
             "max_concurrency = 4096\n\n"

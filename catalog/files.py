@@ -13,6 +13,7 @@ import tomllib
 from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime, time
 from decimal import Decimal, InvalidOperation
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -267,8 +268,11 @@ def _display(path: Path, base_dir: Path) -> str:
         return str(path)
 
 
-def load_catalog(patterns: Sequence[str], base_dir: Path) -> CatalogFile:
-    """Read, validate and merge every catalog file the `patterns` name."""
+def load_catalog(patterns: Sequence[str] | None, base_dir: Path) -> CatalogFile:
+    """Read, validate and merge every catalog file the `patterns` name; None (`[catalog] files`
+    absent) is the catalog bundled with the package (`load_bundled_catalog`)."""
+    if patterns is None:
+        return load_bundled_catalog()
     parts: list[tuple[str, CatalogFile]] = []
     for path in expand_patterns(patterns, base_dir):
         where = _display(path, base_dir)
@@ -277,6 +281,17 @@ def load_catalog(patterns: Sequence[str], base_dir: Path) -> CatalogFile:
         except (OSError, UnicodeDecodeError) as exc:
             raise CatalogFileError(f"{where}: cannot read: {exc}") from None
         parts.append((where, parse_catalog(text, where)))
+    return validate_catalog(parts)
+
+
+def load_bundled_catalog() -> CatalogFile:
+    """The `*.toml` files shipped in this package, read as package resources: they are found
+    wherever the package is installed, whatever directory the config file is in."""
+    entries = [entry for entry in resources.files("catalog").iterdir() if entry.name.endswith(".toml")]
+    parts: list[tuple[str, CatalogFile]] = []
+    for entry in sorted(entries, key=lambda entry: entry.name):
+        where = f"catalog/{entry.name}"
+        parts.append((where, parse_catalog(entry.read_text(encoding="utf-8"), where)))
     return validate_catalog(parts)
 
 

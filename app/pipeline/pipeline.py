@@ -182,7 +182,7 @@ class Pipeline:
         admit(request, model)
         route = self.router.route(model, request.provider)
         candidates = Candidates(route.backends, now, self._probe_interval_s)
-        failures: list[UpstreamError] = []
+        failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:
             run.slot = run.backend = backend
             run.attempts += 1
@@ -197,7 +197,7 @@ class Pipeline:
                 # The request's own deadline ran out: not the backend's fault, so no cool-down.
                 await upstream.aclose()
                 self._release(run)
-                failures.append(UpstreamError(Failure.TIMEOUT, "the request deadline passed"))
+                failures.append((backend.name, UpstreamError(Failure.TIMEOUT, "the request deadline passed")))
                 break
             except UpstreamError as exc:
                 await upstream.aclose()
@@ -205,7 +205,7 @@ class Pipeline:
                 self._attempt_failed(run, exc)
                 if exc.kind is Failure.CLIENT:
                     raise InvalidRequest(exc.message) from None
-                failures.append(exc)
+                failures.append((backend.name, exc))
                 continue
             except BaseException:  # cancelled (the client went away) or a bug: close the upstream now
                 await upstream.aclose()

@@ -219,7 +219,8 @@ class ClusterLink:
             self.apply(event)
 
     def apply(self, event: Event) -> None:
-        """Another process's state change, applied to ours (never announced again)."""
+        """Another process's state change, applied to ours (never announced again). A breaker or a
+        provider that changes state here is logged, with `source="cluster"` and the `origin` worker."""
         now = asyncio.get_running_loop().time()
         wall = time.time()  # epoch `t` is loop time `now - (wall - t)`
         if isinstance(event, CoolEvent | BreakerEvent):
@@ -227,20 +228,37 @@ class ClusterLink:
             if backend is None:
                 return
             if isinstance(event, BreakerEvent):
-                if event.open:
-                    backend.state.breaker_open = True
-                else:
-                    backend.state.close_breaker()
+                self._apply_breaker(backend, event)
             elif event.until > wall:
                 backend.state.cool_down(now, event.until - wall, event.reason)
             return
         runtime = self._router.providers.get(event.provider) if self._router is not None else None
         if runtime is None or runtime.state.key_missing:
             return
+        state = runtime.state
+        origin = {"source": "cluster", "origin": event.origin}
         if isinstance(event, DisabledEvent):
-            runtime.state.disable(event.reason, now - (wall - event.at), quota=event.quota)
+            if state.ready:
+                self.log.error("provider_disabled", provider=event.provider, reason=event.reason, **origin)
+            state.disable(event.reason, now - (wall - event.at), quota=event.quota)
         else:
-            runtime.state.enable()
+            if not state.ready:
+                self.log.warning("provider_enabled", provider=event.provider, was=state.disabled_reason, **origin)
+            state.enable()
+
+    def _apply_breaker(self, backend: Backend, event: BreakerEvent) -> None:
+        was_open = backend.state.breaker_open
+        if event.open:
+            backend.state.breaker_open = True
+        else:
+            backend.state.close_breaker()
+        if was_open != event.open:
+            names = {"provider": event.provider, "model": event.model, "upstream_model": event.upstream_model}
+            origin = {"source": "cluster", "origin": event.origin}
+            if event.open:
+                self.log.warning("breaker_open", **names, **origin)
+            else:
+                self.log.info("breaker_closed", **names, **origin)
 
     # -- publishing (StatePublisher) ---------------------------------------------------------------
 

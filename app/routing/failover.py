@@ -14,8 +14,13 @@ providers.md's table, as code:
 backends with a slot taken; when every remaining eligible backend is full, it waits in the
 least-queued one's bounded queue until the request's deadline. When the loop ends without an
 answer, `exhausted` picks the status: 429 when capacity was all that stood in the way (with the
-soonest Retry-After), 504 when every attempt timed out, 502 when attempts failed otherwise, 503
-(with the soonest probe or cool-down end) when there was nothing to try.
+soonest Retry-After), 504 when every attempt timed out, 502 when attempts failed otherwise (naming
+each attempt's provider and cause: `all backends refused the request (local: connection refused;
+fastrun: 503)`), 503 (with the soonest probe or cool-down end) when there was nothing to try.
+
+Every failed attempt is one `attempt_failed` log line (provider, model, upstream model, failure
+kind, status or transport error class, cause, cool-down applied); a provider disabled and a
+breaker opened are a line each, when the state changes.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 from app.errors import AllBackendsFailed, AtCapacity, GatewayError, NoBackendAvailable, UpstreamTimeout
 from app.metrics import Metrics
 from app.routing.router import Backend
+from app.routing.state import CoolReason
 from providers.errors import MAX_RETRY_AFTER, Failure, UpstreamError
 
 
@@ -72,48 +78,135 @@ class Candidates:
 
 def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:
     """What one failed attempt does to its backend and provider (announced to the other workers
-    through the provider's publisher, when there is one)."""
-    config = backend.provider.policy
-    state = backend.state
-    publisher = backend.provider.publisher
+    through the provider's publisher, when there is one), logged as one `attempt_failed` line and,
+    when they change, `provider_disabled` / `breaker_open`."""
+    policy = backend.provider.policy
     if exc.kind is Failure.CLIENT:
-        return
-    if exc.kind is Failure.CAPACITY:
-        hint = exc.retry_after if exc.retry_after is not None else config.capacity_cooldown_s
-        seconds = min(hint, config.max_cooldown_s, MAX_RETRY_AFTER)
-        if state.cool_down(now, seconds, "capacity") and publisher is not None:
-            publisher.cooled(backend)
-        metrics.cooldowns.inc((backend.name, "capacity"))
-        return
-    if exc.kind in (Failure.QUOTA, Failure.AUTH):
-        reason = "quota" if exc.kind is Failure.QUOTA else "auth"
-        backend.provider.state.disable(f"{reason}: upstream returned {exc.status}", now, quota=reason == "quota")
-        if publisher is not None:
-            publisher.provider_disabled(backend.provider)
-        metrics.disabled.inc((backend.name, reason))
-        log.error("provider_disabled", provider=backend.name, reason=reason, status=exc.status, code=exc.code)
-        return
-    hint = exc.retry_after if exc.retry_after is not None else config.failure_cooldown_s
-    if state.cool_down(now, min(hint, config.max_cooldown_s), "failure") and publisher is not None:
-        publisher.cooled(backend)
-    metrics.cooldowns.inc((backend.name, "failure"))
-    if state.record(False):
-        if publisher is not None:
-            publisher.breaker_changed(backend)
-        metrics.breaker_trips.inc((backend.name,))
-        log.warning("breaker_open", provider=backend.name, upstream_model=backend.upstream_model)
+        _log_attempt(log, backend, exc, None)
+    elif exc.kind is Failure.CAPACITY:
+        hint = exc.retry_after if exc.retry_after is not None else policy.capacity_cooldown_s
+        cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s, MAX_RETRY_AFTER), "capacity", metrics)
+        _log_attempt(log, backend, exc, cooled)
+    elif exc.kind in (Failure.QUOTA, Failure.AUTH):
+        _disable(backend, exc, now, metrics, log)
+    else:
+        hint = exc.retry_after if exc.retry_after is not None else policy.failure_cooldown_s
+        cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s), "failure", metrics)
+        _log_attempt(log, backend, exc, cooled)
+        if backend.state.record(False):
+            _breaker_opened(backend, metrics, log)
 
 
-def exhausted(failures: list[UpstreamError], candidates: Candidates) -> GatewayError:
+def _cool_down(backend: Backend, now: float, seconds: float, reason: CoolReason, metrics: Metrics) -> float | None:
+    """Cool the backend down; the seconds applied, or None when it was already out for longer."""
+    extended = backend.state.cool_down(now, seconds, reason)
+    if extended and backend.provider.publisher is not None:
+        backend.provider.publisher.cooled(backend)
+    metrics.cooldowns.inc((backend.name, reason))
+    return seconds if extended and seconds > 0 else None
+
+
+def _breaker_opened(backend: Backend, metrics: Metrics, log: Any) -> None:
+    if backend.provider.publisher is not None:
+        backend.provider.publisher.breaker_changed(backend)
+    metrics.breaker_trips.inc((backend.name,))
+    names = {"provider": backend.name, "model": backend.model_id, "upstream_model": backend.upstream_model}
+    log.warning("breaker_open", **names, source="attempt")
+
+
+def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:
+    """A refused key or an exhausted balance: the whole provider leaves rotation until a probe."""
+    provider = backend.provider
+    kind = "quota" if exc.kind is Failure.QUOTA else "auth"
+    was_ready = provider.state.ready
+    provider.state.disable(f"{kind}: upstream returned {exc.status}", now, quota=kind == "quota")
+    if provider.publisher is not None:
+        provider.publisher.provider_disabled(provider)
+    metrics.disabled.inc((backend.name, kind))
+    _log_attempt(log, backend, exc, None)
+    if was_ready:
+        reason = provider.state.disabled_reason
+        log.error(
+            "provider_disabled",
+            provider=backend.name,
+            reason=reason,
+            status=exc.status,
+            code=exc.code,
+            source="attempt",
+        )
+
+
+def _log_attempt(log: Any, backend: Backend, exc: UpstreamError, cooldown_s: float | None) -> None:
+    """`attempt_failed`: which backend, what the upstream did (`status`, or the transport error's
+    class in `error`), the short `cause` the client's 502 names, and the cool-down it got."""
+    (log.info if exc.kind is Failure.CLIENT else log.warning)(
+        "attempt_failed",
+        provider=backend.name,
+        model=backend.model_id,
+        upstream_model=backend.upstream_model,
+        kind=exc.kind.value,
+        status=exc.status,
+        error=transport_error(exc),
+        cause=attempt_cause(exc),
+        cooldown_s=cooldown_s,
+    )
+
+
+def _wrapped(exc: UpstreamError) -> list[BaseException]:
+    """The exceptions the adapter wrapped (`raise classify_transport(e) from e`), outermost first."""
+    chain: list[BaseException] = []
+    cause = exc.__cause__
+    while cause is not None:
+        chain.append(cause)
+        cause = cause.__cause__
+    return chain
+
+
+def transport_error(exc: UpstreamError) -> str | None:
+    """The class of the innermost wrapped exception (`ConnectionRefusedError`, `ReadError`, ...);
+    None for an HTTP answer or an unreadable body."""
+    chain = _wrapped(exc)
+    return type(chain[-1]).__name__ if chain else None
+
+
+def attempt_cause(exc: UpstreamError) -> str:
+    """A short, safe description of one failed attempt: the upstream's status (`503`), or what went
+    wrong on the wire. Never the upstream's message, a URL or a key."""
+    if exc.kind is Failure.TIMEOUT:
+        return "timed out"
+    chain = _wrapped(exc)
+    if chain:
+        phrases = (phrase for error in chain for kind, phrase in _TRANSPORT_PHRASES if isinstance(error, kind))
+        return next(phrases, "connection failed")
+    # `classify_response` words every non-client status this way; a status with any other message
+    # is one the adapter set for an answer or stream it could not read.
+    if exc.status is not None and (exc.kind is Failure.CLIENT or exc.message == f"upstream returned {exc.status}"):
+        return str(exc.status)
+    return "malformed response"
+
+
+_TRANSPORT_PHRASES: tuple[tuple[type[BaseException], str], ...] = (
+    (ConnectionRefusedError, "connection refused"),
+    (ConnectionResetError, "connection reset"),
+    (BrokenPipeError, "connection reset"),
+    (ConnectionAbortedError, "connection reset"),
+)
+
+
+def exhausted(failures: list[tuple[str, UpstreamError]], candidates: Candidates) -> GatewayError:
+    """What the client gets when the loop ends without an answer; `failures` are (provider, error)
+    per attempt, in order."""
     if not failures:
         if candidates.capacity_waits:
             return AtCapacity("all backends for this model are at capacity", retry_after=min(candidates.capacity_waits))
         return NoBackendAvailable(
             "no backend is available for this model", retry_after=min(candidates.health_waits, default=1.0)
         )
-    if all(f.kind is Failure.CAPACITY for f in failures):
-        hints = [f.retry_after for f in failures if f.retry_after is not None] + candidates.capacity_waits
+    errors = [error for _, error in failures]
+    if all(f.kind is Failure.CAPACITY for f in errors):
+        hints = [f.retry_after for f in errors if f.retry_after is not None] + candidates.capacity_waits
         return AtCapacity("all backends for this model are at capacity", retry_after=min(hints, default=1.0))
-    if all(f.kind is Failure.TIMEOUT for f in failures):
+    if all(f.kind is Failure.TIMEOUT for f in errors):
         return UpstreamTimeout("the upstream timed out before answering")
-    return AllBackendsFailed("all backends refused the request")
+    causes = "; ".join(f"{provider}: {attempt_cause(error)}" for provider, error in failures)
+    return AllBackendsFailed(f"all backends refused the request ({causes})")

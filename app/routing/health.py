@@ -11,6 +11,9 @@ a hosted `/models` answers 200 with an empty balance too, and the balance endpoi
 probed: nothing can change until the operator sets it and restarts. For `local` providers the
 server's own queue depth is read from its `/metrics` in the same round.
 
+Logged once per change, never per round: `probe_failed` when a provider's probe starts failing,
+`probe_recovered` when it passes again, `provider_enabled` and `breaker_closed` (`source="probe"`).
+
 Every worker probes for itself; what a probe changes (a provider re-enabled, a breaker closed) is
 announced through the provider's publisher (`app.routing.cluster`), so the other workers follow at once.
 """
@@ -31,6 +34,7 @@ class HealthMonitor:
         self.quota_recheck_s = quota_recheck_s
         self.log = log
         self._task: asyncio.Task[None] | None = None
+        self._failing_since: dict[str, float] = {}  # provider -> loop time of its first failed probe
         self.rounds = 0
 
     def start(self) -> None:
@@ -53,24 +57,48 @@ class HealthMonitor:
         self.rounds += 1
 
     async def _probe(self, runtime: ProviderRuntime) -> None:
+        error: Exception | None = None
         try:
             ok = await runtime.adapter.probe()
             depth = await runtime.adapter.queue_depth() if ok and runtime.config.kind == "local" else None
-        except Exception:
-            self.log.exception("probe_failed", provider=runtime.config.name)
-            ok, depth = False, None
+        except Exception as exc:  # a bug, not an unreachable upstream (the adapter answers False)
+            ok, depth, error = False, None, exc
         now = asyncio.get_running_loop().time()
+        self._log_transition(runtime.config.name, ok, now, error)
         state = runtime.state
         publisher = runtime.publisher
         if ok and state.disabled_reason is not None and state.may_reenable(now, self.quota_recheck_s):
-            self.log.warning("provider_enabled", provider=runtime.config.name, was=runtime.state.disabled_reason)
+            name, was = runtime.config.name, state.disabled_reason
+            self.log.warning("provider_enabled", provider=name, was=was, source="probe")
             state.enable()
             if publisher is not None:
                 publisher.provider_enabled(runtime)
         for backend in self.router.backends_of(runtime.config.name):
             was_open = backend.state.breaker_open
             backend.state.probe_result(ok)
-            if was_open and not backend.state.breaker_open and publisher is not None:
-                publisher.breaker_changed(backend)
+            if was_open and not backend.state.breaker_open:
+                self.log.info(
+                    "breaker_closed",
+                    provider=backend.name,
+                    model=backend.model_id,
+                    upstream_model=backend.upstream_model,
+                    source="probe",
+                )
+                if publisher is not None:
+                    publisher.breaker_changed(backend)
             if depth is not None:
                 backend.state.queue_depth = depth
+
+    def _log_transition(self, provider: str, ok: bool, now: float, error: Exception | None) -> None:
+        """`probe_failed` when a provider's probes start failing, `probe_recovered` when they pass
+        again: one line per change, not one per round."""
+        since = self._failing_since.get(provider)
+        if ok and since is not None:
+            del self._failing_since[provider]
+            self.log.warning("probe_recovered", provider=provider, failing_s=round(now - since, 3))
+        elif not ok and since is None:
+            self._failing_since[provider] = now
+            if error is None:
+                self.log.warning("probe_failed", provider=provider, error=None)
+            else:
+                self.log.error("probe_failed", provider=provider, error=type(error).__name__, exc_info=error)

@@ -225,3 +225,9 @@ def test_the_shipped_catalog_is_valid() -> None:
     assert {p.model for p in local} == {"gemma-4-31b", "qwen3-8b"}
     assert all(p.input == 0 and p.output == 0 for p in local)
     assert {(p.provider, p.model) for p in catalog.prices} >= {("mock", "mock-model"), ("fastrun", "gemma-4-31b")}
+
+
+def test_no_patterns_is_the_bundled_catalog_read_as_a_package_resource(tmp_path: Path) -> None:
+    bundled = load_catalog(None, tmp_path)  # `[catalog] files` absent; nothing under tmp_path
+    assert bundled == load_catalog([str(default_catalog_path())], default_catalog_path().parent)
+    assert "mock-model" in {model.id for model in bundled.models}

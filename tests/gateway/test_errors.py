@@ -179,7 +179,7 @@ async def test_all_backends_refusing_is_502(
     primary.enqueue(reply_json(503, {"error": {"message": "down", "type": "unavailable", "code": 503}}))
     secondary.enqueue(reply_json(500, {"detail": "boom"}))
     response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})
-    assert_error(response, 502, "upstream_error", "all backends refused the request")
+    assert_error(response, 502, "upstream_error", "all backends refused the request (primary: 503; secondary: 500)")
     (row,) = await gw.ledger_rows()
     assert (row["status"], row["error_type"], row["attempts"], row["provider"]) == (
         "error",

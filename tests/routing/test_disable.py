@@ -69,7 +69,7 @@ async def test_every_provider_disabled_is_502_then_503_with_the_probe_interval_a
     beta.enqueue(load_transcript("primalabs_422_budget_exceeded"))
     refused = await complete(gw)
     assert refused.status_code == 502, refused.text
-    assert refused.json()["error"]["message"] == "all backends refused the request"
+    assert refused.json()["error"]["message"] == "all backends refused the request (alpha: 401; beta: 422)"
     state = await deployments(gw)
     assert {name: (d["ready"], d.get("disabled_reason")) for name, d in state.items()} == {
         "alpha": (False, "auth: upstream returned 401"),

@@ -100,7 +100,7 @@ async def test_every_backend_cooling_after_failures_is_503_without_upstream_requ
     beta.enqueue(error(503, "unavailable"))
     refused = await complete(gw)
     assert refused.status_code == 502, refused.text
-    assert refused.json()["error"]["message"] == "all backends refused the request"
+    assert refused.json()["error"]["message"] == "all backends refused the request (alpha: 502; beta: 503)"
     assert refused.json()["error"]["type"] == "upstream_error"
     state = await deployments(gw)
     assert {name: (d["ready"], d["cooling_reason"]) for name, d in state.items()} == {

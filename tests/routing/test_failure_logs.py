@@ -1,0 +1,314 @@
+"""What an operator reads in the log when upstreams fail: one `attempt_failed` line per failed
+attempt, one line per change of a provider's or a breaker's state and per probe failure and
+recovery (not one per round), and the 502 that names each attempt's cause.
+
+The gateway runs in the test's process and writes its JSON lines to stdout, which `capfd`
+captures; `Logs.lines` flushes the gateway's line buffer first and returns the lines of one event
+without their timestamps.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from devtools.mock_http import Reply
+from tests.conftest import GatewayHandle, StartGateway
+from tests.routing.conftest import (
+    CATALOG,
+    PROBE_PATH,
+    USER,
+    answer,
+    complete,
+    deployments,
+    error,
+    eventually,
+    launch,
+    models_reply,
+    played,
+)
+from tests.upstream import ReplayUpstream
+
+FAILURE_COOLDOWN = 4
+BREAKER = {"breaker_min_samples": 2, "breaker_error_ratio": 0.5, "failure_cooldown_s": 0}
+SECRET = "sk-test-SECRET-log-7c1e"
+PROMPT = "PROMPT-MARKER-heron-51d2"
+
+
+class Logs:
+    def __init__(self, capfd: pytest.CaptureFixture[str]) -> None:
+        self.capfd = capfd
+        self.seen: list[dict[str, Any]] = []
+        self.raw = ""
+
+    def lines(self, event: str, *gateways: GatewayHandle) -> list[dict[str, Any]]:
+        for gw in gateways:
+            assert gw.service.log_writer is not None
+            gw.service.log_writer.flush()
+        out = self.capfd.readouterr().out
+        self.raw += out
+        self.seen += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        return [{k: v for k, v in line.items() if k != "timestamp"} for line in self.seen if line["event"] == event]
+
+
+@pytest.fixture
+def logs(capfd: pytest.CaptureFixture[str]) -> Logs:
+    return Logs(capfd)
+
+
+def attempt(
+    provider: str, kind: str, status: int | None, error: str | None, cause: str, cooldown: float | None
+) -> dict[str, Any]:
+    """An `attempt_failed` line for `provider`'s `chat-1` backend."""
+    return {
+        "event": "attempt_failed",
+        "level": "warning",
+        "provider": provider,
+        "model": "chat-1",
+        "upstream_model": f"{provider}/chat-1",
+        "kind": kind,
+        "status": status,
+        "error": error,
+        "cause": cause,
+        "cooldown_s": cooldown,
+    }
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port  # nothing listens there: connecting is refused
+
+
+def malformed() -> Reply:
+    return Reply(status=200, headers=[("content-type", "application/json")], chunks=[b"{not json"])
+
+
+# -- one line per failed attempt --------------------------------------------------------------------
+
+
+async def test_a_503_then_failover_is_one_attempt_line_with_its_cool_down(
+    start_gateway: StartGateway,
+    alpha: ReplayUpstream,
+    beta: ReplayUpstream,
+    logs: Logs,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SWITCHYARD_TEST_LOG_KEY", SECRET)
+    common = {"failure_cooldown_s": FAILURE_COOLDOWN, "api_key_env": "SWITCHYARD_TEST_LOG_KEY"}
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common=common)
+    alpha.enqueue(error(503, "unavailable"))
+    beta.enqueue(answer("from beta"))
+    message = {**USER, "content": [{"kind": "text", "data": PROMPT}]}
+    response = await gw.client.post("/api/v1/completions", json={"model": "chat-1", "messages": [message]})
+    assert response.json()["provider"] == "beta"
+    assert logs.lines("attempt_failed", gw) == [attempt("alpha", "transient", 503, None, "503", FAILURE_COOLDOWN)]
+    assert logs.lines("breaker_open") == []
+    assert [line["attempts"] for line in logs.lines("request")] == [2]
+    assert alpha.requests[0].headers["authorization"] == f"Bearer {SECRET}"
+    assert SECRET not in logs.raw
+    assert PROMPT not in logs.raw
+
+
+async def test_a_refused_connection_is_named_by_its_error_class(
+    start_gateway: StartGateway, beta: ReplayUpstream, logs: Logs
+) -> None:
+    providers = {
+        "alpha": {
+            "kind": "openai_compatible",
+            "base_url": f"http://127.0.0.1:{closed_port()}/v1",
+            "failure_cooldown_s": FAILURE_COOLDOWN,
+        },
+        "beta": {"kind": "openai_compatible", "base_url": beta.url},
+    }
+    gw = await start_gateway(providers=providers, catalog=CATALOG)
+    beta.enqueue(answer("from beta"))
+    assert (await complete(gw)).json()["provider"] == "beta"
+    expected = attempt("alpha", "transient", None, "ConnectionRefusedError", "connection refused", FAILURE_COOLDOWN)
+    assert logs.lines("attempt_failed", gw) == [expected]
+
+
+async def test_a_reset_connection_and_a_malformed_answer(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, gamma: ReplayUpstream, logs: Logs
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta, "gamma": gamma}, common={"failure_cooldown_s": 0})
+    alpha.enqueue(played(answer("lost"), reset_after=0))
+    beta.enqueue(malformed())
+    gamma.enqueue(answer("from gamma"))
+    assert (await complete(gw)).json()["provider"] == "gamma"
+    assert logs.lines("attempt_failed", gw) == [
+        attempt("alpha", "transient", None, "ConnectionResetError", "connection reset", None),
+        attempt("beta", "transient", 502, None, "malformed response", None),
+    ]
+
+
+async def test_a_request_the_upstream_refuses_is_an_info_line_without_a_cool_down(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(error(400, "invalid_request_error"))
+    response = await complete(gw)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == "upstream says 400"
+    assert logs.lines("attempt_failed", gw) == [{**attempt("alpha", "client", 400, None, "400", None), "level": "info"}]
+
+
+# -- the 502 names every attempt's cause ------------------------------------------------------------
+
+
+async def test_the_502_names_each_attempt_s_provider_and_cause(
+    start_gateway: StartGateway, beta: ReplayUpstream, gamma: ReplayUpstream
+) -> None:
+    """gamma's key variable is unset: it is out of rotation, not an attempt."""
+    providers = {
+        "alpha": {"kind": "openai_compatible", "base_url": f"http://127.0.0.1:{closed_port()}/v1"},
+        "beta": {"kind": "openai_compatible", "base_url": beta.url},
+        "gamma": {"kind": "openai_compatible", "base_url": gamma.url, "api_key_env": "SWITCHYARD_TEST_UNSET_KEY"},
+    }
+    gw = await start_gateway(providers=providers, catalog=CATALOG)
+    beta.enqueue(error(503, "unavailable"))
+    refused = await complete(gw)
+    assert refused.status_code == 502, refused.text
+    message = "all backends refused the request (alpha: connection refused; beta: 503)"
+    assert refused.json()["error"]["message"] == message
+    assert refused.json()["errors"][0]["detail"] == message
+
+
+async def test_the_502_for_a_malformed_answer_and_a_refused_key(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(malformed())
+    beta.enqueue(error(401, "authentication_error"))
+    refused = await complete(gw)
+    assert refused.status_code == 502, refused.text
+    message = "all backends refused the request (alpha: malformed response; beta: 401)"
+    assert refused.json()["error"]["message"] == message
+
+
+# -- provider and breaker state ---------------------------------------------------------------------
+
+
+async def test_a_401_is_an_attempt_line_and_one_provider_disabled_line(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(error(401, "authentication_error"))
+    beta.enqueue(answer("from beta"), repeat=2)
+    assert (await complete(gw)).json()["provider"] == "beta"
+    assert (await complete(gw)).json()["provider"] == "beta"
+    assert logs.lines("attempt_failed", gw) == [attempt("alpha", "auth", 401, None, "401", None)]
+    assert logs.lines("provider_disabled") == [
+        {
+            "event": "provider_disabled",
+            "level": "error",
+            "provider": "alpha",
+            "reason": "auth: upstream returned 401",
+            "status": 401,
+            "code": "authentication_error",
+            "source": "attempt",
+        }
+    ]
+
+
+async def test_the_breaker_opening_and_a_probe_closing_it_are_a_line_each(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
+) -> None:
+    alpha.enqueue(models_reply(first_byte_delay_s=0.6), path=PROBE_PATH)  # no probe round ends before that
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common=BREAKER, routing={"probe_interval_s": 0.1})
+    alpha.enqueue(error(502), repeat=2)
+    beta.enqueue(answer("from beta"), repeat=2)
+    for _ in range(2):
+        assert (await complete(gw)).json()["provider"] == "beta"
+    assert logs.lines("attempt_failed", gw) == [attempt("alpha", "transient", 502, None, "502", None)] * 2
+    names = {"provider": "alpha", "model": "chat-1", "upstream_model": "alpha/chat-1"}
+    assert logs.lines("breaker_open") == [{"event": "breaker_open", "level": "warning", **names, "source": "attempt"}]
+
+    async def closed() -> bool:
+        return (await deployments(gw))["alpha"]["breaker_open"] is False
+
+    await eventually(closed, within=3.0)
+    await eventually(lambda: len(logs.lines("breaker_closed", gw)) > 0)
+    assert logs.lines("breaker_closed", gw) == [
+        {"event": "breaker_closed", "level": "info", **names, "source": "probe"}
+    ]
+    assert len(logs.lines("breaker_open", gw)) == 1
+
+
+async def test_a_failing_probe_is_logged_when_it_starts_failing_and_when_it_recovers(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
+) -> None:
+    alpha.enqueue(error(503, "unavailable"), repeat=3, path=PROBE_PATH)  # three failed rounds, then 200s
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, routing={"probe_interval_s": 0.1})
+
+    async def recovered() -> bool:
+        return alpha.pending == 0 and (await deployments(gw))["alpha"]["probe_failed"] is False
+
+    await eventually(recovered, within=3.0)
+    await eventually(lambda: len(logs.lines("probe_recovered", gw)) > 0)
+    assert logs.lines("probe_failed") == [
+        {"event": "probe_failed", "level": "warning", "provider": "alpha", "error": None}
+    ]
+    (line,) = logs.lines("probe_recovered")
+    assert {k: v for k, v in line.items() if k != "failing_s"} == {
+        "event": "probe_recovered",
+        "level": "warning",
+        "provider": "alpha",
+    }
+    assert 0.15 <= line["failing_s"] < 2.0  # from the first failed round to the first good one
+
+
+# -- another worker's breaker -----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def redis_prefix() -> AsyncIterator[str]:
+    client = Redis.from_url("redis://127.0.0.1:6379/0")
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    keys = [key async for key in client.scan_iter(match=f"{prefix}:*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+async def test_a_breaker_another_worker_opened_and_closed_is_logged_with_its_origin(
+    redis_prefix: str, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
+) -> None:
+    redis = {"url": "redis://127.0.0.1:6379/0", "key_prefix": redis_prefix}
+    upstreams = {"alpha": alpha, "beta": beta}
+    b = await launch(start_gateway, upstreams, common=BREAKER, redis=redis, routing={"probe_interval_s": 60})
+    alpha.enqueue(models_reply(first_byte_delay_s=0.6), path=PROBE_PATH)  # a's first probe, answered late
+    a = await launch(start_gateway, upstreams, common=BREAKER, redis=redis, routing={"probe_interval_s": 0.1})
+    alpha.enqueue(error(502), repeat=2)
+    beta.enqueue(answer("from beta"), repeat=2)
+    for _ in range(2):
+        assert (await complete(a)).json()["provider"] == "beta"
+
+    async def closed_on_b() -> bool:
+        return (await deployments(b))["alpha"]["breaker_open"] is False and any(
+            line["source"] == "cluster" for line in logs.lines("breaker_closed", a, b)
+        )
+
+    await eventually(lambda: any(line["source"] == "cluster" for line in logs.lines("breaker_open", a, b)))
+    await eventually(closed_on_b, within=3.0)
+    assert a.service.cluster is not None
+    names = {"provider": "alpha", "model": "chat-1", "upstream_model": "alpha/chat-1"}
+    origin = {"source": "cluster", "origin": a.service.cluster.worker_id}
+    by_source = functools.partial(sorted, key=lambda line: line["source"])  # two writers: flushed in any order
+    assert by_source(logs.lines("breaker_open", a, b)) == [
+        {"event": "breaker_open", "level": "warning", **names, "source": "attempt"},
+        {"event": "breaker_open", "level": "warning", **names, **origin},
+    ]
+    assert by_source(logs.lines("breaker_closed", a, b)) == [
+        {"event": "breaker_closed", "level": "info", **names, **origin},
+        {"event": "breaker_closed", "level": "info", **names, "source": "probe"},
+    ]

@@ -1,0 +1,118 @@
+"""Starting the service the way an operator does: a config copied away from the repository, the
+`listening` line, and failed starts that leave no database file behind.
+
+`switchyard` runs as a subprocess (`tests/cli_harness.py`); the database is read back with `sqlite3`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import tomllib
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cli_harness import REPO, Process, cli_env, free_port, processes, run_cli, tables, write_config
+
+SQLITE_FILES = ("switchyard.db", "switchyard.db-wal", "switchyard.db-shm", "switchyard.db-journal")
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return [name for name in SQLITE_FILES if (directory / name).exists()]
+
+
+def _log_lines(stdout: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def test_the_example_config_copied_elsewhere_syncs_and_serves_the_bundled_catalog(tmp_path: Path) -> None:
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    config = etc / "config.toml"
+    shutil.copy(REPO / "config.example.toml", config)  # no catalog/ folder beside it
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    env = cli_env(SWITCHYARD_CONFIG=str(config))
+    bundled = tomllib.loads((REPO / "catalog" / "models.toml").read_text())
+
+    synced = run_cli(elsewhere, "catalog", "sync", env=env)
+    assert (synced.returncode, synced.stderr) == (0, "")
+    report = json.loads(synced.stdout)
+    assert (report["models"], report["prices_added"]) == (len(bundled["models"]), len(bundled["prices"]))
+    assert "ledger" in tables(etc / "switchyard.db")  # the database is relative to the config file
+
+    with processes() as started:
+        port = free_port()
+        started.append(serve := Process(elsewhere, "serve", ["serve", "--port", str(port)], env))
+        base = f"http://127.0.0.1:{port}"
+        serve.wait_http(f"{base}/healthz")
+        models = {model["id"] for model in httpx.get(f"{base}/api/v1/models").json()["data"]}
+        assert models == set(bundled["models"])
+        assert serve.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+        stdout, stderr = serve.output()
+    lines = _log_lines(stdout)
+    assert [line["url"] for line in lines if line["event"] == "listening"] == [base]
+    events = [line["event"] for line in lines]
+    assert events.index("started") < events.index("listening")
+    assert "Traceback" not in stderr
+
+
+def test_two_workers_log_listening_once_with_the_bound_address(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    with processes() as started:
+        port = free_port()
+        args = ["serve", "--config", str(config), "--port", str(port), "--workers", "2"]
+        started.append(serve := Process(tmp_path, "serve", args, cli_env()))
+        base = f"http://127.0.0.1:{port}"
+        serve.wait_http(f"{base}/healthz")
+        assert serve.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+        stdout, _ = serve.output()
+    listening = [line for line in _log_lines(stdout) if line["event"] == "listening"]
+    assert [(line["url"], line["level"]) for line in listening] == [(base, "info")]
+
+
+def test_a_catalog_error_leaves_no_database_file(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(catalog.read_text().replace('provider = "hosted"\nmodel = "hosted-model"', 'provider = "x"'))
+    for args in (["catalog", "sync"], ["serve", "--port", str(free_port())]):
+        result = run_cli(tmp_path, *args, "--config", str(config))
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("switchyard: models.toml: prices[1]")
+        assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_start_that_cannot_bind_removes_the_database_it_created_and_keeps_one_it_found(
+    tmp_path: Path, workers: str
+) -> None:
+    config = write_config(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        serve = ["serve", "--config", str(config), "--port", port, "--workers", workers]
+        fresh = run_cli(tmp_path, *serve)
+        assert fresh.returncode == 1, fresh.stderr
+        assert "address already in use" in fresh.stderr.lower()
+        assert _leftovers(tmp_path) == []  # it was migrated and synced before the bind failed
+
+        assert run_cli(tmp_path, "catalog", "sync", "--config", str(config)).returncode == 0
+        existing = run_cli(tmp_path, *serve)
+        assert existing.returncode == 1, existing.stderr
+    assert "ledger" in tables(tmp_path / "switchyard.db")  # not this start's to remove
+
+
+def test_access_log_is_refused_naming_the_key(tmp_path: Path) -> None:
+    config = write_config(tmp_path, extra="[server]\naccess_log = true\n")
+    result = run_cli(tmp_path, "serve", "--config", str(config), "--port", str(free_port()))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"switchyard: {config}: server.access_log: no longer a setting "
+        "(the `request` log line is the access log); delete it\n"
+    )
+    assert _leftovers(tmp_path) == []
