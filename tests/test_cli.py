@@ -3,7 +3,7 @@
 Each test writes its own `config.toml`, catalog file and SQLite database into `tmp_path` and checks
 what the operator sees (exit codes, messages naming the key, the JSON sync report, the canonical
 log line) and what lands in the database (read back with `sqlite3`, not through our code). `serve`
-runs against a `mock-upstream` subprocess (harness: `tests/cli_harness.py`); every wait is bounded and
+runs against a `mock-upstream` subprocess (harness: `tests/support/cli.py`); every wait is bounded and
 every process a test starts is killed with its process group (uvicorn's workers too) in a `finally`.
 """
 
@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 from decimal import Decimal
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.cli_harness import (
+from tests.support.cli import (
     Process,
     cli_env,
     complete,
-    free_port,
     processes,
     query,
     request_lines,
@@ -31,6 +29,7 @@ from tests.cli_harness import (
     tables,
     write_config,
 )
+from tests.support.ports import free_port, occupied_port
 
 SECRET = "sk-test-SECRET-123"
 PROMPT = "PROMPT-MARKER-quetzal-7f3a"
@@ -249,10 +248,7 @@ def test_serve_with_two_workers_answers(tmp_path: Path) -> None:
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_serve_on_a_port_in_use_exits_1(tmp_path: Path, workers: str) -> None:
     config = write_config(tmp_path)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = str(taken.getsockname()[1])
-        result = run_cli(tmp_path, "serve", "--config", str(config), "--port", port, "--workers", workers)
+    with occupied_port() as port:
+        result = run_cli(tmp_path, "serve", "--config", str(config), "--port", str(port), "--workers", workers)
     assert result.returncode == 1
     assert "address already in use" in result.stderr.lower()

@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli_harness import REPO, Process, cli_env, free_port, processes, run_cli, tables, write_config
+from tests.support.cli import REPO, Process, cli_env, processes, run_cli, tables, write_config
+from tests.support.ports import free_port
 
 SQLITE_FILES = ("switchyard.db", "switchyard.db-wal", "switchyard.db-shm", "switchyard.db-journal")
 

@@ -7,16 +7,17 @@ Uses the real Redis on this machine under a key prefix of its own, deleted after
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from redis import Redis
 
-from tests.cli_harness import Process, cli_env, complete, free_port, processes, start_mock, write_config
+from tests.support.cli import Process, cli_env, complete, processes, start_mock, write_config
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until_sync
 
 SECRET = "sk-test-SECRET-123"
 SERVED = 'switchyard_requests_total{model="hosted-model",provider="hosted",status="ok"} '
@@ -36,14 +37,6 @@ def prefix() -> Iterator[str]:
         client.close()
 
 
-def _wait(check: Callable[[], bool], what: Callable[[], str], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout}s: {what()}")
-        time.sleep(0.1)
-
-
 def test_two_workers_split_the_limit_and_sum_their_metrics(tmp_path: Path, prefix: str) -> None:
     client = Redis.from_url("redis://127.0.0.1:6379/0")
     extra = f'max_concurrency = 4\n\n[redis]\nurl = "redis://127.0.0.1:6379/0"\nkey_prefix = "{prefix}"\n'
@@ -54,8 +47,8 @@ def test_two_workers_split_the_limit_and_sum_their_metrics(tmp_path: Path, prefi
         started.append(serve := Process(tmp_path, "serve", args, cli_env(SWITCHYARD_TEST_HOSTED_KEY=SECRET)))
         base = f"http://127.0.0.1:{port}"
         serve.wait_http(f"{base}/healthz")
-        _wait(
-            lambda: len(list(client.scan_iter(match=f"{prefix}:metrics:*"))) == 2, lambda: "two workers sharing metrics"
+        wait_until_sync(
+            lambda: len(list(client.scan_iter(match=f"{prefix}:metrics:*"))) == 2, what="2 workers' metrics"
         )
         models = {m["id"]: m for m in httpx.get(f"{base}/api/v1/models").json()["data"]}
         assert [d["limit"] for d in models["hosted-model"]["deployments"]] == [2]  # 4 over 2 workers
@@ -69,5 +62,5 @@ def test_two_workers_split_the_limit_and_sum_their_metrics(tmp_path: Path, prefi
             scrapes.append(next((line for line in text.splitlines() if line.startswith(SERVED)), ""))
             return scrapes[-8:] == [SERVED + "6"] * 8  # eight in a row, from whichever worker answered
 
-        _wait(every_scrape_counts_six, lambda: f"summed metrics, last scrapes {scrapes[-3:]}")
+        wait_until_sync(every_scrape_counts_six, what=lambda: f"summed metrics, last scrapes {scrapes[-3:]}")
     client.close()

@@ -6,20 +6,25 @@ import time
 import uuid
 
 from app.ids import uuid7
+from tests.support.waiting import wait_until_sync
+
+
+def _millis(value: str) -> int:
+    """The id's 48-bit Unix millisecond timestamp."""
+    return int(value.replace("-", "")[:12], 16)
 
 
 def test_uuid7_layout_and_time_order() -> None:
     first = uuid7()
-    time.sleep(0.002)
-    second = uuid7()
+    wait_until_sync(lambda: time.time_ns() // 1_000_000 > _millis(first), within=1.0, interval=0.0005)
+    second = uuid7()  # a later millisecond: the order must come from the timestamp
     for value in (first, second):
         parsed = uuid.UUID(value)
         assert str(parsed) == value
         assert parsed.version == 7
         assert parsed.variant == uuid.RFC_4122
     assert first < second
-    millis = int(first.replace("-", "")[:12], 16)
-    assert abs(millis - time.time_ns() // 1_000_000) < 5_000
+    assert abs(_millis(first) - time.time_ns() // 1_000_000) < 5_000
 
 
 def test_uuid7_is_unique() -> None:

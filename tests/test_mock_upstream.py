@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,10 @@ import pytest
 
 from devtools.mock_openai import ScriptedOptions, estimate_prompt_tokens
 from devtools.mock_upstream import main, scripted_server
-from tests.upstream import ReplayUpstream, load_transcript, reply_json, reply_sse
+from tests.support.ports import free_port, occupied_port
+from tests.support.transcripts import load_transcript
+from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_BODY = b'{"model":"gemma","messages":[{"role":"user","content":"hi"}]}'
@@ -181,10 +183,7 @@ async def test_latency_delays_first_byte_and_metrics_count_it_running() -> None:
     async with scripted_server(ScriptedOptions(latency_ms=300)) as server, httpx.AsyncClient() as client:
         started = time.monotonic()
         pending = asyncio.create_task(client.post(f"{server.url}/chat/completions", content=CHAT_BODY))
-        for _ in range(400):
-            if server.active_streams:
-                break
-            await asyncio.sleep(0.005)
+        await wait_until(lambda: server.active_streams > 0, within=2.0, interval=0.005)
         async with httpx.AsyncClient() as probe:
             metrics = await probe.get(f"http://127.0.0.1:{server.port}/metrics")
         response = await pending
@@ -219,7 +218,7 @@ async def test_reset_after_gives_the_client_a_read_error_mid_stream() -> None:
 async def test_reset_sends_exactly_the_chunks_before_it_raw() -> None:
     async with ReplayUpstream() as upstream:
         upstream.enqueue(reply_sse(["data: a\n\n", "data: b\n\n", "data: c\n\n"], reset_after=2))
-        reader, writer = await asyncio.open_connection("127.0.0.1", upstream.server.port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", upstream.port)
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
         received = bytearray()
         error = None
@@ -310,7 +309,7 @@ async def test_keep_alive_pipelining_and_chunked_request_bodies_raw() -> None:
         upstream.enqueue(reply_json(200, {"i": 0}, first_byte_delay_s=0.05))
         upstream.enqueue(reply_sse([{"i": 1}], chunk_delay_s=0.01))
         upstream.enqueue(reply_json(200, {"i": 2}), repeat=2)
-        reader, writer = await asyncio.open_connection("127.0.0.1", upstream.server.port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", upstream.port)
         writer.write(
             b'POST /v1/a HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{"a":1}'
             b"POST /v1/b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -338,20 +337,13 @@ async def test_keep_alive_pipelining_and_chunked_request_bodies_raw() -> None:
 
 async def test_malformed_request_gets_400_and_close() -> None:
     async with ReplayUpstream() as upstream:
-        reader, writer = await asyncio.open_connection("127.0.0.1", upstream.server.port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", upstream.port)
         writer.write(b"NONSENSE\r\n\r\n")
         status, _, body = await read_response(reader)
         assert await reader.read() == b""
         writer.close()
     assert status == 400
     assert json.loads(body)["error"]["message"] == "malformed request line"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def test_module_runs_as_a_command_until_sigterm() -> None:
@@ -394,8 +386,5 @@ def test_main_rejects_bad_usage() -> None:
 
 
 async def test_main_returns_1_when_the_port_is_taken() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        port = sock.getsockname()[1]
+    with occupied_port() as port:
         assert await asyncio.to_thread(main, ["--port", str(port)]) == 1

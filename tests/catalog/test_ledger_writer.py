@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -18,6 +18,7 @@ from catalog.ledger import LedgerWriter, write_records
 from catalog.migrate import upgrade_async
 from catalog.records import LedgerRecord
 from catalog.tables import ExactDecimal, LedgerRow
+from tests.support.waiting import wait_until
 
 START = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
@@ -154,15 +155,13 @@ async def test_full_batches_leave_at_once_and_the_rest_waits_for_the_interval(
     records = [record(n) for n in range(250)]
     for item in records:
         writer.submit(item)
-    for _ in range(100):  # the two full batches are written without waiting for the interval
-        await asyncio.sleep(0.01)
-        if writer.pending == 50:
-            break
+    # the two full batches are written without waiting for the interval
+    await wait_until(lambda: writer.pending == 50, within=1.0)
     assert (batches, writer.pending) == ([100, 100], 50)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # the behaviour under test: 0.2 s pass and the 50 do not leave
     assert writer.pending == 50  # not yet: neither a full batch nor the interval
-    await asyncio.sleep(0.6)
-    assert (batches, writer.pending) == ([100, 100, 50], 0)  # the interval passed
+    await wait_until(lambda: writer.pending == 0, within=0.6)  # the interval passes
+    assert (batches, writer.pending) == ([100, 100, 50], 0)
     assert await ledger(engine) == records
     await writer.close()
 
@@ -190,13 +189,23 @@ async def test_close_drains_without_flush(engine: AsyncEngine) -> None:
     await writer.close()  # a second close (a shutdown hook run twice) is harmless
 
 
+class CountingFailures(LedgerWriter):
+    """Counts failed writes through the writer's own hook for them."""
+
+    failures = 0
+
+    def _on_write_failure(self, batch: Sequence[LedgerRecord], exc: Exception, attempt: int) -> float:
+        self.failures += 1
+        return super()._on_write_failure(batch, exc, attempt)
+
+
 async def test_rows_wait_out_a_database_that_is_not_ready(fresh_url: Callable[[], Awaitable[str]]) -> None:
     url = await fresh_url()
     engine = create_async_engine(url)
-    writer = LedgerWriter(engine, flush_interval=0.01)
+    writer = CountingFailures(engine, flush_interval=0.01)
     writer.start()
     writer.submit(FULL)
-    await asyncio.sleep(0.3)  # the table does not exist yet: the batch fails and is retried
+    await wait_until(lambda: writer.failures >= 2)  # the table does not exist yet: the batch fails, is retried
     assert writer.pending == 1
     await upgrade_async(url)
     await asyncio.wait_for(writer.flush(), timeout=10)

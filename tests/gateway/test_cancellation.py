@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.conftest import GatewayHandle
-from tests.gateway.catalog import primary_cost
-from tests.upstream import ReplayUpstream, reply_json, reply_sse
+from tests.gateway.conftest import primary_cost
+from tests.support.gateway import GatewayHandle
+from tests.support.observe import rows_when
+from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
+from tests.support.waiting import wait_until
 
 PROMPT = "x" * 400  # 400 characters: 100 tokens at four per token, plus 4 for the message
 PROMPT_ESTIMATE = 104
@@ -32,15 +32,6 @@ def body(*, stream: bool) -> dict[str, Any]:
     return {"model": "chat-1", "stream": stream, "messages": [message]}
 
 
-async def until(predicate: Callable[[], bool], within: float) -> float:
-    """Seconds until `predicate()` held; fails after `within`."""
-    started = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - started < within, "condition not met in time"
-        await asyncio.sleep(0.005)
-    return time.monotonic() - started
-
-
 async def post_raw(gw: GatewayHandle, payload: dict[str, Any]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A client that sends its request and can then simply drop the connection."""
     url = urlsplit(gw.url)
@@ -50,16 +41,6 @@ async def post_raw(gw: GatewayHandle, payload: dict[str, Any]) -> tuple[asyncio.
     writer.write(head.encode() + b"content-length: %d\r\n\r\n" % len(data) + data)
     await writer.drain()
     return reader, writer
-
-
-async def one_row(gw: GatewayHandle) -> dict[str, Any]:
-    rows: list[dict[str, Any]] = []
-    started = time.monotonic()
-    while not rows:
-        assert time.monotonic() - started < 2.0, "no ledger row"
-        rows = await gw.ledger_rows()
-    (row,) = rows
-    return row
 
 
 def estimated_usage(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -81,10 +62,10 @@ async def test_a_json_client_that_disconnects_cancels_the_upstream_request(
     answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "late"}, "finish_reason": "stop"}]}
     primary.enqueue(reply_json(200, answer, first_byte_delay_s=5.0))
     _, writer = await post_raw(gw, body(stream=False))
-    await until(lambda: len(primary.requests) == 1 and primary.open_connections == 1, within=2.0)
+    await wait_until(lambda: len(primary.requests) == 1 and primary.open_connections == 1)
     writer.close()
-    assert await until(lambda: primary.open_connections == 0, within=1.0) < 1.0
-    row = await one_row(gw)
+    await wait_until(lambda: primary.open_connections == 0, within=1.0, what="the upstream request cancelled")
+    (row,) = await rows_when(gw, 1)
     assert (row["streamed"], row["provider"], row["attempts"]) == (False, "primary", 1)
     # Nothing came back, so the gateway counts what it can: the prompt went upstream.
     assert estimated_usage(row) == ("cancelled", True, PROMPT_ESTIMATE, 0, 0, 0, 0, "estimated")
@@ -98,10 +79,10 @@ async def test_a_stream_cancelled_before_any_output_cancels_the_upstream_within_
     nothing when it leaves, and the upstream is told at once."""
     primary.enqueue(reply_sse([chunk({"content": "late"}), chunk({}, "stop")], first_byte_delay_s=10.0))
     _, writer = await post_raw(gw, body(stream=True))
-    await until(lambda: len(primary.requests) == 1 and primary.open_connections == 1, within=2.0)
+    await wait_until(lambda: len(primary.requests) == 1 and primary.open_connections == 1)
     writer.close()
-    assert await until(lambda: primary.open_connections == 0, within=1.0) < 1.0
-    row = await one_row(gw)
+    await wait_until(lambda: primary.open_connections == 0, within=1.0, what="the upstream request cancelled")
+    (row,) = await rows_when(gw, 1)
     assert row["streamed"] == 1
     assert estimated_usage(row) == ("cancelled", True, PROMPT_ESTIMATE, 0, 0, 0, 0, "estimated")
 
@@ -123,8 +104,8 @@ async def test_a_cancelled_stream_without_upstream_usage_records_what_was_relaye
             seen += '"type":"text_delta"' in line
             if seen == 3:
                 break
-    await until(lambda: primary.open_connections == 0, within=1.0)
-    row = await one_row(gw)
+    await wait_until(lambda: primary.open_connections == 0, within=1.0, what="the upstream request cancelled")
+    (row,) = await rows_when(gw, 1)
     # One token per delta relayed (three text, two reasoning) and the prompt's estimate, priced
     # from the catalog and marked as the gateway's own count.
     assert estimated_usage(row) == ("cancelled", True, PROMPT_ESTIMATE, 3, 2, 0, 0, "estimated")
@@ -140,6 +121,6 @@ async def test_usage_the_upstream_reported_is_never_marked_estimated(
     primary.enqueue(reply_sse([chunk({"content": "Hi"}), {**chunk({}, "stop"), "usage": usage}]))
     response = await gw.client.post("/api/v1/completions", json=body(stream=True))
     assert response.status_code == 200
-    row = await one_row(gw)
+    (row,) = await rows_when(gw, 1)
     assert estimated_usage(row) == ("ok", False, 7, 2, 0, 0, 0, "estimated")
     assert row["api"] == "unified"

@@ -6,12 +6,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GatewayHandle, StartGateway
-from tests.gateway.catalog import CATALOG
-from tests.gateway.conftest import providers_for
-from tests.upstream import ReplayUpstream, reply_json
-
-USER = {"role": "user", "content": [{"kind": "text", "data": "hi"}]}
+from tests.gateway.conftest import CATALOG, providers_for
+from tests.support.client import COMPLETIONS, USER, post
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.upstream import ReplayUpstream, reply_json
 
 
 def assert_error(
@@ -98,17 +96,15 @@ def assert_error(
 async def test_invalid_requests_are_400_naming_the_field(
     gw: GatewayHandle, primary: ReplayUpstream, payload: dict[str, Any], param: str, message: str | None
 ) -> None:
-    response = await gw.client.post("/api/v1/completions", json=payload)
+    response = await post(gw, payload)
     assert_error(response, 400, "invalid_request_error", message, param)
     assert primary.requests == []
 
 
 async def test_malformed_json_and_non_object(gw: GatewayHandle) -> None:
-    response = await gw.client.post(
-        "/api/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
-    )
+    response = await gw.client.post(COMPLETIONS, content=b"{not json", headers={"content-type": "application/json"})
     assert_error(response, 400, "invalid_request_error")
-    response = await gw.client.post("/api/v1/completions", json=[1, 2])
+    response = await post(gw, [1, 2])
     assert_error(response, 400, "invalid_request_error", "request body must be a JSON object")
 
 
@@ -128,7 +124,7 @@ async def test_null_optional_fields_mean_absent(gw: GatewayHandle, primary: Repl
         "provider": None,
         "provider_options": None,
     }
-    response = await gw.client.post("/api/v1/completions", json=payload)
+    response = await post(gw, payload)
     assert response.status_code == 200, response.text
 
 
@@ -139,7 +135,7 @@ async def test_body_too_large_is_413(
         providers=providers_for(primary, secondary), catalog=CATALOG, server={"max_body_bytes": 2048}
     )
     payload = {"messages": [{"role": "user", "content": [{"kind": "text", "data": "x" * 4096}]}]}
-    response = await gw.client.post("/api/v1/completions", json=payload)
+    response = await post(gw, payload)
     assert_error(response, 413, "invalid_request_error")
 
 
@@ -152,7 +148,7 @@ async def test_upstream_client_error_is_400_with_upstream_message(gw: GatewayHan
         }
     }
     primary.enqueue(reply_json(400, error))
-    response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})
+    response = await post(gw, {"messages": [USER]})
     assert_error(response, 400, "invalid_request_error", "This model's maximum context length is 32768 tokens")
     (row,) = await gw.ledger_rows()
     assert (row["status"], row["error_status"], row["attempts"]) == ("error", 400, 1)
@@ -166,7 +162,7 @@ async def test_all_backends_at_capacity_is_429_with_soonest_retry_after(
     }
     primary.enqueue(reply_json(429, busy, headers={"retry-after": "7"}))
     secondary.enqueue(reply_json(429, busy, headers={"retry-after": "3"}))
-    response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})
+    response = await post(gw, {"messages": [USER]})
     assert_error(response, 429, "rate_limit_error", "all backends for this model are at capacity")
     assert response.headers["retry-after"] == "3"
     (row,) = await gw.ledger_rows()
@@ -178,7 +174,7 @@ async def test_all_backends_refusing_is_502(
 ) -> None:
     primary.enqueue(reply_json(503, {"error": {"message": "down", "type": "unavailable", "code": 503}}))
     secondary.enqueue(reply_json(500, {"detail": "boom"}))
-    response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})
+    response = await post(gw, {"messages": [USER]})
     assert_error(response, 502, "upstream_error", "all backends refused the request (primary: 503; secondary: 500)")
     (row,) = await gw.ledger_rows()
     assert (row["status"], row["error_type"], row["attempts"], row["provider"]) == (
@@ -196,7 +192,7 @@ async def test_failover_to_second_backend(
     secondary.enqueue(
         reply_json(200, {"id": "s", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]})
     )
-    response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})
+    response = await post(gw, {"messages": [USER]})
     assert response.status_code == 200
     assert response.json()["provider"] == "secondary"
     (row,) = await gw.ledger_rows()
@@ -216,7 +212,7 @@ async def test_no_backend_available_is_503(
         },
     )
     gw = await start_gateway(providers=providers, catalog=CATALOG)
-    response = await gw.client.post("/api/v1/completions", json={"model": "chat-1", "messages": [USER]})
+    response = await post(gw, {"model": "chat-1", "messages": [USER]})
     assert_error(response, 503, "unavailable", "no backend is available for this model")
     assert primary.requests == []
     assert secondary.requests == []
@@ -236,7 +232,7 @@ async def test_upstream_timeout_is_504(
     stalled = reply_json(200, {"id": "late"}, first_byte_delay_s=5.0)
     primary.enqueue(stalled)
     secondary.enqueue(stalled)
-    response = await gw.client.post("/api/v1/completions", json={"messages": [USER]})
+    response = await post(gw, {"messages": [USER]})
     assert_error(response, 504, "upstream_error")
     (row,) = await gw.ledger_rows()
     assert (row["error_status"], row["attempts"]) == (504, 2)

@@ -6,9 +6,10 @@ import json
 from decimal import Decimal
 from typing import Any
 
-from tests.conftest import GatewayHandle
-from tests.gateway.catalog import primary_cost
-from tests.upstream import ReplayUpstream, reply_json
+from tests.gateway.conftest import primary_cost
+from tests.support.client import post, user
+from tests.support.gateway import GatewayHandle
+from tests.support.upstream import ReplayUpstream, reply_json
 
 
 def chat_response(message: dict[str, Any], finish: str, usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -22,14 +23,6 @@ def chat_response(message: dict[str, Any], finish: str, usage: dict[str, Any] | 
     if usage is not None:
         body["usage"] = usage
     return body
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": [{"kind": "text", "data": text}]}
-
-
-async def post(gw: GatewayHandle, body: dict[str, Any]) -> Any:
-    return await gw.client.post("/api/v1/completions", json=body)
 
 
 async def test_text_completion_exact_response_and_ledger(gw: GatewayHandle, primary: ReplayUpstream) -> None:

@@ -11,9 +11,9 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from tests.conftest import GatewayHandle
-from tests.frames import parse_sse
-from tests.upstream import ReplayUpstream, reply_json, reply_sse
+from tests.support.client import USER, parse_sse, post
+from tests.support.gateway import GatewayHandle
+from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
 
 SPEC = Path(__file__).resolve().parents[1] / "reference" / "fabro-completions.openapi.yaml"
 
@@ -30,9 +30,6 @@ def validate() -> Any:
     return check
 
 
-USER = {"role": "user", "content": [{"kind": "text", "data": "hi"}]}
-
-
 async def test_json_response_validates(gw: GatewayHandle, primary: ReplayUpstream, validate: Any) -> None:
     message = {
         "content": "Sure.",
@@ -45,22 +42,22 @@ async def test_json_response_validates(gw: GatewayHandle, primary: ReplayUpstrea
         "usage": {"prompt_tokens": 3, "completion_tokens": 2},
     }
     primary.enqueue(reply_json(200, body))
-    response = (await gw.client.post("/api/v1/completions", json={"messages": [USER]})).json()
+    response = (await post(gw, {"messages": [USER]})).json()
     validate(response, "CompletionResponse")
     validate(response["message"], "CompletionMessage")
 
 
 async def test_streamed_final_response_validates(gw: GatewayHandle, primary: ReplayUpstream, validate: Any) -> None:
     primary.enqueue(reply_sse([{"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "stop"}]}]))
-    response = await gw.client.post("/api/v1/completions", json={"messages": [USER], "stream": True})
+    response = await post(gw, {"messages": [USER], "stream": True})
     frames = parse_sse(response.text)
     validate(frames[-1][1]["response"], "CompletionResponse")
 
 
 async def test_error_response_validates(gw: GatewayHandle, validate: Any) -> None:
-    response = await gw.client.post("/api/v1/completions", json={"messages": []})
+    response = await post(gw, {"messages": []})
     validate(response.json(), "ErrorResponse")
-    response = await gw.client.post("/api/v1/completions", json={"messages": [USER], "model": "nope"})
+    response = await post(gw, {"messages": [USER], "model": "nope"})
     validate(response.json(), "ErrorResponse")
 
 
@@ -113,5 +110,5 @@ async def test_request_example_from_the_spec_is_accepted(gw: GatewayHandle, prim
         "provider": "primary",
         "provider_options": {"primary": {"top_k": 40}},
     }
-    response = await gw.client.post("/api/v1/completions", json=request)
+    response = await post(gw, request)
     assert response.status_code == 200, response.text

@@ -2,62 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 from decimal import Decimal
-from typing import Any
 
-import httpx
-
-from tests.conftest import GatewayHandle, StartGateway
-from tests.frames import parse_sse, types
-from tests.gateway.catalog import CATALOG, primary_cost
-from tests.gateway.conftest import providers_for
-from tests.upstream import ReplayUpstream, reply_sse
+from tests.gateway.conftest import CATALOG, primary_cost, providers_for
+from tests.support.client import COMPLETIONS, body, datas, post, stream, types
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.observe import rows_when
+from tests.support.replies import chunk, tool_delta, usage_chunk
+from tests.support.upstream import ReplayUpstream, reply_sse
+from tests.support.waiting import wait_until
 
 ZERO = {"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0}
-
-
-def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": "chatcmpl-s1", "object": "chat.completion.chunk", "model": "org/chat-1-instruct"}
-    body["choices"] = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    body.update(extra)
-    return body
-
-
-def usage_chunk(prompt: int, completion: int, **details: Any) -> dict[str, Any]:
-    return chunk(None, usage={"prompt_tokens": prompt, "completion_tokens": completion, **details})
-
-
-def tool_delta(index: int, *, id: str | None = None, name: str | None = None, args: str = "") -> dict[str, Any]:
-    call: dict[str, Any] = {"index": index, "function": {"arguments": args}}
-    if id is not None:
-        call["id"] = id
-        call["type"] = "function"
-    if name is not None:
-        call["function"]["name"] = name
-    return {"tool_calls": [call]}
-
-
-async def stream(gw: GatewayHandle, **extra: Any) -> tuple[httpx.Response, list[tuple[str, Any]]]:
-    body = {
-        "model": "chat-1",
-        "stream": True,
-        "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}],
-    }
-    response = await gw.client.post("/api/v1/completions", json={**body, **extra})
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/event-stream")
-    return response, parse_sse(response.text)
-
-
-def without_finish_response(frames: list[tuple[str, Any]]) -> list[Any]:
-    """Frames as data dicts, with the (separately checked) complete response cut from `finish`."""
-    out = []
-    for _, data in frames:
-        data = dict(data)
-        data.pop("response", None)
-        out.append(data)
-    return out
 
 
 async def test_text_stream_exact_frames(gw: GatewayHandle, primary: ReplayUpstream) -> None:
@@ -75,7 +30,7 @@ async def test_text_stream_exact_frames(gw: GatewayHandle, primary: ReplayUpstre
     response, frames = await stream(gw)
     request_id = response.headers["x-request-id"]
     assert {event for event, _ in frames} == {"stream_event"}
-    assert without_finish_response(frames) == [
+    assert datas(frames) == [
         {"type": "stream_start", "id": request_id, "model": "chat-1", "provider": "primary"},
         {"type": "text_start", "text_id": "text_0"},
         {"type": "text_delta", "text_id": "text_0", "delta": "Hel"},
@@ -124,7 +79,7 @@ async def test_reasoning_then_text_reads_both_field_names(gw: GatewayHandle, pri
         )
     )
     _, frames = await stream(gw)
-    assert without_finish_response(frames)[1:] == [
+    assert datas(frames)[1:] == [
         {"type": "reasoning_start"},
         {"type": "reasoning_delta", "delta": "Let me "},
         {"type": "reasoning_delta", "delta": "think."},
@@ -159,7 +114,7 @@ async def test_one_tool_call_streamed_in_fragments(gw: GatewayHandle, primary: R
     )
     _, frames = await stream(gw)
     call = {"id": "call_1", "name": "get_weather", "type": "function"}
-    assert without_finish_response(frames)[1:] == [
+    assert datas(frames)[1:] == [
         {"type": "tool_call_start", "tool_call": {**call, "arguments": {}, "raw_arguments": ""}},
         {"type": "tool_call_delta", "tool_call": {**call, "arguments": {}, "raw_arguments": '{"city"'}},
         {"type": "tool_call_delta", "tool_call": {**call, "arguments": {}, "raw_arguments": ': "Paris"}'}},
@@ -193,7 +148,7 @@ async def test_parallel_tool_calls_and_repeated_names(gw: GatewayHandle, primary
     _, frames = await stream(gw)
     a = {"id": "call_a", "name": "get_weather", "type": "function"}
     b = {"id": "call_b", "name": "get_time", "type": "function"}
-    assert without_finish_response(frames)[1:-1] == [
+    assert datas(frames)[1:-1] == [
         {"type": "text_start", "text_id": "text_0"},
         {"type": "text_delta", "text_id": "text_0", "delta": "Checking."},
         {"type": "text_end", "text_id": "text_0"},
@@ -230,7 +185,7 @@ async def test_error_chunk_mid_stream_becomes_error_event(gw: GatewayHandle, pri
         )
     )
     _, frames = await stream(gw)
-    assert without_finish_response(frames)[1:] == [
+    assert datas(frames)[1:] == [
         {"type": "text_start", "text_id": "text_0"},
         {"type": "text_delta", "text_id": "text_0", "delta": "Partial"},
         {"type": "text_end", "text_id": "text_0"},
@@ -278,14 +233,7 @@ async def test_keepalive_ping_before_first_token(
         providers=providers_for(primary, secondary), catalog=CATALOG, server={"sse_keepalive_s": 0.2}
     )
     primary.enqueue(reply_sse([chunk({"content": "late"}), chunk({}, "stop")], first_byte_delay_s=0.5))
-    response = await gw.client.post(
-        "/api/v1/completions",
-        json={
-            "model": "chat-1",
-            "stream": True,
-            "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}],
-        },
-    )
+    response = await post(gw, body(stream=True))
     blocks = response.text.split("\n\n")[:-1]
     assert blocks[0] == 'event: ping\ndata: {"type":"ping"}'
     assert "stream_start" in response.text
@@ -296,28 +244,10 @@ async def test_client_disconnect_cancels_upstream_and_records_cancelled(
     gw: GatewayHandle, primary: ReplayUpstream
 ) -> None:
     primary.enqueue(reply_sse([chunk({"content": "a"}), chunk({"content": "b"}), chunk({}, "stop")], stall_after=2))
-    async with gw.client.stream(
-        "POST",
-        "/api/v1/completions",
-        json={
-            "model": "chat-1",
-            "stream": True,
-            "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}],
-        },
-    ) as response:
+    async with gw.client.stream("POST", COMPLETIONS, json=body(stream=True)) as response:
         async for text in response.aiter_text():
             if "text_delta" in text:
                 break
-    for _ in range(100):
-        if primary.open_connections == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert primary.open_connections == 0  # the upstream request was cancelled within a second
-    rows = []
-    for _ in range(100):
-        rows = await gw.ledger_rows()
-        if rows:
-            break
-        await asyncio.sleep(0.01)
-    (row,) = rows
+    await wait_until(lambda: primary.open_connections == 0, within=1.0)  # the upstream request was cancelled
+    (row,) = await rows_when(gw, 1)
     assert (row["status"], row["streamed"], row["provider"]) == ("cancelled", True, "primary")

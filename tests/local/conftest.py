@@ -5,7 +5,9 @@ free loopback port, with the model directory as its pinned model; requests must 
 directory as `model` (anything else is a 400). It is ready when `GET /health` answers 200.
 
 Without torch or transformers these fixtures fail (never skip): the `local` kind is tested against
-a real inference server or not at all.
+a real inference server or not at all. Every test here is marked `local`, and nothing here imports
+torch or transformers before a fixture needs them, so `pytest -m "not local"` collects and runs the
+rest of the suite on a machine without them.
 
 Two environment variables serve the one-shot GPU check (`bench/gpu_local_check.sh`):
 `SWITCHYARD_LOCAL_DEVICE` (default `cpu`) is passed to `--device`, and `SWITCHYARD_LOCAL_MODEL_DIR`
@@ -15,16 +17,19 @@ names an already built model directory to serve instead of building the tiny one
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until_sync
+
+HERE = Path(__file__).resolve().parent
 
 STARTUP_LIMIT_S = 90.0
 # No hub, no telemetry, and no PyPI version check (the `transformers` CLI makes one at start).
@@ -35,6 +40,7 @@ OFFLINE_ENV = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
 }
 STDERR_TAIL_CHARS = 4000
+PromptTokens = Callable[[list[tuple[str, str]]], int]
 
 
 @dataclass(frozen=True)
@@ -47,11 +53,12 @@ class LocalServer:
     process: subprocess.Popen[bytes]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test in this directory `local` (deselect them with `-m "not local"`)."""
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.local)
 
 
 def _tail(path: Path) -> str:
@@ -60,17 +67,15 @@ def _tail(path: Path) -> str:
 
 
 def _wait_healthy(origin: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_LIMIT_S
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if process.poll() is not None:
             pytest.fail(f"transformers serve exited with {process.returncode}:\n{_tail(log)}", pytrace=False)
         try:
-            if httpx.get(f"{origin}/health", timeout=2.0, trust_env=False).status_code == 200:
-                return
+            return httpx.get(f"{origin}/health", timeout=2.0, trust_env=False).status_code == 200
         except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    pytest.fail(f"transformers serve not healthy after {STARTUP_LIMIT_S:.0f} s:\n{_tail(log)}", pytrace=False)
+            return False
+
+    wait_until_sync(healthy, STARTUP_LIMIT_S, what=lambda: f"transformers serve healthy:\n{_tail(log)}", interval=0.25)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -88,15 +93,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prebuilt = os.environ.get("SWITCHYARD_LOCAL_MODEL_DIR")
     if prebuilt:
         return Path(prebuilt).resolve()
-    # Imported here so a missing torch fails the local tests alone, not the whole session's collection.
-    from tests.local.tiny_model import build_tiny_model
+    from tests.local.tiny_model import build_tiny_model  # torch: imported only when a local test runs
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 
 
 @pytest.fixture(scope="session")
 def transformers_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    port = _free_port()
+    port = free_port()
     origin = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("transformers_serve") / "stderr.log"
     device = os.environ.get("SWITCHYARD_LOCAL_DEVICE", "cpu")
@@ -112,3 +116,11 @@ def transformers_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
         yield LocalServer(base_url=f"{origin}/v1", model=str(tiny_model_dir), origin=origin, process=process)
     finally:
         _stop(process)
+
+
+@pytest.fixture(scope="session")
+def prompt_tokens(tiny_model_dir: Path) -> PromptTokens:
+    """What `transformers serve` counts as `prompt_tokens` for these plain-text (role, text) turns."""
+    from tests.local.tiny_model import count_prompt_tokens  # transformers: imported only when needed
+
+    return lambda turns: count_prompt_tokens(tiny_model_dir, turns)

@@ -8,19 +8,17 @@ provider, stop reason, the five usage buckets, the cost and the ledger row are c
 
 from __future__ import annotations
 
-import json
 from decimal import Decimal
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.frames import parse_sse, types
-from tests.local.tiny_model import count_prompt_tokens
+from tests.support.catalog import catalog_toml, model, price
+from tests.support.client import body, parse_sse, post, types
 
 if TYPE_CHECKING:
-    from tests.conftest import GatewayHandle, StartGateway
-    from tests.local.conftest import LocalServer
+    from tests.local.conftest import LocalServer, PromptTokens
+    from tests.support.gateway import GatewayHandle, StartGateway
 
 MAX_TOKENS = 5
 PROMPT = "What is the weather like in Paris today?"
@@ -28,38 +26,19 @@ PRICE_IN, PRICE_OUT = Decimal("0.10"), Decimal("0.40")
 
 
 def _catalog(upstream_model: str) -> str:
-    return f"""
-[models."tiny-local"]
-context_window = 1024
-max_output = 256
-default = true
-
-[[models."tiny-local".deployments]]
-provider = "local"
-upstream_model = {json.dumps(upstream_model)}
-priority = 100
-
-[[prices]]
-provider = "local"
-model = "tiny-local"
-effective_from = 2026-01-01
-input = "{PRICE_IN}"
-output = "{PRICE_OUT}"
-"""
+    return catalog_toml(
+        model("tiny-local", ("local", upstream_model, 100), context_window=1024, max_output=256, default=True),
+        prices=[price("local", "tiny-local", str(PRICE_IN), str(PRICE_OUT))],
+    )
 
 
 def _request(*, stream: bool) -> dict[str, Any]:
-    return {
-        "model": "tiny-local",
-        "stream": stream,
-        "max_tokens": MAX_TOKENS,
-        "messages": [{"role": "user", "content": [{"kind": "text", "data": PROMPT}]}],
-    }
+    return body("tiny-local", stream=stream, text=PROMPT, max_tokens=MAX_TOKENS)
 
 
-def _expected_usage(model_dir: Path) -> dict[str, int]:
+def _expected_usage(prompt_tokens: PromptTokens) -> dict[str, int]:
     return {
-        "input_tokens": count_prompt_tokens(model_dir, [("user", PROMPT)]),
+        "input_tokens": prompt_tokens([("user", PROMPT)]),
         "output_tokens": MAX_TOKENS,
         "reasoning_tokens": 0,
         "cache_read_tokens": 0,
@@ -127,21 +106,21 @@ async def gw(start_gateway: StartGateway, transformers_server: LocalServer) -> G
 
 
 async def test_json_completion_through_the_gateway(
-    gw: GatewayHandle, transformers_server: LocalServer, tiny_model_dir: Path
+    gw: GatewayHandle, transformers_server: LocalServer, prompt_tokens: PromptTokens
 ) -> None:
-    response = await gw.client.post("/api/v1/completions", json=_request(stream=False))
+    response = await post(gw, _request(stream=False))
 
     assert response.status_code == 200, response.text
     request_id = response.headers["x-request-id"]
-    usage = _expected_usage(tiny_model_dir)
+    usage = _expected_usage(prompt_tokens)
     _assert_response(response.json(parse_float=Decimal), request_id, usage)
     await _assert_ledger_row(gw, request_id, transformers_server, usage, streamed=False)
 
 
 async def test_streamed_completion_through_the_gateway(
-    gw: GatewayHandle, transformers_server: LocalServer, tiny_model_dir: Path
+    gw: GatewayHandle, transformers_server: LocalServer, prompt_tokens: PromptTokens
 ) -> None:
-    response = await gw.client.post("/api/v1/completions", json=_request(stream=True))
+    response = await post(gw, _request(stream=True))
 
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
@@ -157,7 +136,7 @@ async def test_streamed_completion_through_the_gateway(
 
     data = [payload for _, payload in frames]
     assert data[0] == {"type": "stream_start", "id": request_id, "model": "tiny-local", "provider": "local"}
-    usage = _expected_usage(tiny_model_dir)
+    usage = _expected_usage(prompt_tokens)
     finish = data[-1]
     assert (finish["finish_reason"], finish["stop_reason"], finish["usage"]) == ("length", "max_tokens", usage)
     text = _assert_response(finish["response"], request_id, usage)

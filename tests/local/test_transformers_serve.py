@@ -13,9 +13,7 @@ count comes from the model's own tokenizer and chat template) and finish reasons
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -34,10 +32,10 @@ from providers.types import (
     ToolResultData,
     ToolResultPart,
 )
-from tests.local.tiny_model import count_prompt_tokens
+from tests.support.ports import free_port
 
 if TYPE_CHECKING:
-    from tests.local.conftest import LocalServer
+    from tests.local.conftest import LocalServer, PromptTokens
 
 STREAM_MODES = [pytest.param(True, id="stream"), pytest.param(False, id="json")]
 SYSTEM = "You are a helpful assistant. Answer briefly."
@@ -88,28 +86,28 @@ async def provider(transformers_server: LocalServer) -> AsyncIterator[Provider]:
 
 @pytest.mark.parametrize("stream", STREAM_MODES)
 async def test_max_tokens_ends_with_length_and_exact_usage(
-    provider: Provider, transformers_server: LocalServer, tiny_model_dir: Path, stream: bool
+    provider: Provider, transformers_server: LocalServer, prompt_tokens: PromptTokens, stream: bool
 ) -> None:
     req = CompletionRequest(messages=[_text("user", "Hello there!")], max_tokens=5)
     events = await _events(provider, req, transformers_server.model, stream=stream)
-    prompt = count_prompt_tokens(tiny_model_dir, [("user", "Hello there!")])
+    prompt = prompt_tokens([("user", "Hello there!")])
     assert prompt > 0
     _assert_answer(events, usage=Usage(input_tokens=prompt, output_tokens=5), stream=stream)
 
 
 @pytest.mark.parametrize("stream", STREAM_MODES)
 async def test_system_and_multi_turn_conversation(
-    provider: Provider, transformers_server: LocalServer, tiny_model_dir: Path, stream: bool
+    provider: Provider, transformers_server: LocalServer, prompt_tokens: PromptTokens, stream: bool
 ) -> None:
     req = CompletionRequest(messages=[_text(role, text) for role, text in CONVERSATION], system=SYSTEM, max_tokens=3)
     events = await _events(provider, req, transformers_server.model, stream=stream)
-    prompt = count_prompt_tokens(tiny_model_dir, [("system", SYSTEM), *CONVERSATION])
+    prompt = prompt_tokens([("system", SYSTEM), *CONVERSATION])
     _assert_answer(events, usage=Usage(input_tokens=prompt, output_tokens=3), stream=stream)
 
 
 @pytest.mark.parametrize("stream", STREAM_MODES)
 async def test_tool_call_and_result_turns_are_accepted(
-    provider: Provider, transformers_server: LocalServer, tiny_model_dir: Path, stream: bool
+    provider: Provider, transformers_server: LocalServer, prompt_tokens: PromptTokens, stream: bool
 ) -> None:
     call = ToolCallData(id="call_1", name="get_weather", arguments={"city": "Paris"})
     req = CompletionRequest(
@@ -127,7 +125,7 @@ async def test_tool_call_and_result_turns_are_accepted(
     )
     events = await _events(provider, req, transformers_server.model, stream=stream)
     report = next(event for event in events if isinstance(event, UsageReport))
-    first_turn = count_prompt_tokens(tiny_model_dir, [("user", "What is the weather like in Paris today?")])
+    first_turn = prompt_tokens([("user", "What is the weather like in Paris today?")])
     assert report.usage.input_tokens > first_turn
     _assert_answer(events, usage=Usage(input_tokens=report.usage.input_tokens, output_tokens=4), stream=stream)
 
@@ -146,12 +144,9 @@ async def test_probe_is_true_when_the_server_is_up(provider: Provider) -> None:
 
 
 async def test_probe_is_false_against_a_closed_port() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     client = make_client()
     try:
-        provider = Provider(_local_config(f"http://127.0.0.1:{port}/v1"), client)
+        provider = Provider(_local_config(f"http://127.0.0.1:{free_port()}/v1"), client)
         assert await provider.probe() is False
     finally:
         await client.aclose()

@@ -1,10 +1,10 @@
-"""Fixtures for the provider tests: recorded upstream transcripts, and replaying them through the
-pure parsers exactly as the adapter does (SSE framing, then chunk → events)."""
+"""Fixtures for the provider tests: recorded upstream transcripts (`tests.support.transcripts`),
+and replaying them through the pure parsers exactly as the adapter does (SSE framing, then
+chunk → events)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -13,18 +13,7 @@ from providers.errors import UpstreamError
 from providers.events import Event
 from providers.openai_chat import ChatStreamParser
 from providers.sse import SSEParser
-
-TRANSCRIPTS = Path(__file__).resolve().parent.parent / "transcripts"
-
-
-class Transcript(msgspec.Struct):
-    description: str
-    status: int
-    headers: dict[str, str]
-    chunks: list[str]
-    chunk_delay_s: float = 0.0
-    reset_after: int | None = None
-    stall_after: int | None = None
+from tests.support.transcripts import Transcript, read_transcript
 
 
 class Replay(msgspec.Struct):
@@ -32,10 +21,6 @@ class Replay(msgspec.Struct):
 
     events: list[Event]
     error: UpstreamError | None = None
-
-
-def load(name: str) -> Transcript:
-    return msgspec.json.decode((TRANSCRIPTS / name).read_bytes(), type=Transcript)
 
 
 def replay_stream(chunks: list[bytes]) -> Replay:
@@ -56,7 +41,7 @@ def replay_stream(chunks: list[bytes]) -> Replay:
 
 @pytest.fixture
 def transcript() -> Callable[[str], Transcript]:
-    return load
+    return read_transcript
 
 
 @pytest.fixture
@@ -64,6 +49,6 @@ def replay() -> Callable[[str], Replay]:
     """Replay a stream transcript's writes through SSEParser + ChatStreamParser."""
 
     def run(name: str) -> Replay:
-        return replay_stream([chunk.encode() for chunk in load(name).chunks])
+        return replay_stream([chunk.encode() for chunk in read_transcript(name).chunks])
 
     return run

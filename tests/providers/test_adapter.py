@@ -1,17 +1,17 @@
 """`Provider` against a real loopback HTTP/1.1 server that replays recorded transcripts and
-injects faults (resets, stalls, silence), through the production client (`make_client`)."""
+injects faults (resets, stalls, silence), through the production client (`make_client`): the
+tests' `ReplayUpstream`, and a raw socket server for answers no well-behaved server sends."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import struct
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
 import pytest
 
+from devtools.mock_http import Reply
 from providers.adapter import Provider, make_client
 from providers.config import KIND_DEFAULTS, ProviderConfig, Timeouts
 from providers.errors import Failure, UpstreamError
@@ -26,6 +26,8 @@ from providers.events import (
     UsageReport,
 )
 from providers.types import CompletionRequest
+from tests.support.ports import free_port
+from tests.support.upstream import ReplayUpstream, played, upstream_fixture
 
 REQUEST = msgspec.convert(
     {"messages": [{"role": "user", "content": [{"kind": "text", "data": "Say hello"}]}], "max_tokens": 8},
@@ -40,105 +42,7 @@ HELLO = [
     Finish("stop"),
 ]
 
-
-class Recorded(msgspec.Struct):
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-class Upstream:
-    """A loopback upstream: `routes` maps a path to a transcript (a dict in the transcript format)
-    or to a bare status code; `silent` paths never answer."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, dict[str, Any] | int] = {}
-        self.silent: set[str] = set()
-        self.requests: list[Recorded] = []
-        self.connections = 0
-        self.disconnected = asyncio.Event()
-        self.server: asyncio.Server | None = None
-        self.port = 0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while await self._exchange(reader, writer):
-                pass
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            self.disconnected.set()
-            writer.close()
-
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        head = await reader.readuntil(b"\r\n\r\n")
-        request_line, *lines = head.decode().split("\r\n")
-        method, path, _ = request_line.split(" ", 2)
-        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines if line)}
-        body = await reader.readexactly(int(headers.get("content-length", "0")))
-        self.requests.append(Recorded(method, path, headers, body))
-        if path in self.silent:
-            await reader.read()  # until the client gives up
-            return False
-        route = self.routes.get(path, 404)
-        if isinstance(route, int):
-            writer.write(f"HTTP/1.1 {route} X\r\ncontent-length: 0\r\n\r\n".encode())
-            await writer.drain()
-            return True
-        return await self._replay(route, reader, writer)
-
-    async def _replay(
-        self, transcript: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> bool:
-        chunks = [chunk.encode() for chunk in transcript["chunks"]]
-        headers = dict(transcript["headers"])
-        chunked = headers.get("content-type", "").startswith("text/event-stream")
-        if chunked:
-            headers["transfer-encoding"] = "chunked"
-        else:
-            headers["content-length"] = str(sum(len(chunk) for chunk in chunks))
-        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        writer.write(f"HTTP/1.1 {transcript['status']} X\r\n{head}\r\n".encode())
-        for sent, chunk in enumerate(chunks):
-            if sent == transcript.get("reset_after"):
-                sock = writer.get_extra_info("socket")
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                writer.transport.abort()
-                return False
-            if sent == transcript.get("stall_after"):
-                await writer.drain()
-                await reader.read()  # until the client hangs up
-                return False
-            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
-            await writer.drain()
-            if transcript.get("chunk_delay_s"):
-                await asyncio.sleep(transcript["chunk_delay_s"])
-        if chunked:
-            writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        return True
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    server = Upstream()
-    await server.start()
-    yield server
-    await server.close()
+upstream = upstream_fixture("upstream")
 
 
 @pytest.fixture
@@ -148,9 +52,9 @@ async def client() -> AsyncIterator[Any]:
     await http.aclose()
 
 
-def provider(upstream: Upstream, client: Any, **fields: Any) -> Provider:
+def provider(upstream: ReplayUpstream, client: Any, **fields: Any) -> Provider:
     config = ProviderConfig(
-        name="fastrun", kind="fastrun", base_url=upstream.base_url, api_key="fr_test", headers={"x-team": "core"}
+        name="fastrun", kind="fastrun", base_url=upstream.url, api_key="fr_test", headers={"x-team": "core"}
     )
     return Provider(msgspec.structs.replace(config, **fields), client)
 
@@ -165,12 +69,25 @@ async def collect(events: AsyncIterator[Event]) -> tuple[list[Event], UpstreamEr
     return seen, None
 
 
-def serve(upstream: Upstream, load: Callable[[str], Any], name: str, **faults: Any) -> None:
-    upstream.routes["/v1/chat/completions"] = {**msgspec.to_builtins(load(name)), **faults}
+def serve(upstream: ReplayUpstream, name: str, **faults: Any) -> None:
+    """Every request gets transcript `name`, played with `faults` (reset_after, stall_after …)."""
+    upstream.set_default(played(name, **faults))
 
 
-async def test_streamed_answer_and_the_request_sent(upstream: Upstream, client: Any, transcript: Any) -> None:
-    serve(upstream, transcript, "vllm_text_stream.json")
+def answer_probes(upstream: ReplayUpstream, statuses: dict[str, int]) -> None:
+    """Bare statuses for the probe paths; a path not named answers 404 (not the built-in 200)."""
+    for path in ("/health", "/v1/models"):
+        upstream.enqueue(Reply(statuses.get(path, 404)), path=path)
+
+
+async def closed(upstream: ReplayUpstream) -> None:
+    """The client hung up: no connection to the upstream is left open."""
+    async with asyncio.timeout(2):
+        await upstream.wait_idle()
+
+
+async def test_streamed_answer_and_the_request_sent(upstream: ReplayUpstream, client: Any) -> None:
+    serve(upstream, "vllm_text_stream.json")
     events, error = await collect(provider(upstream, client).events(REQUEST, "qwen3-8b", stream=True))
     assert error is None
     assert events == HELLO
@@ -188,8 +105,8 @@ async def test_streamed_answer_and_the_request_sent(upstream: Upstream, client: 
     }
 
 
-async def test_whole_answer(upstream: Upstream, client: Any, transcript: Any) -> None:
-    serve(upstream, transcript, "nonstream_tool_calls.json")
+async def test_whole_answer(upstream: ReplayUpstream, client: Any) -> None:
+    serve(upstream, "nonstream_tool_calls.json")
     events, error = await collect(provider(upstream, client).events(REQUEST, "m", stream=False))
     assert error is None
     assert events == [
@@ -204,48 +121,48 @@ async def test_whole_answer(upstream: Upstream, client: Any, transcript: Any) ->
     assert msgspec.json.decode(upstream.requests[0].body)["stream"] is False
 
 
-async def test_stream_without_done_ends_at_eof(upstream: Upstream, client: Any, transcript: Any) -> None:
-    serve(upstream, transcript, "transformers_serve_stream.json", chunk_delay_s=0.01)
+async def test_stream_without_done_ends_at_eof(upstream: ReplayUpstream, client: Any) -> None:
+    serve(upstream, "transformers_serve_stream.json", chunk_delay_s=0.01)
     events, error = await collect(provider(upstream, client).events(REQUEST, "m", stream=True))
     assert error is None
     assert events[-2:] == [UsageReport(Usage(input_tokens=7, output_tokens=2)), Finish("stop")]
 
 
-async def test_truncated_stream_raises(upstream: Upstream, client: Any, transcript: Any) -> None:
-    serve(upstream, transcript, "truncated_stream.json")
+async def test_truncated_stream_raises(upstream: ReplayUpstream, client: Any) -> None:
+    serve(upstream, "truncated_stream.json")
     events, error = await collect(provider(upstream, client).events(REQUEST, "m", stream=True))
     assert events == [UpstreamMeta("chatcmpl-trunc"), TextDelta("Once"), TextDelta(" upon")]
     assert error is not None
     assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream stream ended before a finish reason")
 
 
-async def test_error_chunk_in_200_stream(upstream: Upstream, client: Any, transcript: Any) -> None:
-    serve(upstream, transcript, "error_in_200_stream.json")
+async def test_error_chunk_in_200_stream(upstream: ReplayUpstream, client: Any) -> None:
+    serve(upstream, "error_in_200_stream.json")
     events, error = await collect(provider(upstream, client).events(REQUEST, "m", stream=True))
     assert events == [UpstreamMeta("chatcmpl-err"), TextDelta("Par")]
     assert error is not None
     assert (error.kind, error.status) == (Failure.TRANSIENT, 500)
 
 
-async def test_reset_mid_stream_is_transient(upstream: Upstream, client: Any, transcript: Any) -> None:
-    serve(upstream, transcript, "vllm_text_stream.json", reset_after=3)
+async def test_reset_mid_stream_is_transient(upstream: ReplayUpstream, client: Any) -> None:
+    serve(upstream, "vllm_text_stream.json", reset_after=3)
     events, error = await collect(provider(upstream, client).events(REQUEST, "m", stream=True))
     assert events == HELLO[:2]
     assert error is not None
     assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream connection failed")
 
 
-async def test_aclose_closes_the_upstream_connection(upstream: Upstream, client: Any, transcript: Any) -> None:
-    serve(upstream, transcript, "vllm_text_stream.json", stall_after=3)
+async def test_aclose_closes_the_upstream_connection(upstream: ReplayUpstream, client: Any) -> None:
+    serve(upstream, "vllm_text_stream.json", stall_after=3)
     events = provider(upstream, client).events(REQUEST, "m", stream=True)
     assert [await anext(events), await anext(events)] == HELLO[:2]
-    assert not upstream.disconnected.is_set()
+    assert upstream.open_connections == 1
     await events.aclose()
-    await asyncio.wait_for(upstream.disconnected.wait(), 2)
+    await closed(upstream)
 
 
-async def test_idle_timeout(upstream: Upstream, client: Any, transcript: Any) -> None:
-    serve(upstream, transcript, "vllm_text_stream.json", stall_after=3)
+async def test_idle_timeout(upstream: ReplayUpstream, client: Any) -> None:
+    serve(upstream, "vllm_text_stream.json", stall_after=3)
     adapter = provider(upstream, client, timeouts=Timeouts(idle=0.2))
     events, error = await collect(adapter.events(REQUEST, "m", stream=True))
     assert events == HELLO[:2]
@@ -254,14 +171,14 @@ async def test_idle_timeout(upstream: Upstream, client: Any, transcript: Any) ->
 
 
 @pytest.mark.parametrize("stream", [True, False])
-async def test_first_byte_timeout(upstream: Upstream, client: Any, stream: bool) -> None:
-    upstream.silent.add("/v1/chat/completions")
+async def test_first_byte_timeout(upstream: ReplayUpstream, client: Any, stream: bool) -> None:
+    upstream.set_default(Reply(stall_after=0))  # never answers; holds until the client hangs up
     adapter = provider(upstream, client, timeouts=Timeouts(first_byte=0.2))
     events, error = await collect(adapter.events(REQUEST, "m", stream=stream))
     assert events == []
     assert error is not None
     assert error.kind is Failure.TIMEOUT
-    await asyncio.wait_for(upstream.disconnected.wait(), 2)
+    await closed(upstream)
 
 
 @pytest.mark.parametrize(
@@ -275,9 +192,9 @@ async def test_first_byte_timeout(upstream: Upstream, client: Any, stream: bool)
     ],
 )
 async def test_error_answers_are_classified(
-    upstream: Upstream, client: Any, transcript: Any, name: str, kind: Failure, retry_after: float | None
+    upstream: ReplayUpstream, client: Any, transcript: Any, name: str, kind: Failure, retry_after: float | None
 ) -> None:
-    serve(upstream, transcript, name)
+    serve(upstream, name)
     for stream in (True, False):
         events, error = await collect(provider(upstream, client).events(REQUEST, "m", stream=stream))
         assert events == []
@@ -286,10 +203,7 @@ async def test_error_answers_are_classified(
 
 
 async def test_connection_refused(client: Any) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = ProviderConfig(name="local", kind="local", base_url=f"http://127.0.0.1:{port}/v1")
+    config = ProviderConfig(name="local", kind="local", base_url=f"http://127.0.0.1:{free_port()}/v1")
     events, error = await collect(Provider(config, client).events(REQUEST, "m", stream=True))
     assert events == []
     assert error is not None
@@ -306,27 +220,27 @@ async def test_connection_refused(client: Any) -> None:
         ({"/health": 503, "/v1/models": 503}, False),
     ],
 )
-async def test_local_probe(upstream: Upstream, client: Any, routes: dict[str, int], healthy: bool) -> None:
-    upstream.routes.update(routes)
-    config = ProviderConfig(name="local", kind="local", base_url=upstream.base_url, wire=KIND_DEFAULTS["local"])
+async def test_local_probe(upstream: ReplayUpstream, client: Any, routes: dict[str, int], healthy: bool) -> None:
+    answer_probes(upstream, routes)
+    config = ProviderConfig(name="local", kind="local", base_url=upstream.url, wire=KIND_DEFAULTS["local"])
     assert await Provider(config, client).probe() is healthy
 
 
 @pytest.mark.parametrize(("status", "healthy"), [(200, True), (401, False)])
-async def test_hosted_probe(upstream: Upstream, client: Any, status: int, healthy: bool) -> None:
-    upstream.routes.update({"/health": 200, "/v1/models": status})
+async def test_hosted_probe(upstream: ReplayUpstream, client: Any, status: int, healthy: bool) -> None:
+    answer_probes(upstream, {"/health": 200, "/v1/models": status})
     assert await provider(upstream, client).probe() is healthy
     assert [r.path for r in upstream.requests] == ["/v1/models"]
     assert upstream.requests[0].headers["authorization"] == "Bearer fr_test"
 
 
-async def test_connections_are_reused(upstream: Upstream, client: Any, transcript: Any) -> None:
-    serve(upstream, transcript, "vllm_text_stream.json")
+async def test_connections_are_reused(upstream: ReplayUpstream, client: Any) -> None:
+    serve(upstream, "vllm_text_stream.json")
     adapter = provider(upstream, client)
     for _ in range(3):
         events, error = await collect(adapter.events(REQUEST, "m", stream=True))
         assert (events, error) == (HELLO, None)
-    assert (len(upstream.requests), upstream.connections) == (3, 1)
+    assert (len(upstream.requests), upstream.connections_made) == (3, 1)
 
 
 async def raw_upstream(answer: Callable[[asyncio.StreamWriter], Any]) -> tuple[asyncio.Server, str]:
@@ -353,7 +267,7 @@ async def test_first_byte_bounds_the_whole_head_not_each_read(client: Any) -> No
         for byte in b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}":
             writer.write(bytes([byte]))
             await writer.drain()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the behaviour under test: slow bytes, each within `first_byte`
 
     server, url = await raw_upstream(trickle)
     config = ProviderConfig(name="local", kind="local", base_url=url, timeouts=Timeouts(first_byte=0.3))

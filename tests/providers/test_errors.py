@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from devtools.mock_http import Reply
 from providers.adapter import make_client
 from providers.errors import (
     MAX_RETRY_AFTER,
@@ -22,6 +21,8 @@ from providers.errors import (
     classify_transport,
     retry_after_from,
 )
+from tests.support.ports import free_port
+from tests.support.upstream import ReplayUpstream
 
 NOW = email.utils.parsedate_to_datetime("Wed, 21 Oct 2026 07:27:30 GMT").timestamp()
 
@@ -144,13 +145,6 @@ def test_error_chunk_code_as_status() -> None:
     assert (client.kind, client.message) == (Failure.CLIENT, "context too long")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 async def test_connection_refused_is_transient() -> None:
     client = make_client()
     try:
@@ -163,20 +157,14 @@ async def test_connection_refused_is_transient() -> None:
 
 
 async def test_read_timeout_is_timeout() -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.read(65536):  # never answer; return when the client hangs up
-            pass
-        writer.close()
-
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     client = make_client()
     try:
-        with pytest.raises(httpx.HTTPError) as raised:
-            await client.get(f"http://127.0.0.1:{port}/", timeout=httpx.Timeout(0.2))
+        async with ReplayUpstream() as upstream:
+            upstream.set_default(Reply(stall_after=0))  # never answer; hold until the client hangs up
+            with pytest.raises(httpx.HTTPError) as raised:
+                await client.get(f"http://127.0.0.1:{upstream.port}/", timeout=httpx.Timeout(0.2))
     finally:
         await client.aclose()
-        server.close()
     assert classify_transport(raised.value).kind is Failure.TIMEOUT
 
 

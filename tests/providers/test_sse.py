@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import msgspec
 import pytest
 
 from providers.sse import SSEParser
+from tests.support.transcripts import TRANSCRIPTS, read_transcript
 
-TRANSCRIPTS = Path(__file__).resolve().parent.parent / "transcripts"
 STREAMS = sorted(
     path.name
     for path in TRANSCRIPTS.glob("*.json")
@@ -18,8 +15,7 @@ STREAMS = sorted(
 
 
 def chunks_of(name: str) -> list[str]:
-    chunks: list[str] = msgspec.json.decode((TRANSCRIPTS / name).read_bytes())["chunks"]
-    return chunks
+    return read_transcript(name).chunks
 
 
 def feed_all(reads: list[bytes]) -> list[str]:

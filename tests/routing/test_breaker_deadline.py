@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import time
 
-from tests.conftest import StartGateway
-from tests.routing.conftest import (
-    PROBE_PATH,
-    answer,
-    complete,
-    completions,
-    deployments,
-    error,
-    eventually,
-    launch,
-    metric,
-    model_ready,
-    models_reply,
-    played,
-    row_view,
-    scrape,
-)
-from tests.upstream import ReplayUpstream
+from tests.routing.conftest import PROBE_PATH, launch
+from tests.support.client import complete
+from tests.support.gateway import StartGateway
+from tests.support.observe import completions, deployments, metric, model_ready, row_view, scrape
+from tests.support.replies import answer, error, models_reply
+from tests.support.upstream import ReplayUpstream, played
+from tests.support.waiting import wait_until
 
 BREAKER = {"breaker_min_samples": 2, "breaker_error_ratio": 0.5, "failure_cooldown_s": 0}
 
@@ -56,7 +45,7 @@ async def test_the_breaker_opens_after_failures_and_a_successful_probe_closes_it
         state = (await deployments(gw))["alpha"]
         return state["breaker_open"] is False and bool(state["ready"])
 
-    await eventually(closed, within=3.0)
+    await wait_until(closed, within=3.0)
     response = await complete(gw)
     assert response.json()["provider"] == "alpha"
     assert response.json()["message"]["content"] == [{"kind": "text", "data": "alpha again"}]
@@ -99,4 +88,4 @@ async def test_the_request_deadline_bounds_the_whole_failover_loop(
     assert completions(beta) == []  # the deadline passed during the first attempt
     (row,) = await gw.ledger_rows()
     assert row_view(row) == ("error", "upstream_error", 504, 1, "alpha")
-    await eventually(lambda: alpha.open_connections == 0, within=1.0)  # the stalled attempt was abandoned
+    await wait_until(lambda: alpha.open_connections == 0, within=1.0)  # the stalled attempt was abandoned

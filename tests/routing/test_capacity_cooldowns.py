@@ -11,20 +11,13 @@ from collections.abc import Callable
 import pytest
 
 from devtools.mock_http import Reply
-from tests.conftest import GatewayHandle, StartGateway
-from tests.routing.conftest import (
-    answer,
-    complete,
-    completions,
-    deployments,
-    error,
-    launch,
-    metric,
-    row_view,
-    scrape,
-    seconds_until,
-)
-from tests.upstream import ReplayUpstream, load_transcript
+from tests.routing.conftest import launch
+from tests.support.client import complete
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.observe import completions, deployments, metric, row_view, scrape, seconds_until
+from tests.support.replies import answer, error
+from tests.support.transcripts import load_transcript
+from tests.support.upstream import ReplayUpstream
 
 AT_CAPACITY = "all backends for this model are at capacity"
 

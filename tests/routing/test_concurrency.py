@@ -7,27 +7,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from tests.conftest import GatewayHandle, StartGateway
-from tests.routing.conftest import (
-    Held,
-    answer,
-    chunk,
-    complete,
-    completions,
-    deployments,
-    eventually,
-    holding,
-    launch,
-    metric,
-    metrics_reply,
-    played,
-    row_view,
-    rows_when,
-    scrape,
-    stalled_stream,
-    stream_answer,
-)
-from tests.upstream import ReplayUpstream, reply_sse
+from tests.routing.conftest import launch
+from tests.support.client import COMPLETIONS, Held, body, complete, holding
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.observe import completions, deployments, metric, row_view, rows_when, scrape
+from tests.support.replies import answer, chunk, metrics_reply, stalled_stream, stream_answer
+from tests.support.upstream import ReplayUpstream, played, reply_sse
+from tests.support.waiting import wait_until
 
 ONE_SLOT = {"max_concurrency": 1, "max_queue": 0}
 
@@ -63,7 +49,7 @@ async def test_full_backends_without_a_queue_answer_429_without_upstream_request
         ("cancelled", None, None, 1, "alpha"),
         ("cancelled", None, None, 1, "beta"),
     ]
-    await eventually(_all_idle(gw))
+    await wait_until(_all_idle(gw))
 
 
 def _all_idle(gw: GatewayHandle) -> Callable[[], Awaitable[bool]]:
@@ -98,7 +84,7 @@ async def test_a_queued_request_is_served_as_soon_as_a_slot_frees(
             waiting_on_alpha: int = (await deployments(gw))["alpha"]["queued"]
             return waiting_on_alpha == 1
 
-        await eventually(queued)
+        await wait_until(queued)
         state = await deployments(gw)
         assert {name: (d["in_flight"], d["queued"]) for name, d in state.items()} == {
             "alpha": (1, 1),
@@ -122,14 +108,14 @@ async def test_a_queued_request_is_served_as_soon_as_a_slot_frees(
             state = await deployments(gw)
             return (state["alpha"]["in_flight"], state["alpha"]["queued"], state["beta"]["in_flight"]) == (0, 0, 1)
 
-        await eventually(settled)
+        await wait_until(settled)
     rows = await rows_when(gw, 3)
     assert sorted(row_view(r) for r in rows) == [
         ("cancelled", None, None, 1, "alpha"),
         ("cancelled", None, None, 1, "beta"),
         ("ok", None, None, 1, "alpha"),
     ]
-    await eventually(_all_idle(gw))
+    await wait_until(_all_idle(gw))
 
 
 async def test_a_queued_request_takes_a_slot_freed_on_another_backend(
@@ -157,14 +143,14 @@ async def test_a_queued_request_takes_a_slot_freed_on_another_backend(
             total: int = sum(d["queued"] for d in state.values())
             return total == 1
 
-        await eventually(queued)
+        await wait_until(queued)
         freed = time.monotonic()
         await held[1].release()
         response = await asyncio.wait_for(waiting, 3)
         assert response.status_code == 200, response.text
         assert response.json()["provider"] == "beta"
         assert time.monotonic() - freed < 1.0, "the waiter sat in alpha's queue while beta was idle"
-    await eventually(_all_idle(gw))
+    await wait_until(_all_idle(gw))
 
 
 async def test_the_least_loaded_of_equal_priority_backends_is_chosen(
@@ -182,7 +168,7 @@ async def test_the_least_loaded_of_equal_priority_backends_is_chosen(
         state = await deployments(gw, "even-1")
         assert (state["alpha"]["in_flight"], state["beta"]["in_flight"]) == (1, 1)
         assert (state["alpha"]["limit"], state["beta"]["limit"]) == (64, 64)  # neither was full
-    await eventually(_all_idle(gw))
+    await wait_until(_all_idle(gw))
 
 
 async def test_a_local_servers_own_queue_depth_counts_as_load(
@@ -200,7 +186,7 @@ async def test_a_local_servers_own_queue_depth_counts_as_load(
         state = await deployments(gw, "even-1")
         return (state["alpha"]["upstream_queue_depth"], state["beta"]["upstream_queue_depth"]) == (50, 0)
 
-    await eventually(scraped)
+    await wait_until(scraped)
     beta.enqueue(answer("from beta"), repeat=2)
     for _ in range(2):
         response = await complete(gw, "even-1")
@@ -225,8 +211,8 @@ async def test_a_cancelled_stream_leaves_no_upstream_request_and_frees_its_slot(
         assert (await deployments(gw))["alpha"]["in_flight"] == 1
     finally:
         await held.release()
-    await eventually(lambda: alpha.open_connections == 0, within=1.0)
-    await eventually(_all_idle(gw), within=1.0)
+    await wait_until(lambda: alpha.open_connections == 0, within=1.0)
+    await wait_until(_all_idle(gw), within=1.0)
     (row,) = await rows_when(gw, 1)
     assert row_view(row) == ("cancelled", None, None, 1, "alpha")
     assert row["streamed"]
@@ -243,22 +229,18 @@ async def test_a_stream_cancelled_before_its_first_token_cancels_the_upstream_re
 ) -> None:
     gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, server={"sse_keepalive_s": 0.1})
     alpha.enqueue(played(stream_answer("too late"), first_byte_delay_s=5.0))
-    async with gw.client.stream("POST", "/api/v1/completions", json={**_body(), "stream": True}) as response:
+    async with gw.client.stream("POST", COMPLETIONS, json=body(stream=True)) as response:
         assert response.status_code == 200
         async for text in response.aiter_text():
             assert text.startswith("event: ping")  # the response started; no token yet
             break
-        await eventually(lambda: len(completions(alpha)) == 1)
+        await wait_until(lambda: len(completions(alpha)) == 1)
         assert alpha.active_streams == 1  # the upstream is still holding back its first byte
-    await eventually(lambda: alpha.open_connections == 0, within=1.0)
-    await eventually(_all_idle(gw), within=1.0)
+    await wait_until(lambda: alpha.open_connections == 0, within=1.0)
+    await wait_until(_all_idle(gw), within=1.0)
     (row,) = await rows_when(gw, 1)
     assert row_view(row) == ("cancelled", None, None, 1, "alpha")
     assert completions(beta) == []
-
-
-def _body() -> dict[str, object]:
-    return {"model": "chat-1", "messages": [{"role": "user", "content": [{"kind": "text", "data": "hi"}]}]}
 
 
 async def test_request_deadline_bounds_the_wait_for_a_slot(
@@ -283,4 +265,4 @@ async def test_request_deadline_bounds_the_wait_for_a_slot(
         assert response.headers["retry-after"] == "1"
         assert 0.4 <= elapsed < 1.2  # the 0.5 s deadline, not the 10 s queue timeout
         assert (len(completions(alpha)), len(completions(beta))) == (1, 1)
-    await eventually(_all_idle(gw))
+    await wait_until(_all_idle(gw))

@@ -12,23 +12,14 @@ from __future__ import annotations
 import pytest
 
 from devtools.mock_http import Reply
-from tests.conftest import StartGateway
-from tests.routing.conftest import (
-    PROBE_PATH,
-    answer,
-    complete,
-    completions,
-    deployments,
-    error,
-    eventually,
-    launch,
-    metric,
-    models_reply,
-    probes_at,
-    row_view,
-    scrape,
-)
-from tests.upstream import ReplayUpstream, load_transcript
+from tests.routing.conftest import PROBE_PATH, launch
+from tests.support.client import complete
+from tests.support.gateway import StartGateway
+from tests.support.observe import completions, deployments, metric, probes_at, row_view, scrape
+from tests.support.replies import answer, error, models_reply
+from tests.support.transcripts import load_transcript
+from tests.support.upstream import ReplayUpstream
+from tests.support.waiting import wait_until
 
 PROBING = {"probe_interval_s": 0.1}
 FIRST_PROBE_DELAY = 0.5
@@ -102,7 +93,7 @@ async def test_a_successful_probe_re_enables_a_disabled_provider(
         state = (await deployments(gw))["alpha"]
         return bool(state["ready"]) and "disabled_reason" not in state
 
-    await eventually(enabled, within=3.0)
+    await wait_until(enabled, within=3.0)
     response = await complete(gw)
     assert response.json()["provider"] == "alpha"
     assert response.json()["message"]["content"] == [{"kind": "text", "data": "alpha is back"}]
@@ -119,7 +110,7 @@ async def test_a_probe_answered_401_keeps_the_provider_disabled(
     alpha.enqueue(refused)
     beta.enqueue(answer("from beta"), repeat=2)
     assert (await complete(gw)).json()["provider"] == "beta"
-    await eventually(lambda: len(probes_at(alpha, PROBE_PATH)) >= 4, within=3.0)
+    await wait_until(lambda: len(probes_at(alpha, PROBE_PATH)) >= 4, within=3.0)
     state = (await deployments(gw))["alpha"]
     assert (state["ready"], state["probe_failed"]) == (False, True)
     assert state["disabled_reason"] == "auth: upstream returned 401"
@@ -212,7 +203,7 @@ async def test_an_exhausted_balance_stays_out_until_the_quota_recheck(
     beta.enqueue(answer("from beta"), repeat=1000)
     assert (await complete(gw)).json()["provider"] == "beta"
     probes_before = len(alpha.probes)
-    await eventually(lambda: len(alpha.probes) >= probes_before + 5, within=3.0)  # /models answers 200 meanwhile
+    await wait_until(lambda: len(alpha.probes) >= probes_before + 5, within=3.0)  # /models answers 200 meanwhile
     state = (await deployments(gw))["alpha"]
     assert state["probe_failed"] is False
     assert ("disabled_reason" not in state) is comes_back

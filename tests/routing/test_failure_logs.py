@@ -20,21 +20,13 @@ import pytest
 from redis.asyncio import Redis
 
 from devtools.mock_http import Reply
-from tests.conftest import GatewayHandle, StartGateway
-from tests.routing.conftest import (
-    CATALOG,
-    PROBE_PATH,
-    USER,
-    answer,
-    complete,
-    deployments,
-    error,
-    eventually,
-    launch,
-    models_reply,
-    played,
-)
-from tests.upstream import ReplayUpstream
+from tests.routing.conftest import CATALOG, PROBE_PATH, launch
+from tests.support.client import USER, complete
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.observe import deployments
+from tests.support.replies import answer, error, models_reply
+from tests.support.upstream import ReplayUpstream, played
+from tests.support.waiting import wait_until
 
 FAILURE_COOLDOWN = 4
 BREAKER = {"breaker_min_samples": 2, "breaker_error_ratio": 0.5, "failure_cooldown_s": 0}
@@ -235,8 +227,8 @@ async def test_the_breaker_opening_and_a_probe_closing_it_are_a_line_each(
     async def closed() -> bool:
         return (await deployments(gw))["alpha"]["breaker_open"] is False
 
-    await eventually(closed, within=3.0)
-    await eventually(lambda: len(logs.lines("breaker_closed", gw)) > 0)
+    await wait_until(closed, within=3.0)
+    await wait_until(lambda: len(logs.lines("breaker_closed", gw)) > 0)
     assert logs.lines("breaker_closed", gw) == [
         {"event": "breaker_closed", "level": "info", **names, "source": "probe"}
     ]
@@ -252,8 +244,8 @@ async def test_a_failing_probe_is_logged_when_it_starts_failing_and_when_it_reco
     async def recovered() -> bool:
         return alpha.pending == 0 and (await deployments(gw))["alpha"]["probe_failed"] is False
 
-    await eventually(recovered, within=3.0)
-    await eventually(lambda: len(logs.lines("probe_recovered", gw)) > 0)
+    await wait_until(recovered, within=3.0)
+    await wait_until(lambda: len(logs.lines("probe_recovered", gw)) > 0)
     assert logs.lines("probe_failed") == [
         {"event": "probe_failed", "level": "warning", "provider": "alpha", "error": None}
     ]
@@ -298,8 +290,8 @@ async def test_a_breaker_another_worker_opened_and_closed_is_logged_with_its_ori
             line["source"] == "cluster" for line in logs.lines("breaker_closed", a, b)
         )
 
-    await eventually(lambda: any(line["source"] == "cluster" for line in logs.lines("breaker_open", a, b)))
-    await eventually(closed_on_b, within=3.0)
+    await wait_until(lambda: any(line["source"] == "cluster" for line in logs.lines("breaker_open", a, b)))
+    await wait_until(closed_on_b, within=3.0)
     assert a.service.cluster is not None
     names = {"provider": "alpha", "model": "chat-1", "upstream_model": "alpha/chat-1"}
     origin = {"source": "cluster", "origin": a.service.cluster.worker_id}

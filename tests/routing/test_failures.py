@@ -14,25 +14,12 @@ from typing import Any
 import pytest
 
 from devtools.mock_http import Reply
-from tests.conftest import StartGateway
-from tests.routing.conftest import (
-    answer,
-    chunk,
-    complete,
-    completions,
-    datas,
-    deployments,
-    error,
-    launch,
-    metric,
-    played,
-    row_view,
-    scrape,
-    seconds_until,
-    stream,
-    stream_answer,
-)
-from tests.upstream import ReplayUpstream, reply_json, reply_sse
+from tests.routing.conftest import launch
+from tests.support.client import complete, datas, stream
+from tests.support.gateway import StartGateway
+from tests.support.observe import completions, deployments, metric, row_view, scrape, seconds_until
+from tests.support.replies import answer, chunk, error, stream_answer
+from tests.support.upstream import ReplayUpstream, played, reply_json, reply_sse
 
 FAILURE_COOLDOWN = 4
 

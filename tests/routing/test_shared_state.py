@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,25 +21,14 @@ import msgspec
 import pytest
 from redis.asyncio import Redis
 
-from tests.conftest import GatewayHandle, StartGateway
-from tests.routing.conftest import (
-    PROBE_PATH,
-    Held,
-    answer,
-    complete,
-    completions,
-    deployments,
-    error,
-    eventually,
-    launch,
-    metric,
-    models_reply,
-    row_view,
-    scrape,
-    seconds_until,
-    stalled_stream,
-)
-from tests.upstream import ReplayUpstream
+from tests.routing.conftest import PROBE_PATH, launch
+from tests.support.client import Held, complete
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.observe import completions, deployments, metric, row_view, scrape, seconds_until
+from tests.support.ports import free_port
+from tests.support.replies import answer, error, models_reply, stalled_stream
+from tests.support.upstream import ReplayUpstream
+from tests.support.waiting import wait_until
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ALPHA_CHAT = "alpha:chat-1:alpha/chat-1"  # provider:model:upstream_model in a backend's keys
@@ -82,19 +70,12 @@ async def store() -> AsyncIterator[Store]:
     await client.aclose()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port  # closed again: nothing listens there until a test starts something
-
-
 class Relay:
     """A TCP relay to the real Redis on a port of its own, which a test starts late and cuts, so
     a gateway pointed at it sees Redis come back and go away."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
@@ -142,7 +123,7 @@ async def test_a_429_on_one_worker_cools_the_backend_on_the_other(
     async def cooling_on_b() -> bool:
         return "cooling_until" in (await deployments(b))["alpha"]
 
-    await eventually(cooling_on_b)
+    await wait_until(cooling_on_b)
     state = (await deployments(b))["alpha"]
     assert (state["ready"], state["cooling_reason"], state.get("disabled_reason")) == (False, "capacity", None)
     assert 29.0 < seconds_until(state["cooling_until"]) <= 30.0
@@ -171,7 +152,7 @@ async def test_a_429_on_one_worker_cools_the_backend_on_the_other(
     async def a_shared_its_metrics() -> bool:
         return bool(await store.client.exists(f"{store.prefix}:metrics:{a.service.cluster.worker_id}"))
 
-    await eventually(a_shared_its_metrics)
+    await wait_until(a_shared_its_metrics)
     samples = await scrape(b)  # a's cool-down counted once: b applied it without counting it
     assert metric(samples, "switchyard_cooldowns_total", provider="alpha", reason="capacity") == 1
 
@@ -187,7 +168,7 @@ async def test_a_401_on_one_worker_disables_the_provider_on_the_other(
     async def disabled_on_b() -> bool:
         return "disabled_reason" in (await deployments(b))["alpha"]
 
-    await eventually(disabled_on_b)
+    await wait_until(disabled_on_b)
     for model in ("chat-1", "even-1"):
         state = (await deployments(b, model))["alpha"]
         assert (state["ready"], state["disabled_reason"]) == (False, "auth: upstream returned 401")
@@ -222,12 +203,12 @@ async def test_a_probe_that_re_enables_a_provider_re_enables_it_everywhere(
     async def disabled_on_b() -> bool:
         return await alpha_state_on_b() == "auth: upstream returned 401"
 
-    await eventually(disabled_on_b, within=1.0)  # before a's probe answers
+    await wait_until(disabled_on_b, within=1.0)  # before a's probe answers
 
     async def enabled_on_b() -> bool:
         return await alpha_state_on_b() is None
 
-    await eventually(enabled_on_b, within=3.0)
+    await wait_until(enabled_on_b, within=3.0)
     assert await store.keys("disabled") == []
     response = await complete(b)
     assert response.json()["provider"] == "alpha"
@@ -254,7 +235,7 @@ async def test_a_worker_started_later_learns_cool_downs_breakers_and_disabled_pr
             ["beta"],
         )
 
-    await eventually(recorded)
+    await wait_until(recorded)
     c = await launch(start_gateway, upstreams, redis=store.config, gamma=one_strike)
     for gw in (b, c):
         state = await deployments(gw)
@@ -290,7 +271,7 @@ async def test_metrics_on_any_worker_sum_every_live_worker(
             return (total, in_flight) == (3, 1)
 
         for gw in (a, b):
-            await eventually(functools.partial(summed, gw), within=3.0)
+            await wait_until(functools.partial(summed, gw), within=3.0)
         samples = await scrape(b)
         assert metric(samples, "switchyard_attempts_total", provider="alpha", outcome="ok") == 3
         assert metric(samples, "switchyard_backend_in_flight", provider="alpha", model="even-1") == 0
@@ -340,7 +321,7 @@ async def test_the_queue_is_split_too(start_gateway: StartGateway, alpha: Replay
         async def queued() -> bool:
             return (await deployments(gw))["alpha"]["queued"] == 1
 
-        await eventually(queued)
+        await wait_until(queued)
         refused = await complete(gw)
         assert refused.status_code == 429, refused.text
         state = (await deployments(gw))["alpha"]
@@ -356,7 +337,7 @@ async def test_the_queue_is_split_too(start_gateway: StartGateway, alpha: Replay
 async def test_redis_unreachable_the_gateway_still_serves_on_its_own_state(
     start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
 ) -> None:
-    redis = {"url": f"redis://127.0.0.1:{_free_port()}/0", "key_prefix": f"switchyard-test-{uuid.uuid4().hex[:12]}"}
+    redis = {"url": f"redis://127.0.0.1:{free_port()}/0", "key_prefix": f"switchyard-test-{uuid.uuid4().hex[:12]}"}
     gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, redis=redis)
     alpha.enqueue(error(429, "rate_limit_error", {"retry-after": "30"}))
     beta.enqueue(answer("from beta"), repeat=2)
@@ -387,11 +368,11 @@ async def test_a_worker_reconnects_learns_what_it_missed_and_survives_losing_red
         async def learned(provider: str, field: str) -> bool:
             return field in (await deployments(a))[provider]
 
-        await eventually(functools.partial(learned, "alpha", "disabled_reason"), within=3.0)  # loaded on reconnect
+        await wait_until(functools.partial(learned, "alpha", "disabled_reason"), within=3.0)  # loaded on reconnect
         beta.enqueue(error(429, "rate_limit_error", {"retry-after": "30"}))
         gamma.enqueue(answer("from gamma"), repeat=3)
         assert (await complete(b)).json()["provider"] == "gamma"
-        await eventually(functools.partial(learned, "beta", "cooling_until"))  # published while connected
+        await wait_until(functools.partial(learned, "beta", "cooling_until"))  # published while connected
         assert (await complete(a)).json()["provider"] == "gamma"
         await relay.stop()
         response = await complete(a)  # Redis gone again: a keeps routing on what it knows

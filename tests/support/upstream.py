@@ -2,8 +2,9 @@
 
 It is `devtools.mock_http.MockUpstreamServer` (the same HTTP code the benchmarks use) with a
 responder that pops `Reply`s in order, so a test scripts exactly what each upstream call gets —
-a transcript from `tests/transcripts/<name>.json`, or a reply built inline with `reply_json` /
-`reply_sse` — and afterwards asserts on `.requests`, what the gateway actually sent.
+a transcript name (`tests/transcripts/<name>.json`), or a reply built inline with `reply_json` /
+`reply_sse` / the builders in `tests.support.replies` — and afterwards asserts on `.requests`,
+what the gateway actually sent.
 
 Routing of the queue:
 - `enqueue(reply, path="/v1/models")` queues for that path only (query string ignored);
@@ -13,50 +14,23 @@ Routing of the queue:
 Health and queue-depth probes (`GET …/health`, `…/models`, `…/metrics`) are answered by built-in
 replies unless a reply is queued for their path, and are recorded in `.probes` instead of
 `.requests`, so background probing never steals a queued completion reply or shifts indexes.
+
+`upstream_fixture(name)` makes a fixture that serves one for the duration of a test.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
+import pytest
 
 from devtools.mock_http import MockUpstreamServer, ReceivedRequest, Reply
+from tests.support.transcripts import load_transcript
 
-TRANSCRIPTS = Path(__file__).parent / "transcripts"
 _PROBES = ("/health", "/models", "/metrics")
-
-
-class Transcript(msgspec.Struct):
-    description: str = ""
-    status: int = 200
-    headers: dict[str, str] = {}
-    chunks: list[str] = []
-    chunk_delay_s: float = 0.0
-    first_byte_delay_s: float = 0.0
-    reset_after: int | None = None
-    stall_after: int | None = None
-    chunked: bool | None = None  # absent: chunked exactly when the body is an event stream
-
-
-def load_transcript(name: str) -> Reply:
-    transcript = msgspec.json.decode((TRANSCRIPTS / f"{name}.json").read_bytes(), type=Transcript)
-    chunked = transcript.chunked
-    if chunked is None:
-        content_type = {k.lower(): v for k, v in transcript.headers.items()}.get("content-type", "")
-        chunked = "text/event-stream" in content_type
-    return Reply(
-        status=transcript.status,
-        headers=list(transcript.headers.items()),
-        chunks=[chunk.encode() for chunk in transcript.chunks],
-        chunk_delay_s=transcript.chunk_delay_s,
-        first_byte_delay_s=transcript.first_byte_delay_s,
-        reset_after=transcript.reset_after,
-        stall_after=transcript.stall_after,
-        chunked=chunked,
-    )
 
 
 def reply_json(status: int, obj: Any, headers: dict[str, str] | None = None, **play: Any) -> Reply:
@@ -81,8 +55,23 @@ def reply_sse(
     return Reply(status=status, headers=pairs, chunks=chunks, chunked=True, **play)
 
 
+def played(reply: Reply | str, **fields: Any) -> Reply:
+    """`reply` (or a transcript, by name) with some of its timing/fault fields changed."""
+    return msgspec.structs.replace(_as_reply(reply), **fields)
+
+
 def _as_reply(reply: Reply | str) -> Reply:
     return load_transcript(reply) if isinstance(reply, str) else reply
+
+
+class _Server(MockUpstreamServer):
+    """Counts the connections it accepted, so a test can tell a reused connection from new ones."""
+
+    connections_made = 0
+
+    def _opened(self, connection: Any) -> None:
+        self.connections_made += 1
+        super()._opened(connection)
 
 
 class ReplayUpstream:
@@ -95,7 +84,7 @@ class ReplayUpstream:
         self._any: deque[Reply] = deque()
         self._by_path: dict[str, deque[Reply]] = {}
         self._default: Reply | None = None
-        self.server = MockUpstreamServer(self)
+        self.server = _Server(self)
 
     def enqueue(self, reply: Reply | str, repeat: int = 1, path: str | None = None) -> None:
         queue = self._any if path is None else self._by_path.setdefault(path, deque())
@@ -136,11 +125,20 @@ class ReplayUpstream:
 
     @property
     def url(self) -> str:
+        """The OpenAI-style base URL, ending at `/v1`."""
         return self.server.url
+
+    @property
+    def port(self) -> int:
+        return self.server.port
 
     @property
     def open_connections(self) -> int:
         return self.server.open_connections
+
+    @property
+    def connections_made(self) -> int:
+        return self.server.connections_made
 
     @property
     def active_streams(self) -> int:
@@ -161,3 +159,13 @@ class ReplayUpstream:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+async def _serve() -> AsyncIterator[ReplayUpstream]:
+    async with ReplayUpstream() as upstream:
+        yield upstream
+
+
+def upstream_fixture(name: str) -> Any:
+    """A fixture named `name`: a started `ReplayUpstream`, closed after the test."""
+    return pytest.fixture(_serve, name=name)

@@ -1,4 +1,4 @@
-"""Running the `switchyard` console script as an operator does, for `tests/test_cli.py`.
+"""Running the `switchyard` console script as an operator does, for `tests/test_cli*.py`.
 
 `write_config` writes a `config.toml` (SQLite database and a small catalog file beside it, a keyless
 `local` and a keyed `hosted` provider); `run_cli` runs one command to completion; `Process` runs a
@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -24,48 +22,20 @@ from typing import Any
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.catalog import catalog_toml, model, price
+from tests.support.client import COMPLETIONS, body
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until_sync
 
-CATALOG = """
-[models."tiny"]
-aliases = ["tiny-alias"]
-context_window = 4096
-max_output = 512
-default = true
+REPO = Path(__file__).resolve().parents[2]
 
-[[models."tiny".deployments]]
-provider = "local"
-upstream_model = "tiny-upstream"
-
-[models."hosted-model"]
-context_window = 8192
-max_output = 1024
-
-[[models."hosted-model".deployments]]
-provider = "hosted"
-upstream_model = "hosted-upstream"
-
-[[prices]]
-provider = "local"
-model = "tiny"
-effective_from = 2026-01-01
-input = "1.5"
-output = "3"
-
-[[prices]]
-provider = "hosted"
-model = "hosted-model"
-effective_from = 2026-01-01
-input = "0.25"
-output = "0.75"
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+CATALOG = catalog_toml(
+    model(
+        "tiny", ("local", "tiny-upstream"), aliases=["tiny-alias"], context_window=4096, max_output=512, default=True
+    ),
+    model("hosted-model", ("hosted", "hosted-upstream")),
+    prices=[price("local", "tiny", "1.5", "3"), price("hosted", "hosted-model", "0.25", "0.75")],
+)
 
 
 def write_config(tmp_path: Path, upstream_port: int = 9, extra: str = "") -> Path:
@@ -138,17 +108,15 @@ class Process:
         return self.out_path.read_text(), self.err_path.read_text()
 
     def wait_http(self, url: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def answers() -> bool:
             if self.popen.poll() is not None:
                 pytest.fail(f"exited with {self.popen.returncode} before answering: {self.output()}")
             try:
-                if httpx.get(url, timeout=1.0).status_code == 200:
-                    return
+                return httpx.get(url, timeout=1.0).status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        pytest.fail(f"no answer from {url} within {timeout}s: {self.output()}")
+                return False
+
+        wait_until_sync(answers, timeout, what=lambda: f"an answer from {url}: {self.output()}")
 
     def stop(self, signum: signal.Signals) -> int:
         self.popen.send_signal(signum)
@@ -180,11 +148,11 @@ def start_mock(cwd: Path, started: list[Process]) -> int:
 
 
 def complete(base: str, model: str, prompt: str) -> dict[str, Any]:
-    message = {"role": "user", "content": [{"kind": "text", "data": prompt}]}
-    response = httpx.post(f"{base}/api/v1/completions", json={"model": model, "messages": [message]}, timeout=20)
+    """One non-streaming completion against a gateway subprocess; must be 200."""
+    response = httpx.post(f"{base}{COMPLETIONS}", json=body(model, text=prompt), timeout=20)
     assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
+    answer: dict[str, Any] = response.json()
+    return answer
 
 
 def request_lines(stdout: str) -> list[dict[str, Any]]:
