@@ -179,13 +179,13 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
-            get_logger("switchyard").info("listening", url=self.url)
+            get_logger("switchyard").info(f"listening on {self.url}", url=self.url)
 
 
 def _announce(url: str, log_level: str) -> None:
     """`listening`, from the parent of several workers, in the service's JSON log format."""
     writer = configure_logging(log_level)
-    get_logger("switchyard").info("listening", url=url)
+    get_logger("switchyard").info(f"listening on {url}", url=url)
     writer.flush()
 
 

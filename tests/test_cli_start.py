@@ -56,9 +56,10 @@ def test_the_example_config_copied_elsewhere_syncs_and_serves_the_bundled_catalo
         assert serve.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
         stdout, stderr = serve.output()
     lines = _log_lines(stdout)
-    assert [line["url"] for line in lines if line["event"] == "listening"] == [base]
+    listening = [line for line in lines if line["event"].startswith("listening on ")]
+    assert [(line["event"], line["url"]) for line in listening] == [(f"listening on {base}", base)]
     events = [line["event"] for line in lines]
-    assert events.index("started") < events.index("listening")
+    assert events.index("started") < events.index(f"listening on {base}")
     assert "Traceback" not in stderr
 
 
@@ -72,8 +73,8 @@ def test_two_workers_log_listening_once_with_the_bound_address(tmp_path: Path) -
         serve.wait_http(f"{base}/healthz")
         assert serve.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
         stdout, _ = serve.output()
-    listening = [line for line in _log_lines(stdout) if line["event"] == "listening"]
-    assert [(line["url"], line["level"]) for line in listening] == [(base, "info")]
+    listening = [line for line in _log_lines(stdout) if line["event"].startswith("listening on ")]
+    assert [(line["event"], line["level"]) for line in listening] == [(f"listening on {base}", "info")]
 
 
 def test_a_catalog_error_leaves_no_database_file(tmp_path: Path) -> None:
