@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.exposition import GatewayCollector
 from app.logging import LineWriter, get_logger
 from app.metrics import Metrics
 from app.pipeline.pipeline import Pipeline
@@ -49,6 +52,8 @@ class Service:
         self.router: Router | None = None
         self.pipeline: Pipeline | None = None
         self.metrics = Metrics()
+        self.registry = CollectorRegistry(auto_describe=False)  # this service's own, never the global one
+        self.collector: GatewayCollector | None = None
         self.health: HealthMonitor | None = None
         self.cluster: ClusterLink | None = None
 
@@ -73,6 +78,8 @@ class Service:
                 config, adapter, policy, key_missing=missing, publisher=self.cluster
             )
         self.router = Router(snapshot, runtimes)
+        self.collector = GatewayCollector(self.metrics, self.router, asyncio.get_running_loop().time)
+        self.registry.register(self.collector)
         if self.cluster is not None:
             await self.cluster.start(self.router)
         ledger = settings.ledger
@@ -115,11 +122,15 @@ class Service:
         if self.engine is not None:
             await self.engine.dispose()
 
-    async def render_metrics(self) -> str:
-        """`/metrics`: this process's numbers, plus the other live workers' when Redis is configured."""
-        assert self.router is not None
+    async def render_metrics(self) -> bytes:
+        """`/metrics`: this process's numbers, plus the other live workers' when Redis is configured.
+
+        The collector reads `remote` while `generate_latest` runs: one synchronous call on the
+        event loop, so no other scrape can change it meanwhile."""
+        assert self.collector is not None
         remote = await self.cluster.remote_series() if self.cluster is not None else None
-        return self.metrics.render(self.router, asyncio.get_running_loop().time(), remote)
+        self.collector.remote = remote or {}
+        return generate_latest(self.registry)
 
     async def database_ready(self) -> bool:
         if self.engine is None:

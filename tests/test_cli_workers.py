@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
 from tests.support.cli import Process, cli_env, complete, processes, start_mock, write_config
@@ -20,7 +21,7 @@ from tests.support.ports import free_port
 from tests.support.waiting import wait_until_sync
 
 SECRET = "sk-test-SECRET-123"
-SERVED = 'switchyard_requests_total{model="hosted-model",provider="hosted",status="ok"} '
+SERVED = ("switchyard_requests_total", {"model": "hosted-model", "provider": "hosted", "status": "ok"})
 
 
 @pytest.fixture
@@ -35,6 +36,15 @@ def prefix() -> Iterator[str]:
         if keys:
             client.delete(*keys)
         client.close()
+
+
+def _served(text: str) -> float | None:
+    """The value of the `SERVED` sample in a `/metrics` text, None when absent."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (sample.name, sample.labels) == SERVED:
+                return sample.value
+    return None
 
 
 def test_two_workers_split_the_limit_and_sum_their_metrics(tmp_path: Path, prefix: str) -> None:
@@ -55,12 +65,11 @@ def test_two_workers_split_the_limit_and_sum_their_metrics(tmp_path: Path, prefi
         assert [d["limit"] for d in models["tiny"]["deployments"]] == [32]  # the default 64 over 2
         for _ in range(6):
             complete(base, "hosted-model", "hello")
-        scrapes: list[str] = []
+        scrapes: list[float | None] = []
 
         def every_scrape_counts_six() -> bool:
-            text = httpx.get(f"{base}/metrics").text
-            scrapes.append(next((line for line in text.splitlines() if line.startswith(SERVED)), ""))
-            return scrapes[-8:] == [SERVED + "6"] * 8  # eight in a row, from whichever worker answered
+            scrapes.append(_served(httpx.get(f"{base}/metrics").text))
+            return scrapes[-8:] == [6] * 8  # eight in a row, from whichever worker answered
 
         wait_until_sync(every_scrape_counts_six, what=lambda: f"summed metrics, last scrapes {scrapes[-3:]}")
     client.close()

@@ -14,6 +14,7 @@ from litestar.datastructures import State
 from litestar.response import Response
 
 from app.edge.models_view import model_list
+from app.exposition import CONTENT_TYPE
 from app.service import Service
 
 _JSON = "application/json"
@@ -36,8 +37,8 @@ async def list_models(state: State) -> Response[bytes]:
 
 @get("/metrics")
 async def metrics(state: State) -> Response[bytes]:
-    text = await _service(state).render_metrics()
-    return Response(text.encode(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    # Set as a header: from `media_type` Litestar would append a second `charset` to it.
+    return Response(await _service(state).render_metrics(), headers={"content-type": CONTENT_TYPE})
 
 
 @get("/healthz")

@@ -20,9 +20,12 @@ probes for itself anyway.
 Redis down: the first failure is logged, every process keeps routing on what it knows, events
 meanwhile stay local, and the listener reconnects in the background (then loads the keys again).
 
-Metrics: every second each worker writes its counters and in-flight/queued gauges to the hash
-`{prefix}:metrics:{worker_id}` (expiring after `METRICS_TTL_S`, so a worker that went away drops
-out), and `/metrics` adds the other live workers' hashes to its own numbers (`remote_series`).
+Metrics: every second each worker writes its samples (`Metrics.series`: counters, histograms as
+their `_bucket`/`_sum` samples, and its in-flight/queued gauges) to the hash
+`{prefix}:metrics:{worker_id}` — field the JSON `[name, [label values]]`, value a number — expiring
+after `METRICS_TTL_S`, so a worker that went away drops out; `/metrics` adds the other live
+workers' hashes to its own numbers (`remote_series`). A worker of another version skips the names
+it does not know.
 """
 
 from __future__ import annotations
@@ -327,7 +330,7 @@ class ClusterLink:
                     self.log.exception("redis_metrics_failed", worker=self.worker_id)
 
     async def write_metrics(self) -> None:
-        """This worker's counters and summed gauges, as a hash that lives `METRICS_TTL_S`."""
+        """This worker's samples and summed gauges, as a hash that lives `METRICS_TTL_S`."""
         assert self._router is not None
         mapping = {_encode(series): value for series, value in self.metrics.series(self._router).items()}
         key = self._metrics_key(self.worker_id)

@@ -22,6 +22,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.routing.conftest import PROBE_PATH, launch
+from tests.routing.test_metrics import DURATION, FIRST_TOKEN, REQUESTS, SPEED, buckets, cumulative, finish_all
 from tests.support.client import Held, complete
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.observe import completions, deployments, metric, row_view, scrape, seconds_until
@@ -279,6 +280,33 @@ async def test_metrics_on_any_worker_sum_every_live_worker(
     finally:
         await held.release()
     assert len(await store.keys("metrics")) == 2
+
+
+async def test_histograms_tokens_and_cost_sum_over_workers(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    a, b = await _pair(start_gateway, store, {"alpha": alpha, "beta": beta})
+    finish_all(a, REQUESTS)
+    finish_all(b, REQUESTS[:2])
+    pair = {"model": "chat-1", "provider": "alpha"}
+
+    async def summed(gw: GatewayHandle) -> bool:
+        return metric(await scrape(gw), f"{DURATION}_count", **pair) == 5
+
+    for gw in (a, b):
+        await wait_until(functools.partial(summed, gw), within=3.0)
+        samples = await scrape(gw)
+        assert buckets(samples, DURATION, **pair) == cumulative(DURATION, ("0.25", 1), ("0.5", 2), ("2.5", 2))
+        assert metric(samples, f"{DURATION}_sum", **pair) == pytest.approx(5.0, rel=1e-9)
+        assert buckets(samples, FIRST_TOKEN, **pair) == cumulative(FIRST_TOKEN, ("0.25", 3), ("1.0", 2))
+        assert buckets(samples, SPEED, **pair) == cumulative(SPEED, ("10.0", 2), ("250.0", 2))
+        assert metric(samples, f"{DURATION}_count", model="chat-1", provider="beta") == 1  # one worker's only
+        assert metric(samples, "switchyard_tokens_total", bucket="input", **pair) == 22 + 15
+        assert metric(samples, "switchyard_tokens_total", bucket="output", **pair) == 26 + 26
+        assert metric(samples, "switchyard_cost_usd_total", source="authoritative", **pair) == 0.002
+        estimated = metric(samples, "switchyard_cost_usd_total", source="estimated", **pair)
+        assert estimated == pytest.approx(0.00043 + 0.00042, rel=1e-12)  # floats across workers
+        assert metric(samples, "switchyard_requests_total", status="ok", **pair) == 5
 
 
 @pytest.mark.parametrize(

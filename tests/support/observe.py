@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from devtools.mock_http import ReceivedRequest
 from tests.support.gateway import GatewayHandle
 from tests.support.upstream import ReplayUpstream
@@ -47,14 +49,13 @@ async def scrape(gw: GatewayHandle) -> dict[Sample, float]:
     """`GET /metrics` as {(name, labels): value}."""
     response = await gw.client.get("/metrics")
     assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     samples: dict[Sample, float] = {}
-    for line in response.text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        series, _, value = line.rpartition(" ")
-        name, _, labels = series.partition("{")
-        pairs = [pair.split("=", 1) for pair in labels.rstrip("}").split(",") if pair]
-        samples[(name, frozenset((k, v.strip('"')) for k, v in pairs))] = float(value)
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            series = (sample.name, frozenset(sample.labels.items()))
+            assert series not in samples, series
+            samples[series] = sample.value
     return samples
 
 
