@@ -1,7 +1,7 @@
 """`create_app(settings)`: the Litestar application, its lifespan and its one error renderer.
 
-Every failure, whether ours (`GatewayError`), the framework's (404, 405, 413 from the body-size
-limit) or unexpected, leaves through `_render_error` in api.md's two-view error format with the
+Every failure, whether ours (`GatewayError`), the framework's (404, 405 with its `Allow` header, 413
+from the body-size limit) or unexpected, leaves through `_render_error` in api.md's two-view error format with the
 `x-request-id` header. Unexpected exceptions are logged with their traceback and answered with a
 generic 500: internal paths and stack traces never reach a client.
 """
@@ -27,6 +27,7 @@ from app.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    clip,
     error_body,
 )
 from app.ids import uuid7
@@ -96,8 +97,8 @@ def _as_gateway_error(exc: Exception, request_id: str) -> GatewayError:
         if exc.status_code == 404:
             return NotFound("no such endpoint")
         if exc.status_code == 405:
-            return MethodNotAllowed("method not allowed")
+            return MethodNotAllowed("method not allowed", allow=(exc.headers or {}).get("allow", ""))
         if exc.status_code < 500:
-            return InvalidRequest(str(exc.detail))
+            return InvalidRequest(clip(str(exc.detail)))  # Litestar's details quote the request path
     _log.error("unhandled_exception", request_id=request_id, exc_info=exc)
     return InternalError("internal error")

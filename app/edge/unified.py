@@ -40,7 +40,7 @@ async def completions(scope: Scope, receive: Receive, send: Send) -> None:
     request_id = uuid7()
     scope.setdefault("state", {})["request_id"] = request_id
     if scope.get("method") != "POST":
-        raise MethodNotAllowed("method not allowed")
+        raise MethodNotAllowed("method not allowed", allow="POST")
     service: Service = scope["litestar_app"].state.service
     assert service.pipeline is not None
     assert service.router is not None
