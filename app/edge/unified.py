@@ -20,6 +20,7 @@ from litestar import asgi
 from litestar.types import Receive, Scope, Send
 
 from app.edge import unified_format as wire
+from app.edge.guards import check_json_headers
 from app.edge.relay import Relay
 from app.edge.validation import decode_request
 from app.errors import MethodNotAllowed, PayloadTooLarge
@@ -41,6 +42,7 @@ async def completions(scope: Scope, receive: Receive, send: Send) -> None:
     scope.setdefault("state", {})["request_id"] = request_id
     if scope.get("method") != "POST":
         raise MethodNotAllowed("method not allowed", allow="POST")
+    check_json_headers(scope["headers"])
     service: Service = scope["litestar_app"].state.service
     assert service.pipeline is not None
     assert service.router is not None
