@@ -106,6 +106,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from app.application import create_app
+    from app.edge.connection import protocol_factory
     from app.service import prepare_database
 
     server = settings.server
@@ -124,12 +125,14 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     asyncio.run(prepare())
     # No `server: uvicorn` header: it names our stack to every client, and uvicorn checks each
     # response header against two regular expressions (≈ 2 % of the instructions per request).
+    # `http`: uvicorn's httptools protocol with head/body deadlines and header limits.
     common = {
         "host": host,
         "port": port,
         "log_level": "warning",
         "access_log": server.access_log,
         "server_header": False,
+        "http": protocol_factory(server),
     }
     try:
         if workers == 1:

@@ -21,6 +21,7 @@ import uvicorn
 from sqlalchemy import text
 
 from app.application import create_app
+from app.edge.connection import protocol_factory
 from app.service import Service
 from app.settings import settings_from_mapping
 
@@ -77,7 +78,9 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
             raw["redis"] = redis
         settings = settings_from_mapping(raw, base_dir=tmp_path, source="test")
         app = create_app(settings)
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", http=protocol_factory(settings.server)
+        )
         uv_server = uvicorn.Server(config)
         task = asyncio.create_task(uv_server.serve())
         for _ in range(500):
