@@ -13,15 +13,17 @@ to a short prefix (`app.errors.clip`).
 Nesting: a request body may nest at most `MAX_JSON_DEPTH` (64) arrays and objects deep, counting
 the body's own object as level 1; deeper is a 400 whose `param` names the free-form field holding
 the nesting (`schema`, `tools[0].parameters`, `messages[0].content[0].data.arguments`,
-`provider_options.local.top_k`, or an unknown key). Without the limit a body nested ~1,000 deep makes
-msgspec raise `RecursionError` (a 500), and one a little shallower decodes but fails later, when the
-pipeline re-encodes it a few frames deeper. The typed part of a request is at most six levels deep,
-so only the free-form values can be deep, and only those present are walked, in the loops that
-check them anyway: nothing for a plain chat request, about a microsecond per tool definition. The body itself is
-scanned only after msgspec has raised `RecursionError`, to find the field.
+`provider_options.local.top_k`, or an unknown key). Without the limit a body nested ~1,000 deep
+makes msgspec raise `RecursionError` (a 500), and one a little shallower decodes but fails later,
+when the pipeline re-encodes it a few frames deeper. The typed part of a request is at most six
+levels deep, so only the free-form values can be deep, and only those present are walked, in the
+loops that check them anyway: nothing for a plain chat request, about a microsecond per tool
+definition. The raw body is scanned only after msgspec has raised `RecursionError`, to name the
+field. (msgspec skips unknown keys without keeping them, so an unknown key is refused only when it
+is deep enough to stop msgspec.)
 
-`max_tokens` above `MAX_TOKENS_LIMIT` (2**31 - 1, what upstream servers take) is a 400 for every
-model; the model's own `max_output` is admission's business (`app.pipeline.admission`).
+`max_tokens` above `MAX_TOKENS_LIMIT` (2**31 - 1, a 32-bit integer) is a 400 for every model; the
+model's own `max_output` is admission's business (`app.pipeline.admission`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections.abc import Collection, Iterable
 
 import msgspec
 
-from app.errors import InvalidRequest, clip
+from app.errors import ECHO_CHARS, InvalidRequest, clip
 from providers.types import (
     AudioPart,
     CompletionRequest,
@@ -103,7 +105,7 @@ def _validation_error(message: str) -> InvalidRequest:
 def _clip_quoted(detail: str) -> str:
     """msgspec quotes the offending value ("Invalid enum value 'xyz'"): keep a prefix of it."""
     quoted = _QUOTED.search(detail)
-    if quoted is None or len(quoted[2]) <= 64:
+    if quoted is None or len(quoted[2]) <= ECHO_CHARS:
         return detail
     mark = quoted[1]
     return f"{detail[: quoted.start()]}{mark}{clip(quoted[2])}{mark}{detail[quoted.end() :]}"
@@ -225,44 +227,49 @@ def _too_deep(param: str) -> InvalidRequest:
     return _invalid(param, f"nests deeper than {MAX_JSON_DEPTH} levels (the request body counts as one)")
 
 
-_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},]')
+# A string (unrolled, so linear), an opening, a closing, a comma: the structure, strings skipped whole.
+_TOKEN = re.compile(rb'("[^"\\]*(?:\\.[^"\\]*)*")|([\[{])|([\]}])|(,)')
 _Path = list[str | int]
 
 
 def _deep_path(body: bytes) -> _Path | None:
     """The keys and indexes leading to the first container at depth `MAX_JSON_DEPTH + 1`."""
-    path: _Path = []  # one entry per open container: the current key (object) or index (array)
-    objects: list[bool] = []
+    objects: list[bool] = []  # per open container: an object?
+    steps: list[int] = []  # per open container: the current index, or where the current key starts
     expect_key = False
     for token in _TOKEN.finditer(body):
-        char = token[0][:1]
-        if char in (b"{", b"["):
+        kind = token.lastindex
+        if kind == 1:
+            if expect_key:
+                steps[-1] = token.start()
+                expect_key = False
+        elif kind == 2:
             if len(objects) >= MAX_JSON_DEPTH:
-                return path
-            objects.append(char == b"{")
-            path.append("" if char == b"{" else 0)
-            expect_key = char == b"{"
-        elif char in (b"}", b"]"):
+                return [_key(body, step) if obj else step for obj, step in zip(objects, steps, strict=True)]
+            expect_key = body[token.start()] == 0x7B  # {
+            objects.append(expect_key)
+            steps.append(0)
+        elif kind == 3:
             if objects:
                 objects.pop()
-                path.pop()
+                steps.pop()
             expect_key = False
-        elif char == b",":
-            if objects and objects[-1]:
+        elif objects:
+            if objects[-1]:
                 expect_key = True
-            elif objects:
-                path[-1] = int(path[-1]) + 1
-        elif expect_key:
-            path[-1] = _key(token[0])
-            expect_key = False
+            else:
+                steps[-1] += 1
     return None
 
 
-def _key(token: bytes) -> str:
+def _key(body: bytes, start: int) -> str:
+    string = _TOKEN.match(body, start)
+    if string is None or string.lastindex != 1:
+        return "?"
     try:
-        return str(json.loads(token))
+        return str(json.loads(string[0]))
     except ValueError:
-        return token[1:-1].decode("utf-8", "replace")
+        return string[0][1:-1].decode("utf-8", "replace")
 
 
 # Containers of the typed part of a request (an index stands for any index, "*" for any key): the
