@@ -1,8 +1,8 @@
 """`create_app(settings)`: the Litestar application, its lifespan and its one error renderer.
 
-Every failure, whether ours (`GatewayError`), the framework's (404, 405, 413 from the body-size
-limit) or unexpected, leaves through `_render_error` in api.md's two-view error format with the
-`x-request-id` header. A request rejected before it reached the pipeline gets its canonical
+Every failure, whether ours (`GatewayError`), the framework's (404, 405 with its `Allow` header,
+413 from the body-size limit) or unexpected, leaves through `_render_error` in api.md's two-view
+error format with the `x-request-id` header. A request rejected before it reached the pipeline gets its canonical
 `request` log line here (`status: rejected`); the pipeline writes every other request's.
 Unexpected exceptions are logged with their traceback and answered with a generic 500: internal
 paths and stack traces never reach a client.
@@ -29,6 +29,7 @@ from app.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    clip,
     error_body,
 )
 from app.ids import uuid7
@@ -110,8 +111,8 @@ def _as_gateway_error(exc: Exception, request_id: str) -> GatewayError:
         if exc.status_code == 404:
             return NotFound("no such endpoint")
         if exc.status_code == 405:
-            return MethodNotAllowed("method not allowed")
+            return MethodNotAllowed("method not allowed", allow=(exc.headers or {}).get("allow", ""))
         if exc.status_code < 500:
-            return InvalidRequest(str(exc.detail))
+            return InvalidRequest(clip(str(exc.detail)))  # Litestar's details quote the request path
     _log.error("unhandled_exception", request_id=request_id, exc_info=exc)
     return InternalError("internal error")

@@ -114,6 +114,7 @@ async def _sync(settings: Settings) -> object:
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from app.application import create_app
+    from app.edge.connection import protocol_factory
 
     server = settings.server
     host = args.host or server.host
@@ -125,7 +126,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         os.environ["SWITCHYARD_WORKERS"] = str(workers)  # each worker enforces its share of the limits
     # No `server: uvicorn` header: it names our stack to every client, and uvicorn checks each
     # response header against two regular expressions (≈ 2 % of the instructions per request).
-    # No uvicorn access log: the canonical `request` line is the access log.
+    # No uvicorn access log: the canonical `request` line is the access log. `http`: uvicorn's
+    # httptools protocol with head/body deadlines and header limits (app/edge/connection.py).
     config = uvicorn.Config(
         create_app(settings, prepare=False) if workers == 1 else "app.application:create_app_from_env",
         factory=workers > 1,
@@ -135,6 +137,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         log_level="warning",
         access_log=False,
         server_header=False,
+        http=protocol_factory(settings.server),  # type: ignore[arg-type]  # a factory works as the class would
     )
     with _StartGuard(settings.database.url) as guard:
         asyncio.run(_prepare(settings))

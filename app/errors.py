@@ -5,8 +5,11 @@
       AuthenticationFailed 401   authentication_error
       PermissionDenied     403   permission_error
       NotFound             404   not_found_error
-      MethodNotAllowed     405   invalid_request_error
-      PayloadTooLarge      413   invalid_request_error
+      MethodNotAllowed     405   invalid_request_error   (Allow)
+      RequestTimeout       408   invalid_request_error   (closes the connection)
+      PayloadTooLarge      413   invalid_request_error   (closes the connection)
+      UnsupportedMediaType 415   invalid_request_error   (closes the connection)
+      HeadersTooLarge      431   invalid_request_error   (closes the connection)
       AtCapacity           429   rate_limit_error        (Retry-After)
       AllBackendsFailed    502   upstream_error
       NoBackendAvailable   503   unavailable             (Retry-After)
@@ -16,6 +19,11 @@
 Every error body carries the OpenAI view (`error`) and the fabro view (`errors[0]`) of the same
 error, plus `request_id` (api.md). Rendering is pure: `error_body(exc, request_id) -> bytes`, so the
 SSE `error` event and the JSON response say the same thing.
+
+An error raised before the request body was read to its end (`closes_connection`) answers with
+`connection: close`: the rest of that body would otherwise keep the connection busy for as long as
+the client cares to trickle it. A client-supplied value quoted in a message goes through `clip`,
+so a 5 MB model name makes a short error, not a 10 MB one.
 """
 
 from __future__ import annotations
@@ -26,10 +34,18 @@ from http import HTTPStatus
 import msgspec
 from msgspec import Struct
 
+ECHO_CHARS = 64
+
+
+def clip(value: str) -> str:
+    """A client-supplied value as an error message quotes it: at most `ECHO_CHARS` characters."""
+    return value if len(value) <= ECHO_CHARS else value[:ECHO_CHARS] + "…"
+
 
 class GatewayError(Exception):
     status_code: int = 500
     type: str = "internal_error"
+    closes_connection: bool = False
 
     def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
@@ -38,9 +54,10 @@ class GatewayError(Exception):
         self.retry_after = retry_after
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after is None:
-            return {}
-        return {"retry-after": str(max(1, math.ceil(self.retry_after)))}
+        headers = {"connection": "close"} if self.closes_connection else {}
+        if self.retry_after is not None:
+            headers["retry-after"] = str(max(1, math.ceil(self.retry_after)))
+        return headers
 
 
 class InvalidRequest(GatewayError):
@@ -67,10 +84,36 @@ class MethodNotAllowed(GatewayError):
     status_code = 405
     type = "invalid_request_error"
 
+    def __init__(self, message: str, *, allow: str) -> None:
+        super().__init__(message)
+        self.allow = allow
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), "allow": self.allow}
+
+
+class RequestTimeout(GatewayError):
+    status_code = 408
+    type = "invalid_request_error"
+    closes_connection = True
+
 
 class PayloadTooLarge(GatewayError):
     status_code = 413
     type = "invalid_request_error"
+    closes_connection = True
+
+
+class UnsupportedMediaType(GatewayError):
+    status_code = 415
+    type = "invalid_request_error"
+    closes_connection = True
+
+
+class HeadersTooLarge(GatewayError):
+    status_code = 431
+    type = "invalid_request_error"
+    closes_connection = True
 
 
 class AtCapacity(GatewayError):

@@ -61,6 +61,10 @@ class ServerSettings(Struct, frozen=True, forbid_unknown_fields=True):
     replicas: Annotated[int, Meta(ge=1)] = 1  # hosts running this same config against the same upstreams
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 10 * 1024 * 1024
     sse_keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
+    header_timeout_s: Annotated[float, Meta(gt=0)] = 10.0  # request line and headers, from the first byte (or connect)
+    body_timeout_s: Annotated[float, Meta(gt=0)] = 60.0  # the whole body, from the end of the headers
+    max_header_bytes: Annotated[int, Meta(ge=1024)] = 32 * 1024  # request line and headers; more is 431
+    max_headers: Annotated[int, Meta(ge=8)] = 100  # header fields; more is 431
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

@@ -5,7 +5,7 @@ request bodies, pipelined requests answered in order). It asks a `Responder` for
 request and plays it back, including faults: a delay before the first byte, slow chunks, a TCP
 reset after N chunks (`SO_LINGER` 0, then `abort()`), or a stall after N chunks that holds the
 connection until the client goes away. What to answer is the responder's business:
-`devtools.mock_upstream.ScriptedResponder` for the command, a queue of transcripts in `tests/upstream.py`.
+`devtools.mock_upstream.ScriptedResponder` for the command, a queue of transcripts in `tests/support/upstream.py`.
 
 No framework: it has to answer many times faster than the gateway it stands behind, so the hot
 path (a reply with no delays) is written synchronously from `data_received`, without a task.

@@ -1,7 +1,7 @@
 """Starting the service the way an operator does: a config copied away from the repository, the
 `listening` line, and failed starts that leave no database file behind.
 
-`switchyard` runs as a subprocess (`tests/cli_harness.py`); the database is read back with `sqlite3`.
+`switchyard` runs as a subprocess (`tests/support/cli.py`); the database is read back with `sqlite3`.
 """
 
 from __future__ import annotations

@@ -38,12 +38,13 @@ SSE_HEADERS = [
 
 
 def begin(scope: Scope, methods: tuple[str, ...] = ("POST",)) -> str:
-    """A new request id, kept in the scope's state for the error renderer; 405 for other methods."""
+    """A new request id, kept in the scope's state for the error renderer; 405 (with `Allow`) for
+    other methods."""
     request_id = uuid7()
     state: dict[str, Any] = scope.setdefault("state", {})
     state["request_id"] = request_id
     if scope.get("method") not in methods:
-        raise MethodNotAllowed("method not allowed")
+        raise MethodNotAllowed("method not allowed", allow=", ".join(methods))
     return request_id
 
 

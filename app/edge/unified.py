@@ -20,6 +20,7 @@ from litestar.types import Receive, Scope, Send
 from app.context import RequestContext, new_context
 from app.edge import unified_format as fmt
 from app.edge.asgi import DisconnectWatch, begin, client_gone_is_quiet, mark_routed, read_body, send_json, send_stream
+from app.edge.guards import check_json_headers
 from app.edge.relay import Relay
 from app.edge.validation import decode_request
 from app.errors import GatewayError, stream_error_view
@@ -34,6 +35,7 @@ _json_decoder = msgspec.json.Decoder()
 @asgi("/api/v1/completions", copy_scope=False)
 async def completions(scope: Scope, receive: Receive, send: Send) -> None:
     request_id = begin(scope)
+    check_json_headers(scope["headers"])
     service: Service = scope["litestar_app"].state.service
     assert service.pipeline is not None
     assert service.router is not None

@@ -7,21 +7,40 @@ a role cannot carry (a `tool_call` in a user message) is a 400, not a quiet omis
 msgspec reports the path of a validation failure as "... - at `$.a.b[0]`"; that suffix is the only
 thing parsed from its message, turning it into `param`. The server never reads a client-named file
 or fetches a client-named URL: media URLs must be `https://` or `data:` and are passed through.
+Client-supplied values quoted in messages (msgspec's "Invalid enum value '...'" included) are cut
+to a short prefix (`app.errors.clip`).
+
+Nesting: a request body may nest at most `MAX_JSON_DEPTH` (64) arrays and objects deep, counting
+the body's own object as level 1; deeper is a 400 whose `param` names the free-form field holding
+the nesting (`schema`, `tools[0].parameters`, `messages[0].content[0].data.arguments`,
+`provider_options.local.top_k`, or an unknown key). Without the limit a body nested ~1,000 deep
+makes msgspec raise `RecursionError` (a 500), and one a little shallower decodes but fails later,
+when the pipeline re-encodes it a few frames deeper. The typed part of a request is at most six
+levels deep, so only the free-form values can be deep, and only those present are walked, in the
+loops that check them anyway: nothing for a plain chat request, about a microsecond per tool
+definition. The raw body is scanned only after msgspec has raised `RecursionError`, to name the
+field. (msgspec skips unknown keys without keeping them, so an unknown key is refused only when it
+is deep enough to stop msgspec.)
+
+`max_tokens` above `MAX_TOKENS_LIMIT` (2**31 - 1, a 32-bit integer) is a 400 for every model; the
+model's own `max_output` is admission's business (`app.pipeline.admission`).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 import msgspec
 
-from app.errors import InvalidRequest
+from app.errors import ECHO_CHARS, InvalidRequest, clip
 from providers.types import (
     AudioPart,
     CompletionRequest,
+    ContentPart,
     DocumentPart,
     FileData,
     ImageData,
@@ -44,6 +63,10 @@ _PART_ROLES: dict[type, frozenset[str]] = {
     RedactedThinkingPart: frozenset({"assistant"}),
 }
 _TEXT_ONLY_ROLES = frozenset({"system", "developer"})
+_QUOTED = re.compile(r"(['\"])(.*)\1", re.DOTALL)
+
+MAX_JSON_DEPTH = 64
+MAX_TOKENS_LIMIT = 2**31 - 1
 
 
 def decode_request(body: bytes, providers: Collection[str]) -> CompletionRequest:
@@ -53,6 +76,8 @@ def decode_request(body: bytes, providers: Collection[str]) -> CompletionRequest
         raise _validation_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise nesting_error(body) from None
     check_request(request, providers)
     return request
 
@@ -62,9 +87,12 @@ def _validation_error(message: str) -> InvalidRequest:
     if match is None:
         if message.startswith("Expected `object`"):
             return InvalidRequest("request body must be a JSON object")
-        return InvalidRequest(message)
+        if message.startswith("Object missing required field"):
+            field_name = message.split("`")[1]
+            return InvalidRequest(f"{field_name}: field required", param=field_name)
+        return InvalidRequest(_clip_quoted(message))
     param = match["path"].lstrip(".")
-    detail = match["msg"]
+    detail = _clip_quoted(match["msg"])
     if param.endswith(".kind") and detail.startswith("Invalid value"):
         detail = "unknown content kind " + detail.removeprefix("Invalid value ")
     elif detail.startswith("Object missing required field"):
@@ -74,7 +102,20 @@ def _validation_error(message: str) -> InvalidRequest:
     return InvalidRequest(f"{param}: {detail}", param=param)
 
 
+def _clip_quoted(detail: str) -> str:
+    """msgspec quotes the offending value ("Invalid enum value 'xyz'"): keep a prefix of it."""
+    quoted = _QUOTED.search(detail)
+    if quoted is None or len(quoted[2]) <= ECHO_CHARS:
+        return detail
+    mark = quoted[1]
+    return f"{detail[: quoted.start()]}{mark}{clip(quoted[2])}{mark}{detail[quoted.end() :]}"
+
+
 def check_request(request: CompletionRequest, providers: Collection[str]) -> None:
+    if request.schema is not None and _deeper(request.schema, MAX_JSON_DEPTH - 1):
+        raise _too_deep("schema")
+    if request.max_tokens is not None and request.max_tokens > MAX_TOKENS_LIMIT:
+        raise _invalid("max_tokens", f"must be at most {MAX_TOKENS_LIMIT}")
     _check_tools(request)
     for index, message in enumerate(request.messages):
         _check_message(message, f"messages[{index}]")
@@ -85,8 +126,10 @@ def _check_tools(request: CompletionRequest) -> None:
     names: set[str] = set()
     for index, tool in enumerate(request.tools or ()):
         if tool.name in names:
-            raise _invalid(f"tools[{index}].name", f"duplicate tool name '{tool.name}'")
+            raise _invalid(f"tools[{index}].name", f"duplicate tool name '{clip(tool.name)}'")
         names.add(tool.name)
+        if tool.parameters is not None and _deeper(tool.parameters, MAX_JSON_DEPTH - 3):
+            raise _too_deep(f"tools[{index}].parameters")
     choice = request.tool_choice
     if choice is None:
         return
@@ -94,7 +137,7 @@ def _check_tools(request: CompletionRequest) -> None:
         if not choice.tool_name:
             raise _invalid("tool_choice.tool_name", "required when mode is 'named'")
         if choice.tool_name not in names:
-            raise _invalid("tool_choice.tool_name", f"names no declared tool: '{choice.tool_name}'")
+            raise _invalid("tool_choice.tool_name", f"names no declared tool: '{clip(choice.tool_name)}'")
     elif choice.tool_name is not None:
         raise _invalid("tool_choice.tool_name", "only allowed when mode is 'named'")
     if choice.mode == "required" and not names:
@@ -105,13 +148,23 @@ def _check_message(message: Message, path: str) -> None:
     for index, part in enumerate(message.content):
         part_path = f"{path}.content[{index}]"
         allowed = _PART_ROLES.get(type(part))
-        if allowed is not None and message.role not in allowed:
-            kind = type(part).__struct_config__.tag
-            raise _invalid(f"{part_path}.kind", f"a '{kind}' part cannot appear in a '{message.role}' message")
+        if allowed is not None:
+            if message.role not in allowed:
+                kind = type(part).__struct_config__.tag
+                raise _invalid(f"{part_path}.kind", f"a '{kind}' part cannot appear in a '{message.role}' message")
+            _check_part_nesting(part, part_path)
         if message.role in _TEXT_ONLY_ROLES and not isinstance(part, TextPart):
             raise _invalid(f"{part_path}.kind", f"'{message.role}' messages carry only text parts")
         if isinstance(part, ImagePart | AudioPart | DocumentPart):
             _check_media(part.data, f"{part_path}.data")
+
+
+def _check_part_nesting(part: ContentPart, path: str) -> None:
+    """A tool call's `arguments` and a tool result's `content` sit in level 6 of the body."""
+    if isinstance(part, ToolCallPart) and _deeper(part.data.arguments, MAX_JSON_DEPTH - 6):
+        raise _too_deep(f"{path}.data.arguments")
+    if isinstance(part, ToolResultPart) and _deeper(part.data.content, MAX_JSON_DEPTH - 6):
+        raise _too_deep(f"{path}.data.content")
 
 
 def _check_media(data: ImageData | FileData, path: str) -> None:
@@ -134,11 +187,124 @@ def _check_media(data: ImageData | FileData, path: str) -> None:
 def _check_provider_options(request: CompletionRequest, providers: Collection[str]) -> None:
     for name, options in (request.provider_options or {}).items():
         if name not in providers:
-            raise _invalid(f"provider_options.{name}", f"names no configured provider '{name}'")
-        for key in options:
+            raise _invalid(f"provider_options.{clip(name)}", f"names no configured provider '{clip(name)}'")
+        for key, value in options.items():
             if key in _RESERVED_OPTIONS:
                 raise _invalid(f"provider_options.{name}.{key}", f"may not override '{key}'")
+            if _deeper(value, MAX_JSON_DEPTH - 3):
+                raise _too_deep(f"provider_options.{name}.{clip(key)}")
 
+
+def _deeper(value: object, levels: int) -> bool:
+    """Whether `value` (decoded JSON) nests more than `levels` arrays and objects."""
+    items: Iterable[object]
+    if type(value) is dict:
+        items = value.values()
+    elif type(value) is list:
+        items = value
+    else:
+        return False
+    if levels <= 0:
+        return True
+    levels -= 1
+    for item in items:  # a loop, not any(<generator>): a third of the cost
+        kind = type(item)
+        if (kind is dict or kind is list) and _deeper(item, levels):
+            return True
+    return False
+
+
+def nesting_error(body: bytes) -> InvalidRequest:
+    """The 400 for a body msgspec could not decode for its depth (`RecursionError`). Error path
+    only: scans the raw bytes for the first value that opens level `MAX_JSON_DEPTH + 1`."""
+    path = _deep_path(body)
+    if path is None:
+        return InvalidRequest(f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+    return _too_deep(_param(_free_form_root(path)))
+
+
+def _too_deep(param: str) -> InvalidRequest:
+    return _invalid(param, f"nests deeper than {MAX_JSON_DEPTH} levels (the request body counts as one)")
+
+
+# A string (unrolled, so linear), an opening, a closing, a comma: the structure, strings skipped whole.
+_TOKEN = re.compile(rb'("[^"\\]*(?:\\.[^"\\]*)*")|([\[{])|([\]}])|(,)')
+_Path = list[str | int]
+
+
+def _deep_path(body: bytes) -> _Path | None:
+    """The keys and indexes leading to the first container at depth `MAX_JSON_DEPTH + 1`."""
+    objects: list[bool] = []  # per open container: an object?
+    steps: list[int] = []  # per open container: the current index, or where the current key starts
+    expect_key = False
+    for token in _TOKEN.finditer(body):
+        kind = token.lastindex
+        if kind == 1:
+            if expect_key:
+                steps[-1] = token.start()
+                expect_key = False
+        elif kind == 2:
+            if len(objects) >= MAX_JSON_DEPTH:
+                return [_key(body, step) if obj else step for obj, step in zip(objects, steps, strict=True)]
+            expect_key = body[token.start()] == 0x7B  # {
+            objects.append(expect_key)
+            steps.append(0)
+        elif kind == 3:
+            if objects:
+                objects.pop()
+                steps.pop()
+            expect_key = False
+        elif objects:
+            if objects[-1]:
+                expect_key = True
+            else:
+                steps[-1] += 1
+    return None
+
+
+def _key(body: bytes, start: int) -> str:
+    string = _TOKEN.match(body, start)
+    if string is None or string.lastindex != 1:
+        return "?"
+    try:
+        return str(json.loads(string[0]))
+    except ValueError:
+        return string[0][1:-1].decode("utf-8", "replace")
+
+
+# Containers of the typed part of a request (an index stands for any index, "*" for any key): the
+# first step out of them is the free-form field that `param` names.
+_TYPED: frozenset[tuple[str | int, ...]] = frozenset(
+    {
+        (),
+        ("messages",),
+        ("messages", 0),
+        ("messages", 0, "content"),
+        ("messages", 0, "content", 0),
+        ("messages", 0, "content", 0, "data"),
+        ("tools",),
+        ("tools", 0),
+        ("provider_options",),
+        ("provider_options", "*"),
+    }
+)
+
+
+def _free_form_root(path: _Path) -> _Path:
+    shape: tuple[str | int, ...] = ()
+    for length, step in enumerate(path, start=1):
+        key = 0 if isinstance(step, int) else "*" if shape == ("provider_options",) else step
+        shape = (*shape, key)
+        if shape not in _TYPED:
+            return path[:length]
+    return path
+
+
+def _param(path: _Path) -> str:
+    text = ""
+    for step in path:
+        text += f"[{step}]" if isinstance(step, int) else f".{clip(step)}" if text else clip(step)
+    return text
 
 
 def _invalid(param: str, detail: str) -> InvalidRequest:

@@ -1,7 +1,20 @@
 """Admission: what a request must satisfy once its model is known, before any upstream sees it.
 
-Ingress-neutral (every front door's request is a `CompletionRequest` by now): media parts need
-the model's capability. Each rejection is a 400 naming the field.
+Ingress-neutral (every front door's request is a `CompletionRequest` by now). Each rejection is a
+400 naming the field:
+- media parts need the model's capability (`messages[i].content[j]`);
+- `max_tokens` may not exceed the model's `max_output` (`max_tokens`);
+- the prompt must be able to fit the model's `context_window` (`messages`).
+
+The prompt rule refuses only what cannot fit, never what might: the gateway has no tokenizer, and
+the usual four characters per token (`app.pipeline.estimate`) overestimates some text, so it would
+refuse prompts the upstream accepts. Instead the check takes a lower bound on the prompt's tokens,
+`prompt_chars / MAX_CHARS_PER_TOKEN` (8: real text averages 3 to 5 characters per token under BPE
+tokenizers, code and non-Latin scripts fewer), and refuses when that bound plus `max_tokens` (the
+room the client asked to keep for the answer; 0 when absent) exceeds the window. A 9 MB prompt on
+a 32k-token model is refused here instead of being sent, and billed, upstream; a prompt near the
+window goes to the upstream, which knows its own tokenizer and answers a 400 of its own if needed.
+A model whose catalog entry has no window or output limit (0) is not checked on that count.
 """
 
 from __future__ import annotations
@@ -9,15 +22,32 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 
 from app.errors import InvalidRequest
+from app.pipeline.estimate import prompt_chars
 from catalog.snapshot import ModelEntry
 from providers.types import AudioPart, CompletionRequest, ContentPart, DocumentPart, ImagePart
 
+MAX_CHARS_PER_TOKEN = 8
 _CAPABILITY = {ImagePart: "vision", AudioPart: "audio", DocumentPart: "documents"}
 
 
 def admit(request: CompletionRequest, model: ModelEntry) -> None:
     """Raise `InvalidRequest` when `model` cannot take `request`."""
     check_capabilities(request, model.id, model.capabilities)
+    check_limits(request, model)
+
+
+def check_limits(request: CompletionRequest, model: ModelEntry) -> None:
+    """`max_tokens` within `max_output`, and a prompt that can fit `context_window` (module doc)."""
+    answer = request.max_tokens or 0
+    if model.max_output and answer > model.max_output:
+        detail = f"{answer} is more than the {model.max_output} tokens model '{model.id}' can answer with"
+        raise _invalid("max_tokens", detail)
+    if model.context_window:
+        least = prompt_chars(request) // MAX_CHARS_PER_TOKEN
+        if least + answer > model.context_window:
+            asked = f"at least {least} prompt tokens" + (f" plus max_tokens {answer}" if answer else "")
+            detail = f"{asked} do not fit the {model.context_window}-token context window of model '{model.id}'"
+            raise _invalid("messages", detail)
 
 
 def check_capabilities(request: CompletionRequest, model: str, capabilities: Collection[str]) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from app.errors import InvalidRequest, NoBackendAvailable
+from app.errors import InvalidRequest, NoBackendAvailable, clip
 from app.routing.state import BackendState, ProviderState
 from app.settings import ProviderPolicy
 from catalog.snapshot import CatalogSnapshot, ModelEntry
@@ -127,14 +127,14 @@ class Router:
             return self._default_model(now)
         entry = self.snapshot.resolve(name)
         if entry is None:
-            raise InvalidRequest(f"model: unknown model '{name}'", param="model")
+            raise InvalidRequest(f"model: unknown model '{clip(name)}'", param="model")
         return entry
 
     def route(self, model: ModelEntry, pin: str | None) -> Route:
         backends = self.backends(model)
         if pin is not None:
             if pin not in self.providers:
-                raise InvalidRequest(f"provider: unknown provider '{pin}'", param="provider")
+                raise InvalidRequest(f"provider: unknown provider '{clip(pin)}'", param="provider")
             backends = [b for b in backends if b.name == pin]
             if not backends:
                 raise InvalidRequest(f"provider: provider '{pin}' does not serve model '{model.id}'", param="provider")

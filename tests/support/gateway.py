@@ -24,6 +24,7 @@ import uvicorn
 from sqlalchemy import text
 
 from app.application import create_app
+from app.edge.connection import protocol_factory
 from app.service import Service
 from app.settings import settings_from_mapping
 from tests.support.upstream import ReplayUpstream
@@ -68,7 +69,9 @@ def provider_table(
 async def _serve(settings_raw: dict[str, object], base_dir: Path) -> GatewayHandle:
     settings = settings_from_mapping(settings_raw, base_dir=base_dir, source="test")
     app = create_app(settings)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", http=protocol_factory(settings.server)
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     await wait_until(lambda: server.started or task.done(), within=5.0, what="uvicorn started")

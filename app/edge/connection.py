@@ -1,0 +1,221 @@
+"""Connection guards: uvicorn's httptools protocol with deadlines for the head and the body of a
+request and limits on its headers, so a slow or hostile client cannot hold a socket for ever.
+
+uvicorn bounds the idle time between two requests of a keep-alive connection, but nothing else:
+a client that connects and sends nothing, sends half a header, or announces a body and never
+finishes it holds its connection (and, for the body, the request's task) indefinitely; and the
+headers are buffered without limit. `GuardedHttpToolsProtocol` adds, per connection:
+
+- a head deadline (`header_timeout_s`): the request line and headers must be complete within it,
+  counted from the connection (for its first request) or from the request's first byte (for the
+  next ones). Past it the connection is closed — with a 408 when part of a request had arrived;
+- a body deadline (`body_timeout_s`), counted from the end of the headers: the whole body must be
+  in by then. Past it the request's application task sees `http.disconnect`, and the client gets
+  a 408 (when no response has started) and the close;
+- header limits (`max_header_bytes` for the request target and the headers together, `max_headers`
+  fields): beyond them a 431 and the close, before any application code runs. A header line that
+  never ends is caught too: every chunk received while the head is unfinished counts, so at most
+  one read beyond the limit is ever buffered.
+
+These answers are written here, not by the app (no request has reached it), in the same error
+format (`app.errors.error_body`) with an `x-request-id`.
+
+Cost: a timer is armed only when a head or a body is still incomplete after the data received so
+far — a request whose head and body arrive in one read, the usual case, arms none (the connection's
+first head deadline aside). The headers are counted once they are complete (`len`), and measured
+only when the reads that carried them were larger than the limit. Measured: about 1 µs per request
+over uvicorn's own protocol.
+
+`protocol_factory(server_settings)` is what `app.cli` (and the tests' server) pass to uvicorn as
+`http=`: a `functools.partial` of the class with the limits, picklable for `--workers N`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+from msgspec import Struct
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from app.errors import GatewayError, HeadersTooLarge, RequestTimeout, error_body
+from app.ids import uuid7
+from app.settings import ServerSettings
+
+
+class ConnectionLimits(Struct, frozen=True):
+    header_timeout_s: float
+    body_timeout_s: float
+    max_header_bytes: int
+    max_headers: int
+
+
+# Where the connection is in its current request (ints, not an Enum: read on every callback).
+_IDLE = 0  # no byte of the next request yet
+_HEAD = 1  # inside a request line and headers
+_BODY = 2  # headers done, body not complete
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request that has just been answered."""
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        limits: ConnectionLimits,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.limits = limits
+        self._phase = _IDLE
+        self._deadline: asyncio.TimerHandle | None = None
+        self._chunk = 0  # the size of the data being parsed
+        self._head_seen = 0  # the reads that carried part of the head: at least its size
+        self._head_bytes = 0  # the reads wholly inside the unfinished head: at most its size
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout_s, self._head_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, but for a request refused from a callback (answered already), and then the
+        deadlines: armed only when a head or body is left incomplete."""
+        before = self._phase
+        self._chunk = len(data)
+        if before == _HEAD:
+            self._head_seen += len(data)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if not isinstance(exc.__context__, _Refused):
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        phase = self._phase
+        if phase == _HEAD:
+            if before == _HEAD:
+                self._head_bytes += len(data)
+                if self._head_bytes > self.limits.max_header_bytes:
+                    self._refuse_head(HeadersTooLarge("request headers too large"))
+                    return
+            if self._deadline is None:
+                self._arm(self.limits.header_timeout_s, self._head_timed_out)
+        elif phase == _BODY and self._deadline is None:
+            self._arm(self.limits.body_timeout_s, self._body_timed_out)
+
+    def on_message_begin(self) -> None:
+        self._phase = _HEAD
+        self._head_seen = self._chunk
+        self._head_bytes = 0
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        if self._deadline is not None:
+            self._disarm()
+        limits = self.limits
+        if len(self.headers) > limits.max_headers:
+            self._refuse_head(HeadersTooLarge(f"more than {limits.max_headers} request headers"))
+            raise _Refused
+        # Measured only when the reads that carried the head were larger than the limit.
+        if self._head_seen > limits.max_header_bytes and self._head_size() > limits.max_header_bytes:
+            self._refuse_head(HeadersTooLarge("request headers too large"))
+            raise _Refused
+        self._phase = _BODY
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        if self._deadline is not None:
+            self._disarm()
+        self._phase = _IDLE
+        super().on_message_complete()
+
+    def _head_size(self) -> int:
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+
+    def _arm(self, delay: float, callback: Callable[[], None]) -> None:
+        self._deadline = self.loop.call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _head_timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined head behind a response still being sent: its clock starts after that.
+            self._arm(self.limits.header_timeout_s, self._head_timed_out)
+        elif self._phase == _HEAD:
+            self._refuse_head(RequestTimeout("request headers not received in time"))
+        else:
+            self.transport.close()
+
+    def _body_timed_out(self) -> None:
+        self._deadline = None
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None:
+            return
+        if not cycle.response_started:
+            request_id = self.scope.get("state", {}).get("request_id") or uuid7()  # the app's, if it set one
+            self.transport.write(_raw_response(RequestTimeout("request body not received in time"), request_id))
+        cycle.disconnected = True  # the application's receive() now says http.disconnect
+        cycle.message_event.set()
+        self.transport.close()
+
+    def _refuse_head(self, error: GatewayError) -> None:
+        """Answer `error` and close; only close when the response to an earlier (pipelined)
+        request is still being sent."""
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.write(_raw_response(error, uuid7()))
+        self.transport.close()
+
+
+def _raw_response(error: GatewayError, request_id: str) -> bytes:
+    body = error_body(error, request_id)
+    status = HTTPStatus(error.status_code)
+    head = (
+        f"HTTP/1.1 {status.value} {status.phrase}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        f"x-request-id: {request_id}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+def connection_limits(server: ServerSettings) -> ConnectionLimits:
+    return ConnectionLimits(
+        header_timeout_s=server.header_timeout_s,
+        body_timeout_s=server.body_timeout_s,
+        max_header_bytes=server.max_header_bytes,
+        max_headers=server.max_headers,
+    )
+
+
+def protocol_factory(server: ServerSettings) -> Callable[..., GuardedHttpToolsProtocol]:
+    """uvicorn's `http=`: the guarded protocol bound to this server's limits."""
+    return functools.partial(GuardedHttpToolsProtocol, limits=connection_limits(server))

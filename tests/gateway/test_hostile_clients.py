@@ -1,0 +1,144 @@
+"""Slow and hostile clients on raw sockets: no connection outlives its deadline, and every one that
+had started a request gets a clean 4xx before the close (408 for time, 431 for header size).
+
+The gateway runs with half-second head and body deadlines and small header limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+import pytest
+
+from tests.gateway.conftest import CATALOG, providers_for
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.upstream import ReplayUpstream, reply_json
+
+TIMEOUT = 0.5
+SLACK = 2.0  # a loaded test machine
+LIMITS = {"header_timeout_s": TIMEOUT, "body_timeout_s": TIMEOUT, "max_header_bytes": 4096, "max_headers": 20}
+BODY = msgspec.json.encode({"messages": [{"role": "user", "content": [{"kind": "text", "data": "hi"}]}]})
+HEAD = b"POST /api/v1/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+
+
+@pytest.fixture
+async def guarded(start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream) -> GatewayHandle:
+    return await start_gateway(providers=providers_for(primary, secondary), catalog=CATALOG, server=LIMITS)
+
+
+class Answer(msgspec.Struct):
+    status: int | None  # None: closed without a response
+    headers: dict[str, str]
+    body: bytes
+    closed_after: float  # seconds from the start of the exchange to EOF
+
+
+async def exchange(gw: GatewayHandle, *parts: bytes, pause: float = 0.0) -> Answer:
+    """Send `parts` (pausing between them), then read until the server closes."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    started = time.monotonic()
+    try:
+        for part in parts:
+            if reader.at_eof() or writer.is_closing():
+                break  # the server has answered and closed: a hostile client would go on writing
+            writer.write(part)
+            await writer.drain()
+            await asyncio.sleep(pause)
+        data = await asyncio.wait_for(reader.read(), TIMEOUT + SLACK + 2)  # until EOF
+    except ConnectionResetError:  # written to after the server's close: the answer may be lost
+        data = b""
+    finally:
+        writer.close()
+    return parse(data, time.monotonic() - started)
+
+
+def parse(data: bytes, closed_after: float) -> Answer:
+    if not data:
+        return Answer(None, {}, b"", closed_after)
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return Answer(int(status_line.split()[1]), headers, body, closed_after)
+
+
+def assert_refused(answer: Answer, status: int) -> None:
+    assert answer.status == status, answer
+    assert answer.headers["connection"] == "close"
+    assert answer.headers["content-type"] == "application/json"
+    error = msgspec.json.decode(answer.body)["error"]
+    assert (error["code"], error["request_id"]) == (status, answer.headers["x-request-id"])
+    assert answer.closed_after < TIMEOUT + SLACK
+
+
+async def test_a_silent_connection_is_closed_at_the_head_deadline(guarded: GatewayHandle) -> None:
+    answer = await exchange(guarded)
+    assert answer.status is None
+    assert TIMEOUT * 0.9 <= answer.closed_after < TIMEOUT + SLACK
+
+
+async def test_half_a_head_gets_408(guarded: GatewayHandle) -> None:
+    answer = await exchange(guarded, HEAD[:40])
+    assert_refused(answer, 408)
+    assert answer.closed_after >= TIMEOUT * 0.9
+
+
+async def test_a_trickled_head_is_closed_at_the_deadline_not_per_byte(guarded: GatewayHandle) -> None:
+    answer = await exchange(guarded, *[bytes([byte]) for byte in HEAD[:60]], pause=0.05)  # 3 s of trickle
+    assert answer.status in (408, None)  # None: the trickle reached the closed socket, which reset
+    assert answer.closed_after < TIMEOUT + SLACK
+
+
+async def test_half_a_body_gets_408(guarded: GatewayHandle, primary: ReplayUpstream) -> None:
+    head = HEAD + b"content-length: %d\r\n\r\n" % len(BODY)
+    for partial in (head, head + BODY[:10]):  # no body byte at all; part of it
+        answer = await exchange(guarded, partial)
+        assert_refused(answer, 408)
+        assert answer.closed_after >= TIMEOUT * 0.9
+    assert primary.requests == []
+
+
+async def test_a_second_request_on_a_kept_alive_connection_has_its_own_head_deadline(guarded: GatewayHandle) -> None:
+    health = b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n"
+    answer = await exchange(guarded, health, b"GET /heal", pause=0.1)
+    assert answer.status == 200  # the first response; the 408 for the second follows it
+    assert answer.body.count(b"HTTP/1.1 408 Request Timeout\r\n") == 1
+    assert answer.closed_after < TIMEOUT + SLACK
+
+
+async def test_too_many_headers_get_431(guarded: GatewayHandle) -> None:
+    headers = b"".join(b"x-h%d: v\r\n" % i for i in range(21))
+    assert_refused(await exchange(guarded, HEAD + headers + b"\r\n"), 431)
+
+
+async def test_a_header_line_that_never_ends_gets_431(guarded: GatewayHandle) -> None:
+    answer = await exchange(guarded, HEAD + b"x-big: ", *[b"v" * 1000] * 6, pause=0.01)
+    assert_refused(answer, 431)
+    assert answer.closed_after < TIMEOUT  # refused for its size, not its time
+
+
+async def test_a_head_sent_in_pieces_is_measured_whole(guarded: GatewayHandle) -> None:
+    pieces = (HEAD + b"x-a: " + b"v" * 2100 + b"\r\n", b"x-b: " + b"v" * 2100 + b"\r\n", b"\r\n")
+    assert_refused(await exchange(guarded, *pieces, pause=0.05), 431)
+
+
+async def test_a_request_line_too_long_gets_431(guarded: GatewayHandle) -> None:
+    assert_refused(await exchange(guarded, b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n"), 431)
+
+
+async def test_hundreds_of_stalled_bodies_are_all_closed(guarded: GatewayHandle) -> None:
+    head = HEAD + b"content-length: %d\r\n\r\n" % len(BODY)
+    answers = await asyncio.gather(*[exchange(guarded, head + BODY[:5]) for _ in range(200)])
+    assert {answer.status for answer in answers} == {408}
+    assert max(answer.closed_after for answer in answers) < TIMEOUT + SLACK + 2
+
+
+async def test_a_body_in_pieces_within_the_deadline_is_served(guarded: GatewayHandle, primary: ReplayUpstream) -> None:
+    reply = {"id": "x", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]}
+    primary.enqueue(reply_json(200, reply))
+    head = HEAD + b"content-length: %d\r\nconnection: close\r\n\r\n" % len(BODY)
+    answer = await exchange(guarded, head, BODY[:10], BODY[10:], pause=0.1)
+    assert answer.status == 200, answer
+    assert msgspec.json.decode(answer.body)["message"]["content"] == [{"kind": "text", "data": "ok"}]
