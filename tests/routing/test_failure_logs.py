@@ -10,7 +10,6 @@ without their timestamps.
 from __future__ import annotations
 
 import functools
-import json
 import socket
 import uuid
 from collections.abc import AsyncIterator
@@ -22,7 +21,8 @@ from redis.asyncio import Redis
 from devtools.mock_http import Reply
 from tests.routing.conftest import CATALOG, PROBE_PATH, launch
 from tests.support.client import USER, complete
-from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.gateway import StartGateway
+from tests.support.logs import Logs
 from tests.support.observe import deployments
 from tests.support.replies import answer, error, models_reply
 from tests.support.upstream import ReplayUpstream, played
@@ -32,27 +32,6 @@ FAILURE_COOLDOWN = 4
 BREAKER = {"breaker_min_samples": 2, "breaker_error_ratio": 0.5, "failure_cooldown_s": 0}
 SECRET = "sk-test-SECRET-log-7c1e"
 PROMPT = "PROMPT-MARKER-heron-51d2"
-
-
-class Logs:
-    def __init__(self, capfd: pytest.CaptureFixture[str]) -> None:
-        self.capfd = capfd
-        self.seen: list[dict[str, Any]] = []
-        self.raw = ""
-
-    def lines(self, event: str, *gateways: GatewayHandle) -> list[dict[str, Any]]:
-        for gw in gateways:
-            assert gw.service.log_writer is not None
-            gw.service.log_writer.flush()
-        out = self.capfd.readouterr().out
-        self.raw += out
-        self.seen += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        return [{k: v for k, v in line.items() if k != "timestamp"} for line in self.seen if line["event"] == event]
-
-
-@pytest.fixture
-def logs(capfd: pytest.CaptureFixture[str]) -> Logs:
-    return Logs(capfd)
 
 
 def attempt(

@@ -1,0 +1,60 @@
+"""Every request leaves one canonical `request` log line: routed ones from the pipeline, and those
+rejected before routing (bad body, unknown path, wrong method, too large) from the error renderer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.gateway.conftest import CATALOG, providers_for
+from tests.support.client import USER, post
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.logs import Logs
+from tests.support.replies import answer
+from tests.support.upstream import ReplayUpstream
+
+
+def view(line: dict[str, Any]) -> tuple[Any, ...]:
+    return line.get("method"), line.get("path"), line["status"], line["error_status"], line.get("error_type")
+
+
+async def started(start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream) -> GatewayHandle:
+    """A gateway started inside the test, after `logs` began capturing what it writes."""
+    return await start_gateway(providers=providers_for(primary, secondary), catalog=CATALOG)
+
+
+async def test_rejected_requests_each_get_one_request_line(
+    logs: Logs, start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    gw = await started(start_gateway, primary, secondary)
+    not_json = await gw.client.post("/api/v1/completions", content=b"{", headers={"content-type": "application/json"})
+    unknown_path = await gw.client.get("/api/v1/nothing-here")
+    wrong_method = await gw.client.get("/api/v1/completions")
+    too_large = await gw.client.post(
+        "/api/v1/completions", content=b"x" * (11 * 1024 * 1024), headers={"content-type": "application/json"}
+    )
+    responses = [not_json, unknown_path, wrong_method, too_large]
+    assert [r.status_code for r in responses] == [400, 404, 405, 413]
+    lines = logs.lines("request", gw)
+    assert [view(line) for line in lines] == [
+        ("POST", "/api/v1/completions", "rejected", 400, "invalid_request_error"),
+        ("GET", "/api/v1/nothing-here", "rejected", 404, "not_found_error"),
+        ("GET", "/api/v1/completions", "rejected", 405, "invalid_request_error"),
+        ("POST", "/api/v1/completions", "rejected", 413, "invalid_request_error"),
+    ]
+    assert [line["request_id"] for line in lines] == [r.headers["x-request-id"] for r in responses]
+
+
+async def test_a_routed_request_gets_exactly_one_line_from_the_pipeline(
+    logs: Logs, start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    gw = await started(start_gateway, primary, secondary)
+    primary.enqueue(answer("hi"))
+    unknown_model = await post(gw, {"model": "no-such-model", "messages": [USER]})
+    ok = await post(gw, {"messages": [USER]})
+    assert (unknown_model.status_code, ok.status_code) == (400, 200)
+    lines = logs.lines("request", gw)
+    assert [(line["api"], line["model"], line["status"], line["error_status"]) for line in lines] == [
+        ("unified", None, "error", 400),
+        ("unified", "chat-1", "ok", None),
+    ]
+    assert [line["request_id"] for line in lines] == [unknown_model.headers["x-request-id"], ok.headers["x-request-id"]]
