@@ -82,12 +82,22 @@ def create_app_from_env() -> Litestar:
 
 
 def _render_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    request_id, error = as_gateway_error(request, exc)
+    headers = {"x-request-id": request_id, **error.headers()}
+    return Response(
+        error_body(error, request_id), status_code=error.status_code, media_type="application/json", headers=headers
+    )
+
+
+def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[str, GatewayError]:
+    """The request id and the `GatewayError` for any exception a handler raised, for every door's
+    error renderer. A request rejected before the pipeline took it (bad body, 404, 405, 413) gets
+    its canonical `request` line here: the pipeline never wrote one."""
     request_id = getattr(request.state, "request_id", None) or uuid7()
-    error = _as_gateway_error(exc, request_id)
+    log = _logger(request)
+    error = _as_gateway_error(exc, request_id, log)
     if not getattr(request.state, "routed", False):
-        # Rejected before the pipeline took it (bad body, 404, 405, 413): the pipeline's
-        # canonical line was never written, so this is that request's line.
-        _log.info(
+        log.info(
             "request",
             request_id=request_id,
             method=request.method,
@@ -96,13 +106,16 @@ def _render_error(request: Request[Any, Any, Any], exc: Exception) -> Response[b
             error_status=error.status_code,
             error_type=error.type,
         )
-    headers = {"x-request-id": request_id, **error.headers()}
-    return Response(
-        error_body(error, request_id), status_code=error.status_code, media_type="application/json", headers=headers
-    )
+    return request_id, error
 
 
-def _as_gateway_error(exc: Exception, request_id: str) -> GatewayError:
+def _logger(request: Request[Any, Any, Any]) -> Any:
+    """The running service's logger (bound to its log writer); the module's before start-up."""
+    service = getattr(request.app.state, "service", None)
+    return service.log if service is not None else _log
+
+
+def _as_gateway_error(exc: Exception, request_id: str, log: Any) -> GatewayError:
     if isinstance(exc, GatewayError):
         return exc
     if isinstance(exc, HTTPException):
@@ -114,5 +127,5 @@ def _as_gateway_error(exc: Exception, request_id: str) -> GatewayError:
             return MethodNotAllowed("method not allowed", allow=(exc.headers or {}).get("allow", ""))
         if exc.status_code < 500:
             return InvalidRequest(clip(str(exc.detail)))  # Litestar's details quote the request path
-    _log.error("unhandled_exception", request_id=request_id, exc_info=exc)
+    log.error("unhandled_exception", request_id=request_id, exc_info=exc)
     return InternalError("internal error")
