@@ -50,14 +50,15 @@ def decode_request(body: bytes, providers: Collection[str]) -> CompletionRequest
     try:
         request = _decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
+        raise validation_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     check_request(request, providers)
     return request
 
 
-def _validation_error(message: str) -> InvalidRequest:
+def validation_error(message: str) -> InvalidRequest:
+    """A msgspec validation message as a 400 whose `param` is the failing field's path."""
     match = _AT.match(message)
     if match is None:
         if message.startswith("Expected `object`"):
@@ -120,15 +121,23 @@ def _check_media(data: ImageData | FileData, path: str) -> None:
     if data.url is not None and data.data is not None:
         raise _invalid(path, "give `url` or `data`, not both")
     if data.url is not None:
-        url = data.url.strip()
-        if not url.startswith(("https://", "data:")):
-            detail = "must be an https:// or data: URL (local paths and other schemes are refused)"
-            raise _invalid(f"{path}.url", detail)
+        check_url(data.url, f"{path}.url")
     elif isinstance(data.data, str):
-        try:
-            base64.b64decode(data.data, validate=True)
-        except (binascii.Error, ValueError):
-            raise _invalid(f"{path}.data", "is not valid base64") from None
+        check_base64(data.data, f"{path}.data")
+
+
+def check_url(url: str, path: str) -> None:
+    """A media URL the gateway passes on: `https://` or `data:` only (it never reads its own disk)."""
+    if not url.strip().startswith(("https://", "data:")):
+        detail = "must be an https:// or data: URL (local paths and other schemes are refused)"
+        raise _invalid(path, detail)
+
+
+def check_base64(data: str, path: str) -> None:
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise _invalid(path, "is not valid base64") from None
 
 
 def _check_provider_options(request: CompletionRequest, providers: Collection[str]) -> None:
@@ -138,7 +147,6 @@ def _check_provider_options(request: CompletionRequest, providers: Collection[st
         for key in options:
             if key in _RESERVED_OPTIONS:
                 raise _invalid(f"provider_options.{name}.{key}", f"may not override '{key}'")
-
 
 
 def _invalid(param: str, detail: str) -> InvalidRequest:
