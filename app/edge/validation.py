@@ -60,18 +60,20 @@ def decode_request(body: bytes, providers: Collection[str]) -> CompletionRequest
 def validation_error(message: str) -> InvalidRequest:
     """A msgspec validation message as a 400 whose `param` is the failing field's path."""
     match = _AT.match(message)
-    if match is None:
+    if match is None:  # the top level: no path in the message
         if message.startswith("Expected `object`"):
             return InvalidRequest("request body must be a JSON object")
-        return InvalidRequest(message)
-    param = match["path"].lstrip(".")
-    detail = match["msg"]
+        param, detail = "", message
+    else:
+        param, detail = match["path"].lstrip("."), match["msg"]
     if param.endswith(".kind") and detail.startswith("Invalid value"):
         detail = "unknown content kind " + detail.removeprefix("Invalid value ")
     elif detail.startswith("Object missing required field"):
         field_name = detail.split("`")[1]
         param = f"{param}.{field_name}" if param else field_name
         detail = "field required"
+    if not param:
+        return InvalidRequest(detail)
     return InvalidRequest(f"{param}: {detail}", param=param)
 
 
