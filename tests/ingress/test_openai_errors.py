@@ -196,20 +196,22 @@ async def test_sdk_bad_request_error(client: openai.OpenAI, extra: dict[str, Any
     assert caught.value.response.headers["x-request-id"] == body["request_id"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_sdk_rate_limit_error_with_retry_after(
-    gw: GatewayHandle, aclient: openai.AsyncOpenAI, primary: ReplayUpstream
+    gw: GatewayHandle, aclient: openai.AsyncOpenAI, primary: ReplayUpstream, stream: bool
 ) -> None:
+    """Before the answer starts an error is an ordinary HTTP error, streamed or not."""
     primary.enqueue("fastrun_429_retry_after")
 
     with pytest.raises(openai.RateLimitError) as caught:
-        await aclient.chat.completions.create(model="solo", messages=[USER])
+        await aclient.chat.completions.create(model="solo", messages=[USER], stream=stream)
 
     assert caught.value.status_code == 429
     assert caught.value.response.headers["retry-after"] == "7"
     body: Any = caught.value.body
     assert (body["type"], body["message"]) == ("rate_limit_error", "all backends for this model are at capacity")
     (row,) = await gw.ledger_rows()
-    assert (row["api"], row["status"], row["error_status"]) == ("openai_chat", "error", 429)
+    assert (row["api"], row["status"], row["error_status"], row["streamed"]) == ("openai_chat", "error", 429, stream)
 
 
 async def test_sdk_502_then_503_while_the_backend_cools_down(
