@@ -21,6 +21,7 @@ from litestar.exceptions import HTTPException
 from litestar.response import Response
 
 from app.edge import handlers
+from app.edge.openai_chat import chat_completions, openai_models
 from app.edge.unified import completions
 from app.errors import (
     GatewayError,
@@ -56,6 +57,8 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
     return Litestar(
         route_handlers=[
             completions,
+            chat_completions,
+            openai_models,
             handlers.list_models,
             handlers.healthz,
             handlers.readyz,

@@ -73,7 +73,7 @@ def decode_request(body: bytes, providers: Collection[str]) -> CompletionRequest
     try:
         request = _decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
+        raise validation_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -82,23 +82,23 @@ def decode_request(body: bytes, providers: Collection[str]) -> CompletionRequest
     return request
 
 
-def _validation_error(message: str) -> InvalidRequest:
+def validation_error(message: str) -> InvalidRequest:
+    """A msgspec validation message as a 400 whose `param` is the failing field's path."""
     match = _AT.match(message)
-    if match is None:
+    if match is None:  # the top level: no path in the message
         if message.startswith("Expected `object`"):
             return InvalidRequest("request body must be a JSON object")
-        if message.startswith("Object missing required field"):
-            field_name = message.split("`")[1]
-            return InvalidRequest(f"{field_name}: field required", param=field_name)
-        return InvalidRequest(_clip_quoted(message))
-    param = match["path"].lstrip(".")
-    detail = _clip_quoted(match["msg"])
+        param, detail = "", _clip_quoted(message)
+    else:
+        param, detail = match["path"].lstrip("."), _clip_quoted(match["msg"])
     if param.endswith(".kind") and detail.startswith("Invalid value"):
         detail = "unknown content kind " + detail.removeprefix("Invalid value ")
     elif detail.startswith("Object missing required field"):
         field_name = detail.split("`")[1]
         param = f"{param}.{field_name}" if param else field_name
         detail = "field required"
+    if not param:
+        return InvalidRequest(detail)
     return InvalidRequest(f"{param}: {detail}", param=param)
 
 
@@ -173,15 +173,23 @@ def _check_media(data: ImageData | FileData, path: str) -> None:
     if data.url is not None and data.data is not None:
         raise _invalid(path, "give `url` or `data`, not both")
     if data.url is not None:
-        url = data.url.strip()
-        if not url.startswith(("https://", "data:")):
-            detail = "must be an https:// or data: URL (local paths and other schemes are refused)"
-            raise _invalid(f"{path}.url", detail)
+        check_url(data.url, f"{path}.url")
     elif isinstance(data.data, str):
-        try:
-            base64.b64decode(data.data, validate=True)
-        except (binascii.Error, ValueError):
-            raise _invalid(f"{path}.data", "is not valid base64") from None
+        check_base64(data.data, f"{path}.data")
+
+
+def check_url(url: str, path: str) -> None:
+    """A media URL the gateway passes on: `https://` or `data:` only (it never reads its own disk)."""
+    if not url.strip().startswith(("https://", "data:")):
+        detail = "must be an https:// or data: URL (local paths and other schemes are refused)"
+        raise _invalid(path, detail)
+
+
+def check_base64(data: str, path: str) -> None:
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise _invalid(path, "is not valid base64") from None
 
 
 def _check_provider_options(request: CompletionRequest, providers: Collection[str]) -> None:

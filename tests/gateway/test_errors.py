@@ -45,6 +45,7 @@ def assert_error(
             "messages[0].content[1].kind: unknown content kind 'hologram'",
         ),
         ({"messages": []}, "messages", None),
+        ({"model": "chat-1"}, "messages", "messages: field required"),
         ({"messages": [{"role": "robot", "content": []}]}, "messages[0].role", None),
         ({"messages": [USER], "temperature": 3}, "temperature", None),
         ({"messages": [USER], "top_p": -0.1}, "top_p", None),

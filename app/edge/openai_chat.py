@@ -1,0 +1,240 @@
+"""The OpenAI Chat Completions ingress, `POST /v1/chat/completions`, and `GET /v1/models` (ingress.md).
+
+A front door like `app.edge.unified`: the OpenAI request is translated into a `CompletionRequest`
+(`app.edge.openai_translate`), the pipeline runs unchanged with the context's ingress
+`openai_chat` (the ledger's `api`), and what comes back is rendered in OpenAI's shapes
+(`app.edge.openai_format`): a `chat.completion` from the `Outcome`, or `chat.completion.chunk`
+lines from the canonical events (`ChatStream`). Errors before the answer starts leave through the
+application's one error renderer, whose two-view body is what OpenAI clients read.
+
+Rendering decisions:
+- `id` is the gateway's request id, `model` the canonical catalog id, `created` the request's start;
+- the message's `content` is its text (null when the answer is only tool calls), `reasoning_content`
+  its reasoning, tool calls carry their argument string as the upstream streamed it;
+- `usage` is OpenAI's inclusive convention over the five buckets, with `cost` (an exact JSON
+  number, null when unpriced) and `cost_source`; no usage object at all when the upstream reported
+  none (streamed: no usage chunk, even when `include_usage` asked for one);
+- streamed, the role comes alone in the first chunk, each tool call's `id`/`type`/`name` only in
+  its first delta, and the finish reason in a last chunk with an empty delta; log probabilities
+  ride on the chunk of the text they belong to (`LogprobChatStream` holds a text delta back until
+  its `Logprobs` event, which the fold emits right after it);
+- a failure after the stream started is `data: {"error": {message, type, code}}` and no `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from litestar import asgi, get
+from litestar.datastructures import State
+from litestar.response import Response
+from litestar.types import Receive, Scope, Send
+from msgspec import UNSET
+
+from app.context import RequestContext, new_context
+from app.edge import openai_format as fmt
+from app.edge.asgi import DisconnectWatch, begin, client_gone_is_quiet, mark_routed, read_body, send_json, send_stream
+from app.edge.guards import check_json_headers
+from app.edge.openai_translate import decode_chat, to_request
+from app.edge.relay import Relay
+from app.errors import GatewayError, stream_error_view
+from app.pipeline import events as ev
+from app.service import Service
+from providers.events import TokenLogprob, Usage
+from providers.types import TextPart, ThinkingPart, ToolCallPart
+
+
+@asgi("/v1/chat/completions", copy_scope=False)
+async def chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
+    request_id = begin(scope)
+    check_json_headers(scope["headers"])
+    service: Service = scope["litestar_app"].state.service
+    assert service.pipeline is not None
+    server = service.settings.server
+    body = await read_body(receive, server.max_body_bytes)
+    if body is None:
+        return  # the client went away before sending its body: nobody to answer
+    chat = decode_chat(body)
+    request = to_request(chat)
+    deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
+    ctx = new_context(request_id, "openai_chat", stream=bool(chat.stream), deadline=deadline)
+    mark_routed(scope)
+    watch = DisconnectWatch(receive)
+    with client_gone_is_quiet(watch):
+        if not ctx.stream:
+            outcome = await service.pipeline.complete(ctx, request)
+            watch.stop()
+            await send_json(send, fmt.encoder.encode(completion_of(ctx, outcome)), request_id)
+            return
+        usage = bool(chat.stream_options and chat.stream_options.include_usage)
+        renderer = LogprobChatStream(ctx, usage) if request.logprobs else ChatStream(ctx, usage)
+        relay = Relay(service.pipeline.stream(ctx, request), renderer, server.sse_keepalive_s)
+        await send_stream(relay, send, request_id, watch)
+
+
+@get("/v1/models")
+async def openai_models(state: State) -> Response[bytes]:
+    """Catalog ids, not aliases (every model, until API keys say which a caller may use)."""
+    service: Service = state.service
+    assert service.router is not None
+    created = int(time.time())
+    cards = [fmt.ModelCard(id=entry.id, created=created) for entry in service.router.snapshot.models]
+    return Response(fmt.encoder.encode(fmt.ModelCards(data=cards)), media_type="application/json")
+
+
+def created_of(ctx: RequestContext) -> int:
+    return int(ctx.started_at.timestamp())
+
+
+def completion_of(ctx: RequestContext, outcome: ev.Outcome) -> fmt.ChatCompletion:
+    choice = fmt.Choice(
+        index=0,
+        message=message_of(outcome),
+        logprobs=logprobs_of(outcome.logprobs) if outcome.logprobs is not None else None,
+        finish_reason=outcome.finish_reason or "stop",
+    )
+    return fmt.ChatCompletion(
+        id=ctx.request_id,
+        created=created_of(ctx),
+        model=outcome.model or "",
+        choices=[choice],
+        usage=usage_of(outcome) if outcome.usage is not None else UNSET,
+    )
+
+
+def message_of(outcome: ev.Outcome) -> fmt.AssistantOut:
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[fmt.ToolCallOut] = []
+    for part in outcome.message.content if outcome.message is not None else ():
+        if isinstance(part, TextPart):
+            texts.append(part.data)
+        elif isinstance(part, ThinkingPart):
+            thoughts.append(part.data.text)
+        elif isinstance(part, ToolCallPart):
+            call = part.data
+            arguments = call.raw_arguments
+            if arguments is None:
+                arguments = fmt.encoder.encode(call.arguments).decode()
+            calls.append(fmt.ToolCallOut(call.id, "function", fmt.FunctionOut(call.name, arguments)))
+    return fmt.AssistantOut(
+        role="assistant",
+        content="".join(texts) if texts or not calls else None,
+        tool_calls=calls or UNSET,
+        reasoning_content="".join(thoughts) if thoughts else UNSET,
+    )
+
+
+def usage_of(outcome: ev.Outcome) -> fmt.UsageOut:
+    usage = outcome.usage or Usage()
+    prompt = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+    completion = usage.output_tokens + usage.reasoning_tokens
+    return fmt.UsageOut(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=fmt.PromptTokensDetails(usage.cache_read_tokens, usage.cache_write_tokens),
+        completion_tokens_details=fmt.CompletionTokensDetails(usage.reasoning_tokens),
+        cost=outcome.cost.usd,
+        cost_source=outcome.cost.source,
+    )
+
+
+def logprobs_of(tokens: list[TokenLogprob]) -> fmt.ChoiceLogprobs:
+    return fmt.ChoiceLogprobs([fmt.TokenLogprobOut(t.token, t.logprob, t.bytes, t.top_logprobs) for t in tokens])
+
+
+class ChatStream:
+    """Canonical events → `chat.completion.chunk` lines (block starts and ends say nothing here)."""
+
+    ping = fmt.KEEPALIVE
+
+    def __init__(self, ctx: RequestContext, include_usage: bool) -> None:
+        self._ctx = ctx
+        self._include_usage = include_usage
+        self._chunks = _NOT_STARTED
+        self._renderers: dict[type, Callable[[Any], bytes]] = {
+            ev.TextDelta: self._text_delta,
+            ev.ReasoningDelta: self._reasoning_delta,
+            ev.ToolCallDelta: self._tool_call_delta,
+            ev.ToolCallStart: self._tool_call_start,
+            ev.Started: self._started,
+            ev.TextStart: _nothing,
+            ev.TextEnd: _nothing,
+            ev.ReasoningStart: _nothing,
+            ev.ReasoningEnd: _nothing,
+            ev.ToolCallEnd: _nothing,
+            ev.Logprobs: self._logprobs,
+            ev.Outcome: self._outcome,
+        }
+
+    def render(self, event: ev.Event) -> bytes:
+        return self._renderers[type(event)](event)
+
+    def error(self, error: GatewayError) -> bytes:
+        return fmt.data_line(fmt.ErrorChunk(stream_error_view(error)))
+
+    def _started(self, event: ev.Started) -> bytes:
+        self._chunks = fmt.ChunkBytes(self._ctx.request_id, created_of(self._ctx), event.model)
+        return self._chunks.role()
+
+    def _text_delta(self, event: ev.TextDelta) -> bytes:
+        return self._chunks.content(event.text)
+
+    def _reasoning_delta(self, event: ev.ReasoningDelta) -> bytes:
+        return self._chunks.reasoning(event.text)
+
+    def _tool_call_start(self, event: ev.ToolCallStart) -> bytes:
+        return self._chunks.tool_call_start(event.index, event.id, event.name)
+
+    def _tool_call_delta(self, event: ev.ToolCallDelta) -> bytes:
+        return self._chunks.tool_call_args(event.index, event.fragment)
+
+    def _logprobs(self, event: ev.Logprobs) -> bytes:
+        return self._chunks.logprobs(None, logprobs_of(event.tokens))
+
+    def _outcome(self, outcome: ev.Outcome) -> bytes:
+        if outcome.error is not None:
+            return self.error(outcome.error)
+        last = self._chunks.finish(outcome.finish_reason or "stop")
+        if self._include_usage and outcome.usage is not None:
+            ctx = self._ctx
+            usage = usage_of(outcome)
+            chunk = fmt.UsageChunk(id=ctx.request_id, created=created_of(ctx), model=outcome.model or "", usage=usage)
+            last += fmt.data_line(chunk)
+        return last + fmt.DONE
+
+
+class LogprobChatStream(ChatStream):
+    """`ChatStream` for a request that asked for log probabilities: a text delta waits for the
+    `Logprobs` event that follows it, so both leave in one chunk, as OpenAI sends them."""
+
+    def __init__(self, ctx: RequestContext, include_usage: bool) -> None:
+        super().__init__(ctx, include_usage)
+        self._held: str | None = None
+
+    def render(self, event: ev.Event) -> bytes:
+        if isinstance(event, ev.TextDelta):
+            flushed = self._flush()
+            self._held = event.text
+            return flushed
+        if isinstance(event, ev.Logprobs):
+            text, self._held = self._held, None
+            return self._chunks.logprobs(text, logprobs_of(event.tokens))
+        return self._flush() + self._renderers[type(event)](event)
+
+    def _flush(self) -> bytes:
+        if self._held is None:
+            return b""
+        text, self._held = self._held, None
+        return self._chunks.content(text)
+
+
+_NOT_STARTED = fmt.ChunkBytes("", 0, "")  # replaced on `Started`, which comes before any content
+
+
+def _nothing(_event: object) -> bytes:
+    return b""

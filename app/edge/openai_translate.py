@@ -1,0 +1,240 @@
+"""OpenAI Chat Completions request → `CompletionRequest`: the chat ingress's translator in.
+
+Pure: decode with the prebuilt decoder, check what a type cannot express, map field by field.
+Every rejection is a 400 whose `param` is the OpenAI field path (`tool_choice.function.name`,
+`messages[2].content[0].image_url.url`), so the native checks on canonical paths
+(`app.edge.validation.check_request`) have nothing left to find and are not run again.
+
+Mapping decisions (ingress.md; where it is silent, what OpenAI does):
+- messages map one to one and keep their content parts in order, so a canonical path
+  `messages[i].content[j]` (the capability check at admission) is also the OpenAI path;
+- string content is one text part; `system`/`developer` stay their own role; an assistant's
+  `reasoning_content` becomes a thinking part before its text, `refusal` parts are text, tool
+  calls keep their argument string verbatim (`raw_arguments`, parsed into `arguments` when JSON);
+  a `tool` message is one `tool_result` part;
+- `image_url` → image (https:// or data: URLs only), `input_audio` → audio (`wav` as audio/wav,
+  `mp3` as audio/mpeg), `file` → document (`file_data` a data: URL or base64; `file_id`, an
+  upload on OpenAI's side, cannot be served here: 400);
+- `max_completion_tokens` wins over `max_tokens`; `stop` a string or at most 4; `n` other than 1
+  is a 400; `top_logprobs` needs `logprobs: true` (as OpenAI says);
+- `response_format` `json_schema` → `schema` (one without a schema → `json_object`), `json_object`
+  → `json_object`; `reasoning_effort` `minimal` → `low`, `none` → not sent (the canonical effort
+  has no "off");
+- `stream_options.include_usage` is the renderer's business (the pipeline always asks upstreams for
+  usage); `metadata` is validated and not forwarded.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from app.edge import openai_format as wire
+from app.edge.validation import check_base64, check_url, nesting_error, validation_error
+from app.errors import InvalidRequest
+from providers.types import (
+    AudioPart,
+    CompletionRequest,
+    ContentPart,
+    DocumentPart,
+    FileData,
+    ImageData,
+    ImagePart,
+    Message,
+    ReasoningEffort,
+    TextPart,
+    ThinkingData,
+    ThinkingPart,
+    ToolCallData,
+    ToolCallPart,
+    ToolChoice,
+    ToolDefinition,
+    ToolResultData,
+    ToolResultPart,
+)
+
+_arguments_decoder = msgspec.json.Decoder()
+_AUDIO_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg"}
+_EFFORTS: dict[str, ReasoningEffort | None] = {
+    "none": None,
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "xhigh",
+}
+MAX_STOP = 4
+
+
+def decode_chat(body: bytes) -> wire.ChatRequest:
+    try:
+        chat = wire.request_decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise validation_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise nesting_error(body) from None
+    _check(chat)
+    return chat
+
+
+def _check(chat: wire.ChatRequest) -> None:
+    if chat.n is not None and chat.n != 1:
+        raise _invalid("n", "only one choice per request is supported (n must be 1)")
+    if isinstance(chat.stop, list) and len(chat.stop) > MAX_STOP:
+        raise _invalid("stop", f"at most {MAX_STOP} stop sequences are allowed")
+    if chat.top_logprobs is not None and not chat.logprobs:
+        raise _invalid("top_logprobs", "requires `logprobs: true`")
+    _check_tools(chat)
+
+
+def _check_tools(chat: wire.ChatRequest) -> None:
+    names: set[str] = set()
+    for index, tool in enumerate(chat.tools or ()):
+        name = tool.function.name
+        if name in names:
+            raise _invalid(f"tools[{index}].function.name", f"duplicate tool name '{name}'")
+        names.add(name)
+    choice = chat.tool_choice
+    if isinstance(choice, wire.NamedToolChoice) and choice.function.name not in names:
+        raise _invalid("tool_choice.function.name", f"names no declared tool: '{choice.function.name}'")
+    if choice == "required" and not names:
+        raise _invalid("tool_choice", "'required' needs at least one tool in `tools`")
+
+
+def to_request(chat: wire.ChatRequest) -> CompletionRequest:
+    """The canonical request for a decoded, checked chat request."""
+    stop = chat.stop
+    return CompletionRequest(
+        messages=[_message(message, index) for index, message in enumerate(chat.messages)],
+        model=chat.model,
+        tools=[_tool(tool) for tool in chat.tools] if chat.tools else None,
+        tool_choice=_tool_choice(chat.tool_choice),
+        schema=_schema(chat.response_format),
+        json_object=_json_object(chat.response_format),
+        stream=chat.stream,
+        temperature=chat.temperature,
+        top_p=chat.top_p,
+        max_tokens=chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens,
+        stop_sequences=[stop] if isinstance(stop, str) else stop or None,
+        reasoning_effort=_EFFORTS[chat.reasoning_effort] if chat.reasoning_effort is not None else None,
+        seed=chat.seed,
+        top_k=chat.top_k,
+        min_p=chat.min_p,
+        repetition_penalty=chat.repetition_penalty,
+        presence_penalty=chat.presence_penalty,
+        frequency_penalty=chat.frequency_penalty,
+        logprobs=chat.logprobs,
+        top_logprobs=chat.top_logprobs,
+        parallel_tool_calls=chat.parallel_tool_calls,
+        user=chat.user,
+    )
+
+
+def _message(message: wire.ChatMessage, index: int) -> Message:
+    if isinstance(message, wire.UserMessage):
+        return Message("user", _user_parts(message.content, f"messages[{index}].content"), name=message.name)
+    if isinstance(message, wire.AssistantMessage):
+        return Message("assistant", _assistant_parts(message), name=message.name)
+    if isinstance(message, wire.ToolMessage):
+        result = ToolResultData(message.tool_call_id, _text(message.content))
+        return Message("tool", [ToolResultPart(result)], tool_call_id=message.tool_call_id)
+    if isinstance(message, wire.SystemMessage):
+        return Message("system", _text_parts(message.content), name=message.name)
+    return Message("developer", _text_parts(message.content), name=message.name)
+
+
+def _text(content: str | list[wire.TextContent]) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def _text_parts(content: str | list[wire.TextContent]) -> list[ContentPart]:
+    if isinstance(content, str):
+        return [TextPart(content)]
+    return [TextPart(part.text) for part in content]
+
+
+def _user_parts(content: str | list[wire.UserPart], path: str) -> list[ContentPart]:
+    if isinstance(content, str):
+        return [TextPart(content)]
+    return [_user_part(part, f"{path}[{index}]") for index, part in enumerate(content)]
+
+
+def _user_part(part: wire.UserPart, path: str) -> ContentPart:
+    if isinstance(part, wire.TextContent):
+        return TextPart(part.text)
+    if isinstance(part, wire.ImageContent):
+        check_url(part.image_url.url, f"{path}.image_url.url")
+        return ImagePart(ImageData(url=part.image_url.url, detail=part.image_url.detail))
+    if isinstance(part, wire.AudioContent):
+        audio = part.input_audio
+        check_base64(audio.data, f"{path}.input_audio.data")
+        return AudioPart(FileData(data=audio.data, media_type=_AUDIO_TYPES[audio.format]))
+    return DocumentPart(_file(part.file, f"{path}.file"))
+
+
+def _file(file: wire.FileRef, path: str) -> FileData:
+    if file.file_id is not None:
+        raise _invalid(f"{path}.file_id", "uploaded file ids cannot be served here; send `file_data`")
+    if file.file_data is None:
+        raise _invalid(f"{path}.file_data", "field required")
+    if file.file_data.startswith("data:"):
+        return FileData(url=file.file_data, file_name=file.filename)
+    check_base64(file.file_data, f"{path}.file_data")
+    return FileData(data=file.file_data, media_type="application/pdf", file_name=file.filename)
+
+
+def _assistant_parts(message: wire.AssistantMessage) -> list[ContentPart]:
+    parts: list[ContentPart] = []
+    if message.reasoning_content:
+        parts.append(ThinkingPart(ThinkingData(text=message.reasoning_content)))
+    content = message.content
+    if isinstance(content, str):
+        parts.append(TextPart(content))
+    elif content is not None:
+        parts += [TextPart(p.text if isinstance(p, wire.TextContent) else p.refusal) for p in content]
+    for call in message.tool_calls or ():
+        raw = call.function.arguments
+        data = ToolCallData(call.id, call.function.name, _arguments(raw), raw_arguments=raw)
+        parts.append(ToolCallPart(data))
+    return parts
+
+
+def _arguments(raw: str) -> object:
+    try:
+        return _arguments_decoder.decode(raw)
+    except msgspec.DecodeError:
+        return {}
+
+
+def _tool(tool: wire.Tool) -> ToolDefinition:
+    function = tool.function
+    return ToolDefinition(function.name, function.description, function.parameters)
+
+
+def _tool_choice(choice: Literal["auto", "none", "required"] | wire.NamedToolChoice | None) -> ToolChoice | None:
+    if choice is None:
+        return None
+    if isinstance(choice, wire.NamedToolChoice):
+        return ToolChoice("named", choice.function.name)
+    return ToolChoice(choice)
+
+
+def _schema(response_format: object) -> dict[str, object] | None:
+    if isinstance(response_format, wire.JSONSchemaFormat):
+        return response_format.json_schema.schema
+    return None
+
+
+def _json_object(response_format: object) -> bool | None:
+    if isinstance(response_format, wire.JSONObjectFormat):
+        return True
+    if isinstance(response_format, wire.JSONSchemaFormat) and response_format.json_schema.schema is None:
+        return True
+    return None
+
+
+def _invalid(param: str, detail: str) -> InvalidRequest:
+    return InvalidRequest(f"{param}: {detail}", param=param)
