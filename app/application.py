@@ -20,7 +20,7 @@ from litestar import Litestar, Request
 from litestar.exceptions import HTTPException
 from litestar.response import Response
 
-from app.edge import handlers
+from app.edge import anthropic, handlers
 from app.edge.unified import completions
 from app.errors import (
     GatewayError,
@@ -55,6 +55,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
     return Litestar(
         route_handlers=[
             completions,
+            anthropic.router,
             handlers.list_models,
             handlers.healthz,
             handlers.readyz,
