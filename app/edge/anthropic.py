@@ -23,8 +23,13 @@ Output decisions (README, "Anthropic Messages ingress"):
   the upstream's report), every block is opened, streamed and closed in order with its own index
   (thinking, text and tool_use blocks count alike), `message_delta` carries the stop reason and
   the whole usage (the SDK's `get_final_message()` takes input and cache counts from it too).
-  Canonical tool calls close at the end of the answer; here a block closes when the next one
-  opens, as Anthropic's blocks never overlap.
+  Anthropic's blocks never overlap, while canonical tool calls stay open to the end of the
+  answer and upstreams may interleave the arguments of parallel calls. So a tool call streams
+  live when no other call's block is open, and closes at its end (or when text or thinking
+  starts after it); a call that starts while another is open waits, and is sent whole (start,
+  one `input_json_delta` with all its arguments, stop) when it ends. (A fragment for a call that
+  text already closed, which no known upstream sends, still names that call's index: the SDK
+  accumulates by index.)
 """
 
 from __future__ import annotations
@@ -160,7 +165,8 @@ class AnthropicStream:
         self._blocks = 0  # blocks opened so far: the next block's index
         self._open: int | None = None  # the index of the block open now
         self._prefix = b""  # the delta head of the open text or thinking block
-        self._calls: dict[int, tuple[int, bytes]] = {}  # a call's canonical index → (block index, delta head)
+        self._calls: dict[int, tuple[int, bytes]] = {}  # a started call's index → (block index, delta head)
+        self._live_call: int | None = None  # the call whose block is open now
         self._renderers: dict[type, Callable[[Any], bytes]] = {
             ev.TextDelta: self._delta,
             ev.ReasoningDelta: self._delta,
@@ -192,10 +198,16 @@ class AnthropicStream:
 
     def _open_block(self, block: fmt.OutputBlock) -> tuple[int, bytes]:
         """The next block's index, and the frames that close the open block and start this one."""
-        closing = b"" if self._open is None else fmt.block_stop(self._open)
+        closing = self._close()
         index = self._open = self._blocks
         self._blocks += 1
         return index, closing + fmt.block_start(index, block)
+
+    def _close(self) -> bytes:
+        if self._open is None:
+            return b""
+        index, self._open, self._live_call = self._open, None, None
+        return fmt.block_stop(index)
 
     def _text_start(self, _event: ev.TextStart) -> bytes:
         index, frames = self._open_block(_EMPTY_TEXT)
@@ -210,26 +222,29 @@ class AnthropicStream:
     def _block_end(self, _event: ev.TextEnd | ev.ReasoningEnd) -> bytes:
         return self._close()
 
-    def _close(self) -> bytes:
-        if self._open is None:
-            return b""
-        index, self._open = self._open, None
-        return fmt.block_stop(index)
-
     def _tool_call_start(self, event: ev.ToolCallStart) -> bytes:
+        if self._live_call is not None:
+            return b""  # another call's block is open: this one is sent whole when it ends
         index, frames = self._open_block(fmt.ToolUseBlock(event.id, event.name, {}))
         self._calls[event.index] = index, fmt.delta_prefix(index, "input_json_delta", "partial_json")
+        self._live_call = event.index
         return frames
 
     def _tool_call_delta(self, event: ev.ToolCallDelta) -> bytes:
-        # A fragment of a call whose block a later block closed still names the call's own index
-        # (the SDK accumulates by index); upstreams stream calls one after another.
-        if not event.fragment:
-            return b""
-        return self._calls[event.index][1] + fmt.encode(event.fragment) + fmt.DELTA_END
+        call = self._calls.get(event.index)
+        if call is None or not event.fragment:
+            return b""  # a waiting call's fragments are sent whole when it ends
+        return call[1] + fmt.encode(event.fragment) + fmt.DELTA_END
 
     def _tool_call_end(self, event: ev.ToolCallEnd) -> bytes:
-        return self._close() if self._open == self._calls[event.index][0] else b""
+        if event.index in self._calls:
+            return self._close() if self._live_call == event.index else b""
+        call = event.call
+        index, frames = self._open_block(fmt.ToolUseBlock(call.id, call.name, {}))
+        if call.raw_arguments:
+            prefix = fmt.delta_prefix(index, "input_json_delta", "partial_json")
+            frames += prefix + fmt.encode(call.raw_arguments) + fmt.DELTA_END
+        return frames + self._close()
 
     def _outcome(self, outcome: ev.Outcome) -> bytes:
         if outcome.error is not None:
