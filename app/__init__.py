@@ -11,8 +11,10 @@
     cli.py, ids.py   the `switchyard` command; uuid7 request ids
     edge/            HTTP in and out: shared ASGI plumbing (asgi.py), the SSE relay (relay.py), one
                      module per ingress (unified.py: POST /api/v1/completions, with its output
-                     format in unified_format.py and request validation in validation.py), the
-                     small handlers (models, health, metrics)
+                     format in unified_format.py and request validation in validation.py;
+                     anthropic.py: POST /v1/messages, with its wire types in anthropic_format.py
+                     and its request translator in anthropic_request.py), the small handlers
+                     (models, health, metrics)
     pipeline/        format-neutral: pipeline.py (route → failover → fold → Outcome), fold.py,
                      events.py (what every ingress renders), accounting.py (cost, ledger row, log
                      line), admission.py, estimate.py

@@ -87,6 +87,7 @@ async def test_text_with_thinking_exact_message_and_upstream_request(
     assert [block.type for block in message.content] == ["thinking", "text"]
     assert (message.usage.input_tokens, message.usage.output_tokens) == (176, 50)
     assert message.usage.cache_read_input_tokens == 1024
+    assert message.model_extra == {"cost_usd": float(primary_cost(176, 30, 20, 1024)), "cost_source": "estimated"}
 
     (sent,) = primary.requests
     assert sent.json() == {
