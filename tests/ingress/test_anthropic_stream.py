@@ -222,6 +222,30 @@ async def test_text_then_tool_calls_count_block_indexes(gw: GatewayHandle, prima
     ]
 
 
+async def test_text_after_a_tool_call_closes_its_block(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(
+        reply_sse(
+            [
+                chunk(tool_delta(0, id="call_1", name="get_time", args="{}")),
+                chunk({"content": "Done."}),
+                chunk({}, "tool_calls"),
+                usage_chunk(30, 5),
+            ]
+        )
+    )
+    request_id, frames = await post_stream(gw)
+    assert datas(frames) == [
+        message_start(request_id),
+        start(0, {"type": "tool_use", "id": "call_1", "name": "get_time", "input": {}}),
+        delta(0, "input_json_delta", partial_json="{}"),
+        stop(0),
+        start(1, {"type": "text", "text": ""}),
+        delta(1, "text_delta", text="Done."),
+        stop(1),
+        *message_end("tool_use", usage(30, 5), primary_cost(30, 5)),
+    ]
+
+
 async def test_interleaved_parallel_calls_never_overlap(
     gw: GatewayHandle, client: anthropic.AsyncAnthropic, primary: ReplayUpstream
 ) -> None:
