@@ -13,7 +13,9 @@
                      module per ingress (unified.py: POST /api/v1/completions, with its output
                      format in unified_format.py and request validation in validation.py;
                      openai_chat.py: POST /v1/chat/completions and GET /v1/models, with
-                     openai_translate.py in and openai_format.py out), the small handlers
+                     openai_translate.py in and openai_format.py out;
+                     anthropic.py: POST /v1/messages, with its wire types in anthropic_format.py
+                     and its request translator in anthropic_request.py), the small handlers
                      (models, health, metrics)
     pipeline/        format-neutral: pipeline.py (route → failover → fold → Outcome), fold.py,
                      events.py (what every ingress renders), accounting.py (cost, ledger row, log

@@ -1,11 +1,12 @@
-"""`create_app(settings)`: the Litestar application, its lifespan and its one error renderer.
+"""`create_app(settings)`: the Litestar application, its lifespan and the shared error renderer.
 
 Every failure, whether ours (`GatewayError`), the framework's (404, 405 with its `Allow` header,
-413 from the body-size limit) or unexpected, leaves through `_render_error` in api.md's two-view
-error format with the `x-request-id` header. A request rejected before it reached the pipeline gets its canonical
-`request` log line here (`status: rejected`); the pipeline writes every other request's.
-Unexpected exceptions are logged with their traceback and answered with a generic 500: internal
-paths and stack traces never reach a client.
+413 from the body-size limit) or unexpected, leaves through an error renderer with the
+`x-request-id` header: `_render_error` here, in api.md's two-view format, for the native and
+OpenAI-compatible paths; the Anthropic door's own (`app.edge.anthropic`) under `/v1/messages`.
+What an exception means, and the `request` log line of a request rejected before routing, is
+decided once for both (`app.edge.rejection`). Unexpected exceptions are logged with their
+traceback and answered with a generic 500: internal paths and stack traces never reach a client.
 """
 
 from __future__ import annotations
@@ -17,28 +18,16 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, Request
-from litestar.exceptions import HTTPException
 from litestar.response import Response
 
-from app.edge import handlers
+from app.edge import anthropic, handlers
 from app.edge.openai_chat import chat_completions, openai_models
+from app.edge.rejection import as_gateway_error
 from app.edge.unified import completions
-from app.errors import (
-    GatewayError,
-    InternalError,
-    InvalidRequest,
-    MethodNotAllowed,
-    NotFound,
-    PayloadTooLarge,
-    clip,
-    error_body,
-)
-from app.ids import uuid7
-from app.logging import configure_logging, get_logger
+from app.errors import error_body
+from app.logging import configure_logging
 from app.service import Service
 from app.settings import Settings, load_settings
-
-_log = get_logger("switchyard.errors")
 
 
 def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
@@ -59,6 +48,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
             completions,
             chat_completions,
             openai_models,
+            anthropic.router,
             handlers.list_models,
             handlers.healthz,
             handlers.readyz,
@@ -85,50 +75,9 @@ def create_app_from_env() -> Litestar:
 
 
 def _render_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """api.md's two-view error body: every door's but the Anthropic one (`app.edge.anthropic`)."""
     request_id, error = as_gateway_error(request, exc)
     headers = {"x-request-id": request_id, **error.headers()}
     return Response(
         error_body(error, request_id), status_code=error.status_code, media_type="application/json", headers=headers
     )
-
-
-def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[str, GatewayError]:
-    """The request id and the `GatewayError` for any exception a handler raised, for every door's
-    error renderer. A request rejected before the pipeline took it (bad body, 404, 405, 413) gets
-    its canonical `request` line here: the pipeline never wrote one."""
-    request_id = getattr(request.state, "request_id", None) or uuid7()
-    log = _logger(request)
-    error = _as_gateway_error(exc, request_id, log)
-    if not getattr(request.state, "routed", False):
-        log.info(
-            "request",
-            request_id=request_id,
-            method=request.method,
-            path=request.url.path[:200],
-            status="rejected",
-            error_status=error.status_code,
-            error_type=error.type,
-        )
-    return request_id, error
-
-
-def _logger(request: Request[Any, Any, Any]) -> Any:
-    """The running service's logger (bound to its log writer); the module's before start-up."""
-    service = getattr(request.app.state, "service", None)
-    return service.log if service is not None else _log
-
-
-def _as_gateway_error(exc: Exception, request_id: str, log: Any) -> GatewayError:
-    if isinstance(exc, GatewayError):
-        return exc
-    if isinstance(exc, HTTPException):
-        if exc.status_code == 413:
-            return PayloadTooLarge("request body too large")
-        if exc.status_code == 404:
-            return NotFound("no such endpoint")
-        if exc.status_code == 405:
-            return MethodNotAllowed("method not allowed", allow=(exc.headers or {}).get("allow", ""))
-        if exc.status_code < 500:
-            return InvalidRequest(clip(str(exc.detail)))  # Litestar's details quote the request path
-    log.error("unhandled_exception", request_id=request_id, exc_info=exc)
-    return InternalError("internal error")

@@ -1,0 +1,281 @@
+"""The Anthropic Messages ingress, `POST /v1/messages` (ingress.md): Anthropic's request in, a
+`message` or Anthropic's SSE events out, over the one pipeline, routed to any backend.
+
+A translator in (`app.edge.anthropic_request`), a renderer out (`message_of` for a JSON answer,
+`AnthropicStream` for a stream), the wire types in `app.edge.anthropic_format`; ASGI itself is
+`app.edge.asgi`'s business. `router` mounts the door with its own exception handler, so every
+error under `/v1/messages` (an unknown subpath's 404 too) answers in Anthropic's shape,
+`{"type": "error", "error": {"type", "message"}, "request_id"}`, with api.md's statuses and the
+`x-request-id` header; the shared renderer in `app.application` never branches on the door.
+
+Output decisions (README, "Anthropic Messages ingress"):
+- `stop_reason`: `stop` → `end_turn`, `length` → `max_tokens`, `tool_calls` → `tool_use`,
+  `content_filter` → `refusal`. `stop_sequence` is never reported: an OpenAI-style upstream says
+  `stop` whether it met a stop sequence or ended its turn, and the gateway does not guess.
+- `usage` is Anthropic's additive view of the five disjoint buckets: `input_tokens` (cache reads
+  and writes excluded), `cache_read_input_tokens`, `cache_creation_input_tokens`, `output_tokens`
+  = output + reasoning, with reasoning also in `output_tokens_details.thinking_tokens`. When the
+  upstream reported no usage the counts are 0 (Anthropic's schema requires them) and the cost is
+  null, as in the native API; the ledger keeps NULL.
+- cost: `cost_usd` and `cost_source` at the top level of the message and of `message_delta`,
+  named as in the native API (Anthropic has no such field; its SDK keeps them as extras).
+- streaming: `message_start` carries the message shell and zero usage (nothing is counted before
+  the upstream's report), every block is opened, streamed and closed in order with its own index
+  (thinking, text and tool_use blocks count alike), `message_delta` carries the stop reason and
+  the whole usage (the SDK's `get_final_message()` takes input and cache counts from it too).
+  Anthropic's blocks never overlap, while canonical tool calls stay open to the end of the
+  answer and upstreams may interleave the arguments of parallel calls. So a tool call streams
+  live when no other call's block is open, and closes at its end (or when text or thinking
+  starts after it); a call that starts while another is open waits, and is sent whole (start,
+  one `input_json_delta` with all its arguments, stop) when it ends. (A fragment for a call that
+  text already closed, which no known upstream sends, still names that call's index: the SDK
+  accumulates by index.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from litestar import HttpMethod, Request, Router, asgi, route
+from litestar.response import Response
+from litestar.types import Receive, Scope, Send
+
+from app.context import RequestContext, new_context
+from app.edge import anthropic_format as fmt
+from app.edge.anthropic_request import decode_messages
+from app.edge.asgi import DisconnectWatch, begin, client_gone_is_quiet, mark_routed, read_body, send_json, send_stream
+from app.edge.guards import check_json_headers
+from app.edge.rejection import as_gateway_error
+from app.edge.relay import Relay
+from app.errors import GatewayError, NotFound
+from app.pipeline import events as ev
+from app.service import Service
+from providers.events import Usage
+from providers.types import ContentPart, RedactedThinkingPart, TextPart, ThinkingPart, ToolCallPart
+
+STOP_REASONS: dict[str, fmt.StopReason] = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "content_filter": "refusal",
+}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+}
+_NO_USAGE = Usage()
+
+
+@asgi("/", copy_scope=False)
+async def messages(scope: Scope, receive: Receive, send: Send) -> None:
+    request_id = begin(scope)
+    check_json_headers(scope["headers"])
+    service: Service = scope["litestar_app"].state.service
+    assert service.pipeline is not None
+    assert service.router is not None
+    server = service.settings.server
+    body = await read_body(receive, server.max_body_bytes)
+    if body is None:
+        return  # the client went away before sending its body: nobody to answer
+    request = decode_messages(body, service.router.providers)
+    deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
+    ctx = new_context(request_id, "anthropic_messages", stream=bool(request.stream), deadline=deadline)
+    mark_routed(scope)
+    watch = DisconnectWatch(receive)
+    with client_gone_is_quiet(watch):
+        if not ctx.stream:
+            outcome = await service.pipeline.complete(ctx, request)
+            watch.stop()
+            await send_json(send, fmt.encode(message_of(ctx, outcome)), request_id)
+            return
+        relay = Relay(service.pipeline.stream(ctx, request), AnthropicStream(ctx), server.sse_keepalive_s)
+        await send_stream(relay, send, request_id, watch)
+
+
+@route("/{rest:path}", http_method=list(HttpMethod), include_in_schema=False)
+async def unknown_path() -> None:
+    """Anything else under `/v1/messages` (`count_tokens`, `batches`): a 404 in Anthropic's shape."""
+    raise NotFound("no such endpoint")
+
+
+def message_of(ctx: RequestContext, outcome: ev.Outcome) -> fmt.Message:
+    """The whole answer, from the pipeline's `Outcome`."""
+    parts = outcome.message.content if outcome.message is not None else []
+    return fmt.Message(
+        id=ctx.request_id,
+        role="assistant",
+        model=outcome.model or "",
+        content=[block for part in parts if (block := _block(part)) is not None],
+        stop_reason=STOP_REASONS.get(outcome.finish_reason or "stop", "end_turn"),
+        stop_sequence=None,
+        usage=usage_of(outcome.usage),
+        cost_usd=outcome.cost.usd,
+        cost_source=outcome.cost.source,
+    )
+
+
+def usage_of(usage: Usage | None) -> fmt.Usage:
+    """The five disjoint buckets in Anthropic's additive convention."""
+    usage = usage or _NO_USAGE
+    return fmt.Usage(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens + usage.reasoning_tokens,
+        cache_read_input_tokens=usage.cache_read_tokens,
+        cache_creation_input_tokens=usage.cache_write_tokens,
+        output_tokens_details=fmt.OutputTokensDetails(thinking_tokens=usage.reasoning_tokens),
+    )
+
+
+def _block(part: ContentPart) -> fmt.OutputBlock | None:
+    if isinstance(part, TextPart):
+        return fmt.TextBlock(part.data)
+    if isinstance(part, ToolCallPart):
+        call = part.data
+        return fmt.ToolUseBlock(call.id, call.name, call.arguments if isinstance(call.arguments, dict) else {})
+    if isinstance(part, ThinkingPart):
+        return fmt.ThinkingBlock(part.data.text, part.data.signature or "")
+    if isinstance(part, RedactedThinkingPart):
+        return fmt.RedactedThinkingBlock(part.data.text)
+    return None  # an answer carries no media parts
+
+
+_EMPTY_TEXT = fmt.TextBlock("")
+_EMPTY_THINKING = fmt.ThinkingBlock("", "")
+
+
+class AnthropicStream:
+    """Canonical events → Anthropic's SSE events, block indexes counted here."""
+
+    ping = fmt.PING_FRAME
+
+    def __init__(self, ctx: RequestContext) -> None:
+        self._ctx = ctx
+        self._blocks = 0  # blocks opened so far: the next block's index
+        self._open: int | None = None  # the index of the block open now
+        self._prefix = b""  # the delta head of the open text or thinking block
+        self._calls: dict[int, tuple[int, bytes]] = {}  # a started call's index → (block index, delta head)
+        self._live_call: int | None = None  # the call whose block is open now
+        self._renderers: dict[type, Callable[[Any], bytes]] = {
+            ev.TextDelta: self._delta,
+            ev.ReasoningDelta: self._delta,
+            ev.ToolCallDelta: self._tool_call_delta,
+            ev.Started: self._started,
+            ev.TextStart: self._text_start,
+            ev.TextEnd: self._block_end,
+            ev.ReasoningStart: self._reasoning_start,
+            ev.ReasoningEnd: self._block_end,
+            ev.ToolCallStart: self._tool_call_start,
+            ev.ToolCallEnd: self._tool_call_end,
+            ev.Logprobs: _nothing,  # Anthropic's stream has no log probabilities
+            ev.Outcome: self._outcome,
+        }
+
+    def render(self, event: ev.Event) -> bytes:
+        return self._renderers[type(event)](event)
+
+    def error(self, error: GatewayError) -> bytes:
+        detail = fmt.ErrorDetail(type=error_type(error.status_code), message=error.message)
+        return fmt.frame("error", fmt.ErrorBody(error=detail))
+
+    def _delta(self, event: ev.TextDelta | ev.ReasoningDelta) -> bytes:
+        return self._prefix + fmt.encode(event.text) + fmt.DELTA_END
+
+    def _started(self, event: ev.Started) -> bytes:
+        shell = fmt.Message(self._ctx.request_id, "assistant", event.model, [], None, None, usage_of(None), None, None)
+        return fmt.frame("message_start", fmt.MessageStart(shell))
+
+    def _open_block(self, block: fmt.OutputBlock) -> tuple[int, bytes]:
+        """The next block's index, and the frames that close the open block and start this one."""
+        closing = self._close()
+        index = self._open = self._blocks
+        self._blocks += 1
+        return index, closing + fmt.block_start(index, block)
+
+    def _close(self) -> bytes:
+        if self._open is None:
+            return b""
+        index, self._open, self._live_call = self._open, None, None
+        return fmt.block_stop(index)
+
+    def _text_start(self, _event: ev.TextStart) -> bytes:
+        index, frames = self._open_block(_EMPTY_TEXT)
+        self._prefix = fmt.delta_prefix(index, "text_delta", "text")
+        return frames
+
+    def _reasoning_start(self, _event: ev.ReasoningStart) -> bytes:
+        index, frames = self._open_block(_EMPTY_THINKING)
+        self._prefix = fmt.delta_prefix(index, "thinking_delta", "thinking")
+        return frames
+
+    def _block_end(self, _event: ev.TextEnd | ev.ReasoningEnd) -> bytes:
+        return self._close()
+
+    def _tool_call_start(self, event: ev.ToolCallStart) -> bytes:
+        if self._live_call is not None:
+            return b""  # another call's block is open: this one is sent whole when it ends
+        index, frames = self._open_block(fmt.ToolUseBlock(event.id, event.name, {}))
+        self._calls[event.index] = index, fmt.delta_prefix(index, "input_json_delta", "partial_json")
+        self._live_call = event.index
+        return frames
+
+    def _tool_call_delta(self, event: ev.ToolCallDelta) -> bytes:
+        call = self._calls.get(event.index)
+        if call is None or not event.fragment:
+            return b""  # a waiting call's fragments are sent whole when it ends
+        return call[1] + fmt.encode(event.fragment) + fmt.DELTA_END
+
+    def _tool_call_end(self, event: ev.ToolCallEnd) -> bytes:
+        if event.index in self._calls:
+            return self._close() if self._live_call == event.index else b""
+        call = event.call
+        index, frames = self._open_block(fmt.ToolUseBlock(call.id, call.name, {}))
+        if call.raw_arguments:
+            prefix = fmt.delta_prefix(index, "input_json_delta", "partial_json")
+            frames += prefix + fmt.encode(call.raw_arguments) + fmt.DELTA_END
+        return frames + self._close()
+
+    def _outcome(self, outcome: ev.Outcome) -> bytes:
+        if outcome.error is not None:
+            return self._close() + self.error(outcome.error)
+        stop_reason = STOP_REASONS.get(outcome.finish_reason or "stop", "end_turn")
+        delta = fmt.MessageDelta(
+            delta=fmt.Delta(stop_reason=stop_reason, stop_sequence=None),
+            usage=usage_of(outcome.usage),
+            cost_usd=outcome.cost.usd,
+            cost_source=outcome.cost.source,
+        )
+        return self._close() + fmt.frame("message_delta", delta) + fmt.MESSAGE_STOP_FRAME
+
+
+def _nothing(_event: ev.Logprobs) -> bytes:
+    return b""
+
+
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def render_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """Every error under `/v1/messages`, in Anthropic's shape (this door's exception handler)."""
+    request_id, error = as_gateway_error(request, exc)
+    detail = fmt.ErrorDetail(type=error_type(error.status_code), message=error.message, param=error.param)
+    body = fmt.encode(fmt.ErrorResponse(error=detail, request_id=request_id))
+    headers = {"x-request-id": request_id, **error.headers()}
+    return Response(body, status_code=error.status_code, media_type="application/json", headers=headers)
+
+
+router = Router(
+    path="/v1/messages",
+    route_handlers=[messages, unknown_path],
+    exception_handlers={Exception: render_error},
+)

@@ -1,0 +1,222 @@
+"""An Anthropic Messages request → the canonical `CompletionRequest`: decode once, translate, then
+the gateway's own request rules (`app.edge.validation.check_request`).
+
+Every rejection is an `InvalidRequest` whose `param` is the path of the failing field in the
+Anthropic request (`messages[0].content[1].source.url`, `max_tokens`), in api.md's notation.
+
+Mapping decisions (README, "Anthropic Messages ingress"):
+- blocks map one to one, so content indexes agree: `text` → text, `image` and `document` (a
+  `base64` or `url` source) → image and document parts, a `document` with a plain-text source →
+  text, `tool_use` → a tool call (`raw_arguments` the JSON of `input`), `tool_result` → a tool
+  result (text blocks joined by newlines), `thinking` / `redacted_thinking` → thinking parts;
+  a block in a role that cannot carry it (a `tool_use` from the user) is a 400, as Anthropic says;
+- `thinking: {type: "enabled", budget_tokens}` → `reasoning_effort` by budget: under 4096 `low`,
+  under 16384 `medium`, else `high`; the budget must be below `max_tokens`, as Anthropic requires.
+  `disabled` and `adaptive` send no effort (the canonical request has no "none": the upstream's
+  default applies). An explicit `output_config.effort` wins over the budget;
+- `output_config.format` (`json_schema`) → the canonical `schema`;
+- `tool_choice`: `auto`, `any` → `required`, `tool` → named, `none`; `disable_parallel_tool_use`
+  → `parallel_tool_calls: false`;
+- `metadata.user_id` → `user`; `top_k`, `stop_sequences`, `temperature`, `top_p` as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+import msgspec
+
+from app.edge import anthropic_format as fmt
+from app.edge.validation import check_request, nesting_error
+from app.errors import InvalidRequest
+from providers.types import (
+    CompletionRequest,
+    ContentPart,
+    DocumentPart,
+    FileData,
+    ImageData,
+    ImagePart,
+    Message,
+    ReasoningEffort,
+    RedactedThinkingPart,
+    TextPart,
+    ThinkingData,
+    ThinkingPart,
+    ToolCallData,
+    ToolCallPart,
+    ToolChoice,
+    ToolDefinition,
+    ToolResultData,
+    ToolResultPart,
+)
+
+_decoder = msgspec.json.Decoder(fmt.MessagesRequest)
+_encoder = msgspec.json.Encoder()
+_AT = re.compile(r"^(?P<msg>.*?) - at `\$(?P<path>[^`]*)`$")
+_CANONICAL_MEDIA = re.compile(r"(content\[\d+\])\.data(?=\.|$)")
+_ASSISTANT_ONLY = (fmt.ToolUseBlock, fmt.ThinkingBlock, fmt.RedactedThinkingBlock)
+_USER_ONLY = (fmt.ToolResultBlock, fmt.ImageBlock, fmt.DocumentBlock)
+
+
+def decode_messages(body: bytes, providers: Collection[str]) -> CompletionRequest:
+    try:
+        wire = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise nesting_error(body) from None
+    request = to_request(wire)
+    try:
+        check_request(request, providers)
+    except InvalidRequest as exc:
+        raise _in_anthropic_terms(exc) from None
+    return request
+
+
+def to_request(wire: fmt.MessagesRequest) -> CompletionRequest:
+    tool_choice, parallel = _tool_choice(wire)
+    output = wire.output_config
+    return CompletionRequest(
+        messages=[_message(message, f"messages[{i}]") for i, message in enumerate(wire.messages)],
+        model=wire.model,
+        system=_system(wire.system),
+        tools=[ToolDefinition(t.name, t.description, t.input_schema) for t in wire.tools] if wire.tools else None,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        schema=output.format.schema if output is not None and output.format is not None else None,
+        stream=wire.stream,
+        temperature=wire.temperature,
+        top_p=wire.top_p,
+        top_k=wire.top_k,
+        max_tokens=wire.max_tokens,
+        stop_sequences=wire.stop_sequences or None,
+        reasoning_effort=_effort(wire),
+        user=wire.metadata.user_id if wire.metadata is not None else None,
+    )
+
+
+def _system(system: str | list[fmt.TextBlock] | None) -> str | None:
+    if system is None or isinstance(system, str):
+        return system or None
+    return "\n".join(block.text for block in system) or None
+
+
+def _message(message: fmt.InputMessage, path: str) -> Message:
+    content = message.content
+    if isinstance(content, str):
+        return Message(role=message.role, content=[TextPart(content)])
+    parts: list[ContentPart] = []
+    for index, block in enumerate(content):
+        if isinstance(block, fmt.TextBlock):  # the common case first
+            parts.append(TextPart(block.text))
+            continue
+        allowed = "assistant" if isinstance(block, _ASSISTANT_ONLY) else "user"
+        if message.role != allowed:
+            kind = type(block).__struct_config__.tag
+            detail = f"a '{kind}' block cannot appear in a '{message.role}' message"
+            raise _invalid(f"{path}.content[{index}].type", detail)
+        parts.append(_part(block))
+    return Message(role=message.role, content=parts)
+
+
+def _part(block: fmt.InputBlock) -> ContentPart:
+    if isinstance(block, fmt.ImageBlock):
+        source = block.source
+        if isinstance(source, fmt.URLSource):
+            return ImagePart(ImageData(url=source.url))
+        return ImagePart(ImageData(data=source.data, media_type=source.media_type))
+    if isinstance(block, fmt.DocumentBlock):
+        return _document(block)
+    if isinstance(block, fmt.ToolUseBlock):
+        raw = _encoder.encode(block.input).decode()
+        return ToolCallPart(ToolCallData(block.id, block.name, block.input, raw_arguments=raw))
+    if isinstance(block, fmt.ToolResultBlock):
+        content = block.content
+        if isinstance(content, list):
+            content = "\n".join(text.text for text in content)
+        return ToolResultPart(ToolResultData(block.tool_use_id, content, block.is_error))
+    if isinstance(block, fmt.ThinkingBlock):
+        return ThinkingPart(ThinkingData(block.thinking, block.signature or None))
+    if isinstance(block, fmt.RedactedThinkingBlock):
+        return RedactedThinkingPart(ThinkingData(block.data, redacted=True))
+    return TextPart(block.text)
+
+
+def _document(block: fmt.DocumentBlock) -> ContentPart:
+    source = block.source
+    if isinstance(source, fmt.PlainTextSource):
+        return TextPart(source.data)
+    if isinstance(source, fmt.URLSource):
+        return DocumentPart(FileData(url=source.url, file_name=block.title))
+    return DocumentPart(FileData(data=source.data, media_type=source.media_type, file_name=block.title))
+
+
+def _tool_choice(wire: fmt.MessagesRequest) -> tuple[ToolChoice | None, bool | None]:
+    choice = wire.tool_choice
+    if choice is None:
+        return None, None
+    if isinstance(choice, fmt.ToolChoiceNone):
+        return ToolChoice("none"), None
+    names = {tool.name for tool in wire.tools or ()}
+    parallel = False if choice.disable_parallel_tool_use else None
+    if isinstance(choice, fmt.ToolChoiceAuto):
+        return ToolChoice("auto"), parallel
+    if not names:
+        raise _invalid("tool_choice.type", f"'{choice.__struct_config__.tag}' needs at least one tool in `tools`")
+    if isinstance(choice, fmt.ToolChoiceAny):
+        return ToolChoice("required"), parallel
+    if choice.name not in names:
+        raise _invalid("tool_choice.name", f"names no declared tool: '{choice.name}'")
+    return ToolChoice("named", choice.name), parallel
+
+
+def _effort(wire: fmt.MessagesRequest) -> ReasoningEffort | None:
+    thinking = wire.thinking
+    if isinstance(thinking, fmt.ThinkingEnabled) and thinking.budget_tokens >= wire.max_tokens:
+        raise _invalid("thinking.budget_tokens", f"must be less than max_tokens ({wire.max_tokens})")
+    if wire.output_config is not None and wire.output_config.effort is not None:
+        return wire.output_config.effort
+    if not isinstance(thinking, fmt.ThinkingEnabled):
+        return None
+    if thinking.budget_tokens < 4096:
+        return "low"
+    return "medium" if thinking.budget_tokens < 16384 else "high"
+
+
+def _validation_error(message: str) -> InvalidRequest:
+    match = _AT.match(message)
+    if match is None:
+        if message.startswith("Expected `object`"):
+            return InvalidRequest("request body must be a JSON object")
+        if message.startswith("Object missing required field"):
+            field_name = message.split("`")[1]
+            return _invalid(field_name, "field required")
+        return InvalidRequest(message)
+    param = match["path"].lstrip(".")
+    detail = match["msg"]
+    if param.endswith(".type") and detail.startswith("Invalid value"):
+        detail = "unknown type " + detail.removeprefix("Invalid value ")
+    elif detail.startswith("Object missing required field"):
+        field_name = detail.split("`")[1]
+        param = f"{param}.{field_name}"
+        detail = "field required"
+    return _invalid(param, detail)
+
+
+def _in_anthropic_terms(exc: InvalidRequest) -> InvalidRequest:
+    """A rule of `check_request` broken, named by the Anthropic path: a media part's `data` is
+    its block's `source`; every other path is the same in both requests."""
+    param = exc.param
+    if param is None:
+        return exc
+    renamed = _CANONICAL_MEDIA.sub(r"\1.source", param)
+    if renamed == param:
+        return exc
+    return _invalid(renamed, exc.message.removeprefix(f"{param}: "))
+
+
+def _invalid(param: str, detail: str) -> InvalidRequest:
+    return InvalidRequest(f"{param}: {detail}", param=param)

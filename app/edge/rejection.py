@@ -1,0 +1,72 @@
+"""From whatever a handler raised to one `GatewayError`, for every door's error renderer.
+
+Each door renders errors in its own shape (api.md's two views for the native and OpenAI paths,
+Anthropic's for `/v1/messages`); what an exception *means* is decided here, once: our own errors
+as they are, the framework's 404/405/413 and other 4xx mapped onto the tree, anything else an
+internal error logged with its traceback and said generically. A request rejected before the
+pipeline took it gets its canonical `request` log line here (`status: rejected`), since the
+pipeline never wrote one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request
+from litestar.exceptions import HTTPException
+
+from app.errors import (
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    clip,
+)
+from app.ids import uuid7
+from app.logging import get_logger
+
+_log = get_logger("switchyard.errors")
+
+
+def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[str, GatewayError]:
+    """The request id and the `GatewayError` for any exception a handler raised, for every door's
+    error renderer. A request rejected before the pipeline took it (bad body, 404, 405, 413) gets
+    its canonical `request` line here: the pipeline never wrote one."""
+    request_id = getattr(request.state, "request_id", None) or uuid7()
+    log = _logger(request)
+    error = _as_gateway_error(exc, request_id, log)
+    if not getattr(request.state, "routed", False):
+        log.info(
+            "request",
+            request_id=request_id,
+            method=request.method,
+            path=request.url.path[:200],
+            status="rejected",
+            error_status=error.status_code,
+            error_type=error.type,
+        )
+    return request_id, error
+
+
+def _logger(request: Request[Any, Any, Any]) -> Any:
+    """The running service's logger (bound to its log writer); the module's before start-up."""
+    service = getattr(request.app.state, "service", None)
+    return service.log if service is not None else _log
+
+
+def _as_gateway_error(exc: Exception, request_id: str, log: Any) -> GatewayError:
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, HTTPException):
+        if exc.status_code == 413:
+            return PayloadTooLarge("request body too large")
+        if exc.status_code == 404:
+            return NotFound("no such endpoint")
+        if exc.status_code == 405:
+            return MethodNotAllowed("method not allowed", allow=(exc.headers or {}).get("allow", ""))
+        if exc.status_code < 500:
+            return InvalidRequest(clip(str(exc.detail)))  # Litestar's details quote the request path
+    log.error("unhandled_exception", request_id=request_id, exc_info=exc)
+    return InternalError("internal error")
