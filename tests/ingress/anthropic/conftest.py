@@ -1,5 +1,5 @@
-"""Fixtures of the Anthropic Messages ingress tests, loaded by each `test_anthropic_*` module with
-`pytest_plugins` (what they route over is `anthropic_catalog`):
+"""Fixtures of the Anthropic Messages ingress tests (this directory overrides `gw` and `client`;
+what they route over is `catalog.py`):
 - `primary`, `secondary`: the two loopback upstreams;
 - `gw`: a gateway routed to them over `CATALOG`;
 - `client`: the real `anthropic` SDK pointed at it, without retries (a test scripts every
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import anthropic
 import pytest
 
-from tests.ingress.anthropic_catalog import CATALOG, providers_for
+from tests.ingress.anthropic.catalog import CATALOG, providers_for
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.upstream import ReplayUpstream, upstream_fixture
 

@@ -10,11 +10,9 @@ import anthropic
 import httpx
 import pytest
 
-from tests.ingress.anthropic_catalog import CATALOG, providers_for
+from tests.ingress.anthropic.catalog import CATALOG, providers_for
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.upstream import ReplayUpstream, reply_json
-
-pytest_plugins = ["tests.ingress.anthropic_fixtures"]
 
 USER = {"role": "user", "content": "hi"}
 BUSY = {"error": {"message": "busy", "type": "rate_limit_error", "code": 429}}

@@ -21,8 +21,8 @@ CATALOG = catalog_toml(
         ("primary", "org/chat-1-instruct", 100),
         ("secondary", "chat-1-hosted", 50),
         aliases=["claude-gateway"],
-        context_window=32768,
-        max_output=8192,
+        context_window=131072,
+        max_output=32768,  # room for a thinking budget of 16,384 below max_tokens
         capabilities=["tools", "reasoning"],
         default=True,
     ),

@@ -11,12 +11,10 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.ingress.anthropic_catalog import primary_cost
+from tests.ingress.anthropic.catalog import primary_cost
 from tests.support.gateway import GatewayHandle
 from tests.support.replies import answer
 from tests.support.upstream import ReplayUpstream, reply_json
-
-pytest_plugins = ["tests.ingress.anthropic_fixtures"]
 
 USER = {"role": "user", "content": "Weather in Paris?"}
 TOOLS: list[Any] = [

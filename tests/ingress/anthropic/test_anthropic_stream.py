@@ -10,13 +10,11 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.ingress.anthropic_catalog import CATALOG, primary_cost, providers_for
+from tests.ingress.anthropic.catalog import CATALOG, primary_cost, providers_for
 from tests.support.client import Frames, parse_sse
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.replies import chunk, tool_delta, usage_chunk
 from tests.support.upstream import ReplayUpstream, reply_sse
-
-pytest_plugins = ["tests.ingress.anthropic_fixtures"]
 
 USER = {"role": "user", "content": "Weather in Paris?"}
 NO_USAGE = {
