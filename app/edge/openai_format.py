@@ -206,7 +206,7 @@ class AssistantOut(Struct):
 
 class TokenLogprobOut(Struct):
     token: str
-    logprob: float
+    logprob: float | None
     bytes: list[int] | None
     top_logprobs: list[TopLogprob]
 
