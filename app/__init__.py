@@ -13,7 +13,9 @@
                      module per ingress (unified.py: POST /api/v1/completions, with its output
                      format in unified_format.py and request validation in validation.py;
                      openai_chat.py: POST /v1/chat/completions and GET /v1/models, with
-                     openai_translate.py in and openai_format.py out;
+                     openai_translate.py in and openai_format.py out; openai_completions.py:
+                     POST /v1/completions, the legacy text completion, with its wire format and
+                     translator in openai_completions_format.py;
                      anthropic.py: POST /v1/messages, with its wire types in anthropic_format.py
                      and its request translator in anthropic_request.py), the small handlers
                      (models, health, metrics)

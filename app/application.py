@@ -22,6 +22,7 @@ from litestar.response import Response
 
 from app.edge import anthropic, handlers
 from app.edge.openai_chat import chat_completions, openai_models
+from app.edge.openai_completions import text_completions
 from app.edge.rejection import as_gateway_error
 from app.edge.unified import completions
 from app.errors import error_body
@@ -47,6 +48,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
         route_handlers=[
             completions,
             chat_completions,
+            text_completions,
             openai_models,
             anthropic.router,
             handlers.list_models,

@@ -22,7 +22,8 @@ from msgspec import Meta, Struct
 
 from catalog.tables import PRICE_PRECISION, PRICE_SCALE
 
-Capability = Literal["tools", "vision", "reasoning", "structured_output", "audio", "documents"]
+# `completions`: the model's deployments take raw prompts on `/completions` (POST /v1/completions)
+Capability = Literal["tools", "vision", "reasoning", "structured_output", "audio", "documents", "completions"]
 CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))
 MONEY_KEYS = ("input", "output", "cache_read", "cache_write", "reasoning")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
@@ -88,10 +89,18 @@ class _Choice(Struct):
     finish_reason: str
 
 
+class _TextLogprobs(Struct):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class _TextChoice(Struct):
     index: int
     text: str
     finish_reason: str | None
+    logprobs: _TextLogprobs | UnsetType = UNSET  # only when the request asked for them
 
 
 class _Body(Struct):
@@ -108,11 +117,15 @@ class _StreamOptions(Struct):
 
 
 class CompletionRequest(Struct):
-    """The only fields of an upstream request the mock reads."""
+    """The only fields of an upstream request the mock reads (`prompt`, `logprobs` and `echo` on
+    `/v1/completions` only)."""
 
     model: str = ""
     stream: bool = False
     stream_options: _StreamOptions | None = None
+    prompt: str | list[Any] | None = None
+    logprobs: int | None = None
+    echo: bool = False
 
 
 class Plan(Struct):
@@ -154,11 +167,16 @@ def usage_frame(path: str, created: int, model: str, usage: Usage) -> bytes:
     return _sse(_Body("cmpl-mock", "text_completion", created, model, [], usage))
 
 
-def _pieces(text: str, count: int, per_chunk: int) -> list[str]:
-    """`count` chunks of `per_chunk` words each, cycling through `text` (one word, one token)."""
+def _tokens(text: str, count: int) -> list[str]:
+    """`count` words cycling through `text` (one word, one token)."""
     words = re.findall(r"\s*\S+", text) or ["x"]
     again = [" " + words[0].lstrip(), *words[1:]]  # after the first pass, every word follows a space
-    tokens = [(words if k < len(words) else again)[k % len(words)] for k in range(count * per_chunk)]
+    return [(words if k < len(words) else again)[k % len(words)] for k in range(count)]
+
+
+def _pieces(text: str, count: int, per_chunk: int) -> list[str]:
+    """`count` chunks of `per_chunk` words each, cycling through `text`."""
+    tokens = _tokens(text, count * per_chunk)
     return ["".join(tokens[i * per_chunk : (i + 1) * per_chunk]) for i in range(count)]
 
 
@@ -166,15 +184,14 @@ def _sse(obj: Struct) -> bytes:
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
-def build_plan(opts: ScriptedOptions, created: int, path: str, model: str) -> Plan:
-    """The reply bytes for `path` (chat or text completions) naming `model`."""
+def build_plan(
+    opts: ScriptedOptions, created: int, path: str, model: str, logprobs: int | None = None, echo: str | None = None
+) -> Plan:
+    """The reply bytes for `path` (chat or text completions) naming `model`; a text completion
+    carries `logprobs` alternatives per token when asked, and starts with the prompt `echo`."""
     content = _pieces(opts.text, opts.chunks, opts.tokens_per_chunk)
     if path == TEXT_PATH:
-        head = _Body("cmpl-mock", "text_completion", created, model, [])
-        frames = [_sse(msgspec.structs.replace(head, choices=[_TextChoice(0, p, None)])) for p in content]
-        frames.append(_sse(msgspec.structs.replace(head, choices=[_TextChoice(0, "", "stop")])))
-        whole = msgspec.structs.replace(head, choices=[_TextChoice(0, "".join(content), "stop")])
-        return _plan_of(frames, whole, len(content) * opts.tokens_per_chunk, 0)
+        return _text_plan(opts, created, model, logprobs, echo)
     reasoning = _pieces(REASONING_TEXT, opts.reasoning_chunks, opts.tokens_per_chunk)
     deltas = [_Delta(reasoning_content=p) for p in reasoning] + [_Delta(content=p) for p in content]
     if opts.tool_call is not None:
@@ -199,6 +216,51 @@ def build_plan(opts: ScriptedOptions, created: int, path: str, model: str) -> Pl
     reasoning_tokens = len(reasoning) * opts.tokens_per_chunk
     completion = len(content) * opts.tokens_per_chunk + reasoning_tokens + tool_tokens
     return _plan_of(frames, whole, completion, reasoning_tokens)
+
+
+def _text_plan(opts: ScriptedOptions, created: int, model: str, logprobs: int | None, echo: str | None) -> Plan:
+    """A text completion: one chunk per `tokens_per_chunk` words, then the finish chunk; with `echo`
+    the prompt comes first (one token without a probability, like OpenAI's first prompt token);
+    with `logprobs`, the k-th word has -(k % 7 + 1) / 10 and `logprobs - 1` made-up alternatives."""
+    per_chunk = opts.tokens_per_chunk
+    tokens = _tokens(opts.text, opts.chunks * per_chunk)
+    groups = [tokens[i * per_chunk : (i + 1) * per_chunk] for i in range(opts.chunks)]
+    choices = [_TextChoice(0, "".join(group), None) for group in groups]
+    whole = _TextChoice(0, "".join(tokens), "stop")
+    if echo is not None:
+        choices.insert(0, _TextChoice(0, echo, None))
+        whole.text = echo + whole.text
+    if logprobs is not None:
+        offset = 0
+        whole.logprobs = _TextLogprobs([], [], [], [])
+        if echo is not None:
+            choices[0].logprobs = _TextLogprobs([echo], [None], [None], [0])
+            offset = len(echo)
+        for index, group in enumerate(groups):
+            floats = [-((index * per_chunk + j) % 7 + 1) / 10 for j in range(len(group))]
+            values: list[float | None] = list(floats)
+            pairs = zip(group, floats, strict=True)
+            tops: list[dict[str, float] | None] = [_alternatives(token, value, logprobs) for token, value in pairs]
+            offsets = [offset + len("".join(group[:j])) for j in range(len(group))]
+            offset += len("".join(group))
+            choices[index + (echo is not None)].logprobs = _TextLogprobs(group, values, tops, offsets)
+        for choice in choices:
+            assert not isinstance(choice.logprobs, UnsetType)
+            whole.logprobs.tokens += choice.logprobs.tokens
+            whole.logprobs.token_logprobs += choice.logprobs.token_logprobs
+            whole.logprobs.top_logprobs += choice.logprobs.top_logprobs
+            whole.logprobs.text_offset += choice.logprobs.text_offset
+    head = _Body("cmpl-mock", "text_completion", created, model, [])
+    frames = [_sse(msgspec.structs.replace(head, choices=[choice])) for choice in choices]
+    frames.append(_sse(msgspec.structs.replace(head, choices=[_TextChoice(0, "", "stop")])))
+    return _plan_of(frames, msgspec.structs.replace(head, choices=[whole]), len(tokens), 0)
+
+
+def _alternatives(token: str, value: float, count: int) -> dict[str, float]:
+    top = {token: value} if count else {}
+    for j in range(1, count):
+        top[f"{token.strip()}~{j}"] = round(value - j, 4)
+    return top
 
 
 def _plan_of(frames: list[bytes], whole: _Body, completion: int, reasoning: int) -> Plan:

@@ -3,7 +3,9 @@
 `ScriptedResponder` answers chat/text completions, `/models`, `/health` and vLLM-style `/metrics`
 like a vLLM server would, from `ScriptedOptions`: fixed latency, chunking, reasoning, a tool call
 and injected failures (a status with `Retry-After` on every N-th completion, or a reset after N
-chunks). The reply bytes come from `devtools.mock_openai` (built once per endpoint and model); the HTTP
+chunks); a text completion also carries log probabilities and the echoed prompt when the request
+asks (`logprobs`, `echo`). The reply bytes come from `devtools.mock_openai` (built once per
+endpoint, model and `logprobs`; per request with `echo`); the HTTP
 server under it is `devtools.mock_http.MockUpstreamServer`, the same one the tests' replay server uses.
 """
 
@@ -47,7 +49,7 @@ class ScriptedResponder:
         self.running: Callable[[], int] = lambda: 0  # wired to the server's active_streams
         self.created = int(time.time())
         self._completions = 0
-        self._plans: dict[tuple[str, str], Plan] = {}
+        self._plans: dict[tuple[str, str, int | None], Plan] = {}
         self._decoder = msgspec.json.Decoder(CompletionRequest)
         models = {"object": "list", "data": [{"id": options.model, "object": "model", "owned_by": "mock"}]}
         self._models_reply = Reply(200, _JSON_HEADERS, [msgspec.json.encode(models)])
@@ -79,7 +81,7 @@ class ScriptedResponder:
             reply.first_byte_delay_s = delay
             return reply
         model = parsed.model or opts.model
-        plan = self._plan(path, model)
+        plan = self._plan(path, model, parsed)
         usage = usage_for(plan, request.body)
         reset = opts.reset_after if faulty else None
         if not parsed.stream:
@@ -106,13 +108,25 @@ class ScriptedResponder:
         text = "".join(f'# TYPE {g} gauge\n{g}{{model_name="{name}"}} {float(v)}\n' for g, v in gauges)
         return Reply(200, [("content-type", "text/plain; version=0.0.4")], [text.encode()])
 
-    def _plan(self, path: str, model: str) -> Plan:
-        plan = self._plans.get((path, model))
+    def _plan(self, path: str, model: str, parsed: CompletionRequest) -> Plan:
+        logprobs = parsed.logprobs if path == TEXT_PATH else None
+        if path == TEXT_PATH and parsed.echo:  # the prompt is part of the reply: built per request
+            return build_plan(self.options, self.created, path, model, logprobs, _prompt_of(parsed))
+        key = (path, model, logprobs)
+        plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= 256:
                 self._plans.clear()
-            plan = self._plans[path, model] = build_plan(self.options, self.created, path, model)
+            plan = self._plans[key] = build_plan(self.options, self.created, path, model, logprobs)
         return plan
+
+
+def _prompt_of(parsed: CompletionRequest) -> str:
+    """A text completion's prompt: a string, or the one string of an array (else empty)."""
+    prompt = parsed.prompt
+    if isinstance(prompt, list):
+        prompt = prompt[0] if len(prompt) == 1 else None
+    return prompt if isinstance(prompt, str) else ""
 
 
 # --- command line -------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Upstream providers: wire formats and HTTP to the inference servers the gateway fronts.
 
 A leaf package: it knows nothing of Litestar, SQL or the catalog. The app hands it a
-`CompletionRequest` (`providers.types`) and a `ProviderConfig` (`providers.config`) and gets back
-`providers.events`, or an `UpstreamError` (`providers.errors`) saying what routing should do.
+`CompletionRequest` or a raw-prompt `TextCompletionRequest` (`providers.types`) and a
+`ProviderConfig` (`providers.config`) and gets back `providers.events`, or an `UpstreamError`
+(`providers.errors`) saying what routing should do.
 
     types.py           the canonical request (also the public API's wire format)
     config.py          one provider's kind, URL, key, timeouts and wire profile
@@ -10,8 +11,11 @@ A leaf package: it knows nothing of Litestar, SQL or the catalog. The app hands 
     errors.py          UpstreamError, Failure, and the classifiers for answers and exceptions
     sse.py             incremental Server-Sent Events framing
     usage.py           usage reports → five disjoint buckets; the upstream's billed cost
+    openai_stream.py   what every OpenAI-style answer shares: [DONE]/EOF, errors in a 200, usage
     openai_request.py  CompletionRequest → `/chat/completions` body
     openai_chat.py     the chat dialect: streamed chunks / whole answers → events
+    openai_text.py     the text dialect: TextCompletionRequest → `/completions` body; answers → events
+    dialect.py         which endpoint, body builder and parsers a request takes (chat or text)
     adapter.py         `Provider`: one HTTP exchange, events out; `make_client`
 
 Every provider kind (`local`, `fastrun`, `primalabs`, `openai_compatible`) is the same `Provider`

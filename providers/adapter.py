@@ -1,8 +1,8 @@
 """One configured provider, reached over HTTP: request out, canonical events back.
 
 `Provider` is the only class here and `events` its one streaming method; every kind of provider
-is this class with different `ProviderConfig` data. It joins the pure pieces (`build_chat_body`,
-`SSEParser` + `ChatStreamParser`, `parse_chat_response`, `classify_*`) to one HTTP exchange, and
+is this class with different `ProviderConfig` data. It joins the pure pieces (`build_body` and
+the request's dialect, `SSEParser`, `classify_*`) to one HTTP exchange, and
 wraps the HTTP client's exceptions once, here, into `UpstreamError`.
 
 Timeouts. httpx-aiohttp hands httpx's `read` timeout to aiohttp as one socket-read timeout that
@@ -25,18 +25,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from providers.config import ProviderConfig
+from providers.dialect import DIALECTS, build_body
 from providers.errors import Failure, UpstreamError, classify_response, classify_transport
 from providers.events import Event
-from providers.openai_chat import ChatStreamParser, build_chat_body, parse_chat_response
+from providers.openai_stream import OpenAIStreamParser
 from providers.server_metrics import queue_depth as server_queue_depth
 from providers.sse import SSEParser
 from providers.transport import H1Transport, RawResponse
-from providers.types import CompletionRequest
+from providers.types import AnyRequest
 
 _ERROR_BODY_LIMIT = 64 * 1024
 _PROBE_READ_TIMEOUT = 10.0
@@ -89,25 +91,34 @@ class Provider:
         self._probe_headers = {key: value for key, value in headers.items() if key != "content-type"}
         self._json_headers = httpx.Headers({**headers, "accept": "application/json"})
         self._stream_headers = httpx.Headers({**headers, "accept": "text/event-stream", "accept-encoding": "identity"})
-        self._json_head = _request_head(self._chat_url, self._json_headers)
-        self._stream_head = _request_head(self._chat_url, self._stream_headers)
+        # endpoint path → (URL, JSON request head, streaming request head), one per dialect
+        self._routes: dict[str, tuple[httpx.URL, bytes, bytes]] = {}
+        for dialect in DIALECTS:
+            url = httpx.URL(f"{base}{dialect.path}")
+            self._routes[dialect.path] = (
+                url,
+                _request_head(url, self._json_headers),
+                _request_head(url, self._stream_headers),
+            )
         timeouts = config.timeouts
         self._json_timeout = {"connect": timeouts.connect, "read": timeouts.first_byte, "write": None, "pool": None}
         self._stream_timeout = {"connect": timeouts.connect, "read": timeouts.idle, "write": None, "pool": None}
 
-    async def events(self, req: CompletionRequest, upstream_model: str, *, stream: bool) -> AsyncGenerator[Event, None]:
+    async def events(self, req: AnyRequest, upstream_model: str, *, stream: bool) -> AsyncGenerator[Event, None]:
         """The events of one attempt; raises `UpstreamError` for every failure, including a
-        stream that ends without a finish reason."""
+        stream that ends without a finish reason. A chat request goes to `/chat/completions`, a
+        raw-prompt one to `/completions` (`providers.dialect`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeouts.total
-        body = build_chat_body(req, upstream_model, self.config, stream=stream)
+        dialect, body = build_body(req, upstream_model, self.config, stream=stream)
+        url, json_head, stream_head = self._routes[dialect.path]
         if self._h1 is not None:
-            response: Answer = await self._send_h1(body, stream)
+            response: Answer = await self._send_h1(stream_head if stream else json_head, body, stream)
         else:
             response = await self._send(
                 httpx.Request(
                     "POST",
-                    self._chat_url,
+                    url,
                     content=body,
                     headers=self._stream_headers if stream else self._json_headers,
                     extensions={"timeout": self._stream_timeout if stream else self._json_timeout},
@@ -117,22 +128,22 @@ class Provider:
             if not 200 <= response.status_code < 300:
                 raise classify_response(response.status_code, response.headers, await _error_body(response))
             if stream:
-                async with contextlib.aclosing(_stream_events(response, loop, deadline)) as events:
+                parser = dialect.stream_parser()
+                async with contextlib.aclosing(_stream_events(response, loop, deadline, parser)) as events:
                     async for event in events:
                         yield event
             else:
-                for event in parse_chat_response(await _read_body(response)):
+                for event in dialect.parse_answer(await _read_body(response)):
                     yield event
         finally:
             await response.aclose()
 
-    async def _send_h1(self, body: bytes, stream: bool) -> RawResponse:
+    async def _send_h1(self, head: bytes, body: bytes, stream: bool) -> RawResponse:
         """The plain-HTTP path; the same timeouts as `_send`, kept by the transport's own timers
         (no asyncio deadline per request): connect, then the whole head within
         min(first_byte, total), then each body read (`idle` when streaming, else `first_byte`)."""
         assert self._h1 is not None
         timeouts = self.config.timeouts
-        head = self._stream_head if stream else self._json_head
         try:
             return await self._h1.exchange(
                 self._h1_key,
@@ -190,10 +201,9 @@ def _request_head(url: httpx.URL, headers: httpx.Headers) -> bytes:
 
 
 async def _stream_events(
-    response: Answer, loop: asyncio.AbstractEventLoop, deadline: float
+    response: Answer, loop: asyncio.AbstractEventLoop, deadline: float, parser: OpenAIStreamParser[Any]
 ) -> AsyncGenerator[Event, None]:
     sse = SSEParser()
-    parser = ChatStreamParser()
     try:
         async for data in response.aiter_raw():
             if loop.time() > deadline:

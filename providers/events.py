@@ -64,10 +64,11 @@ class TopLogprob(Struct, frozen=True):
 
 class TokenLogprob(Struct, frozen=True):
     """One sampled token's log probability, with the most likely alternatives when asked for
-    (OpenAI chat's `logprobs.content[i]` shape; `text_offset` from a legacy `/completions`)."""
+    (OpenAI chat's `logprobs.content[i]` shape; `text_offset` from a legacy `/completions`, where
+    `logprob` is None for a token the upstream gave no probability: the first echoed prompt token)."""
 
     token: str
-    logprob: float
+    logprob: float | None
     bytes: list[int] | None = None
     top_logprobs: list[TopLogprob] = []
     text_offset: int | None = None

@@ -14,11 +14,11 @@ Wire quirks resolved here (see providers.md):
   fresh id per delta);
 - `ToolCallStart` waits until the name is known (a call still without an id then gets
   `call_<key>`); argument fragments seen before are buffered and sent as one `ToolCallArgs`;
-- usage may come on any chunk (the last report wins) and is yielded once, at the end, followed by
-  `Finish`; the end is `[DONE]` or EOF after a `finish_reason` (`transformers serve` sends no
-  `[DONE]`); EOF before either is a truncated stream;
-- `data:` payloads that are not JSON objects (keep-alives) are ignored; an `{"error": ...}`
-  payload inside a 200 stream raises.
+- a call never named by the end of the stream is still started (its arguments kept), and `stop`
+  with calls returned reads as `tool_calls`.
+
+What any OpenAI-style stream shares with the text dialect (`[DONE]` and EOF, keep-alives, errors
+inside a 200, usage on any chunk, whole answers) is `providers.openai_stream.OpenAIStreamParser`.
 
 The request side (its wire Structs and the mapping from `CompletionRequest`) lives in
 `openai_request.py` to keep both modules small; `build_chat_body` is re-exported here so callers
@@ -32,36 +32,19 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from providers.errors import ErrorBody, Failure, UpstreamError, classify_error_chunk
 from providers.events import (
     Event,
-    Finish,
     Logprobs,
     ReasoningDelta,
     TextDelta,
     TokenLogprob,
     ToolCallArgs,
     ToolCallStart,
-    UpstreamMeta,
 )
 from providers.openai_request import build_chat_body
-from providers.usage import OpenAIUsage, openai_report
+from providers.openai_stream import ChunkBase, OpenAIStreamParser, normalise_finish
 
 __all__ = ["ChatStreamParser", "build_chat_body", "normalise_finish", "parse_chat_response"]
-
-_FINISH_REASONS = {
-    "stop": "stop",
-    "length": "length",
-    "max_tokens": "length",
-    "tool_calls": "tool_calls",
-    "function_call": "tool_calls",
-    "content_filter": "content_filter",
-}
-
-
-def normalise_finish(reason: str) -> str:
-    """stop | length | tool_calls | content_filter; anything unknown (`eos`, `end_turn`) is stop."""
-    return _FINISH_REASONS.get(reason, "stop")
 
 
 class _Function(Struct):
@@ -94,20 +77,10 @@ class _Choice(Struct):
     logprobs: _ChoiceLogprobs | None = None
 
 
-class _Chunk(Struct):
-    """One streamed chunk or one whole answer; also the shapes of an error inside a 200."""
+class _Chunk(ChunkBase):
+    """One streamed chunk or one whole answer (`ChunkBase`: id, usage, an error inside a 200)."""
 
-    id: str | None = None
-    object: str | None = None
     choices: list[_Choice] | None = None
-    usage: OpenAIUsage | None = None
-    error: ErrorBody | str | None = None
-    message: str | None = None
-    type: str | None = None
-    code: int | str | None = None
-
-
-_chunk_decoder = msgspec.json.Decoder(_Chunk, strict=False)
 
 
 class _Call:
@@ -122,79 +95,37 @@ class _Call:
         self.fragments: list[str] = []
 
 
-class ChatStreamParser:
+class ChatStreamParser(OpenAIStreamParser[_Chunk]):
     """Feed it the `data` payloads of one `/chat/completions` stream; it returns events."""
 
-    __slots__ = ("_by_id", "_calls", "_closed", "_done", "_finish", "_first", "_usage")
+    __slots__ = ("_by_id", "_calls")
+    decoder = msgspec.json.Decoder(_Chunk, strict=False)
 
     def __init__(self) -> None:
+        super().__init__()
         self._calls: list[_Call] = []
         self._by_id: dict[str, _Call] = {}
-        self._usage: OpenAIUsage | None = None
-        self._finish: str | None = None
-        self._first = True
-        self._done = False
-        self._closed = False
 
-    @property
-    def done(self) -> bool:
-        """`[DONE]` was seen, or a chunk carried a finish reason: EOF now is a clean end."""
-        return self._done or self._finish is not None
+    def _choice(self, chunk: _Chunk, events: list[Event]) -> str | None:
+        if not chunk.choices:
+            return None
+        choice = chunk.choices[0]
+        delta = choice.delta if choice.delta is not None else choice.message
+        if delta is not None:
+            self._delta(delta, events)
+        if choice.logprobs is not None and choice.logprobs.content:
+            events.append(Logprobs(choice.logprobs.content))
+        return choice.finish_reason
 
-    def feed(self, payload: str | bytes) -> list[Event]:
-        """The events of one `data` payload; `[DONE]` yields the closing events."""
-        if payload == "[DONE]" or payload == b"[DONE]":
-            self._done = True
-            return self.finish()
-        if payload[:1] not in ("{", b"{"):
-            stripped = payload.strip()
-            if stripped[:1] not in ("{", b"{"):
-                return []  # keep-alive text, empty data
-            payload = stripped
-        try:
-            chunk = _chunk_decoder.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            raise UpstreamError(Failure.TRANSIENT, "upstream sent a malformed chunk", status=502) from None
-        return self._apply(chunk)
-
-    def _apply(self, chunk: _Chunk) -> list[Event]:
-        _raise_error(chunk)
-        events: list[Event] = []
-        if self._first:
-            self._first = False
-            if chunk.id:
-                events.append(UpstreamMeta(upstream_request_id=chunk.id))
-        if chunk.usage is not None:
-            self._usage = chunk.usage
-        if chunk.choices:
-            choice = chunk.choices[0]
-            delta = choice.delta if choice.delta is not None else choice.message
-            if delta is not None:
-                self._delta(delta, events)
-            if choice.logprobs is not None and choice.logprobs.content:
-                events.append(Logprobs(choice.logprobs.content))
-            if choice.finish_reason:
-                self._finish = normalise_finish(choice.finish_reason)
-        return events
-
-    def finish(self) -> list[Event]:
-        """The closing events at the end of the stream; raises if it was truncated."""
-        if self._closed:
-            return []
-        if not self.done:
-            raise UpstreamError(Failure.TRANSIENT, "upstream stream ended before a finish reason", status=502)
-        self._closed = True
+    def _closing(self) -> list[Event]:
         events: list[Event] = []
         for call in self._calls:
             if not call.started:
                 self._start(call, events, force=True)
-        if self._usage is not None:
-            events.append(openai_report(self._usage))
-        reason = self._finish or "stop"
-        if reason == "stop" and self._calls:
-            reason = "tool_calls"
-        events.append(Finish(reason=reason))
         return events
+
+    def _final_reason(self, reason: str) -> str:
+        return "tool_calls" if reason == "stop" and self._calls else reason
 
     def _delta(self, delta: _Delta, events: list[Event]) -> None:
         reasoning = delta.reasoning or delta.reasoning_content
@@ -265,25 +196,6 @@ def _continues(latest: _Call, delta: _ToolCallDelta) -> bool:
     return delta.function is None or not delta.function.name
 
 
-def _raise_error(chunk: _Chunk) -> None:
-    error = chunk.error
-    if error is None and chunk.object != "error":
-        return
-    if isinstance(error, ErrorBody):
-        raise classify_error_chunk(error)
-    message = error if isinstance(error, str) else chunk.message
-    raise classify_error_chunk(ErrorBody(message=message, type=chunk.type, code=chunk.code))
-
-
 def parse_chat_response(body: bytes) -> list[Event]:
     """The events of a whole (non-streamed) answer: what its stream would have yielded."""
-    try:
-        answer = _chunk_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        raise UpstreamError(Failure.TRANSIENT, "upstream sent a malformed answer", status=502) from None
-    if not answer.choices and answer.error is None and answer.object != "error":
-        raise UpstreamError(Failure.TRANSIENT, "upstream answer has no choices", status=502)
-    parser = ChatStreamParser()
-    events = parser._apply(answer)
-    parser._done = True  # a whole answer is complete even without a finish_reason
-    return events + parser.finish()
+    return ChatStreamParser().parse_whole(body)

@@ -185,11 +185,17 @@ def build_chat_body(req: CompletionRequest, upstream_model: str, cfg: ProviderCo
     """The encoded `/chat/completions` body for `req` on provider `cfg`."""
     body = chat_body(req, upstream_model, cfg.wire, stream=stream)
     options = req.provider_options.get(cfg.name) if req.provider_options else None
+    return encode_with_options(body, options, _PROTECTED)
+
+
+def encode_with_options(body: Struct, options: dict[str, Any] | None, protected: frozenset[str]) -> bytes:
+    """`body` encoded, with the serving provider's `provider_options` merged last (never the
+    `protected` keys); the Struct is encoded directly when there are none, the usual case."""
     if not options:
         return _encoder.encode(body)
     merged: dict[str, Any] = msgspec.to_builtins(body)
     for key, value in options.items():
-        if key not in _PROTECTED:
+        if key not in protected:
             merged[key] = value
     return _encoder.encode(merged)
 

@@ -2,7 +2,9 @@
 
 These Structs are both the wire format of `POST /api/v1/completions` (the app decodes request bodies
 straight into `CompletionRequest`) and the input of every adapter's request builder, so there is one
-typed representation of a request in the whole service.
+typed representation of a request in the whole service. `TextCompletionRequest` is the other kind
+of request: a raw prompt for an upstream's own `/completions` endpoint (the legacy OpenAI text
+completion), never wrapped in a chat template; `AnyRequest` is what the pipeline and the adapter take.
 
 Policy (set once here, as msgspec recommends):
 - every optional field is `T | None = None`: a client's explicit `null` means "absent";
@@ -149,3 +151,31 @@ class CompletionRequest(Struct, omit_defaults=True):
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     parallel_tool_calls: bool | None = None
     user: str | None = None
+
+
+MAX_TEXT_TOKENS = 16384  # the fastrun/primalabs `/completions` range, 1..16384
+MAX_STOP = 4
+
+
+class TextCompletionRequest(Struct, omit_defaults=True):
+    """A raw-prompt completion (`POST /v1/completions`). `max_tokens` has the legacy API's default
+    (16) and is always sent upstream: hosts differ in what they assume when it is absent."""
+
+    prompt: str
+    model: str | None = None
+    provider: str | None = None
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_TEXT_TOKENS)] = 16
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    seed: int | None = None
+    stop: Annotated[list[str], Meta(max_length=MAX_STOP)] | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None  # how many top alternatives per token
+    echo: bool | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    stream: bool | None = None
+    provider_options: dict[str, dict[str, Any]] | None = None
+
+
+AnyRequest = CompletionRequest | TextCompletionRequest

@@ -160,6 +160,46 @@ async def test_text_completions_json_and_stream() -> None:
     assert events[5] == "[DONE]"
 
 
+async def test_text_completions_logprobs_and_echo() -> None:
+    options = ScriptedOptions(chunks=2, tokens_per_chunk=2, text="one two three four")
+    asked = {"model": "base", "prompt": ["Say:"], "logprobs": 2, "echo": True}
+    async with scripted_server(options) as server, httpx.AsyncClient() as client:
+        whole = await client.post(f"{server.url}/completions", json=asked)
+        stream = await client.post(f"{server.url}/completions", json={**asked, "stream": True})
+        plain = await client.post(f"{server.url}/completions", json={"model": "base", "prompt": "x", "logprobs": 1})
+    (choice,) = whole.json()["choices"]
+    assert choice == {
+        "index": 0,
+        "text": "Say:one two three four",
+        "finish_reason": "stop",
+        "logprobs": {
+            "tokens": ["Say:", "one", " two", " three", " four"],
+            "token_logprobs": [None, -0.1, -0.2, -0.3, -0.4],
+            "top_logprobs": [
+                None,
+                {"one": -0.1, "one~1": -1.1},
+                {" two": -0.2, "two~1": -1.2},
+                {" three": -0.3, "three~1": -1.3},
+                {" four": -0.4, "four~1": -1.4},
+            ],
+            "text_offset": [0, 4, 7, 11, 17],
+        },
+    }
+    events = data_lines(stream.text)
+    assert [e["choices"][0]["text"] for e in events[:4]] == ["Say:", "one two", " three four", ""]
+    assert events[0]["choices"][0]["logprobs"] == {
+        "tokens": ["Say:"],
+        "token_logprobs": [None],
+        "top_logprobs": [None],
+        "text_offset": [0],
+    }
+    assert events[2]["choices"][0]["logprobs"]["text_offset"] == [11, 17]
+    assert "logprobs" not in events[3]["choices"][0]
+    assert events[4] == "[DONE]"
+    top = plain.json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert top == [{"one": -0.1}, {" two": -0.2}, {" three": -0.3}, {" four": -0.4}]
+
+
 async def test_models_health_metrics_and_unknown_route() -> None:
     options = ScriptedOptions(model="served-model", metrics_waiting=3)
     async with scripted_server(options) as server, httpx.AsyncClient() as client:

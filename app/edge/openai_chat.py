@@ -38,12 +38,13 @@ from app.context import RequestContext, new_context
 from app.edge import openai_format as fmt
 from app.edge.asgi import DisconnectWatch, begin, client_gone_is_quiet, mark_routed, read_body, send_json, send_stream
 from app.edge.guards import check_json_headers
+from app.edge.openai_format import created_of, usage_of
 from app.edge.openai_translate import decode_chat, to_request
 from app.edge.relay import Relay
 from app.errors import GatewayError, stream_error_view
 from app.pipeline import events as ev
 from app.service import Service
-from providers.events import TokenLogprob, Usage
+from providers.events import TokenLogprob
 from providers.types import TextPart, ThinkingPart, ToolCallPart
 
 
@@ -85,10 +86,6 @@ async def openai_models(state: State) -> Response[bytes]:
     return Response(fmt.encoder.encode(fmt.ModelCards(data=cards)), media_type="application/json")
 
 
-def created_of(ctx: RequestContext) -> int:
-    return int(ctx.started_at.timestamp())
-
-
 def completion_of(ctx: RequestContext, outcome: ev.Outcome) -> fmt.ChatCompletion:
     choice = fmt.Choice(
         index=0,
@@ -125,21 +122,6 @@ def message_of(outcome: ev.Outcome) -> fmt.AssistantOut:
         content="".join(texts) if texts or not calls else None,
         tool_calls=calls or UNSET,
         reasoning_content="".join(thoughts) if thoughts else UNSET,
-    )
-
-
-def usage_of(outcome: ev.Outcome) -> fmt.UsageOut:
-    usage = outcome.usage or Usage()
-    prompt = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
-    completion = usage.output_tokens + usage.reasoning_tokens
-    return fmt.UsageOut(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        prompt_tokens_details=fmt.PromptTokensDetails(usage.cache_read_tokens, usage.cache_write_tokens),
-        completion_tokens_details=fmt.CompletionTokensDetails(usage.reasoning_tokens),
-        cost=outcome.cost.usd,
-        cost_source=outcome.cost.source,
     )
 
 

@@ -1,6 +1,9 @@
 """The OpenAI Chat Completions wire format (ingress.md): the request as clients send it, the
 `chat.completion` answer, the `chat.completion.chunk` SSE lines and the `/v1/models` list.
 
+`usage_of` renders an `Outcome`'s usage in OpenAI's inclusive convention, with its cost: the chat
+and the legacy text door (`app.edge.openai_completions`) answer with the same object.
+
 Request Structs follow msgspec's policy as `providers.types` does: an explicit `null` is absent,
 unknown fields are ignored, numeric ranges are `Meta` constraints, and the unions are tagged
 (`role` on messages, `type` on content parts and `response_format`), so a wrong type, an unknown
@@ -19,9 +22,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from app.context import RequestContext
 from app.errors import StreamErrorView
+from app.pipeline.events import Outcome
 from catalog.records import CostSource
-from providers.events import TopLogprob
+from providers.events import TopLogprob, Usage
 
 # --- request ------------------------------------------------------------------------------------
 
@@ -206,7 +211,7 @@ class AssistantOut(Struct):
 
 class TokenLogprobOut(Struct):
     token: str
-    logprob: float
+    logprob: float | None
     bytes: list[int] | None
     top_logprobs: list[TopLogprob]
 
@@ -241,6 +246,30 @@ class UsageOut(Struct):
     completion_tokens_details: CompletionTokensDetails
     cost: Decimal | None
     cost_source: CostSource | None
+
+
+_NO_USAGE = Usage()
+
+
+def usage_of(outcome: Outcome) -> UsageOut:
+    """The `usage` object of an answer (chat or text completion) from its `Outcome`."""
+    usage = outcome.usage or _NO_USAGE
+    prompt = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+    completion = usage.output_tokens + usage.reasoning_tokens
+    return UsageOut(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(usage.cache_read_tokens, usage.cache_write_tokens),
+        completion_tokens_details=CompletionTokensDetails(usage.reasoning_tokens),
+        cost=outcome.cost.usd,
+        cost_source=outcome.cost.source,
+    )
+
+
+def created_of(ctx: RequestContext) -> int:
+    """`created`: the request's start, in Unix seconds."""
+    return int(ctx.started_at.timestamp())
 
 
 class ChatCompletion(Struct, kw_only=True):

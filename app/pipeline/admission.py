@@ -1,10 +1,12 @@
 """Admission: what a request must satisfy once its model is known, before any upstream sees it.
 
-Ingress-neutral (every front door's request is a `CompletionRequest` by now). Each rejection is a
-400 naming the field:
+Ingress-neutral (every front door's request is a `CompletionRequest` by now, or a
+`TextCompletionRequest` for a raw prompt). Each rejection is a 400 naming the field:
 - media parts need the model's capability (`messages[i].content[j]`);
+- a raw prompt needs the model's `completions` capability (`model`): its deployments must serve
+  `/completions`, and the prompt is never wrapped in a chat template behind the client's back;
 - `max_tokens` may not exceed the model's `max_output` (`max_tokens`);
-- the prompt must be able to fit the model's `context_window` (`messages`).
+- the prompt must be able to fit the model's `context_window` (`messages`, or `prompt`).
 
 The prompt rule refuses only what cannot fit, never what might: the gateway has no tokenizer, and
 the usual four characters per token (`app.pipeline.estimate`) overestimates some text, so it would
@@ -24,19 +26,23 @@ from collections.abc import Collection, Iterator
 from app.errors import InvalidRequest
 from app.pipeline.estimate import prompt_chars
 from catalog.snapshot import ModelEntry
-from providers.types import AudioPart, CompletionRequest, ContentPart, DocumentPart, ImagePart
+from providers.types import AnyRequest, AudioPart, CompletionRequest, ContentPart, DocumentPart, ImagePart
 
 MAX_CHARS_PER_TOKEN = 8
 _CAPABILITY = {ImagePart: "vision", AudioPart: "audio", DocumentPart: "documents"}
 
 
-def admit(request: CompletionRequest, model: ModelEntry) -> None:
+def admit(request: AnyRequest, model: ModelEntry) -> None:
     """Raise `InvalidRequest` when `model` cannot take `request`."""
-    check_capabilities(request, model.id, model.capabilities)
+    if isinstance(request, CompletionRequest):
+        check_capabilities(request, model.id, model.capabilities)
+    elif "completions" not in model.capabilities:
+        detail = f"model '{model.id}' does not take raw-prompt completions (no 'completions' capability)"
+        raise _invalid("model", detail)
     check_limits(request, model)
 
 
-def check_limits(request: CompletionRequest, model: ModelEntry) -> None:
+def check_limits(request: AnyRequest, model: ModelEntry) -> None:
     """`max_tokens` within `max_output`, and a prompt that can fit `context_window` (module doc)."""
     answer = request.max_tokens or 0
     if model.max_output and answer > model.max_output:
@@ -47,7 +53,7 @@ def check_limits(request: CompletionRequest, model: ModelEntry) -> None:
         if least + answer > model.context_window:
             asked = f"at least {least} prompt tokens" + (f" plus max_tokens {answer}" if answer else "")
             detail = f"{asked} do not fit the {model.context_window}-token context window of model '{model.id}'"
-            raise _invalid("messages", detail)
+            raise _invalid("messages" if isinstance(request, CompletionRequest) else "prompt", detail)
 
 
 def check_capabilities(request: CompletionRequest, model: str, capabilities: Collection[str]) -> None:

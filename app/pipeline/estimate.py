@@ -7,23 +7,26 @@ better exists: the usage recorded for a cancelled stream whose upstream never re
 (marked `usage_estimated` in the ledger), and the request-size check before routing.
 
 Counted: system text, every text, thinking, tool-call argument and tool-result part, the tools'
-JSON definitions and the output schema. Media parts (image, audio, document) are not counted:
-their token cost depends on the model's encoder and the gateway never fetches them.
+JSON definitions and the output schema; for a raw-prompt completion, the prompt (no framing).
+Media parts (image, audio, document) are not counted: their token cost depends on the model's
+encoder and the gateway never fetches them.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from providers.types import CompletionRequest, TextPart, ThinkingPart, ToolCallPart, ToolResultPart
+from providers.types import AnyRequest, TextCompletionRequest, TextPart, ThinkingPart, ToolCallPart, ToolResultPart
 
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD = 4  # role and separators, per message
 _encode = msgspec.json.encode
 
 
-def prompt_chars(request: CompletionRequest) -> int:
+def prompt_chars(request: AnyRequest) -> int:
     """Characters of everything the upstream will tokenize as input (media parts aside)."""
+    if isinstance(request, TextCompletionRequest):
+        return len(request.prompt)
     chars = len(request.system) if request.system else 0
     for message in request.messages:
         for part in message.content:
@@ -44,6 +47,7 @@ def prompt_chars(request: CompletionRequest) -> int:
     return chars
 
 
-def estimate_input_tokens(request: CompletionRequest) -> int:
+def estimate_input_tokens(request: AnyRequest) -> int:
     chars = prompt_chars(request)
-    return -(-chars // CHARS_PER_TOKEN) + MESSAGE_OVERHEAD * len(request.messages)
+    framing = 0 if isinstance(request, TextCompletionRequest) else MESSAGE_OVERHEAD * len(request.messages)
+    return -(-chars // CHARS_PER_TOKEN) + framing

@@ -1,8 +1,10 @@
 """The request pipeline: route → failover loop → fold → `Outcome` → ledger row, metrics, log line.
 
 This is the only module that touches both `providers` and `catalog`, and it knows no wire format:
-it takes a `RequestContext` and a `CompletionRequest` from an ingress and gives back canonical
-events (`app.pipeline.events`) that the ingress renders.
+it takes a `RequestContext` and a request from an ingress (a `CompletionRequest`, or a
+`TextCompletionRequest` for a raw prompt: the pipeline reads only `model` and `provider` and hands
+the request to admission and the adapter) and gives back canonical events (`app.pipeline.events`)
+that the ingress renders.
 
     complete(ctx, request) -> Outcome     a JSON answer: the fold of the whole event stream
     stream(ctx, request)   -> events      Started, block events …, then the Outcome (last)
@@ -50,7 +52,7 @@ from catalog.records import LedgerRecord, LedgerStatus
 from catalog.snapshot import ModelEntry
 from providers import events as ev
 from providers.errors import Failure, UpstreamError
-from providers.types import CompletionRequest, Message
+from providers.types import AnyRequest, Message
 
 _CONTENT = (ev.TextDelta, ev.ReasoningDelta, ev.ToolCallStart, ev.ToolCallArgs, ev.Finish)
 Upstream = AsyncGenerator[ev.Event, None]
@@ -75,7 +77,7 @@ class _Run:
         "status",
     )
 
-    def __init__(self, ctx: RequestContext, request: CompletionRequest) -> None:
+    def __init__(self, ctx: RequestContext, request: AnyRequest) -> None:
         self.ctx = ctx
         self.request = request
         self.attempts = 0
@@ -105,7 +107,7 @@ class Pipeline:
         self.metrics = metrics
         self._probe_interval_s = probe_interval_s
 
-    async def complete(self, ctx: RequestContext, request: CompletionRequest) -> Outcome:
+    async def complete(self, ctx: RequestContext, request: AnyRequest) -> Outcome:
         """A whole answer. Raises `GatewayError` when there is none (mid-answer failures too)."""
         run = _Run(ctx, request)
         try:
@@ -132,7 +134,7 @@ class Pipeline:
         finally:
             self._close(run)
 
-    async def stream(self, ctx: RequestContext, request: CompletionRequest) -> AsyncGenerator[Event, None]:
+    async def stream(self, ctx: RequestContext, request: AnyRequest) -> AsyncGenerator[Event, None]:
         """Canonical events, the `Outcome` last. Raises `GatewayError` before the first event when
         no backend produced content; afterwards a failure is an `Outcome` with its `error`."""
         run = _Run(ctx, request)
@@ -288,7 +290,7 @@ async def _until_content(upstream: Upstream, run: _Run) -> None:
             return
 
 
-def _counted_usage(request: CompletionRequest, fold: Fold) -> ev.Usage:
+def _counted_usage(request: AnyRequest, fold: Fold) -> ev.Usage:
     """What a cancelled attempt used, as far as the gateway can tell: the prompt's estimate and
     one token per delta relayed (reasoning deltas in their own bucket)."""
     return ev.Usage(

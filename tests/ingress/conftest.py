@@ -3,8 +3,9 @@ LangChain's `ChatOpenAI`, pointed at a real gateway (`base_url = gw.url + "/v1"`
 
 Two loopback upstreams (`primary`, a `local` kind, and `secondary`, a hosted one) over this catalog:
 - `chat-1` (alias `chat`, the default): primary (deployment priority 100), secondary (50);
-  priced on primary with a cache-read rate, on secondary without;
-- `solo-1`: primary only, priced;
+  priced on primary with a cache-read rate, on secondary without; takes raw prompts too
+  (`completions`, for `POST /v1/completions`);
+- `solo-1`: primary only, priced, chat only (no `completions` capability);
 - `free-1`: primary only, unpriced (`cost: null`).
 
 The sync clients block: tests call them through `asyncio.to_thread`, since the gateway runs in the
@@ -33,7 +34,7 @@ CATALOG = catalog_toml(
         aliases=["chat"],
         context_window=32768,
         max_output=4096,
-        capabilities=["tools", "reasoning", "structured_output", "vision"],
+        capabilities=["tools", "reasoning", "structured_output", "vision", "completions"],
         default=True,
     ),
     model("solo-1", ("primary", "org/solo-1", 100), aliases=["solo"]),

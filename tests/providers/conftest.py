@@ -5,6 +5,7 @@ chunk → events)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from providers.errors import UpstreamError
 from providers.events import Event
 from providers.openai_chat import ChatStreamParser
+from providers.openai_stream import OpenAIStreamParser
 from providers.sse import SSEParser
 from tests.support.transcripts import Transcript, read_transcript
 
@@ -23,9 +25,10 @@ class Replay(msgspec.Struct):
     error: UpstreamError | None = None
 
 
-def replay_stream(chunks: list[bytes]) -> Replay:
+def replay_stream(chunks: list[bytes], parser: OpenAIStreamParser[Any] | None = None) -> Replay:
+    """`chunks` through `SSEParser` and `parser` (a fresh `ChatStreamParser` by default)."""
     sse = SSEParser()
-    parser = ChatStreamParser()
+    parser = parser if parser is not None else ChatStreamParser()
     events: list[Event] = []
     try:
         for chunk in chunks:

@@ -120,4 +120,4 @@ def test_byte_order_mark_and_blank_lines_between_events() -> None:
 
 
 def test_every_stream_transcript_is_covered() -> None:
-    assert len(STREAMS) == 15
+    assert len(STREAMS) == 16

@@ -1,0 +1,141 @@
+"""The legacy OpenAI text completion ingress, `POST /v1/completions` (ingress.md).
+
+The chat door's sibling (`app.edge.openai_chat`): the legacy request is translated into a
+`TextCompletionRequest` (`app.edge.openai_completions_format`), the pipeline runs unchanged with
+the context's ingress `openai_completions` (the ledger's `api`), admission refuses a model
+without the `completions` capability, and the adapter sends the prompt to the upstream's own
+`/completions` endpoint, never through a chat template. Errors before the answer starts leave
+through the application's one error renderer (api.md's two-view body, what the SDK reads).
+
+Rendering decisions (the chat door's, where the formats share them):
+- `id` is the gateway's request id, `model` the canonical catalog id, `created` the request's
+  start; `choices[0].text` is the answer's text (with `echo`, the upstream's echoed prompt first);
+- `choices[0].logprobs` (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`) when the
+  request asked and the upstream gave them, the offsets as the upstream counted them;
+- `usage` is the chat door's object (`app.edge.openai_format.usage_of`: OpenAI's inclusive
+  convention, `prompt_tokens_details.cached_tokens`, `cost`, `cost_source`); none at all when the
+  upstream reported none, streamed or not;
+- streamed: one `text_completion` chunk per text delta (with logprobs, a delta waits for its
+  `Logprobs` event so both leave in one chunk), a last chunk with empty text and the finish
+  reason, the usage chunk (`choices: []`) when `stream_options.include_usage` asked, `[DONE]`;
+  a failure after the stream started is `data: {"error": {message, type, code}}` and no `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from litestar import asgi
+from litestar.types import Receive, Scope, Send
+from msgspec import UNSET
+
+from app.context import RequestContext, new_context
+from app.edge import openai_completions_format as text_fmt
+from app.edge import openai_format as fmt
+from app.edge.asgi import DisconnectWatch, begin, client_gone_is_quiet, mark_routed, read_body, send_json, send_stream
+from app.edge.guards import check_json_headers
+from app.edge.relay import Relay
+from app.errors import GatewayError, stream_error_view
+from app.pipeline import events as ev
+from app.service import Service
+from providers.types import TextPart
+
+
+@asgi("/v1/completions", copy_scope=False)
+async def text_completions(scope: Scope, receive: Receive, send: Send) -> None:
+    request_id = begin(scope)
+    check_json_headers(scope["headers"])
+    service: Service = scope["litestar_app"].state.service
+    assert service.pipeline is not None
+    server = service.settings.server
+    body = await read_body(receive, server.max_body_bytes)
+    if body is None:
+        return  # the client went away before sending its body: nobody to answer
+    legacy = text_fmt.decode_legacy(body)
+    request = text_fmt.to_text_request(legacy)
+    deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
+    ctx = new_context(request_id, "openai_completions", stream=bool(legacy.stream), deadline=deadline)
+    mark_routed(scope)
+    watch = DisconnectWatch(receive)
+    with client_gone_is_quiet(watch):
+        if not ctx.stream:
+            outcome = await service.pipeline.complete(ctx, request)
+            watch.stop()
+            await send_json(send, fmt.encoder.encode(text_completion_of(ctx, outcome)), request_id)
+            return
+        usage = bool(legacy.stream_options and legacy.stream_options.include_usage)
+        renderer = TextStream(ctx, usage, logprobs=request.logprobs is not None)
+        relay = Relay(service.pipeline.stream(ctx, request), renderer, server.sse_keepalive_s)
+        await send_stream(relay, send, request_id, watch)
+
+
+def text_completion_of(ctx: RequestContext, outcome: ev.Outcome) -> text_fmt.TextCompletion:
+    message = outcome.message
+    text = "".join(part.data for part in message.content if isinstance(part, TextPart)) if message else ""
+    logprobs = text_fmt.text_logprobs_of(outcome.logprobs)[0] if outcome.logprobs is not None else None
+    choice = text_fmt.TextChoice(0, text, logprobs, outcome.finish_reason or "stop")
+    return text_fmt.TextCompletion(
+        id=ctx.request_id,
+        created=fmt.created_of(ctx),
+        model=outcome.model or "",
+        choices=[choice],
+        usage=fmt.usage_of(outcome) if outcome.usage is not None else UNSET,
+    )
+
+
+class TextStream:
+    """Canonical events → `text_completion` chunk lines. Only text, log probabilities and the end
+    say anything here (a raw completion has no blocks, reasoning or tool calls)."""
+
+    ping = fmt.KEEPALIVE
+
+    def __init__(self, ctx: RequestContext, include_usage: bool, *, logprobs: bool) -> None:
+        self._ctx = ctx
+        self._include_usage = include_usage
+        self._hold = logprobs
+        self._held: str | None = None
+        self._offset = 0
+        self._chunks = _NOT_STARTED
+
+    def render(self, event: ev.Event) -> bytes:
+        if isinstance(event, ev.TextDelta):
+            if not self._hold:
+                return self._chunks.text(event.text)
+            flushed = self._flush()
+            self._held = event.text
+            return flushed
+        if isinstance(event, ev.Logprobs):
+            held, self._held = self._held, None
+            logprobs, self._offset = text_fmt.text_logprobs_of(event.tokens, self._offset)
+            return self._chunks.logprobs(held or "", logprobs)
+        if isinstance(event, ev.Started):
+            ctx = self._ctx
+            self._chunks = text_fmt.TextChunkBytes(ctx.request_id, fmt.created_of(ctx), event.model)
+            return b""
+        if isinstance(event, ev.Outcome):
+            return self._flush() + self._outcome(event)
+        return b""
+
+    def error(self, error: GatewayError) -> bytes:
+        return fmt.data_line(fmt.ErrorChunk(stream_error_view(error)))
+
+    def _flush(self) -> bytes:
+        if self._held is None:
+            return b""
+        text, self._held = self._held, None
+        return self._chunks.text(text)
+
+    def _outcome(self, outcome: ev.Outcome) -> bytes:
+        if outcome.error is not None:
+            return self.error(outcome.error)
+        last = self._chunks.finish(outcome.finish_reason or "stop")
+        if self._include_usage and outcome.usage is not None:
+            ctx = self._ctx
+            created, model, usage = fmt.created_of(ctx), outcome.model or "", fmt.usage_of(outcome)
+            chunk = fmt.UsageChunk(id=ctx.request_id, object=_OBJECT, created=created, model=model, usage=usage)
+            last += fmt.data_line(chunk)
+        return last + fmt.DONE
+
+
+_OBJECT = "text_completion"
+_NOT_STARTED = text_fmt.TextChunkBytes("", 0, "")  # replaced on `Started`, which comes before any content

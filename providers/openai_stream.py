@@ -1,0 +1,158 @@
+"""What every OpenAI-style answer shares, chat (`/chat/completions`) or text (`/completions`).
+
+`OpenAIStreamParser` is the skeleton both dialects' parsers fill in (`ChatStreamParser` in
+`openai_chat.py`, `TextStreamParser` in `openai_text.py`): it owns the rules of a stream that do
+not depend on what a choice carries, so they are written once:
+- a `data` payload that is not a JSON object (a keep-alive, empty data) is ignored; `[DONE]` ends
+  the stream; a payload that does not decode is a malformed answer (502, try the next backend);
+- an `{"error": ...}` payload inside a 200 (or vLLM's flat `{"object": "error", ...}`) raises,
+  classified by its structured fields (`raise_error_chunk`);
+- the first chunk's `id` becomes `UpstreamMeta`;
+- usage may come on any chunk (the last report wins) and is yielded once, at the end, followed by
+  `Finish`; the end is `[DONE]` or EOF after a `finish_reason` (`transformers serve` sends no
+  `[DONE]`); EOF before either is a truncated stream;
+- a whole (non-streamed) answer is parsed as a stream of one chunk that is complete even without
+  a finish reason (`parse_whole`).
+
+A dialect subclasses it with its chunk Struct (a `ChunkBase` with `choices`), its decoder, and
+`_choice` (the events of one chunk's first choice); `_closing` and `_final_reason` are the hooks
+the chat dialect needs for tool calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Generic, TypeVar
+
+import msgspec
+from msgspec import Struct
+
+from providers.errors import ErrorBody, Failure, UpstreamError, classify_error_chunk
+from providers.events import Event, Finish, UpstreamMeta
+from providers.usage import OpenAIUsage, openai_report
+
+_FINISH_REASONS = {
+    "stop": "stop",
+    "length": "length",
+    "max_tokens": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "content_filter": "content_filter",
+}
+
+
+def normalise_finish(reason: str) -> str:
+    """stop | length | tool_calls | content_filter; anything unknown (`eos`, `end_turn`) is stop."""
+    return _FINISH_REASONS.get(reason, "stop")
+
+
+class ChunkBase(Struct):
+    """The fields of a chunk (or a whole answer) that every dialect reads, including the shapes of
+    an error inside a 200. A dialect's chunk narrows `choices` to its own choice Struct."""
+
+    id: str | None = None
+    choices: list[Any] | None = None
+    object: str | None = None
+    usage: OpenAIUsage | None = None
+    error: ErrorBody | str | None = None
+    message: str | None = None
+    type: str | None = None
+    code: int | str | None = None
+
+
+ChunkT = TypeVar("ChunkT", bound=ChunkBase)
+
+
+def raise_error_chunk(chunk: ChunkBase) -> None:
+    """Raise the classified `UpstreamError` when `chunk` is an error; nothing otherwise."""
+    error = chunk.error
+    if error is None and chunk.object != "error":
+        return
+    if isinstance(error, ErrorBody):
+        raise classify_error_chunk(error)
+    message = error if isinstance(error, str) else chunk.message
+    raise classify_error_chunk(ErrorBody(message=message, type=chunk.type, code=chunk.code))
+
+
+class OpenAIStreamParser(Generic[ChunkT]):
+    """Feed it the `data` payloads of one stream; it returns events (module doc)."""
+
+    __slots__ = ("_closed", "_done", "_finish", "_first", "_usage")
+    decoder: ClassVar[msgspec.json.Decoder[Any]]
+
+    def __init__(self) -> None:
+        self._usage: OpenAIUsage | None = None
+        self._finish: str | None = None
+        self._first = True
+        self._done = False
+        self._closed = False
+
+    @property
+    def done(self) -> bool:
+        """`[DONE]` was seen, or a chunk carried a finish reason: EOF now is a clean end."""
+        return self._done or self._finish is not None
+
+    def feed(self, payload: str | bytes) -> list[Event]:
+        """The events of one `data` payload; `[DONE]` yields the closing events."""
+        if payload == "[DONE]" or payload == b"[DONE]":
+            self._done = True
+            return self.finish()
+        if payload[:1] not in ("{", b"{"):
+            stripped = payload.strip()
+            if stripped[:1] not in ("{", b"{"):
+                return []  # keep-alive text, empty data
+            payload = stripped
+        try:
+            chunk: ChunkT = self.decoder.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise UpstreamError(Failure.TRANSIENT, "upstream sent a malformed chunk", status=502) from None
+        return self.apply(chunk)
+
+    def apply(self, chunk: ChunkT) -> list[Event]:
+        raise_error_chunk(chunk)
+        events: list[Event] = []
+        if self._first:
+            self._first = False
+            if chunk.id:
+                events.append(UpstreamMeta(upstream_request_id=chunk.id))
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        reason = self._choice(chunk, events)
+        if reason:
+            self._finish = normalise_finish(reason)
+        return events
+
+    def _choice(self, chunk: ChunkT, events: list[Event]) -> str | None:
+        """Append the events of the chunk's first choice; return its finish reason, if any."""
+        raise NotImplementedError
+
+    def finish(self) -> list[Event]:
+        """The closing events at the end of the stream; raises if it was truncated."""
+        if self._closed:
+            return []
+        if not self.done:
+            raise UpstreamError(Failure.TRANSIENT, "upstream stream ended before a finish reason", status=502)
+        self._closed = True
+        events = self._closing()
+        if self._usage is not None:
+            events.append(openai_report(self._usage))
+        events.append(Finish(reason=self._final_reason(self._finish or "stop")))
+        return events
+
+    def _closing(self) -> list[Event]:
+        """Events the dialect still owes at the end (before usage and `Finish`)."""
+        return []
+
+    def _final_reason(self, reason: str) -> str:
+        return reason
+
+    def parse_whole(self, body: bytes) -> list[Event]:
+        """The events of a whole (non-streamed) answer: what its stream would have yielded."""
+        try:
+            answer: ChunkT = self.decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise UpstreamError(Failure.TRANSIENT, "upstream sent a malformed answer", status=502) from None
+        if not answer.choices and answer.error is None and answer.object != "error":
+            raise UpstreamError(Failure.TRANSIENT, "upstream answer has no choices", status=502)
+        events = self.apply(answer)
+        self._done = True  # a whole answer is complete even without a finish_reason
+        return events + self.finish()
