@@ -17,6 +17,7 @@ replies unless a reply is queued for their path, and are recorded in `.probes` i
 
 from __future__ import annotations
 
+import ssl
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -86,16 +87,17 @@ def _as_reply(reply: Reply | str) -> Reply:
 
 
 class ReplayUpstream:
-    """`async with ReplayUpstream() as upstream:` then point a provider's base_url at `upstream.url`."""
+    """`async with ReplayUpstream() as upstream:` then point a provider's base_url at `upstream.url`
+    (`https://…` when built with an `ssl` server context)."""
 
-    def __init__(self, models: list[str] | None = None) -> None:
+    def __init__(self, models: list[str] | None = None, ssl: ssl.SSLContext | None = None) -> None:
         self.models = models or ["mock-model"]
         self.requests: list[ReceivedRequest] = []
         self.probes: list[ReceivedRequest] = []
         self._any: deque[Reply] = deque()
         self._by_path: dict[str, deque[Reply]] = {}
         self._default: Reply | None = None
-        self.server = MockUpstreamServer(self)
+        self.server = MockUpstreamServer(self, ssl=ssl)
 
     def enqueue(self, reply: Reply | str, repeat: int = 1, path: str | None = None) -> None:
         queue = self._any if path is None else self._by_path.setdefault(path, deque())
