@@ -20,24 +20,25 @@ Three classifiers build it. `classify_response` reads a non-2xx answer (status, 
 `Retry-After`/`x-ratelimit-reset*`) and `classify_error_chunk` an `{"error": ...}` chunk inside a
 200 stream; both read the status code and the structured error body (`error.type`, `error.code`
 as int or string), never the prose of a message. `classify_transport` reads an exception from
-below the adapter, and `upstream_errors()` is the only caller: the context manager the adapter
-wraps every upstream exchange in (send, body reads, close), like httpx's
-`map_httpcore_exceptions`. Whatever transport is underneath, these are what it can raise:
+below the adapter; its one caller is `upstream_errors()`, the context manager the adapter runs
+every upstream exchange in (send, body reads, close), as httpx runs httpcore's calls in
+`map_httpcore_exceptions`. Whatever transport is underneath, this is what can come out of it:
 
-    httpx.TransportError              the plain-HTTP transport (`providers.transport`), and
-    ├── TimeoutException                httpx-aiohttp's mapping of aiohttp's errors, which turns
-    │   (ConnectTimeout, ReadTimeout)   every aiohttp connection error into ConnectTimeout: its
-    ├── NetworkError (ReadError, …)     aiohttp `__cause__` decides whether it timed out
-    └── RemoteProtocolError           a malformed answer (head, framing, chunk sizes)
-    httpx.RequestError (DecodingError) a probe's compressed body that does not decode
-    aiohttp.ClientError               what httpx-aiohttp lets through unmapped: ClientResponseError
-                                      for a malformed answer on the https path
-    OSError (ssl.SSLError too)        sockets, TLS
-    TimeoutError                      the adapter's own asyncio deadline on the https path
+    httpx.TransportError                   H1Transport's errors, and httpx-aiohttp's mapping of aiohttp's
+    ├── TimeoutException                   → TIMEOUT (ConnectTimeout, ReadTimeout; see below)
+    ├── NetworkError                       → TRANSIENT "upstream connection failed" (ConnectError, ReadError)
+    └── ProtocolError
+        └── RemoteProtocolError            → TRANSIENT "upstream sent a malformed response"
+    httpx.DecodingError                    → TRANSIENT (a probe's compressed body that does not decode)
+    aiohttp.ClientError                    what httpx-aiohttp lets through unmapped → TRANSIENT
+    └── ClientResponseError                → TRANSIENT "upstream sent a malformed response" (https)
+    OSError                                → TRANSIENT (sockets; ssl.SSLError)
+    TimeoutError                           → TIMEOUT (the adapter's asyncio deadline on the https path)
 
-A timeout becomes TIMEOUT, a malformed answer TRANSIENT "upstream sent a malformed response",
-anything else TRANSIENT "upstream connection failed". `UpstreamError` passes through unchanged,
-and so does anything else (a bug of ours is not an upstream failure).
+httpx-aiohttp turns every aiohttp connection error (refused, reset, TLS verification) into
+`ConnectTimeout`; its aiohttp `__cause__` decides, so only a real timeout is TIMEOUT.
+`UpstreamError` passes through `upstream_errors()` unchanged, and so does everything else: a
+`ValueError` is a bug of ours, not an upstream failure.
 
 `message` is safe to show a client: it is the upstream's own message for CLIENT failures and a
 generic description otherwise (it never holds a key, a URL with credentials, or a stack trace).
