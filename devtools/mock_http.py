@@ -3,8 +3,9 @@
 `MockUpstreamServer` runs on a bare `asyncio.Protocol` (keep-alive, Content-Length and chunked
 request bodies, pipelined requests answered in order). It asks a `Responder` for a `Reply` per
 request and plays it back, including faults: a delay before the first byte, slow chunks, a TCP
-reset after N chunks (`SO_LINGER` 0, then `abort()`), or a stall after N chunks that holds the
-connection until the client goes away. What to answer is the responder's business:
+reset after N chunks (`SO_LINGER` 0, then `abort()`), a stall after N chunks that holds the
+connection until the client goes away, or raw bytes in place of an answer (a malformed one). With
+an `ssl.SSLContext` it serves HTTPS (`url` says `https://`). What to answer is the responder's business:
 `devtools.mock_upstream.ScriptedResponder` for the command, a queue of transcripts in `tests/support/upstream.py`.
 
 No framework: it has to answer many times faster than the gateway it stands behind, so the hot
@@ -17,6 +18,7 @@ import asyncio
 import functools
 import http
 import socket
+import ssl
 import struct
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol, cast
@@ -40,7 +42,9 @@ class ReceivedRequest(Struct):
 
 class Reply(Struct):
     """What to send for one request. Head and first chunk leave together, so a reset or stall
-    after 0 chunks happens before the status line; an empty chunk sends just the head."""
+    after 0 chunks happens before the status line; an empty chunk sends just the head. `raw`, when
+    set, is written at once instead of all that (status, headers, chunks, timing and faults are
+    ignored), and the connection stays open for the next request as after any answer."""
 
     status: int = 200
     headers: list[tuple[str, str]] = []
@@ -50,6 +54,7 @@ class Reply(Struct):
     reset_after: int | None = None
     stall_after: int | None = None
     chunked: bool = False  # Transfer-Encoding: chunked, else Content-Length
+    raw: bytes | None = None
 
 
 class Responder(Protocol):
@@ -151,7 +156,7 @@ def _ending(reply: Reply) -> tuple[int, Literal["reset", "stall", "end"]]:
 
 
 def _is_immediate(reply: Reply) -> bool:
-    return (
+    return reply.raw is not None or (
         not reply.first_byte_delay_s
         and (not reply.chunk_delay_s or len(reply.chunks) < 2)
         and reply.reset_after is None
@@ -160,6 +165,8 @@ def _is_immediate(reply: Reply) -> bool:
 
 
 def _encode_whole(reply: Reply) -> bytes:
+    if reply.raw is not None:
+        return reply.raw
     frames = [_frame(chunk, reply.chunked) for chunk in reply.chunks]
     tail = b"0\r\n\r\n" if reply.chunked else b""
     return b"".join([_encode_head(reply), *frames, tail])
@@ -270,12 +277,15 @@ class _Connection(asyncio.Protocol):
 
 
 class MockUpstreamServer:
-    """Serves `responder`'s replies on loopback; `port=0` picks a free port."""
+    """Serves `responder`'s replies on loopback; `port=0` picks a free port; `ssl` serves HTTPS."""
 
-    def __init__(self, responder: Responder, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, responder: Responder, host: str = "127.0.0.1", port: int = 0, ssl: ssl.SSLContext | None = None
+    ) -> None:
         self.responder = responder
         self.host = host
         self.port = port
+        self.ssl = ssl
         self.active_streams = 0  # replies still being written by a task (delayed, slow, stalled)
         self._connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
@@ -284,7 +294,7 @@ class MockUpstreamServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        return f"{'https' if self.ssl else 'http'}://{self.host}:{self.port}/v1"
 
     @property
     def open_connections(self) -> int:
@@ -293,7 +303,7 @@ class MockUpstreamServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self), self.host, self.port, backlog=1024, reuse_address=True
+            lambda: _Connection(self), self.host, self.port, backlog=1024, reuse_address=True, ssl=self.ssl
         )
         self.port = self._server.sockets[0].getsockname()[1]
 

@@ -8,7 +8,8 @@ A leaf package: it knows nothing of Litestar, SQL or the catalog. The app hands 
     types.py           the canonical request (also the public API's wire format)
     config.py          one provider's kind, URL, key, timeouts and wire profile
     events.py          the canonical events every adapter yields
-    errors.py          UpstreamError, Failure, and the classifiers for answers and exceptions
+    errors.py          UpstreamError, Failure, the classifiers, and `upstream_errors()`: the one
+                       place an HTTP library's exception becomes an UpstreamError
     sse.py             incremental Server-Sent Events framing
     usage.py           usage reports → five disjoint buckets; the upstream's billed cost
     openai_stream.py   what every OpenAI-style answer shares: [DONE]/EOF, errors in a 200, usage
@@ -16,6 +17,8 @@ A leaf package: it knows nothing of Litestar, SQL or the catalog. The app hands 
     openai_chat.py     the chat dialect: streamed chunks / whole answers → events
     openai_text.py     the text dialect: TextCompletionRequest → `/completions` body; answers → events
     dialect.py         which endpoint, body builder and parsers a request takes (chat or text)
+    server_metrics.py  a local server's queue depth from its Prometheus `/metrics`
+    transport.py       `H1Transport`: lean HTTP/1.1 for plain-http upstreams (aiohttp for https)
     adapter.py         `Provider`: one HTTP exchange, events out; `make_client`
 
 Every provider kind (`local`, `fastrun`, `primalabs`, `openai_compatible`) is the same `Provider`

@@ -2,28 +2,41 @@
 
 `Provider` is the only class here and `events` its one streaming method; every kind of provider
 is this class with different `ProviderConfig` data. It joins the pure pieces (`build_body` and
-the request's dialect, `SSEParser`, `classify_*`) to one HTTP exchange, and
-wraps the HTTP client's exceptions once, here, into `UpstreamError`.
+the request's `Dialect`: chat or text completions, `SSEParser`, `classify_*`) to one HTTP exchange.
+
+One path, one seam. Every completion goes out through `Provider._send`, which picks the
+transport once per provider: a plain-`http://` upstream (a local server, the mock) goes straight
+to `H1Transport.exchange` with a request head encoded once here (only `content-length` and the
+body change per request); an `https://` upstream goes through httpx and its aiohttp transport.
+Whatever answered, the whole exchange (send, body reads, close) runs inside one
+`upstream_errors()` block, the only place a library's or a socket's exception becomes an
+`UpstreamError` (providers/errors.py draws the tree); nothing in between catches one. Probes use
+the same block and answer False/None instead of raising.
 
 Timeouts. httpx-aiohttp hands httpx's `read` timeout to aiohttp as one socket-read timeout that
 covers the header wait and every body read, fixed when the request is sent. A whole answer comes
 after the generation, so its read timeout is `first_byte`; a streamed answer's headers come at once
-and what matters is the gap between chunks, so its read timeout is `idle`. The header wait is also
-bounded by one asyncio deadline (`first_byte`, never spanning a `yield`), and `total` is checked at
-every read (no timer per chunk: a per-read asyncio timeout costs ~5 µs).
+and what matters is the gap between chunks, so its read timeout is `idle`. On the https path the
+header wait is also bounded by one asyncio deadline (`first_byte`, never spanning a `yield`); the
+plain-HTTP transport keeps the same bounds with its own timers. `total` is checked at every read
+(no timer per chunk: a per-read asyncio timeout costs ~5 µs).
 
 Closing the `events` generator (`aclose`, or a client that went away) closes the upstream response
-at once, and with it the connection: aiohttp never returns a half-read connection to its pool.
+at once, and with it the connection: neither transport returns a half-read connection to its pool,
+nor one whose answer was malformed.
 
-`make_client` builds the shared `httpx.AsyncClient` over `httpx_aiohttp.AiohttpTransport`
+`make_client` builds the shared client: `H1Transport` over `httpx_aiohttp.AiohttpTransport`
 (measured ~3x faster than httpx's own transport here), with no retries and no proxy from the
-environment: the app's failover loop is the only retry.
+environment: the app's failover loop is the only retry. Its `ssl_context` replaces the default
+certificate verification (the system's CAs) with another, e.g. one that trusts a private CA;
+verification is never switched off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -31,8 +44,8 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from providers.config import ProviderConfig
-from providers.dialect import DIALECTS, build_body
-from providers.errors import Failure, UpstreamError, classify_response, classify_transport
+from providers.dialect import DIALECTS, Dialect, build_body
+from providers.errors import Failure, UpstreamError, classify_response, upstream_errors
 from providers.events import Event
 from providers.openai_stream import OpenAIStreamParser
 from providers.server_metrics import queue_depth as server_queue_depth
@@ -42,14 +55,13 @@ from providers.types import AnyRequest
 
 _ERROR_BODY_LIMIT = 64 * 1024
 _PROBE_READ_TIMEOUT = 10.0
-_TRANSPORT_ERRORS = (httpx.HTTPError, OSError, TimeoutError)
 
 
 class UpstreamClient(httpx.AsyncClient):
-    """httpx's client over the aiohttp transport, plus `send_direct`: one request straight through
-    the transport, without the client's per-request layers (auth flow, redirects, cookie jar, URL
-    merging) that an upstream call never uses. Those layers cost about a quarter of the gateway's
-    CPU per request under load (py-spy, bench/RESULTS.md); the transport call is the same."""
+    """httpx's client over `H1Transport` (aiohttp behind it for https), plus `send_direct`: one
+    request straight through the transport, without the client's per-request layers (auth flow,
+    redirects, cookie jar, URL merging) that an upstream call never uses. Those layers cost about
+    a quarter of the gateway's CPU per request under load (py-spy, bench/RESULTS.md)."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
         super().__init__(transport=transport, trust_env=False)
@@ -59,30 +71,29 @@ class UpstreamClient(httpx.AsyncClient):
         return await self.transport.handle_async_request(request)
 
 
-def make_client(max_connections: int = 1000) -> UpstreamClient:
-    """The process-wide upstream client; build it in the app's lifespan and `aclose` it there."""
+def make_client(max_connections: int = 1000, *, ssl_context: ssl.SSLContext | None = None) -> UpstreamClient:
+    """The process-wide upstream client; build it in the app's lifespan and `aclose` it there.
+    `ssl_context` verifies https upstreams instead of the default context (the system's CAs)."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return UpstreamClient(H1Transport(fallback=AiohttpTransport(limits=limits, retries=0)))
+    verify: ssl.SSLContext | bool = True if ssl_context is None else ssl_context
+    return UpstreamClient(H1Transport(fallback=AiohttpTransport(verify=verify, limits=limits, retries=0)))
 
 
 Answer = httpx.Response | RawResponse
 
 
 class Provider:
-    """A configured upstream: `events` runs one completion attempt against it.
-
-    A plain-`http://` upstream (a local server, the mock) is called through `H1Transport.exchange`
-    with the request head encoded once here: only `content-length` and the body change per
-    request. `https://` upstreams go through httpx and its aiohttp transport."""
+    """A configured upstream: `events` runs one completion attempt against it, `probe` and
+    `queue_depth` ask it how it is."""
 
     def __init__(self, config: ProviderConfig, client: UpstreamClient) -> None:
         self.config = config
         self._client = client
         base = config.base_url.rstrip("/")
-        self._chat_url = httpx.URL(f"{base}/chat/completions")
+        chat_url = httpx.URL(f"{base}/chat/completions")
         transport = client.transport
-        self._h1 = transport if self._chat_url.scheme == "http" and isinstance(transport, H1Transport) else None
-        self._h1_key = (self._chat_url.host, self._chat_url.port or 80)
+        self._h1 = transport if chat_url.scheme == "http" and isinstance(transport, H1Transport) else None
+        self._h1_key = (chat_url.host, chat_url.port or 80)
         self._models_url = f"{base}/models"
         self._root = base.removesuffix("/v1")
         headers = {**config.headers, "content-type": "application/json"}
@@ -91,77 +102,65 @@ class Provider:
         self._probe_headers = {key: value for key, value in headers.items() if key != "content-type"}
         self._json_headers = httpx.Headers({**headers, "accept": "application/json"})
         self._stream_headers = httpx.Headers({**headers, "accept": "text/event-stream", "accept-encoding": "identity"})
-        # endpoint path → (URL, JSON request head, streaming request head), one per dialect
+        # Per dialect path: its URL and the request heads (JSON, stream), encoded once.
         self._routes: dict[str, tuple[httpx.URL, bytes, bytes]] = {}
         for dialect in DIALECTS:
             url = httpx.URL(f"{base}{dialect.path}")
-            self._routes[dialect.path] = (
-                url,
-                _request_head(url, self._json_headers),
-                _request_head(url, self._stream_headers),
-            )
+            heads = _request_head(url, self._json_headers), _request_head(url, self._stream_headers)
+            self._routes[dialect.path] = (url, *heads)
         timeouts = config.timeouts
+        self._head_s = min(timeouts.first_byte, timeouts.total)
         self._json_timeout = {"connect": timeouts.connect, "read": timeouts.first_byte, "write": None, "pool": None}
         self._stream_timeout = {"connect": timeouts.connect, "read": timeouts.idle, "write": None, "pool": None}
 
     async def events(self, req: AnyRequest, upstream_model: str, *, stream: bool) -> AsyncGenerator[Event, None]:
         """The events of one attempt; raises `UpstreamError` for every failure, including a
-        stream that ends without a finish reason. A chat request goes to `/chat/completions`, a
-        raw-prompt one to `/completions` (`providers.dialect`)."""
+        stream that ends without a finish reason."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeouts.total
         dialect, body = build_body(req, upstream_model, self.config, stream=stream)
+        with upstream_errors():
+            response = await self._send(dialect, body, stream)
+            try:
+                if not 200 <= response.status_code < 300:
+                    raise classify_response(response.status_code, response.headers, await _error_body(response))
+                if stream:
+                    parser = dialect.stream_parser()
+                    async with contextlib.aclosing(_stream_events(response, loop, deadline, parser)) as events:
+                        async for event in events:
+                            yield event
+                else:
+                    for event in dialect.parse_answer(await response.aread()):
+                        yield event
+            finally:
+                await response.aclose()
+
+    async def _send(self, dialect: Dialect, body: bytes, stream: bool) -> Answer:
+        """The request out, the answer's head back: the one path to the upstream.
+
+        Both transports keep the same bounds: connect, then the whole head within
+        min(first_byte, total), then each body read (`idle` when streaming, else `first_byte`).
+        The plain-HTTP transport keeps them with its own timers (no asyncio deadline per request)."""
         url, json_head, stream_head = self._routes[dialect.path]
         if self._h1 is not None:
-            response: Answer = await self._send_h1(stream_head if stream else json_head, body, stream)
-        else:
-            response = await self._send(
-                httpx.Request(
-                    "POST",
-                    url,
-                    content=body,
-                    headers=self._stream_headers if stream else self._json_headers,
-                    extensions={"timeout": self._stream_timeout if stream else self._json_timeout},
-                )
-            )
-        try:
-            if not 200 <= response.status_code < 300:
-                raise classify_response(response.status_code, response.headers, await _error_body(response))
-            if stream:
-                parser = dialect.stream_parser()
-                async with contextlib.aclosing(_stream_events(response, loop, deadline, parser)) as events:
-                    async for event in events:
-                        yield event
-            else:
-                for event in dialect.parse_answer(await _read_body(response)):
-                    yield event
-        finally:
-            await response.aclose()
-
-    async def _send_h1(self, head: bytes, body: bytes, stream: bool) -> RawResponse:
-        """The plain-HTTP path; the same timeouts as `_send`, kept by the transport's own timers
-        (no asyncio deadline per request): connect, then the whole head within
-        min(first_byte, total), then each body read (`idle` when streaming, else `first_byte`)."""
-        assert self._h1 is not None
-        timeouts = self.config.timeouts
-        try:
+            timeouts = self.config.timeouts
+            head = stream_head if stream else json_head
             return await self._h1.exchange(
                 self._h1_key,
                 b"%s%d\r\n\r\n%s" % (head, len(body), body),
                 connect_s=timeouts.connect,
-                head_s=min(timeouts.first_byte, timeouts.total),
+                head_s=self._head_s,
                 read_s=timeouts.idle if stream else timeouts.first_byte,
             )
-        except _TRANSPORT_ERRORS as exc:
-            raise classify_transport(exc) from exc
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        timeouts = self.config.timeouts
-        try:
-            async with asyncio.timeout(min(timeouts.first_byte, timeouts.total)):
-                return await self._client.send_direct(request)
-        except _TRANSPORT_ERRORS as exc:
-            raise classify_transport(exc) from exc
+        request = httpx.Request(
+            "POST",
+            url,
+            content=body,
+            headers=self._stream_headers if stream else self._json_headers,
+            extensions={"timeout": self._stream_timeout if stream else self._json_timeout},
+        )
+        async with asyncio.timeout(self._head_s):
+            return await self._client.send_direct(request)
 
     async def probe(self) -> bool:
         """Is the upstream answering? `health_path` other than `/models` is tried on the server
@@ -173,22 +172,21 @@ class Provider:
 
     async def queue_depth(self) -> float | None:
         """The server's own queue from `{root}/metrics` (vLLM, SGLang); None when it has none."""
-        timeout = httpx.Timeout(_PROBE_READ_TIMEOUT, connect=self.config.timeouts.connect)
-        try:
-            response = await self._client.get(f"{self._root}/metrics", headers=self._probe_headers, timeout=timeout)
-        except _TRANSPORT_ERRORS:
-            return None
-        if response.status_code != 200:
+        response = await self._get(f"{self._root}/metrics")
+        if response is None or response.status_code != 200:
             return None
         return server_queue_depth(response.text)
 
     async def _probe_url(self, url: str) -> bool:
+        response = await self._get(url)
+        return response is not None and response.status_code == 200
+
+    async def _get(self, url: str) -> httpx.Response | None:
+        """A probe's GET, its body read; None when the upstream could not be reached."""
         timeout = httpx.Timeout(_PROBE_READ_TIMEOUT, connect=self.config.timeouts.connect)
-        try:
-            response = await self._client.get(url, headers=self._probe_headers, timeout=timeout)
-        except _TRANSPORT_ERRORS:
-            return False
-        return response.status_code == 200
+        with contextlib.suppress(UpstreamError), upstream_errors():
+            return await self._client.get(url, headers=self._probe_headers, timeout=timeout)
+        return None
 
 
 def _request_head(url: httpx.URL, headers: httpx.Headers) -> bytes:
@@ -204,17 +202,14 @@ async def _stream_events(
     response: Answer, loop: asyncio.AbstractEventLoop, deadline: float, parser: OpenAIStreamParser[Any]
 ) -> AsyncGenerator[Event, None]:
     sse = SSEParser()
-    try:
-        async for data in response.aiter_raw():
-            if loop.time() > deadline:
-                raise UpstreamError(Failure.TIMEOUT, "upstream timed out")
-            for payload in sse.feed(data):
-                for event in parser.feed(payload):
-                    yield event
-                if payload == "[DONE]":
-                    return
-    except _TRANSPORT_ERRORS as exc:
-        raise classify_transport(exc) from exc
+    async for data in response.aiter_raw():
+        if loop.time() > deadline:
+            raise UpstreamError(Failure.TIMEOUT, "upstream timed out")
+        for payload in sse.feed(data):
+            for event in parser.feed(payload):
+                yield event
+            if payload == "[DONE]":
+                return
     for payload in sse.finish():
         for event in parser.feed(payload):
             yield event
@@ -222,21 +217,13 @@ async def _stream_events(
         yield event
 
 
-async def _read_body(response: Answer) -> bytes:
-    try:
-        return await response.aread()
-    except _TRANSPORT_ERRORS as exc:
-        raise classify_transport(exc) from exc
-
-
 async def _error_body(response: Answer) -> bytes:
-    """At most `_ERROR_BODY_LIMIT` bytes of an error answer; a body that breaks off is just short."""
+    """At most `_ERROR_BODY_LIMIT` bytes of an error answer; a body that breaks off is just short
+    (the status and headers still classify it)."""
     body = bytearray()
-    try:
+    with contextlib.suppress(UpstreamError), upstream_errors():
         async for data in response.aiter_bytes():
             body += data
             if len(body) >= _ERROR_BODY_LIMIT:
                 break
-    except _TRANSPORT_ERRORS:
-        pass
     return bytes(body)

@@ -1,7 +1,11 @@
-"""Upstream failures, classified once at the HTTP boundary.
+"""Upstream failures: one exception for routing, and the one place foreign exceptions become it.
 
-    UpstreamError                     every failure an adapter raises; `kind` says what routing does
-      kind = Failure.TRANSIENT        connection refused/reset, 408/500/502/503/504/529, garbage:
+Every failure of an upstream call reaches the app as an `UpstreamError`; its `kind` says what
+routing does:
+
+    UpstreamError                     raised by `Provider.events` (probes answer False/None instead)
+      kind = Failure.TRANSIENT        connection refused/reset, a malformed answer, 408/500/502/503/
+                                      504/529, an `{"error"}` chunk, a stream cut before its finish:
                                       try the next backend, cool this one down
       kind = Failure.CAPACITY         429 (with or without a reset hint): out of rotation for
                                       `retry_after` seconds, try the next backend
@@ -9,16 +13,35 @@
                                       the operator's money is gone; disable the provider
       kind = Failure.AUTH             401/403 (bad key, key not allowed): disable the provider
       kind = Failure.CLIENT           400/404/413/422 caused by the request: no retry, 400 to client
-      kind = Failure.TIMEOUT          the upstream did not answer in time: try the next, else 504
+      kind = Failure.TIMEOUT          connect, first byte, idle gap or total deadline passed:
+                                      try the next, else 504
 
-Classification reads the status code and the structured error body (`error.type`, `error.code`
-as int or string), never the prose of a message. `message` is safe to show a client: it is the
-upstream's own message for CLIENT failures and a generic description otherwise (it never holds
-a key, a URL with credentials, or a stack trace).
+Three classifiers build it. `classify_response` reads a non-2xx answer (status, body,
+`Retry-After`/`x-ratelimit-reset*`) and `classify_error_chunk` an `{"error": ...}` chunk inside a
+200 stream; both read the status code and the structured error body (`error.type`, `error.code`
+as int or string), never the prose of a message. `classify_transport` reads an exception from
+below the adapter; its one caller is `upstream_errors()`, the context manager the adapter runs
+every upstream exchange in (send, body reads, close), as httpx runs httpcore's calls in
+`map_httpcore_exceptions`. Whatever transport is underneath, this is what can come out of it:
 
-`classify_response` reads a non-2xx answer (status, body, `Retry-After`/`x-ratelimit-reset*`);
-`classify_error_chunk` an `{"error": ...}` chunk inside a 200 stream; `classify_transport` an
-exception from the HTTP client (httpx, over aiohttp or its own transport).
+    httpx.TransportError                   H1Transport's errors, and httpx-aiohttp's mapping of aiohttp's
+    ├── TimeoutException                   → TIMEOUT (ConnectTimeout, ReadTimeout; see below)
+    ├── NetworkError                       → TRANSIENT "upstream connection failed" (ConnectError, ReadError)
+    └── ProtocolError
+        └── RemoteProtocolError            → TRANSIENT "upstream sent a malformed response"
+    httpx.DecodingError                    → TRANSIENT (a probe's compressed body that does not decode)
+    aiohttp.ClientError                    what httpx-aiohttp lets through unmapped → TRANSIENT
+    └── ClientResponseError                → TRANSIENT "upstream sent a malformed response" (https)
+    OSError                                → TRANSIENT (sockets; ssl.SSLError)
+    TimeoutError                           → TIMEOUT (the adapter's asyncio deadline on the https path)
+
+httpx-aiohttp turns every aiohttp connection error (refused, reset, TLS verification) into
+`ConnectTimeout`; its aiohttp `__cause__` decides, so only a real timeout is TIMEOUT.
+`UpstreamError` passes through `upstream_errors()` unchanged, and so does everything else: a
+`ValueError` is a bug of ours, not an upstream failure.
+
+`message` is safe to show a client: it is the upstream's own message for CLIENT failures and a
+generic description otherwise (it never holds a key, a URL with credentials, or a stack trace).
 """
 
 from __future__ import annotations
@@ -29,6 +52,7 @@ import enum
 import re
 import time
 from collections.abc import Mapping
+from types import TracebackType
 from typing import Any
 
 import aiohttp
@@ -223,12 +247,43 @@ def _reset_value(value: str, now: float) -> float | None:
     return number
 
 
+_FOREIGN = (httpx.RequestError, aiohttp.ClientError, OSError, TimeoutError)
+_MALFORMED = (httpx.RemoteProtocolError, aiohttp.ClientResponseError)
+
+
+class _UpstreamErrors:
+    """The context manager behind `upstream_errors()`: stateless, so one instance serves every
+    call and entering it allocates nothing (it wraps each request on the hot path)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if isinstance(exc, _FOREIGN):
+            raise classify_transport(exc) from exc
+
+
+_UPSTREAM_ERRORS = _UpstreamErrors()
+
+
+def upstream_errors() -> _UpstreamErrors:
+    """`with upstream_errors():` turns what an HTTP library or socket raises inside the block into
+    an `UpstreamError` (module docstring); everything else passes through."""
+    return _UPSTREAM_ERRORS
+
+
 def classify_transport(exc: BaseException) -> UpstreamError:
-    """A failure to talk to the upstream at all (no HTTP answer, or the body broke off)."""
+    """A failure to talk to the upstream at all (no HTTP answer, a malformed one, or the body broke off)."""
     if isinstance(exc, UpstreamError):
         return exc
     if _timed_out(exc):
         return UpstreamError(Failure.TIMEOUT, "upstream timed out")
+    if isinstance(exc, _MALFORMED):
+        return UpstreamError(Failure.TRANSIENT, "upstream sent a malformed response")
     return UpstreamError(Failure.TRANSIENT, "upstream connection failed")
 
 
@@ -237,7 +292,7 @@ def _timed_out(exc: BaseException) -> bool:
         return True
     cause = exc.__cause__
     if isinstance(cause, aiohttp.ClientError):
-        # httpx-aiohttp maps every aiohttp connection error (refused, reset, disconnected) to
-        # httpx.ConnectTimeout, so the aiohttp cause decides.
+        # httpx-aiohttp maps every aiohttp connection error (refused, reset, disconnected, TLS
+        # verification) to httpx.ConnectTimeout, so the aiohttp cause decides.
         return isinstance(cause, TimeoutError)
     return isinstance(exc, httpx.TimeoutException)

@@ -4,7 +4,7 @@ Local inference servers (vLLM, SGLang, llama.cpp, `transformers serve`) and the 
 speak plain HTTP/1.1 on a private network, and a gateway's cost is what it adds per request. The
 aiohttp transport (via httpx-aiohttp) spent about a fifth of the gateway's CPU per proxied
 request in its client machinery (py-spy, bench/RESULTS.md); this transport is one
-`asyncio.Protocol` per connection, a keep-alive pool per host, and a response parser that does
+`asyncio.Protocol` per connection, a keep-alive pool per host, and a response reader that does
 only what an upstream answer needs: a status line, headers, and a body framed by
 `Content-Length`, `Transfer-Encoding: chunked` or the connection's end. `https://` URLs (hosted
 providers) go to the fallback transport (aiohttp: TLS, proxies and the rest).
@@ -13,27 +13,39 @@ Two entrances: `handle_async_request` (httpx's seam: probes and anything else th
 client) and `exchange`, which the adapter's completion calls use with a request it encoded
 itself and which answers a `RawResponse` instead of httpx's objects (bench/RESULTS.md, step 12).
 
+The head (status line and headers, up to its blank line, at most 64 KiB) is checked by
+`httptools` (llhttp, the C parser of uvicorn and Node.js): status line and version, header syntax,
+`Content-Length` digits, overflow and repeats, `Content-Length` beside `Transfer-Encoding`, line
+folding. It costs what the unchecked hand-written split it replaced did (bench/parse_heads.py).
+Interim `1xx` heads are skipped (a `101` is malformed). A chunk-size line is one regular
+expression match, which also checks the CRLF that ends the chunk before it.
+
 Errors are httpx's: `ConnectError`/`ConnectTimeout` before the request is sent, `ReadTimeout` when
 the upstream is silent past the read timeout (headers or the gap between body reads),
-`ReadError` when the connection breaks, `RemoteProtocolError` for a malformed answer. No retries,
-with one transport-level exception: a *reused* keep-alive connection that the server had already
-closed (it answers nothing at all) is replaced by a fresh one once — the request never reached an
-application, so this is not a retry of the request.
-
-A response body that is not read to its end (a client that went away mid-stream) closes its
-connection, so the upstream sees the disconnect and stops generating.
+`ReadError` when the connection breaks, `RemoteProtocolError` for a malformed answer; the adapter
+maps them in one place (`providers.errors.upstream_errors`). A connection that raised is closed,
+never pooled, and so is one whose body was not read to its end (a client that went away
+mid-stream): the upstream sees the disconnect and stops generating. No retries, except at the
+transport level: a *reused* keep-alive connection that the server had already closed (it answers
+nothing at all) is replaced by a fresh one once; the request never reached an application.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httptools
 import httpx
 
 _MAX_HEAD = 64 * 1024
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")  # size, then extensions
+_NEXT_CHUNK_LINE = re.compile(rb"\r\n" + _CHUNK_LINE.pattern)  # after the CRLF that ends a chunk
+_MAX_CHUNK_LINE = 4096
+_VERSIONS = (b"HTTP/1.1 ", b"HTTP/1.0 ")
 _MAX_IDLE_PER_HOST = 256
 _CHUNKED_ENDINGS = (b"\r\n0\r\n\r\n", b"0\r\n\r\n")
 _Key = tuple[str, int]
@@ -139,23 +151,21 @@ class H1Transport(httpx.AsyncBaseTransport):
         if conn is None:
             conn, reused = await self._connect(key, connect_s), False
         try:
-            head = await self._exchange(conn, payload, head_s)
-        except httpx.ReadError:
-            conn.close()
-            if not reused or conn.buffer:
-                raise
-            conn = await self._connect(key, connect_s)  # the server had dropped it
-            head = await self._exchange(conn, payload, head_s)
+            try:
+                head = await self._exchange(conn, payload, head_s)
+            except httpx.ReadError:
+                if not reused or conn.buffer:
+                    raise
+                conn.close()
+                conn = await self._connect(key, connect_s)  # the server had dropped it
+                head = await self._exchange(conn, payload, head_s)
         except BaseException:
-            conn.close()
+            conn.close()  # whichever connection failed, it is never pooled
             raise
-        status, headers = head
-        body = _Body(self, key, conn, headers, read_s, head_only or status in (204, 304))
-        return RawResponse(status, headers, body)
+        body = _Body(self, key, conn, head, read_s, head_only or head.status in (204, 304))
+        return RawResponse(head.status, head.headers, body)
 
-    async def _exchange(
-        self, conn: _Connection, payload: bytes, head_s: float | None
-    ) -> tuple[int, list[tuple[bytes, bytes]]]:
+    async def _exchange(self, conn: _Connection, payload: bytes, head_s: float | None) -> _Head:
         assert conn.transport is not None
         conn.transport.write(payload)
         return await _read_head(conn, head_s)
@@ -205,25 +215,52 @@ def _encode(request: httpx.Request, body: bytes) -> bytes:
     return b"".join(lines) + body
 
 
-async def _read_head(conn: _Connection, head_s: float | None) -> tuple[int, list[tuple[bytes, bytes]]]:
+async def _read_head(conn: _Connection, head_s: float | None) -> _Head:
+    """The answer's head, read within `head_s` seconds; interim 1xx heads are skipped."""
     deadline = None if head_s is None else conn.loop.time() + head_s
-    while (end := conn.buffer.find(b"\r\n\r\n")) < 0:
-        if len(conn.buffer) > _MAX_HEAD:
+    while True:
+        while (end := conn.buffer.find(b"\r\n\r\n")) < 0:
+            if len(conn.buffer) > _MAX_HEAD:
+                raise httpx.RemoteProtocolError("upstream response head too large")
+            await conn.more(None if deadline is None else max(0.0, deadline - conn.loop.time()))
+        if end > _MAX_HEAD:
             raise httpx.RemoteProtocolError("upstream response head too large")
-        await conn.more(None if deadline is None else max(0.0, deadline - conn.loop.time()))
-    head = bytes(conn.buffer[:end])
-    del conn.buffer[: end + 4]
-    status_line, *lines = head.split(b"\r\n")
-    parts = status_line.split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise httpx.RemoteProtocolError("malformed upstream status line")
-    headers = []
-    for line in lines:
-        name, sep, value = line.partition(b":")
-        if not sep:
-            raise httpx.RemoteProtocolError("malformed upstream header line")
-        headers.append((name.strip(), value.strip()))
-    return int(parts[1]), headers
+        head = _Head(conn.buffer[: end + 4])
+        del conn.buffer[: end + 4]
+        if head.status >= 200:
+            return head
+
+
+class _Head:
+    """A response head checked by llhttp, and how its body is framed. It is also the parser's
+    callback object (`on_header`), so parsing allocates no helper; the callbacks it does not
+    want are present as None, because httptools looks each one up per parser."""
+
+    __slots__ = ("chunked", "headers", "keep_alive", "length", "status")
+    on_message_begin = on_headers_complete = on_body = on_message_complete = None
+    on_chunk_header = on_chunk_complete = None
+
+    def __init__(self, data: bytearray) -> None:
+        self.headers: list[tuple[bytes, bytes]] = []
+        parser = httptools.HttpResponseParser(self)
+        try:
+            parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            raise httpx.RemoteProtocolError(f"malformed upstream response head: {exc}") from exc
+        self.status = parser.get_status_code()
+        if not data.startswith(_VERSIONS) or self.status == 101:
+            raise httpx.RemoteProtocolError("malformed upstream response head: unexpected version or status")
+        self.keep_alive = parser.should_keep_alive()
+        self.length: int | None = None
+        self.chunked = False
+        for name, value in self.headers:  # llhttp has checked both, and that only one is here
+            if len(name) == 14 and name.lower() == b"content-length":
+                self.length = int(value)
+            elif len(name) == 17 and name.lower() == b"transfer-encoding":
+                self.chunked = value.rpartition(b",")[2].strip().lower() == b"chunked"
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
 
 
 class RawResponse:
@@ -262,30 +299,13 @@ class _Body(httpx.AsyncByteStream):
     when the body was read to its end and both sides keep the connection alive."""
 
     def __init__(
-        self,
-        owner: H1Transport,
-        key: _Key,
-        conn: _Connection,
-        headers: list[tuple[bytes, bytes]],
-        timeout: float | None,
-        empty: bool,
+        self, owner: H1Transport, key: _Key, conn: _Connection, head: _Head, timeout: float | None, empty: bool
     ) -> None:
         self._owner, self._key, self._conn, self._timeout = owner, key, conn, timeout
-        self._length: int | None = 0 if empty else None
-        self._chunked = False
-        self._keep_alive = True
-        for name, value in headers:
-            lowered = name.lower()
-            if lowered == b"content-length" and not empty:
-                self._length = int(value)
-            elif lowered == b"transfer-encoding" and b"chunked" in value.lower():
-                self._chunked = True
-            elif lowered == b"connection" and value.lower() == b"close":
-                self._keep_alive = False
-        if self._chunked:
-            self._length = None
-        elif self._length is None:
-            self._keep_alive = False  # the body ends when the connection does
+        self._chunked = head.chunked and not empty
+        self._length = 0 if empty else head.length
+        # llhttp's answer: HTTP/1.0 rules, `Connection: close`, and a body that ends with the connection
+        self._keep_alive = head.keep_alive
         self._done = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -336,29 +356,35 @@ class _Body(httpx.AsyncByteStream):
                 await conn.more(self._timeout)
 
     async def _chunks(self) -> AsyncIterator[bytes]:
+        """Chunk data as it comes. The CRLF that ends a chunk is matched with the next size line
+        (`_NEXT_CHUNK_LINE`), so a chunk longer than its size fails there, at no cost per chunk."""
         conn = self._conn
+        pattern, skip = _CHUNK_LINE, 0
         while True:
-            while (line_end := conn.buffer.find(b"\r\n")) < 0:
+            while (line := pattern.match(conn.buffer)) is None:
+                if conn.buffer.find(b"\n", skip) >= 0 or len(conn.buffer) > _MAX_CHUNK_LINE:
+                    raise httpx.RemoteProtocolError("malformed chunked body from upstream")
                 await conn.more(self._timeout)
-            size_text = bytes(conn.buffer[:line_end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise httpx.RemoteProtocolError("malformed chunk size from upstream") from None
-            del conn.buffer[: line_end + 2]
+            size = int(line[1], 16)
+            del conn.buffer[: line.end()]
             if size == 0:
-                while (trailer_end := conn.buffer.find(b"\r\n")) != 0:  # trailers, then the blank line
-                    if trailer_end < 0:
-                        await conn.more(self._timeout)
-                    else:
-                        del conn.buffer[: trailer_end + 2]
-                del conn.buffer[:2]
+                await self._trailers()
                 return
             async for data in self._sized(size):
                 yield data
-            while len(conn.buffer) < 2:
+            pattern, skip = _NEXT_CHUNK_LINE, 2
+
+    async def _trailers(self) -> None:
+        """Skip the trailer fields, then the blank line that ends the body."""
+        conn = self._conn
+        while (end := conn.buffer.find(b"\r\n")) != 0:
+            if end > 0:
+                del conn.buffer[: end + 2]
+            elif len(conn.buffer) > _MAX_HEAD:
+                raise httpx.RemoteProtocolError("upstream chunked trailers too large")
+            else:
                 await conn.more(self._timeout)
-            del conn.buffer[:2]
+        del conn.buffer[:2]
 
     async def aclose(self) -> None:
         conn = self._conn

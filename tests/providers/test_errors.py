@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 
@@ -20,6 +22,7 @@ from providers.errors import (
     classify_response,
     classify_transport,
     retry_after_from,
+    upstream_errors,
 )
 from tests.support.ports import free_port
 from tests.support.upstream import ReplayUpstream
@@ -175,3 +178,36 @@ def test_plain_exceptions() -> None:
     assert classify_transport(ConnectionResetError()).kind is Failure.TRANSIENT
     already = UpstreamError(Failure.AUTH, "x")
     assert classify_transport(already) is already
+
+
+MALFORMED_ON_HTTPS = aiohttp.ClientResponseError(None, (), status=400, message="Invalid character in Content-Length")
+
+
+@pytest.mark.parametrize(
+    ("raised", "kind", "message"),
+    [
+        (httpx.RemoteProtocolError("bad head"), Failure.TRANSIENT, "upstream sent a malformed response"),
+        (MALFORMED_ON_HTTPS, Failure.TRANSIENT, "upstream sent a malformed response"),
+        (httpx.ReadError("reset"), Failure.TRANSIENT, "upstream connection failed"),
+        (aiohttp.ServerDisconnectedError(), Failure.TRANSIENT, "upstream connection failed"),
+        (ConnectionResetError(), Failure.TRANSIENT, "upstream connection failed"),
+        (httpx.ReadTimeout("slow"), Failure.TIMEOUT, "upstream timed out"),
+        (TimeoutError(), Failure.TIMEOUT, "upstream timed out"),
+    ],
+)
+def test_upstream_errors_maps_foreign_exceptions(raised: Exception, kind: Failure, message: str) -> None:
+    with pytest.raises(UpstreamError) as caught, upstream_errors():
+        raise raised
+    assert (caught.value.kind, caught.value.message) == (kind, message)
+    assert caught.value.__cause__ is raised
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [UpstreamError(Failure.AUTH, "refused"), ValueError("a bug of ours"), asyncio.CancelledError()],
+    ids=["upstream-error", "value-error", "cancelled"],
+)
+def test_upstream_errors_lets_everything_else_through(raised: BaseException) -> None:
+    with pytest.raises(type(raised)) as caught, upstream_errors():
+        raise raised
+    assert caught.value is raised

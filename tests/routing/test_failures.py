@@ -8,6 +8,7 @@ upstream is asked.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -219,6 +220,36 @@ async def test_first_byte_stall_on_every_backend_is_504_within_the_bound(
 
 
 # -- garbage and truncated streams -----------------------------------------------------------------
+
+NOT_A_LENGTH = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: abc\r\n\r\n{}"
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+async def test_a_malformed_answer_fails_over_and_its_connection_is_closed(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, streamed: bool
+) -> None:
+    """A malformed head (`content-length: abc`) is backend trouble like a reset: fail over, cool
+    the backend down, and close the connection it came on (the mock never closes one itself)."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"failure_cooldown_s": FAILURE_COOLDOWN})
+    alpha.enqueue(Reply(raw=NOT_A_LENGTH))
+    beta.enqueue(stream_answer("from beta") if streamed else answer("from beta"))
+    if streamed:
+        _, frames = await stream(gw)
+        assert frames[0][1]["provider"] == "beta"
+        assert [d["type"] for d in datas(frames)] == ["stream_start", "text_start", "text_delta", "text_end", "finish"]
+    else:
+        response = await complete(gw)
+        assert response.status_code == 200, response.text
+        assert response.json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("ok", None, None, 2, "beta")
+    assert (await deployments(gw))["alpha"]["cooling_reason"] == "failure"
+    samples = await scrape(gw)
+    assert metric(samples, "switchyard_attempts_total", provider="alpha", outcome="transient") == 1
+    async with asyncio.timeout(2):
+        await alpha.wait_idle()
+    assert beta.open_connections == 1  # a good answer's connection stays in the pool
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ replies unless a reply is queued for their path, and are recorded in `.probes` i
 
 from __future__ import annotations
 
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -75,16 +76,17 @@ class _Server(MockUpstreamServer):
 
 
 class ReplayUpstream:
-    """`async with ReplayUpstream() as upstream:` then point a provider's base_url at `upstream.url`."""
+    """`async with ReplayUpstream() as upstream:` then point a provider's base_url at `upstream.url`
+    (`https://…` when built with an `ssl` server context)."""
 
-    def __init__(self, models: list[str] | None = None) -> None:
+    def __init__(self, models: list[str] | None = None, ssl: ssl.SSLContext | None = None) -> None:
         self.models = models or ["mock-model"]
         self.requests: list[ReceivedRequest] = []
         self.probes: list[ReceivedRequest] = []
         self._any: deque[Reply] = deque()
         self._by_path: dict[str, deque[Reply]] = {}
         self._default: Reply | None = None
-        self.server = _Server(self)
+        self.server = _Server(self, ssl=ssl)
 
     def enqueue(self, reply: Reply | str, repeat: int = 1, path: str | None = None) -> None:
         queue = self._any if path is None else self._by_path.setdefault(path, deque())

@@ -1,0 +1,122 @@
+"""The https path (httpx over aiohttp) against a real loopback TLS upstream.
+
+The certificates are self-signed and made at test time with `openssl`; the adapter trusts one
+through `make_client(ssl_context=...)`, with verification on as always. An upstream whose
+certificate is not trusted is a classified transport failure, as is a malformed answer: aiohttp
+raises its own exception for that, and `upstream_errors()` maps it like the plain-HTTP one.
+"""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from devtools.mock_http import Reply
+from providers.adapter import Provider, UpstreamClient, make_client
+from providers.config import ProviderConfig
+from providers.errors import Failure
+from tests.providers.test_adapter import HELLO, REQUEST, collect
+from tests.providers.test_malformed import MALFORMED, WHOLE_EVENTS, closed_by_client
+from tests.support.upstream import ReplayUpstream
+
+
+class Pair(msgspec.Struct):
+    cert: Path
+    key: Path
+
+
+def self_signed(directory: Path, name: str) -> Pair:
+    pair = Pair(directory / f"{name}.crt", directory / f"{name}.key")
+    subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    files = ["-keyout", str(pair.key), "-out", str(pair.cert)]
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", *subject, *files],
+        check=True,
+        capture_output=True,
+    )
+    return pair
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pair]:
+    directory = tmp_path_factory.mktemp("tls")
+    return {name: self_signed(directory, name) for name in ("upstream", "stranger")}
+
+
+@pytest.fixture
+async def upstream(certs: dict[str, Pair]) -> AsyncIterator[ReplayUpstream]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certs["upstream"].cert, certs["upstream"].key)
+    async with ReplayUpstream(ssl=context) as server:
+        yield server
+
+
+def client_trusting(cert: Path | None) -> UpstreamClient:
+    """The production client; `cert` is the one CA it trusts (None: the default, the system's CAs)."""
+    return make_client() if cert is None else make_client(ssl_context=ssl.create_default_context(cafile=cert))
+
+
+@pytest.fixture
+async def client(certs: dict[str, Pair]) -> AsyncIterator[UpstreamClient]:
+    http = client_trusting(certs["upstream"].cert)
+    yield http
+    await http.aclose()
+
+
+def fastrun(upstream: ReplayUpstream, client: UpstreamClient) -> Provider:
+    assert upstream.url.startswith("https://127.0.0.1:")
+    config = ProviderConfig(name="fastrun", kind="fastrun", base_url=upstream.url, api_key="fr_test")
+    return Provider(config, client)
+
+
+async def test_whole_answer_and_probe_over_tls(upstream: ReplayUpstream, client: UpstreamClient) -> None:
+    upstream.enqueue("nonstream_text")
+    adapter = fastrun(upstream, client)
+    assert await collect(adapter.events(REQUEST, "m", stream=False)) == (WHOLE_EVENTS, None)
+    [sent] = upstream.requests
+    assert (sent.method, sent.path, sent.headers["authorization"]) == ("POST", "/v1/chat/completions", "Bearer fr_test")
+    assert msgspec.json.decode(sent.body)["stream"] is False
+    assert await adapter.probe() is True
+    assert [probe.path for probe in upstream.probes] == ["/v1/models"]
+
+
+async def test_streamed_answer_over_tls(upstream: ReplayUpstream, client: UpstreamClient) -> None:
+    upstream.enqueue("vllm_text_stream")
+    events, error = await collect(fastrun(upstream, client).events(REQUEST, "m", stream=True))
+    assert (events, error) == (HELLO, None)
+    [sent] = upstream.requests
+    assert sent.headers["accept"] == "text/event-stream"
+
+
+@pytest.mark.parametrize("trusted", [None, "stranger"], ids=["system-cas", "another-ca"])
+async def test_an_untrusted_certificate_is_a_transport_failure(
+    upstream: ReplayUpstream, certs: dict[str, Pair], trusted: str | None
+) -> None:
+    client = client_trusting(None if trusted is None else certs[trusted].cert)
+    try:
+        adapter = fastrun(upstream, client)
+        events, error = await collect(adapter.events(REQUEST, "m", stream=True))
+        assert events == []
+        assert error is not None
+        assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream connection failed")
+        assert await adapter.probe() is False
+    finally:
+        await client.aclose()
+    assert (upstream.requests, upstream.probes) == ([], [])
+
+
+@pytest.mark.parametrize("name", ["content-length-not-digits", "chunk-size-not-hex", "not-http"])
+async def test_a_malformed_answer_over_tls_is_transient(
+    upstream: ReplayUpstream, client: UpstreamClient, name: str
+) -> None:
+    upstream.enqueue(Reply(raw=MALFORMED[name]))
+    events, error = await collect(fastrun(upstream, client).events(REQUEST, "m", stream=False))
+    assert events == []
+    assert error is not None
+    assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream sent a malformed response")
+    assert await closed_by_client(upstream)
