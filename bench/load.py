@@ -120,7 +120,8 @@ def check(request: Request, shape: str, stream: bool, expect_chunks: int = 64) -
 
 
 def count_chunks(body: str, shape: str) -> int:
-    """Content chunks in an SSE body: OpenAI deltas with text, or Switchyard `text_delta` events."""
+    """Content chunks in an SSE body: OpenAI deltas with text, Switchyard `text_delta` events,
+    Anthropic `text_delta` block deltas, or legacy completion chunks with text."""
     count = 0
     for line in body.splitlines():
         if not line.startswith("data:"):
@@ -134,6 +135,11 @@ def count_chunks(body: str, shape: str) -> int:
             continue
         if shape == "switchyard":
             count += event.get("type") == "text_delta"
+        elif shape == "anthropic":
+            count += (event.get("delta") or {}).get("type") == "text_delta"
+        elif shape == "text":
+            choices = event.get("choices") or [{}]
+            count += bool(choices[0].get("text"))
         else:
             choices = event.get("choices") or [{}]
             count += bool((choices[0].get("delta") or {}).get("content"))

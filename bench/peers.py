@@ -157,11 +157,45 @@ class Switchyard(Target):
         return Server(self.name, argv, self.port, cpus, self.log_path(run_dir), cwd=REPO)
 
 
+def anthropic_body(model: str, stream: bool) -> bytes:
+    body: dict[str, object] = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def text_body(model: str, stream: bool) -> bytes:
+    body: dict[str, object] = {"model": model, "prompt": "hi", "max_tokens": 16}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class SwitchyardIngress(Switchyard):
+    """The same gateway and config, addressed through one of its other front doors (ingress.md):
+    `openai_chat` (`/v1/chat/completions`), `anthropic_messages` (`/v1/messages`) or
+    `openai_completions` (the legacy `/v1/completions`)."""
+
+    DOORS = {
+        "openai_chat": ("openai", "/v1/chat/completions", openai_body),
+        "anthropic_messages": ("anthropic", "/v1/messages", anthropic_body),
+        "openai_completions": ("text", "/v1/completions", text_body),
+    }
+
+    def __init__(self, mocks: Mocks, port: int, options: SwitchyardOptions, door: str) -> None:
+        super().__init__(mocks, port, options)
+        self.shape, self.path, self.body = self.DOORS[door]
+
+    def request(self, kind: str) -> Request:
+        model = SLOW_MODEL if kind == "slow" else MODEL
+        return Request(self.port, self.path, self.body(model, kind == "stream"))
+
+
 def _switchyard_catalog() -> str:
     blocks = []
     for model, provider in ((MODEL, "mock"), (SLOW_MODEL, "mockslow")):
         blocks.append(
-            f'[models."{model}"]\ncontext_window = 32768\nmax_output = 4096\n\n'
+            f'[models."{model}"]\ncontext_window = 32768\nmax_output = 4096\ncapabilities = ["completions"]\n\n'
             f'[[models."{model}".deployments]]\nprovider = "{provider}"\nupstream_model = "mock-model"\n'
             "priority = 10\n\n"
             f'[[prices]]\nprovider = "{provider}"\nmodel = "{model}"\neffective_from = 2026-01-01\n'

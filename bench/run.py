@@ -35,6 +35,7 @@ from peers import (
     Mocks,
     Portkey,
     Switchyard,
+    SwitchyardIngress,
     SwitchyardOptions,
     Target,
     installed_litellm,
@@ -83,7 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--duration", type=float, default=10.0, help="measured seconds per scenario (default 10)")
     add("--warmup", type=float, default=2.0, help="warm-up seconds before each measure (default 2)")
-    add("--systems", default="direct,switchyard,litellm,portkey", help="comma list (default all)")
+    add(
+        "--systems",
+        default="direct,switchyard,litellm,portkey",
+        help="comma list (default: direct,switchyard,litellm,portkey; also openai_chat, anthropic_messages, "
+        "openai_completions: the same Switchyard through its other front doors)",
+    )
     add("--scenarios", default="1,2,3,4,5,6,rss", help="comma list of 1-6 and rss (default all)")
     add("--workers", type=int, default=max(2, cpus), help="workers for scenario 6 (default: CPU count, ≥2)")
     add("--gateway-cpus", default="0", help="taskset list for the gateway under test (default 0)")
@@ -476,6 +482,10 @@ def main(argv: list[str]) -> int:
     catalogue: dict[str, Target] = {
         "direct": Direct(mocks, mocks.fast.port),
         "switchyard": sy,
+        **{
+            door: SwitchyardIngress(mocks, free_port(), SwitchyardOptions("", label=f"switchyard {door}"), door)
+            for door in SwitchyardIngress.DOORS
+        },
         "litellm": LiteLLM(mocks, free_port()),
         "portkey": Portkey(mocks, free_port()),
     }
