@@ -115,6 +115,7 @@ class SwitchyardOptions:
 
 class Switchyard(Target):
     shape = "switchyard"
+    catalog_capabilities: tuple[str, ...] = ()  # the bench model's (a tree of before issue 10 knows none)
 
     def __init__(self, mocks: Mocks, port: int, options: SwitchyardOptions) -> None:
         super().__init__(mocks, port)
@@ -135,7 +136,7 @@ class Switchyard(Target):
     def write_config(self, run_dir: Path) -> Path:
         slug = self.slug
         catalog = run_dir / f"{slug}-catalog.toml"
-        catalog.write_text(_switchyard_catalog())
+        catalog.write_text(_switchyard_catalog(self.catalog_capabilities))
         url = self.options.database_url or f"sqlite+aiosqlite:///{run_dir / (slug + '.db')}"
         ledger = "" if self.options.ledger_enabled else "\n[ledger]\nenabled = false\n"
         config = run_dir / f"{slug}.toml"
@@ -185,17 +186,20 @@ class SwitchyardIngress(Switchyard):
     def __init__(self, mocks: Mocks, port: int, options: SwitchyardOptions, door: str) -> None:
         super().__init__(mocks, port, options)
         self.shape, self.path, self.body = self.DOORS[door]
+        if door == "openai_completions":
+            self.catalog_capabilities = ("completions",)  # raw prompts need the catalog's say-so
 
     def request(self, kind: str) -> Request:
         model = SLOW_MODEL if kind == "slow" else MODEL
         return Request(self.port, self.path, self.body(model, kind == "stream"))
 
 
-def _switchyard_catalog() -> str:
+def _switchyard_catalog(capabilities: tuple[str, ...] = ()) -> str:
     blocks = []
     for model, provider in ((MODEL, "mock"), (SLOW_MODEL, "mockslow")):
         blocks.append(
-            f'[models."{model}"]\ncontext_window = 32768\nmax_output = 4096\ncapabilities = ["completions"]\n\n'
+            f'[models."{model}"]\ncontext_window = 32768\nmax_output = 4096\n'
+            f"capabilities = {json.dumps(list(capabilities))}\n\n"
             f'[[models."{model}".deployments]]\nprovider = "{provider}"\nupstream_model = "mock-model"\n'
             "priority = 10\n\n"
             f'[[prices]]\nprovider = "{provider}"\nmodel = "{model}"\neffective_from = 2026-01-01\n'
