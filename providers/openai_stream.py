@@ -108,7 +108,8 @@ class OpenAIStreamParser(Generic[ChunkT]):
         return self.apply(chunk)
 
     def apply(self, chunk: ChunkT) -> list[Event]:
-        raise_error_chunk(chunk)
+        if chunk.error is not None or chunk.object == "error":  # checked here: this runs per chunk
+            raise_error_chunk(chunk)
         events: list[Event] = []
         if self._first:
             self._first = False

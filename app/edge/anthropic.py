@@ -45,7 +45,7 @@ from litestar.types import Receive, Scope, Send
 from app.context import RequestContext, new_context
 from app.edge import anthropic_format as fmt
 from app.edge.anthropic_request import decode_messages
-from app.edge.asgi import DisconnectWatch, begin, client_gone_is_quiet, mark_routed, read_body, send_json, send_stream
+from app.edge.asgi import DisconnectWatch, begin, mark_routed, read_body, send_json, send_stream
 from app.edge.guards import check_json_headers
 from app.edge.rejection import as_gateway_error
 from app.edge.relay import Relay
@@ -91,8 +91,7 @@ async def messages(scope: Scope, receive: Receive, send: Send) -> None:
     deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
     ctx = new_context(request_id, "anthropic_messages", stream=bool(request.stream), deadline=deadline)
     mark_routed(scope)
-    watch = DisconnectWatch(receive)
-    with client_gone_is_quiet(watch):
+    with DisconnectWatch(receive) as watch:
         if not ctx.stream:
             outcome = await service.pipeline.complete(ctx, request)
             watch.stop()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from types import TracebackType
 from typing import Any
 
 from litestar.types import Receive, Scope, Send
@@ -71,7 +71,9 @@ async def read_body(receive: Receive, limit: int) -> bytes | None:
 
 
 class DisconnectWatch:
-    """Cancels the current task when the client disconnects, until `stop`."""
+    """Cancels the current task when the client disconnects, until `stop` or the end of its `with`
+    block. A cancellation the disconnect caused ends the block quietly (there is nobody to
+    answer); any other cancellation goes on. A class, not a generator: this runs per request."""
 
     __slots__ = ("_receive", "_task", "_timer", "_watcher", "gone")
 
@@ -92,6 +94,18 @@ class DisconnectWatch:
         if self._task is not None and not self.gone:
             self.gone = True
             self._task.cancel()
+
+    def __enter__(self) -> DisconnectWatch:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> bool:
+        self.stop()
+        if kind is asyncio.CancelledError and self.gone:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return True
+        return False
 
     def stop(self) -> None:
         """The answer is complete (or failed): a disconnect from now on changes nothing."""
@@ -121,19 +135,3 @@ async def send_stream(relay: Relay, send: Send, request_id: str, watch: Disconne
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     watch.stop()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-@contextlib.contextmanager
-def client_gone_is_quiet(watch: DisconnectWatch) -> Iterator[None]:
-    """A cancellation caused by the client's disconnect ends the handler quietly (there is
-    nobody to answer); any other cancellation goes on."""
-    try:
-        yield
-    except asyncio.CancelledError:
-        if not watch.gone:
-            raise
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
-    finally:
-        watch.stop()

@@ -32,7 +32,7 @@ from msgspec import UNSET
 from app.context import RequestContext, new_context
 from app.edge import openai_completions_format as text_fmt
 from app.edge import openai_format as fmt
-from app.edge.asgi import DisconnectWatch, begin, client_gone_is_quiet, mark_routed, read_body, send_json, send_stream
+from app.edge.asgi import DisconnectWatch, begin, mark_routed, read_body, send_json, send_stream
 from app.edge.guards import check_json_headers
 from app.edge.relay import Relay
 from app.errors import GatewayError, stream_error_view
@@ -56,8 +56,7 @@ async def text_completions(scope: Scope, receive: Receive, send: Send) -> None:
     deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
     ctx = new_context(request_id, "openai_completions", stream=bool(legacy.stream), deadline=deadline)
     mark_routed(scope)
-    watch = DisconnectWatch(receive)
-    with client_gone_is_quiet(watch):
+    with DisconnectWatch(receive) as watch:
         if not ctx.stream:
             outcome = await service.pipeline.complete(ctx, request)
             watch.stop()

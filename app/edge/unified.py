@@ -19,7 +19,7 @@ from litestar.types import Receive, Scope, Send
 
 from app.context import RequestContext, new_context
 from app.edge import unified_format as fmt
-from app.edge.asgi import DisconnectWatch, begin, client_gone_is_quiet, mark_routed, read_body, send_json, send_stream
+from app.edge.asgi import DisconnectWatch, begin, mark_routed, read_body, send_json, send_stream
 from app.edge.guards import check_json_headers
 from app.edge.relay import Relay
 from app.edge.validation import decode_request
@@ -47,8 +47,7 @@ async def completions(scope: Scope, receive: Receive, send: Send) -> None:
     deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
     ctx = new_context(request_id, "unified", stream=bool(request.stream), deadline=deadline)
     mark_routed(scope)
-    watch = DisconnectWatch(receive)
-    with client_gone_is_quiet(watch):
+    with DisconnectWatch(receive) as watch:
         if not ctx.stream:
             outcome = await service.pipeline.complete(ctx, request)
             watch.stop()
@@ -109,6 +108,8 @@ class UnifiedStream:
         }
 
     def render(self, event: ev.Event) -> bytes:
+        if type(event) is ev.TextDelta:  # the per-chunk case, inline
+            return fmt.frame(fmt.TextDelta(self._text_id, event.text))
         return self._renderers[type(event)](event)
 
     def error(self, error: GatewayError) -> bytes:

@@ -26,6 +26,7 @@ from providers import events as ev
 from providers.types import ContentPart, Message, TextPart, ThinkingData, ThinkingPart, ToolCallData, ToolCallPart
 
 _json_decoder = msgspec.json.Decoder()
+_DeltaKind = type[ev.TextDelta] | type[ev.ReasoningDelta]
 _FINISH_REASONS = frozenset(("stop", "length", "tool_calls", "content_filter"))
 
 
@@ -72,9 +73,10 @@ class Fold:
         self._calls: dict[int, _Call] = {}
 
     def feed(self, event: ev.Event) -> None:
-        if isinstance(event, ev.TextDelta | ev.ReasoningDelta):
-            if event.text:
-                self._delta(event)
+        kind = type(event)
+        if kind is ev.TextDelta or kind is ev.ReasoningDelta:  # the per-chunk case first, by identity
+            if event.text:  # type: ignore[union-attr]
+                self._delta(event, kind)  # type: ignore[arg-type]
         elif isinstance(event, ev.ToolCallStart):
             self._close_block()
             call = _Call(len(self._calls), event.id, event.name)
@@ -98,11 +100,10 @@ class Fold:
             self.logprobs.extend(event.tokens)
             if self.emit:
                 self.out.append(event)
-        else:
+        elif isinstance(event, ev.UpstreamMeta):
             self.upstream_request_id = event.upstream_request_id
 
-    def _delta(self, event: ev.TextDelta | ev.ReasoningDelta) -> None:
-        kind = type(event)
+    def _delta(self, event: ev.TextDelta | ev.ReasoningDelta, kind: _DeltaKind) -> None:
         if self._block is not kind:
             self._close_block()
             self._block = kind
