@@ -10,9 +10,10 @@ Disconnects. A client that goes away must cancel its upstream request (api.md), 
 for a JSON answer or reads a stream, before the first token too. `DisconnectWatch` awaits
 `http.disconnect` and cancels the handler's task; the cancellation lands in the pipeline, which
 closes the upstream connection and records the request as `cancelled`. The watch starts
-`WATCH_AFTER_S` after the body was read, from a timer: most answers from a local server take
-less, and a watcher task per request would cost more than the timer (the server keeps the
-disconnect, so a client gone before the watch starts is seen at once when it does).
+about `WATCH_AFTER_S` after the body was read (one sweeping timer for all requests, `_Sweeper`):
+most answers from a local server take less, and a watcher task per request would cost more than
+the sweep (the server keeps the disconnect, so a client gone before the watch starts is seen at
+once when it does).
 """
 
 from __future__ import annotations
@@ -75,17 +76,17 @@ class DisconnectWatch:
     block. A cancellation the disconnect caused ends the block quietly (there is nobody to
     answer); any other cancellation goes on. A class, not a generator: this runs per request."""
 
-    __slots__ = ("_receive", "_task", "_timer", "_watcher", "gone")
+    __slots__ = ("_receive", "_task", "_watcher", "gone", "since")
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
         self._task = asyncio.current_task()
         self._watcher: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start)
         self.gone = False
+        self.since = _sweeper.add(self)
 
-    def _start(self) -> None:
-        self._timer = None
+    def start(self) -> None:
+        """Watch for the disconnect from now on (the sweeper calls this once)."""
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
@@ -109,13 +110,40 @@ class DisconnectWatch:
 
     def stop(self) -> None:
         """The answer is complete (or failed): a disconnect from now on changes nothing."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        _sweeper.watches.discard(self)
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
         self._task = None
+
+
+class _Sweeper:
+    """One timer for every watch of this process: each `WATCH_AFTER_S` it starts the watches of
+    the requests that have run that long. A timer per request cost more than the whole watch."""
+
+    def __init__(self) -> None:
+        self.watches: set[DisconnectWatch] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, watch: DisconnectWatch) -> float:
+        loop = asyncio.get_running_loop()
+        if self._timer is None or self._loop is not loop:
+            self._loop = loop
+            self._timer = loop.call_later(WATCH_AFTER_S, self._sweep)
+        self.watches.add(watch)
+        return loop.time()
+
+    def _sweep(self) -> None:
+        assert self._loop is not None
+        due = self._loop.time() - WATCH_AFTER_S
+        for watch in [watch for watch in self.watches if watch.since <= due]:
+            self.watches.discard(watch)
+            watch.start()
+        self._timer = self._loop.call_later(WATCH_AFTER_S, self._sweep) if self.watches else None
+
+
+_sweeper = _Sweeper()
 
 
 async def send_json(send: Send, payload: bytes, request_id: str, status: int = 200) -> None:
