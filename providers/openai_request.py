@@ -229,20 +229,8 @@ def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *,
     return body
 
 
-_EXTRAS = (
-    "seed",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "logprobs",
-    "top_logprobs",
-    "parallel_tool_calls",
-    "user",
-)
-
-
+_EXTRAS: tuple[str, ...] = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_EXTRAS += ("logprobs", "top_logprobs", "parallel_tool_calls", "user")
 _NONE = (None,) * len(_EXTRAS)
 
 

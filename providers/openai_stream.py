@@ -124,7 +124,7 @@ class OpenAIStreamParser(Generic[ChunkT]):
 
     def _choice(self, chunk: ChunkT, events: list[Event]) -> str | None:
         """Append the events of the chunk's first choice; return its finish reason, if any."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: each dialect's parser (chat, text) defines it
 
     def finish(self) -> list[Event]:
         """The closing events at the end of the stream; raises if it was truncated."""

@@ -34,7 +34,6 @@ Output decisions (README, "Anthropic Messages ingress"):
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -42,18 +41,23 @@ from litestar import HttpMethod, Request, Router, asgi, route
 from litestar.response import Response
 from litestar.types import Receive, Scope, Send
 
-from app.context import RequestContext, new_context
+from app.context import RequestContext
 from app.edge import anthropic_format as fmt
 from app.edge.anthropic_request import decode_messages
-from app.edge.asgi import DisconnectWatch, begin, mark_routed, read_body, send_json, send_stream
-from app.edge.guards import check_json_headers
+from app.edge.asgi import serve
 from app.edge.rejection import as_gateway_error
-from app.edge.relay import Relay
 from app.errors import GatewayError, NotFound
 from app.pipeline import events as ev
 from app.service import Service
 from providers.events import Usage
-from providers.types import ContentPart, RedactedThinkingPart, TextPart, ThinkingPart, ToolCallPart
+from providers.types import (
+    CompletionRequest,
+    ContentPart,
+    RedactedThinkingPart,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+)
 
 STOP_REASONS: dict[str, fmt.StopReason] = {
     "stop": "end_turn",
@@ -78,27 +82,28 @@ _NO_USAGE = Usage()
 
 @asgi("/", copy_scope=False)
 async def messages(scope: Scope, receive: Receive, send: Send) -> None:
-    request_id = begin(scope)
-    check_json_headers(scope["headers"])
-    service: Service = scope["litestar_app"].state.service
-    assert service.pipeline is not None
+    await serve(scope, receive, send, "anthropic_messages", _translate)
+
+
+class _Messages:
+    """This door's `Door`: the canonical request; answers in Anthropic's shapes."""
+
+    __slots__ = ("request", "stream")
+
+    def __init__(self, request: CompletionRequest) -> None:
+        self.request = request
+        self.stream = bool(request.stream)
+
+    def answer(self, ctx: RequestContext, outcome: ev.Outcome) -> bytes:
+        return fmt.encode(message_of(ctx, outcome))
+
+    def renderer(self, ctx: RequestContext) -> AnthropicStream:
+        return AnthropicStream(ctx)
+
+
+def _translate(body: bytes, service: Service) -> _Messages:
     assert service.router is not None
-    server = service.settings.server
-    body = await read_body(receive, server.max_body_bytes)
-    if body is None:
-        return  # the client went away before sending its body: nobody to answer
-    request = decode_messages(body, service.router.providers)
-    deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
-    ctx = new_context(request_id, "anthropic_messages", stream=bool(request.stream), deadline=deadline)
-    mark_routed(scope)
-    with DisconnectWatch(receive) as watch:
-        if not ctx.stream:
-            outcome = await service.pipeline.complete(ctx, request)
-            watch.stop()
-            await send_json(send, fmt.encode(message_of(ctx, outcome)), request_id)
-            return
-        relay = Relay(service.pipeline.stream(ctx, request), AnthropicStream(ctx), server.sse_keepalive_s)
-        await send_stream(relay, send, request_id, watch)
+    return _Messages(decode_messages(body, service.router.providers))
 
 
 @route("/{rest:path}", http_method=list(HttpMethod), include_in_schema=False)

@@ -20,14 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from litestar.types import Receive, Scope, Send
 
-from app.edge.relay import Relay
+from app.context import Ingress, RequestContext, new_context
+from app.edge.guards import check_json_headers
+from app.edge.relay import Relay, StreamRenderer
 from app.errors import MethodNotAllowed, PayloadTooLarge
 from app.ids import uuid7
+from app.pipeline.events import Outcome
+from app.service import Service
+from providers.types import AnyRequest
 
 WATCH_AFTER_S = 0.05
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -36,6 +42,48 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+
+
+class Door(Protocol):
+    """One request through one front door, its body translated: what the door asks of the
+    pipeline (`request`, `stream`) and how it answers (the JSON body, or a stream renderer)."""
+
+    @property
+    def request(self) -> AnyRequest: ...
+
+    @property
+    def stream(self) -> bool: ...
+
+    def answer(self, ctx: RequestContext, outcome: Outcome) -> bytes: ...
+
+    def renderer(self, ctx: RequestContext) -> StreamRenderer: ...
+
+
+async def serve(
+    scope: Scope, receive: Receive, send: Send, ingress: Ingress, translate: Callable[[bytes, Service], Door]
+) -> None:
+    """A completion through one front door, from the request's bytes to the last byte of its
+    answer: the same for every door but `translate` (body → `Door`) and what the `Door` renders."""
+    request_id = begin(scope)
+    check_json_headers(scope["headers"])
+    service: Service = scope["litestar_app"].state.service
+    assert service.pipeline is not None
+    server = service.settings.server
+    body = await read_body(receive, server.max_body_bytes)
+    if body is None:
+        return  # the client went away before sending its body: nobody to answer
+    door = translate(body, service)
+    deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
+    ctx = new_context(request_id, ingress, stream=door.stream, deadline=deadline)
+    mark_routed(scope)
+    with DisconnectWatch(receive) as watch:
+        if not ctx.stream:
+            outcome = await service.pipeline.complete(ctx, door.request)
+            watch.stop()
+            await send_json(send, door.answer(ctx, outcome), request_id)
+            return
+        relay = Relay(service.pipeline.stream(ctx, door.request), door.renderer(ctx), server.sse_keepalive_s)
+        await send_stream(relay, send, request_id, watch)
 
 
 def begin(scope: Scope, methods: tuple[str, ...] = ("POST",)) -> str:

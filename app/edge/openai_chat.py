@@ -23,7 +23,6 @@ Rendering decisions:
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,13 +33,11 @@ from litestar.response import Response
 from litestar.types import Receive, Scope, Send
 from msgspec import UNSET
 
-from app.context import RequestContext, new_context
+from app.context import RequestContext
 from app.edge import openai_format as fmt
-from app.edge.asgi import DisconnectWatch, begin, mark_routed, read_body, send_json, send_stream
-from app.edge.guards import check_json_headers
+from app.edge.asgi import serve
 from app.edge.openai_format import created_of, usage_of
 from app.edge.openai_translate import decode_chat, to_request
-from app.edge.relay import Relay
 from app.errors import GatewayError, stream_error_view
 from app.pipeline import events as ev
 from app.service import Service
@@ -50,29 +47,29 @@ from providers.types import TextPart, ThinkingPart, ToolCallPart
 
 @asgi("/v1/chat/completions", copy_scope=False)
 async def chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
-    request_id = begin(scope)
-    check_json_headers(scope["headers"])
-    service: Service = scope["litestar_app"].state.service
-    assert service.pipeline is not None
-    server = service.settings.server
-    body = await read_body(receive, server.max_body_bytes)
-    if body is None:
-        return  # the client went away before sending its body: nobody to answer
-    chat = decode_chat(body)
-    request = to_request(chat)
-    deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
-    ctx = new_context(request_id, "openai_chat", stream=bool(chat.stream), deadline=deadline)
-    mark_routed(scope)
-    with DisconnectWatch(receive) as watch:
-        if not ctx.stream:
-            outcome = await service.pipeline.complete(ctx, request)
-            watch.stop()
-            await send_json(send, fmt.encoder.encode(completion_of(ctx, outcome)), request_id)
-            return
-        usage = bool(chat.stream_options and chat.stream_options.include_usage)
-        renderer = LogprobChatStream(ctx, usage) if request.logprobs else ChatStream(ctx, usage)
-        relay = Relay(service.pipeline.stream(ctx, request), renderer, server.sse_keepalive_s)
-        await send_stream(relay, send, request_id, watch)
+    await serve(scope, receive, send, "openai_chat", _translate)
+
+
+class _Chat:
+    """This door's `Door`: the canonical request, and what the stream must carry."""
+
+    __slots__ = ("include_usage", "request", "stream")
+
+    def __init__(self, chat: fmt.ChatRequest) -> None:
+        self.request = to_request(chat)
+        self.stream = bool(chat.stream)
+        self.include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+
+    def answer(self, ctx: RequestContext, outcome: ev.Outcome) -> bytes:
+        return fmt.encoder.encode(completion_of(ctx, outcome))
+
+    def renderer(self, ctx: RequestContext) -> ChatStream:
+        stream = LogprobChatStream if self.request.logprobs else ChatStream
+        return stream(ctx, self.include_usage)
+
+
+def _translate(body: bytes, _service: Service) -> _Chat:
+    return _Chat(decode_chat(body))
 
 
 @get("/v1/models")

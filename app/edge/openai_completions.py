@@ -23,18 +23,14 @@ Rendering decisions (the chat door's, where the formats share them):
 
 from __future__ import annotations
 
-import asyncio
-
 from litestar import asgi
 from litestar.types import Receive, Scope, Send
 from msgspec import UNSET
 
-from app.context import RequestContext, new_context
+from app.context import RequestContext
 from app.edge import openai_completions_format as text_fmt
 from app.edge import openai_format as fmt
-from app.edge.asgi import DisconnectWatch, begin, mark_routed, read_body, send_json, send_stream
-from app.edge.guards import check_json_headers
-from app.edge.relay import Relay
+from app.edge.asgi import serve
 from app.errors import GatewayError, stream_error_view
 from app.pipeline import events as ev
 from app.service import Service
@@ -43,29 +39,28 @@ from providers.types import TextPart
 
 @asgi("/v1/completions", copy_scope=False)
 async def text_completions(scope: Scope, receive: Receive, send: Send) -> None:
-    request_id = begin(scope)
-    check_json_headers(scope["headers"])
-    service: Service = scope["litestar_app"].state.service
-    assert service.pipeline is not None
-    server = service.settings.server
-    body = await read_body(receive, server.max_body_bytes)
-    if body is None:
-        return  # the client went away before sending its body: nobody to answer
-    legacy = text_fmt.decode_legacy(body)
-    request = text_fmt.to_text_request(legacy)
-    deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
-    ctx = new_context(request_id, "openai_completions", stream=bool(legacy.stream), deadline=deadline)
-    mark_routed(scope)
-    with DisconnectWatch(receive) as watch:
-        if not ctx.stream:
-            outcome = await service.pipeline.complete(ctx, request)
-            watch.stop()
-            await send_json(send, fmt.encoder.encode(text_completion_of(ctx, outcome)), request_id)
-            return
-        usage = bool(legacy.stream_options and legacy.stream_options.include_usage)
-        renderer = TextStream(ctx, usage, logprobs=request.logprobs is not None)
-        relay = Relay(service.pipeline.stream(ctx, request), renderer, server.sse_keepalive_s)
-        await send_stream(relay, send, request_id, watch)
+    await serve(scope, receive, send, "openai_completions", _translate)
+
+
+class _Text:
+    """This door's `Door`: a raw-prompt request, and what the stream must carry."""
+
+    __slots__ = ("include_usage", "request", "stream")
+
+    def __init__(self, legacy: text_fmt.LegacyRequest) -> None:
+        self.request = text_fmt.to_text_request(legacy)
+        self.stream = bool(legacy.stream)
+        self.include_usage = bool(legacy.stream_options and legacy.stream_options.include_usage)
+
+    def answer(self, ctx: RequestContext, outcome: ev.Outcome) -> bytes:
+        return fmt.encoder.encode(text_completion_of(ctx, outcome))
+
+    def renderer(self, ctx: RequestContext) -> TextStream:
+        return TextStream(ctx, self.include_usage, logprobs=self.request.logprobs is not None)
+
+
+def _translate(body: bytes, _service: Service) -> _Text:
+    return _Text(text_fmt.decode_legacy(body))
 
 
 def text_completion_of(ctx: RequestContext, outcome: ev.Outcome) -> text_fmt.TextCompletion:

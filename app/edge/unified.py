@@ -9,7 +9,6 @@ rendered from the pipeline's `Outcome` (`response_of`), a stream event by event
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +16,9 @@ import msgspec
 from litestar import asgi
 from litestar.types import Receive, Scope, Send
 
-from app.context import RequestContext, new_context
+from app.context import RequestContext
 from app.edge import unified_format as fmt
-from app.edge.asgi import DisconnectWatch, begin, mark_routed, read_body, send_json, send_stream
-from app.edge.guards import check_json_headers
-from app.edge.relay import Relay
+from app.edge.asgi import serve
 from app.edge.validation import decode_request
 from app.errors import GatewayError, stream_error_view
 from app.pipeline import events as ev
@@ -34,27 +31,28 @@ _json_decoder = msgspec.json.Decoder()
 
 @asgi("/api/v1/completions", copy_scope=False)
 async def completions(scope: Scope, receive: Receive, send: Send) -> None:
-    request_id = begin(scope)
-    check_json_headers(scope["headers"])
-    service: Service = scope["litestar_app"].state.service
-    assert service.pipeline is not None
+    await serve(scope, receive, send, "unified", _translate)
+
+
+class _Unified:
+    """The native door's `Door`: the body is already our canonical request."""
+
+    __slots__ = ("request", "stream")
+
+    def __init__(self, request: CompletionRequest) -> None:
+        self.request = request
+        self.stream = bool(request.stream)
+
+    def answer(self, ctx: RequestContext, outcome: ev.Outcome) -> bytes:
+        return fmt.encode_response(response_of(ctx, self.request, outcome))
+
+    def renderer(self, ctx: RequestContext) -> UnifiedStream:
+        return UnifiedStream(ctx, self.request)
+
+
+def _translate(body: bytes, service: Service) -> _Unified:
     assert service.router is not None
-    server = service.settings.server
-    body = await read_body(receive, server.max_body_bytes)
-    if body is None:
-        return  # the client went away before sending its body: nobody to answer
-    request = decode_request(body, service.router.providers)
-    deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
-    ctx = new_context(request_id, "unified", stream=bool(request.stream), deadline=deadline)
-    mark_routed(scope)
-    with DisconnectWatch(receive) as watch:
-        if not ctx.stream:
-            outcome = await service.pipeline.complete(ctx, request)
-            watch.stop()
-            await send_json(send, fmt.encode_response(response_of(ctx, request, outcome)), request_id)
-            return
-        relay = Relay(service.pipeline.stream(ctx, request), UnifiedStream(ctx, request), server.sse_keepalive_s)
-        await send_stream(relay, send, request_id, watch)
+    return _Unified(decode_request(body, service.router.providers))
 
 
 def response_of(ctx: RequestContext, request: CompletionRequest, outcome: ev.Outcome) -> fmt.CompletionResponse:

@@ -35,6 +35,7 @@ TRANSCRIPTS = [
     "vllm_text_stream",
     "vllm_tool_call_stream",
 ]
+WITHOUT_USAGE = {"no_usage_stream", "parallel_tool_calls_same_index_stream"}  # the others report usage
 BUCKETS = ("input_tokens", "output_tokens", "reasoning_tokens", "cache_read_tokens", "cache_write_tokens")
 USER_TEXT = "Tell me."
 
@@ -81,7 +82,8 @@ async def native(gw: GatewayHandle) -> Answer:
 
 
 async def openai_chat(gw: GatewayHandle) -> Answer:
-    body = {"stream": True, "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": USER_TEXT}]}
+    messages = [{"role": "user", "content": USER_TEXT}]
+    body = {"stream": True, "stream_options": {"include_usage": True}, "messages": messages}
     response = await gw.client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     assert response.text.endswith("data: [DONE]\n\n")
@@ -164,6 +166,8 @@ async def test_a_transcript_reads_the_same_through_every_door(
     assert chat.view() == first.view()
     assert messages.view() == first.view()
     assert first.text or first.calls  # every transcript here answers something
+    assert (first.usage is None) == (transcript in WITHOUT_USAGE)
+    assert (first.reasoning != "") == ("reasoning" in transcript)
     rows = await gw.ledger_rows()
     assert [row["api"] for row in rows] == ["unified", "openai_chat", "anthropic_messages"]
     assert len({tuple(row[bucket] for bucket in BUCKETS) for row in rows}) == 1
