@@ -28,7 +28,7 @@ from collections.abc import Collection
 import msgspec
 
 from app.edge import anthropic_format as fmt
-from app.edge.validation import check_request, nesting_error
+from app.edge.validation import check_request, decode_body
 from app.errors import InvalidRequest
 from providers.types import (
     CompletionRequest,
@@ -53,21 +53,13 @@ from providers.types import (
 
 _decoder = msgspec.json.Decoder(fmt.MessagesRequest)
 _encoder = msgspec.json.Encoder()
-_AT = re.compile(r"^(?P<msg>.*?) - at `\$(?P<path>[^`]*)`$")
 _CANONICAL_MEDIA = re.compile(r"(content\[\d+\])\.data(?=\.|$)")
 _ASSISTANT_ONLY = (fmt.ToolUseBlock, fmt.ThinkingBlock, fmt.RedactedThinkingBlock)
 _USER_ONLY = (fmt.ToolResultBlock, fmt.ImageBlock, fmt.DocumentBlock)
 
 
 def decode_messages(body: bytes, providers: Collection[str]) -> CompletionRequest:
-    try:
-        wire = _decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise nesting_error(body) from None
+    wire = decode_body(_decoder, body, tag="type")
     request = to_request(wire)
     try:
         check_request(request, providers)
@@ -184,26 +176,6 @@ def _effort(wire: fmt.MessagesRequest) -> ReasoningEffort | None:
     if thinking.budget_tokens < 4096:
         return "low"
     return "medium" if thinking.budget_tokens < 16384 else "high"
-
-
-def _validation_error(message: str) -> InvalidRequest:
-    match = _AT.match(message)
-    if match is None:
-        if message.startswith("Expected `object`"):
-            return InvalidRequest("request body must be a JSON object")
-        if message.startswith("Object missing required field"):
-            field_name = message.split("`")[1]
-            return _invalid(field_name, "field required")
-        return InvalidRequest(message)
-    param = match["path"].lstrip(".")
-    detail = match["msg"]
-    if param.endswith(".type") and detail.startswith("Invalid value"):
-        detail = "unknown type " + detail.removeprefix("Invalid value ")
-    elif detail.startswith("Object missing required field"):
-        field_name = detail.split("`")[1]
-        param = f"{param}.{field_name}"
-        detail = "field required"
-    return _invalid(param, detail)
 
 
 def _in_anthropic_terms(exc: InvalidRequest) -> InvalidRequest:

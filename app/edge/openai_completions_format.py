@@ -27,7 +27,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from app.edge.openai_format import StreamOptions, UsageOut, encoder
 from app.edge.openai_translate import MAX_STOP
-from app.edge.validation import nesting_error, validation_error
+from app.edge.validation import decode_body
 from app.errors import InvalidRequest
 from providers.events import TokenLogprob
 from providers.types import MAX_TEXT_TOKENS, TextCompletionRequest
@@ -59,14 +59,7 @@ _request_decoder = msgspec.json.Decoder(LegacyRequest)
 
 
 def decode_legacy(body: bytes) -> LegacyRequest:
-    try:
-        legacy = _request_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise nesting_error(body) from None
+    legacy = decode_body(_request_decoder, body)
     _check(legacy)
     return legacy
 

@@ -31,7 +31,7 @@ from typing import Literal
 import msgspec
 
 from app.edge import openai_format as wire
-from app.edge.validation import check_base64, check_url, nesting_error, validation_error
+from app.edge.validation import check_base64, check_url, decode_body
 from app.errors import InvalidRequest
 from providers.types import (
     AudioPart,
@@ -68,14 +68,7 @@ MAX_STOP = 4
 
 
 def decode_chat(body: bytes) -> wire.ChatRequest:
-    try:
-        chat = wire.request_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise nesting_error(body) from None
+    chat = decode_body(wire.request_decoder, body, tag="type")
     _check(chat)
     return chat
 

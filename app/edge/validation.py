@@ -33,6 +33,7 @@ import binascii
 import json
 import re
 from collections.abc import Collection, Iterable
+from typing import TypeVar
 
 import msgspec
 
@@ -66,23 +67,30 @@ _TEXT_ONLY_ROLES = frozenset({"system", "developer"})
 _QUOTED = re.compile(r"(['\"])(.*)\1", re.DOTALL)
 
 MAX_JSON_DEPTH = 64
+T = TypeVar("T")
 MAX_TOKENS_LIMIT = 2**31 - 1
 
 
 def decode_request(body: bytes, providers: Collection[str]) -> CompletionRequest:
-    try:
-        request = _decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise nesting_error(body) from None
+    request = decode_body(_decoder, body)
     check_request(request, providers)
     return request
 
 
-def validation_error(message: str) -> InvalidRequest:
+def decode_body(decoder: msgspec.json.Decoder[T], body: bytes, tag: str = "kind") -> T:
+    """`body` decoded by a door's prebuilt decoder; every failure a 400 naming the field (`tag` is
+    the door's union tag field, named in an unknown-variant message)."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise validation_error(str(exc), tag) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise nesting_error(body) from None
+
+
+def validation_error(message: str, tag: str = "kind") -> InvalidRequest:
     """A msgspec validation message as a 400 whose `param` is the failing field's path."""
     match = _AT.match(message)
     if match is None:  # the top level: no path in the message
@@ -91,8 +99,9 @@ def validation_error(message: str) -> InvalidRequest:
         param, detail = "", _clip_quoted(message)
     else:
         param, detail = match["path"].lstrip("."), _clip_quoted(match["msg"])
-    if param.endswith(".kind") and detail.startswith("Invalid value"):
-        detail = "unknown content kind " + detail.removeprefix("Invalid value ")
+    if param.endswith(f".{tag}") and detail.startswith("Invalid value"):
+        unknown = "unknown content kind " if tag == "kind" else f"unknown {tag} "
+        detail = unknown + detail.removeprefix("Invalid value ")
     elif detail.startswith("Object missing required field"):
         field_name = detail.split("`")[1]
         param = f"{param}.{field_name}" if param else field_name
