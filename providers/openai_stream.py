@@ -21,6 +21,7 @@ the chat dialect needs for tool calls.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
@@ -73,7 +74,7 @@ def raise_error_chunk(chunk: ChunkBase) -> None:
     raise classify_error_chunk(ErrorBody(message=message, type=chunk.type, code=chunk.code))
 
 
-class OpenAIStreamParser(Generic[ChunkT]):
+class OpenAIStreamParser(ABC, Generic[ChunkT]):
     """Feed it the `data` payloads of one stream; it returns events (module doc)."""
 
     __slots__ = ("_closed", "_done", "_finish", "_first", "_usage")
@@ -122,9 +123,10 @@ class OpenAIStreamParser(Generic[ChunkT]):
             self._finish = normalise_finish(reason)
         return events
 
+    @abstractmethod
     def _choice(self, chunk: ChunkT, events: list[Event]) -> str | None:
-        """Append the events of the chunk's first choice; return its finish reason, if any."""
-        raise NotImplementedError  # abstract: each dialect's parser (chat, text) defines it
+        """Append the events of the chunk's first choice; return its finish reason, if any (each
+        dialect's parser, chat or text, defines it)."""
 
     def finish(self) -> list[Event]:
         """The closing events at the end of the stream; raises if it was truncated."""
