@@ -21,6 +21,7 @@ from litestar import Litestar, Request
 from litestar.response import Response
 
 from app.edge import anthropic, handlers
+from app.edge.cost_reports import catalog_drift, catalog_gpu_cost
 from app.edge.openai_chat import chat_completions, openai_models
 from app.edge.openai_completions import text_completions
 from app.edge.rejection import as_gateway_error
@@ -55,6 +56,8 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
             handlers.healthz,
             handlers.readyz,
             handlers.metrics,
+            catalog_drift,
+            catalog_gpu_cost,
         ],
         lifespan=[lifespan],
         exception_handlers={Exception: _render_error},

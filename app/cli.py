@@ -24,6 +24,7 @@ import uvicorn
 from sqlalchemy.engine import make_url
 from uvicorn.supervisors import Multiprocess
 
+from app import cli_cost
 from app.logging import configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine
@@ -52,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         dest="catalog_command", required=True
     )
     _config_option(catalog.add_parser("sync", help="load catalog files into SQL (idempotent)"))
+    cli_cost.register(catalog, _config_option)
 
     commands.add_parser("mock-upstream", help="a scripted OpenAI-compatible upstream", add_help=False)
     return parser
@@ -93,6 +95,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         else:
             downgrade(settings.database.url, args.revision)
         return 0
+    if args.command == "catalog" and args.catalog_command in cli_cost.COMMANDS:
+        return cli_cost.run(args, settings)
     with _StartGuard(settings.database.url) as guard:
         report = asyncio.run(_sync(settings))
         guard.started = True

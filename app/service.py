@@ -23,11 +23,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.exposition import GatewayCollector
 from app.logging import LineWriter, get_logger
 from app.metrics import Metrics
+from app.pipeline.gpu_time import GpuTime
 from app.pipeline.pipeline import Pipeline
 from app.routing.cluster import ClusterLink
 from app.routing.health import HealthMonitor
 from app.routing.router import ProviderRuntime, Router
-from app.settings import Settings, key_missing, provider_configs, provider_policy
+from app.settings import Settings, gpu_hour_rates, key_missing, provider_configs, provider_policy
 from catalog.database import open_engine
 from catalog.files import load_catalog
 from catalog.ledger import LedgerWriter
@@ -100,6 +101,7 @@ class Service:
             self.log,
             self.metrics,
             routing.probe_interval_s,
+            GpuTime(gpu_hour_rates(settings)),
         )
         self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log, routing.quota_recheck_s)
         self.health.start()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
@@ -33,6 +34,8 @@ from providers.config import KIND_DEFAULTS, ProviderConfig, ProviderKind, Timeou
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_CONFIG = REPO_ROOT / "config.example.toml"
 PROVIDER_NAME = r"^[a-z0-9][a-z0-9_\-]*$"
+GPU_HOUR_USD = r"^[0-9]{1,12}(\.[0-9]{1,18})?$"  # a non-negative decimal string that fits the ledger
+HOSTED_KINDS = frozenset({"fastrun", "primalabs"})  # vendors that bill per token: no GPU of yours behind them
 
 
 class ConfigError(Exception):
@@ -115,6 +118,9 @@ class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
     reasoning_history: bool | None = None
     stream_usage: bool | None = None
     max_completion_tokens: bool | None = None
+    # USD per hour of the GPUs behind a self-hosted provider, an exact decimal string (cost.md,
+    # `app.pipeline.gpu_time`); refused on the hosted vendors' kinds (`_check_gpu_hour`)
+    gpu_hour_usd: Annotated[str, Meta(pattern=GPU_HOUR_USD)] | None = None
 
 
 class RedisSettings(Struct, frozen=True, forbid_unknown_fields=True):
@@ -178,12 +184,26 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
         for name, entry in providers.items():
             if not re.fullmatch(PROVIDER_NAME, name):
                 raise ConfigError(f'{source}: providers."{name}": a provider name is [a-z0-9][a-z0-9_-]*')
-            _convert(entry, ProviderSettings, source, f"providers.{name}")
+            _check_gpu_hour(_convert(entry, ProviderSettings, source, f"providers.{name}"), source, name)
     settings = _convert(raw, Settings, source, "")
     url = _absolute_sqlite_url(settings.database.url, base_dir)
     return msgspec.structs.replace(
         settings, base_dir=str(base_dir), database=msgspec.structs.replace(settings.database, url=url)
     )
+
+
+def _check_gpu_hour(entry: ProviderSettings, source: str, name: str) -> None:
+    """`gpu_hour_usd` is for servers you run: `local`, or an `openai_compatible` server you host
+    (vLLM, SGLang on your own machines). On a hosted vendor's kind it is refused, not ignored."""
+    if entry.gpu_hour_usd is not None and entry.kind in HOSTED_KINDS:
+        message = f"only for a provider whose GPUs you run (kind local or openai_compatible), not {entry.kind}"
+        raise ConfigError(f"{source}: providers.{name}.gpu_hour_usd: {message}")
+
+
+def gpu_hour_rates(settings: Settings) -> dict[str, Decimal]:
+    """USD per GPU hour of every provider that sets `gpu_hour_usd`, by provider name."""
+    providers = settings.providers.items()
+    return {name: Decimal(entry.gpu_hour_usd) for name, entry in providers if entry.gpu_hour_usd is not None}
 
 
 def provider_configs(settings: Settings) -> list[ProviderConfig]:

@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 
 LedgerStatus = Literal["ok", "error", "cancelled"]
-CostSource = Literal["authoritative", "estimated"]
+CostSource = Literal["authoritative", "estimated", "amortized"]  # amortized: a share of GPU time
 
 
 class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,10 +1,13 @@
 """Accounting for one finished request: its cost, its ledger row and its canonical log line.
 
-Cost rules (cost.md): an upstream-reported billed cost is `authoritative` and wins; otherwise the
-catalog estimate from the price row in effect at the request's start is `estimated`; no usage or
-no usable price is unpriced (None). The estimate is computed whenever there is usage — once per
-request, into a `Cost` — and kept in the ledger beside an authoritative cost. Unknown usage stays
-NULL in the ledger, never 0.
+Cost rules (cost.md): a request served by a provider with `gpu_hour_usd` costs its share of that
+provider's busy time (`amortized`, `app.pipeline.gpu_time`) — the operator's own GPU bill wins over
+any per-token figure, and it is charged with or without usage, since the GPU time was spent. Else
+an upstream-reported billed cost is `authoritative`; otherwise the catalog estimate from the price
+row in effect at the request's start is `estimated`; no usage or no usable price is unpriced (None).
+The estimate is computed whenever there is usage — once per request, into a `Cost` — and kept in
+the ledger beside an authoritative (or amortized) cost. Unknown usage stays NULL in the ledger,
+never 0.
 
 `ledger_record` and `log_line` are functions of the request's context and its outcome only.
 """
@@ -30,10 +33,12 @@ def price(
     started_at: datetime,
     usage: Usage | None,
     billed: Decimal | None,
+    amortized: Decimal | None = None,
 ) -> Cost:
-    """The request's `Cost`: `billed` (the upstream's own figure) wins over the catalog estimate."""
+    """The request's `Cost`: `amortized` (its share of a GPU's time) wins, then `billed` (the
+    upstream's own figure), then the catalog estimate."""
     if usage is None:
-        return UNPRICED
+        return UNPRICED if amortized is None else Cost(amortized, "amortized")
     row = snapshot.price_at(provider, model, started_at)
     estimate = estimate_cost(
         row,
@@ -44,6 +49,8 @@ def price(
         cache_write_tokens=usage.cache_write_tokens,
     )
     price_id = row.id if row is not None else None
+    if amortized is not None:
+        return Cost(amortized, "amortized", estimate, price_id)
     if billed is not None:
         return Cost(billed, "authoritative", estimate, price_id)
     if estimate is not None:

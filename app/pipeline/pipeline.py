@@ -20,8 +20,10 @@ The flow is one direction:
                        `Outcome` (streaming) or a 502/504 (JSON), never a failover.
     Fold               every upstream event of the committed attempt (`app.pipeline.fold`)
     _close()           once, before the Outcome is handed out (or in a `finally` when the request
-                       ends otherwise): the slot is released, the ledger row queued (off the
-                       request path), the request counted and its canonical line logged — so
+                       ends otherwise): the slot is released (and the attempt's GPU-time ticket,
+                       `app.pipeline.gpu_time`, when its provider sets `gpu_hour_usd`), the ledger
+                       row queued (off the request path), the request counted and its canonical
+                       line logged — so
                        success, upstream error and client cancellation all leave exactly one row.
 
 Errors before the answer starts are raised (`GatewayError`): each ingress renders them as an
@@ -46,6 +48,7 @@ from app.pipeline.admission import admit
 from app.pipeline.estimate import estimate_input_tokens
 from app.pipeline.events import UNPRICED, Event, Outcome, Started
 from app.pipeline.fold import Fold
+from app.pipeline.gpu_time import GpuTicket, GpuTime
 from app.routing.failover import Candidates, apply_failure, exhausted
 from app.routing.router import Backend, Router
 from catalog.records import LedgerRecord, LedgerStatus
@@ -69,6 +72,7 @@ class _Run:
         "error",
         "first_content",
         "fold",
+        "gpu",
         "message",
         "model",
         "outcome",
@@ -85,6 +89,7 @@ class _Run:
         self.backend: Backend | None = None
         self.slot: Backend | None = None  # the backend whose concurrency slot this request holds
         self.fold: Fold | None = None  # the latest attempt's
+        self.gpu: GpuTicket | None = None  # the latest attempt's, on a provider with `gpu_hour_usd`
         self.first_content: float | None = None
         self.message: Message | None = None
         self.status: LedgerStatus = "error"
@@ -100,12 +105,14 @@ class Pipeline:
         log: Any,
         metrics: Metrics,
         probe_interval_s: float = 10.0,
+        gpu_time: GpuTime | None = None,
     ) -> None:
         self.router = router
         self._record = record
         self._log = log
         self.metrics = metrics
         self._probe_interval_s = probe_interval_s
+        self._gpu_time = gpu_time or GpuTime({})
 
     async def complete(self, ctx: RequestContext, request: AnyRequest) -> Outcome:
         """A whole answer. Raises `GatewayError` when there is none (mid-answer failures too)."""
@@ -187,6 +194,7 @@ class Pipeline:
         failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:
             run.slot = run.backend = backend
+            run.gpu = self._gpu_time.start(backend.name)
             run.attempts += 1
             if run.attempts > 1:
                 self.metrics.retries.inc((model.id,))
@@ -233,6 +241,8 @@ class Pipeline:
         if run.slot is not None:
             run.slot.state.release()
             run.slot = None
+        if run.gpu is not None:
+            run.gpu.stop()
 
     def _close(self, run: _Run) -> Outcome:
         """The request's `Outcome`, made once: release the slot, queue the ledger row, count and
@@ -259,7 +269,8 @@ class Pipeline:
             usage, estimated = _counted_usage(run.request, fold), True
         cost = UNPRICED
         if backend is not None and model is not None:
-            cost = price(self.router.snapshot, backend.name, model.id, run.ctx.started_at, usage, billed)
+            amortized = run.gpu.cost_usd() if run.gpu is not None else None
+            cost = price(self.router.snapshot, backend.name, model.id, run.ctx.started_at, usage, billed, amortized)
         return Outcome(
             status=run.status,
             finished=time.perf_counter(),

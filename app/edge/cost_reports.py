@@ -1,0 +1,48 @@
+"""`GET /api/v1/catalog/drift` and `GET /api/v1/catalog/gpu-cost`: the catalog's cost reports.
+
+Both take `from` (inclusive) and `to` (exclusive) as the usage report does — ISO 8601, the last
+30 days by default (`catalog.report_period`) — and answer the report's JSON (`catalog.drift`,
+`catalog.gpu_cost`). A bad value is a 400 `invalid_request_error` whose `param` names it, in
+api.md's error shape (raised here, rendered by the app's one error handler). The queries run on
+the service's engine, off the hot path; each is one grouped SQL aggregate.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from litestar import Request, get
+from litestar.datastructures import State
+from litestar.response import Response
+
+from app.errors import InvalidRequest
+from app.service import Service
+from catalog.drift import price_drift
+from catalog.gpu_cost import gpu_costs
+from catalog.report_period import Period, PeriodError, parse_period
+
+_JSON = "application/json"
+_encoder = msgspec.json.Encoder()
+
+
+def _period(request: Request[object, object, State]) -> Period:
+    query = request.query_params
+    try:
+        return parse_period(query.get("from"), query.get("to"))
+    except PeriodError as exc:
+        raise InvalidRequest(exc.message, param=exc.param) from None
+
+
+@get("/api/v1/catalog/drift")
+async def catalog_drift(request: Request[object, object, State], state: State) -> Response[bytes]:
+    period = _period(request)
+    service: Service = state.service
+    assert service.engine is not None
+    return Response(_encoder.encode(await price_drift(service.engine, period)), media_type=_JSON)
+
+
+@get("/api/v1/catalog/gpu-cost")
+async def catalog_gpu_cost(request: Request[object, object, State], state: State) -> Response[bytes]:
+    period = _period(request)
+    service: Service = state.service
+    assert service.engine is not None
+    return Response(_encoder.encode(await gpu_costs(service.engine, period)), media_type=_JSON)
