@@ -9,6 +9,8 @@
 - `ledger`: `LedgerRecord` and the batched, off-request-path `LedgerWriter`.
 - `ledger_store`: how a batch reaches each database (SQLite's driver on its own thread, one JSON
   document per batch for PostgreSQL), with the per-row encoding done once per batch.
+- `drift`, `gpu_cost`: the cost reports (billed against estimated; amortized $/Mtok beside hosted
+  prices), over `report_period` (`from`/`to`) with exact SQL sums on both databases (`exact_sum`).
 
 Importing this package does nothing but define names: engines, tasks and files are opened by the
 caller (the app's lifespan or the CLI).

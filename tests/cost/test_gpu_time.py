@@ -152,10 +152,12 @@ async def test_two_overlapping_requests_share_the_gpu_time(start_gateway: StartG
     # The short request ran entirely inside the long one: it was one of two in flight throughout,
     # so it pays half its own time; the long one pays the rest of the busy time.
     a0, a1, b0, b1 = (instant(row[key]) for row in (a, b) for key in ("started_at", "finished_at"))
-    assert a0 < b0 and b1 < a1
+    assert a0 < b0
+    assert b1 < a1
     per_second = RATE / 3600
     overlap, busy = seconds(b1 - b0), seconds(a1 - a0)
-    assert overlap > Decimal("0.45") and busy > Decimal("1.15")
+    assert overlap > Decimal("0.45")
+    assert busy > Decimal("1.15")
     expected_b = overlap / 2 * per_second
     expected_a = (busy - overlap / 2) * per_second
     assert abs(Decimal(b["cost_usd"]) - expected_b) <= TOLERANCE_S * per_second, (b["cost_usd"], expected_b)
