@@ -19,8 +19,10 @@ import pytest
 from app.pipeline.gpu_time import BusyTimeTracker, GpuTicket
 from app.settings import ConfigError, settings_from_mapping
 from tests.support.catalog import catalog_toml, model, price
-from tests.support.client import complete
+from tests.support.client import complete, stream
 from tests.support.gateway import StartGateway, provider_table
+from tests.support.replies import answer as cloud_answer
+from tests.support.replies import error, stream_answer
 from tests.support.upstream import ReplayUpstream, reply_json
 from tests.support.waiting import wait_until
 
@@ -198,3 +200,44 @@ def instant(value: str | datetime) -> datetime:
 
 def seconds(delta: timedelta) -> Decimal:
     return Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / 1_000_000
+
+
+FAILOVER_CATALOG = catalog_toml(
+    model("m", ("gpu", "up-gpu", 100), ("cloud", "up-cloud", 50)),
+    prices=[price("gpu", "m", "0", "0"), price("cloud", "m", "1.00", "2.00")],
+)
+
+
+async def test_streams_errors_and_failover_on_a_gpu_provider(start_gateway: StartGateway) -> None:
+    async with ReplayUpstream(models=["up-gpu"]) as gpu, ReplayUpstream(models=["up-cloud"]) as cloud:
+        providers = provider_table({"gpu": gpu, "cloud": cloud}, gpu={"kind": "local", "gpu_hour_usd": "36"})
+        gw = await start_gateway(providers=providers, catalog=FAILOVER_CATALOG)
+        # A stream: the cost in its last frame is the amortized one, and the ledger's.
+        gpu.enqueue(stream_answer("streamed", chunk_delay_s=0.05))
+        _, frames = await stream(gw, "m")
+        streamed = frames[-1][1]["response"]
+        # A client error from the GPU: no answer, but the GPU time it held is still charged.
+        gpu.enqueue(error(400, "invalid_request_error", first_byte_delay_s=0.1))
+        rejected = await complete(gw, "m")
+        assert rejected.status_code == 400
+        # An upstream error that fails over: the cloud serves it, at the catalog's price.
+        gpu.enqueue(error(503))
+        cloud.enqueue(cloud_answer("from the cloud"))
+        failed_over = (await complete(gw, "m")).json(parse_float=Decimal)
+
+    rows = await gw.ledger_rows()
+    by_id = {row["request_id"]: row for row in rows}
+    row = by_id[streamed["id"]]
+    assert (row["cost_source"], streamed["cost_source"]) == ("amortized", "amortized")
+    assert Decimal(row["cost_usd"]) == streamed["cost_usd"] > 0
+    assert Decimal(row["estimated_cost_usd"]) == 0  # the GPU's own catalog row says 0 per token
+
+    row = by_id[failed_over["id"]]
+    assert (row["provider"], row["attempts"], row["cost_source"]) == ("cloud", 2, "estimated")
+    assert Decimal(row["cost_usd"]) == failed_over["cost_usd"] == (3 * Decimal("1.00") + 1 * Decimal("2.00")) / 10**6
+
+    (row,) = [r for r in rows if r["status"] == "error"]
+    assert (row["provider"], row["cost_source"], row["input_tokens"]) == ("gpu", "amortized", None)
+    per_second = RATE / 3600
+    held = Decimal(str(row["latency_ms"])) / 1000
+    assert Decimal("0.1") * per_second <= Decimal(row["cost_usd"]) <= held * per_second
