@@ -1,4 +1,5 @@
-"""The `switchyard` console script (config.md): serve, db upgrade/downgrade, catalog sync, mock-upstream.
+"""The `switchyard` console script (config.md): serve, db upgrade/downgrade, catalog sync, mock-upstream
+(and `catalog drift` / `catalog gpu-cost`, in `app.cli_cost`).
 
 Exit codes: 0 success, 2 bad usage or invalid configuration (the message names the key), 1 anything
 else. `serve` prepares the database once in the parent process (migrations on the embedded SQLite
