@@ -72,9 +72,7 @@ def _grouped_select(source: str) -> str:
 
 def _postgres_upsert() -> str:
     added = ", ".join(f"{name} = h.{name} + EXCLUDED.{name}" for name in SUMS[:-2])
-    money = ", ".join(
-        f"{name} = COALESCE(h.{name} + EXCLUDED.{name}, h.{name}, EXCLUDED.{name})" for name in SUMS[-2:]
-    )
+    money = ", ".join(f"{name} = COALESCE(h.{name} + EXCLUDED.{name}, h.{name}, EXCLUDED.{name})" for name in SUMS[-2:])
     return f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {added}, {money}"
 
 
