@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import msgspec
 
@@ -52,11 +53,12 @@ class UsageQuery(msgspec.Struct, frozen=True, kw_only=True):
     api: tuple[str, ...] = ()
     status: tuple[str, ...] = ()
     only_key: str | None = None
+    latency: bool = True  # False: no percentiles even where they apply (they read raw rows)
 
     @property
     def percentiles(self) -> bool:
         """Latency percentiles come with groups other than time only (cost.md)."""
-        return bool(self.group_by) and not TIME_GROUPS.intersection(self.group_by)
+        return self.latency and bool(self.group_by) and not TIME_GROUPS.intersection(self.group_by)
 
 
 class UsageFigures(msgspec.Struct, kw_only=True):
@@ -115,7 +117,7 @@ def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | Non
     for value in status:
         if value not in STATUSES:
             raise QueryError("status", f"unknown status {value!r} (one of {', '.join(STATUSES)})")
-    filters = {name: _values(params, name) for name in FILTERS if name != "status"}
+    filters: dict[str, Any] = {name: _values(params, name) for name in FILTERS if name != "status"}
     return UsageQuery(start=start, end=end, group_by=group_by, status=status, only_key=only_key, **filters)
 
 
