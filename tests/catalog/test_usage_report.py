@@ -9,6 +9,7 @@ holding a request id twice, so the roll-ups the report reads must have counted e
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -16,7 +17,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from catalog.database import open_engine
 from catalog.ledger import write_records
+from catalog.migrate import upgrade_async
 from catalog.usage_query import GROUPS, QueryError, parse_query
 from catalog.usage_report import usage_report
 from tests.catalog.usage_oracle import TOKENS, expected, ledger_rows, seeded_records
@@ -154,3 +157,20 @@ def test_the_default_period_is_the_last_30_days() -> None:
     query = parse_query({}, NOW)
     assert (query.start, query.end) == (datetime(2026, 11, 1, tzinfo=UTC), NOW)
     assert parse_query({"to": "2026-11-30T12:00:00"}, NOW).end == datetime(2026, 11, 30, 12, tzinfo=UTC)
+
+
+async def test_sqlite_through_the_engine_counts_each_row_once(tmp_path: Path) -> None:
+    """A SQLite URI filename is written through the engine's own connection (`EngineStore`)."""
+    url = f"sqlite+aiosqlite:///file:{tmp_path / 'uri.db'}?uri=true"
+    await upgrade_async(url)
+    engine = open_engine(url)
+    try:
+        records = seeded_records(200, seed=3)
+        await write_records(engine, records[:120])
+        await write_records(engine, [records[100], *records[100:]])
+        rows = await ledger_rows(engine)
+        assert len(rows) == 200
+        await check(engine, rows, {**EDGES, "group_by": "hour,owner"})
+        await check(engine, rows, {"from": "2026-11-27", "to": "2026-12-01", "group_by": "model"})
+    finally:
+        await engine.dispose()
