@@ -169,7 +169,8 @@ def _row(
     width = len(query.group_by)
     group, figures = tuple(values[:width]), values[width:]
     counts: dict[str, Any] = dict(zip(_FIGURES, (int(value or 0) for value in figures[: len(_FIGURES)]), strict=True))
-    groups: dict[str, Any] = dict(zip(query.group_by, (_text(value) for value in group), strict=True))
+    texts = (_text(dialect, value, name) for name, value in zip(query.group_by, group, strict=True))
+    groups: dict[str, Any] = dict(zip(query.group_by, texts, strict=True))
     cost, authoritative = dialect.money_values(figures[len(_FIGURES) :])
     row = UsageRow(
         **counts,
@@ -182,8 +183,10 @@ def _row(
     return row
 
 
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _text(dialect: Dialect, value: Any, group: str) -> str | None:
+    if value is None:
+        return None
+    return dialect.bucket_text(value, group) if group in ("day", "hour") else str(value)
 
 
 def _money(value: int | None) -> str | None:

@@ -8,13 +8,14 @@ two integers that SQLite sums exactly (its integer SUM raises on overflow instea
 nano-dollars overflow only past 9.2 billion USD).
 
 Time buckets are UTC: `day` is `YYYY-MM-DD`, `hour` is `YYYY-MM-DDTHH:00Z` (cost.md). SQLite
-stores times as UTC text (`2026-11-30 09:15:00.000000`), so a bucket is a slice of it.
+stores times as UTC text (`2026-11-30 09:15:00.000000`), so a bucket is a slice of it; PostgreSQL
+groups by `date_trunc(…, 'UTC')` and `bucket_text` prints each group's bucket.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -36,6 +37,10 @@ class Dialect:
     def bucket(self, moment: str, group: str) -> str:
         raise NotImplementedError
 
+    def bucket_text(self, value: Any, group: str) -> str:
+        """A bucket as the report prints it (`YYYY-MM-DD`, `YYYY-MM-DDTHH:00Z`)."""
+        return str(value)
+
     def money(self, cost: str, authoritative: str) -> list[str]:
         return [f"{cost} AS cost_usd", f"{authoritative} AS authoritative_cost_usd"]
 
@@ -48,10 +53,17 @@ class Dialect:
 
 
 class Postgres(Dialect):
-    _FORMATS = {"day": "YYYY-MM-DD", "hour": r'YYYY-MM-DD"T"HH24"\:00Z"'}  # `\:` is a colon, not a bind
+    """Buckets are truncated timestamps, grouped as such and printed here, once per group (a
+    `to_char` per row cost more than the rest of a roll-up row's aggregation)."""
+
+    _FORMATS = {"day": "%Y-%m-%d", "hour": "%Y-%m-%dT%H:00Z"}
 
     def bucket(self, moment: str, group: str) -> str:
-        return f"to_char({moment} AT TIME ZONE 'UTC', '{self._FORMATS[group]}')"
+        return f"date_trunc('{group}', {moment}, 'UTC')"
+
+    def bucket_text(self, value: Any, group: str) -> str:
+        moment: datetime = value
+        return moment.astimezone(UTC).strftime(self._FORMATS[group])
 
 
 class SQLite(Dialect):
