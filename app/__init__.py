@@ -8,8 +8,8 @@
     errors.py        the error tree and its two-view JSON body
     metrics.py       Prometheus counters and live gauges
     logging.py       structlog JSON lines, one canonical `request` line per request
-    cli.py, ids.py   the `switchyard` command; uuid7 request ids (cli_cost.py: `catalog drift`,
-                     `catalog gpu-cost`)
+    cli.py, ids.py   the `switchyard` command (cli_usage.py: `switchyard usage`; cli_cost.py:
+                     `catalog drift`, `catalog gpu-cost`); uuid7 request ids
     edge/            HTTP in and out: shared ASGI plumbing (asgi.py), the SSE relay (relay.py), one
                      module per ingress (unified.py: POST /api/v1/completions, with its output
                      format in unified_format.py and request validation in validation.py;
@@ -20,7 +20,8 @@
                      anthropic.py: POST /v1/messages, with its wire types in anthropic_format.py
                      and its request translator in anthropic_request.py), the small handlers
                      (models, health, metrics), cost_reports.py (GET /api/v1/catalog/drift and
-                     /api/v1/catalog/gpu-cost)
+                     /api/v1/catalog/gpu-cost), usage.py (GET /api/v1/usage, the spend page
+                     GET /usage rendered by spend_page.py, and the plotly bundle it loads)
     pipeline/        format-neutral: pipeline.py (route → failover → fold → Outcome), fold.py,
                      events.py (what every ingress renders), accounting.py (cost, ledger row, log
                      line), admission.py, estimate.py, gpu_time.py (busy-time shares for

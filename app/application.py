@@ -20,7 +20,7 @@ import msgspec
 from litestar import Litestar, Request
 from litestar.response import Response
 
-from app.edge import anthropic, handlers
+from app.edge import anthropic, handlers, usage
 from app.edge.cost_reports import catalog_drift, catalog_gpu_cost
 from app.edge.openai_chat import chat_completions, openai_models
 from app.edge.openai_completions import text_completions
@@ -58,6 +58,9 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
             handlers.metrics,
             catalog_drift,
             catalog_gpu_cost,
+            usage.usage,
+            usage.spend_page,
+            usage.plotly_script,
         ],
         lifespan=[lifespan],
         exception_handlers={Exception: _render_error},

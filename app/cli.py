@@ -1,5 +1,5 @@
-"""The `switchyard` console script (config.md): serve, db upgrade/downgrade, catalog sync, mock-upstream
-(and `catalog drift` / `catalog gpu-cost`, in `app.cli_cost`).
+"""The `switchyard` console script (config.md): serve, db upgrade/downgrade, catalog sync, usage
+(app/cli_usage.py), mock-upstream (and `catalog drift` / `catalog gpu-cost`, in `app.cli_cost`).
 
 Exit codes: 0 success, 2 bad usage or invalid configuration (the message names the key), 1 anything
 else. `serve` prepares the database once in the parent process (migrations on the embedded SQLite
@@ -25,7 +25,7 @@ import uvicorn
 from sqlalchemy.engine import make_url
 from uvicorn.supervisors import Multiprocess
 
-from app import cli_cost
+from app import cli_cost, cli_usage
 from app.logging import configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine
@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(catalog.add_parser("sync", help="load catalog files into SQL (idempotent)"))
     cli_cost.register(catalog, _config_option)
 
+    cli_usage.add_parser(commands)
     commands.add_parser("mock-upstream", help="a scripted OpenAI-compatible upstream", add_help=False)
     return parser
 
@@ -90,6 +91,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     if args.command == "serve":
         return _serve(args, settings)
+    if args.command == "usage":
+        return cli_usage.run(args, settings)
     if args.command == "db":
         if args.db_command == "upgrade":
             upgrade(settings.database.url)

@@ -19,7 +19,9 @@ batch over once:
 
 All three store exactly what the table's types store (tests/catalog compare every column with a
 SQLAlchemy Core insert of the same record) and skip a request id that is already there, so
-replaying a batch is harmless.
+replaying a batch is harmless. Each also adds the rows it inserted, and only those, to the hourly
+roll-up in the same transaction (`catalog.rollup`: in the statement itself on PostgreSQL, summed
+per batch on the store's thread on SQLite).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.database import SQLITE_PRAGMAS
 from catalog.records import LedgerRecord
+from catalog.rollup import SQLiteRollup, decimal_add, postgres_statement
 from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
 
 _CONFLICT = "ON CONFLICT (request_id) DO NOTHING"
@@ -83,7 +86,30 @@ class SQLiteRows:
                 self._others.append((index, process))
         marks = ", ".join("?" * len(columns))
         self.sql = f"INSERT INTO ledger ({', '.join(columns)}) VALUES ({marks}) {_CONFLICT}"  # noqa: S608
+        self.rollup = SQLiteRollup(columns)
         _bind_directly()
+
+    def insert(self, cursor: Any, records: Sequence[LedgerRecord]) -> bool:
+        """Insert `records` and add them to the roll-up, inside the caller's open transaction.
+
+        False, with nothing added to the roll-up, when some request id was skipped: the caller
+        rolls back and calls `insert_each` instead."""
+        rows = [self.encode(record) for record in records]
+        cursor.executemany(self.sql, rows)
+        if cursor.rowcount != len(rows):
+            return False
+        cursor.executemany(self.rollup.upsert, self.rollup.groups(rows))
+        return True
+
+    def insert_each(self, cursor: Any, records: Sequence[LedgerRecord]) -> None:
+        """Insert `records` one by one, adding to the roll-up only those the database took."""
+        inserted = []
+        for record in records:
+            row = self.encode(record)
+            cursor.execute(self.sql, row)
+            if cursor.rowcount == 1:
+                inserted.append(row)
+        cursor.executemany(self.rollup.upsert, self.rollup.groups(inserted))
 
     def encode(self, record: LedgerRecord) -> list[Any]:
         row = list(msgspec.structs.astuple(record))
@@ -143,8 +169,12 @@ class SQLiteStore(SQLiteRows):
     def _insert(self, records: Sequence[LedgerRecord]) -> None:
         connection = self._connection or self._connect()
         try:
+            cursor = connection.cursor()
             connection.execute("BEGIN")
-            connection.executemany(self.sql, map(self.encode, records))
+            if not self.insert(cursor, records):
+                connection.rollback()
+                connection.execute("BEGIN")
+                self.insert_each(cursor, records)
             connection.execute("COMMIT")
         except BaseException as exc:
             if connection.in_transaction:
@@ -157,6 +187,7 @@ class SQLiteStore(SQLiteRows):
         connection = sqlite3.connect(self._path, isolation_level=None)
         for pragma in SQLITE_PRAGMAS:
             connection.execute(pragma)
+        connection.create_function("decimal_add", 2, decimal_add, deterministic=True)
         self._connection = connection
         return connection
 
@@ -180,16 +211,36 @@ class EngineStore(SQLiteRows):
         self._engine = engine
 
     async def write(self, records: Sequence[LedgerRecord]) -> None:
-        rows = [tuple(self.encode(record)) for record in records]  # SQLAlchemy takes tuples, not lists
-        async with self._engine.begin() as connection:
-            await connection.exec_driver_sql(self.sql, rows)
+        try:
+            async with self._engine.begin() as connection:
+                await connection.run_sync(self._insert, records, False)
+        except _Skipped:  # rolled back: insert them one by one
+            async with self._engine.begin() as connection:
+                await connection.run_sync(self._insert, records, True)
+
+    def _insert(self, connection: Any, records: Sequence[LedgerRecord], each: bool) -> None:
+        """On the engine's connection, inside its transaction."""
+        driver = connection.connection.dbapi_connection
+        driver.create_function("decimal_add", 2, decimal_add, deterministic=True)
+        cursor = driver.cursor()
+        if each:
+            self.insert_each(cursor, records)
+        elif not self.insert(cursor, records):
+            raise _Skipped
+
+    async def close(self) -> None:
+        return None
+
+
+class _Skipped(Exception):
+    """A batch with a request id already present, or twice: `EngineStore` takes it row by row."""
 
     async def close(self) -> None:
         return None
 
 
 class PostgresStore:
-    """Batches as one JSON document that PostgreSQL unpacks into ledger rows."""
+    """Batches as one JSON document that PostgreSQL unpacks into ledger rows (and their roll-up)."""
 
     def __init__(self, engine: AsyncEngine, columns: Sequence[str]) -> None:
         self._engine = engine
@@ -198,7 +249,7 @@ class PostgresStore:
         self._times = [name for name in columns if isinstance(table.c[name].type, UTCDateTime)]
         self._decimals = [(name, t) for name in columns if isinstance(t := table.c[name].type, ExactDecimal)]
         names = ", ".join(columns)
-        self.sql = (
+        self.sql = postgres_statement(
             f"INSERT INTO ledger ({names}) SELECT {names} "  # noqa: S608
             f"FROM json_populate_recordset(NULL::ledger, $1::json) {_CONFLICT}"
         )

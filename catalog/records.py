@@ -27,6 +27,7 @@ class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
     latency_ms: float  # milliseconds, sub-millisecond precision kept for benchmarks
     attempts: int = 1
     api_key_id: str | None = None
+    owner: str | None = None  # the key's owner when the request was made (migration 0005)
     api: str | None = None  # the ingress that took the request (`unified`, `openai_chat` …)
     model: str | None = None
     provider: str | None = None

@@ -238,6 +238,7 @@ class LedgerRow(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime] = mapped_column(UTCDateTime())
     api_key_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    owner: Mapped[str | None] = mapped_column(String(200), nullable=True)  # the key's owner then (migration 0005)
     api: Mapped[str | None] = mapped_column(String(32), nullable=True)  # the ingress (migration 0003)
     model: Mapped[str | None] = mapped_column(String(200), nullable=True)
     provider: Mapped[str | None] = mapped_column(String(100), nullable=True)
@@ -261,3 +262,40 @@ class LedgerRow(Base):
     latency_ms: Mapped[float] = mapped_column(Double)
     ttft_ms: Mapped[float | None] = mapped_column(Double, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=1)
+
+
+ROLLUP_COST_PRECISION = 38
+
+
+class UsageHourly(Base):
+    """The ledger summed per UTC hour x model x provider x key x owner x api x status (migration 0005).
+
+    Kept by the ledger stores in the transaction that inserts the rows (`catalog.rollup`); reports
+    read whole hours here (`catalog.usage_report`). A NULL dimension of a ledger row is '' here, so
+    that the primary key (also the upsert's conflict target and the reports' range index, led by
+    the hour) can hold it on both databases; reports turn '' back into null. Errors and
+    cancellations are the `requests` of rows whose `status` says so. Token sums count known
+    buckets only (NULL is unknown, summed as nothing); `cost_usd` is NULL while no row of the
+    group had a cost, like SQL's SUM.
+    """
+
+    __tablename__ = "usage_hourly"
+
+    hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(100), primary_key=True)
+    api_key_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200), primary_key=True)
+    api: Mapped[str] = mapped_column(String(32), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    unpriced_requests: Mapped[int] = mapped_column(BigInteger)
+    input_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger)
+    cache_read_tokens: Mapped[int] = mapped_column(BigInteger)
+    cache_write_tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_usd: Mapped[Decimal | None] = mapped_column(ExactDecimal(ROLLUP_COST_PRECISION, COST_SCALE), nullable=True)
+    authoritative_cost_usd: Mapped[Decimal | None] = mapped_column(
+        ExactDecimal(ROLLUP_COST_PRECISION, COST_SCALE), nullable=True
+    )

@@ -66,6 +66,7 @@ def ledger_record(ctx: RequestContext, outcome: Outcome) -> LedgerRecord:
         started_at=ctx.started_at,
         finished_at=datetime.now(UTC),
         api_key_id=ctx.principal.key_id,
+        owner=ctx.principal.owner,
         api=ctx.ingress,
         model=outcome.model,
         provider=outcome.provider,

@@ -1,0 +1,146 @@
+"""What a usage report asks for and what it answers (cost.md "Reporting"): parsed once, shared by
+`GET /api/v1/usage`, the spend page and `switchyard usage`.
+
+`parse_query` turns the request's parameters (strings, as a query string or the command line
+gives them) into a `UsageQuery`, or raises `QueryError` naming the bad parameter. Choices where
+cost.md is silent:
+- `from`/`to` take a date (`2026-11-01`, midnight UTC) or an ISO 8601 date-time; one without an
+  offset is UTC. Default: the 30 days before now. `from` must be before `to`.
+- A filter takes one value or several, comma-separated (`model=a,b`); an empty value is no filter
+  (what an empty field of the page's form sends). `api` filters too, like the other group-bys.
+- An unknown parameter is a 400: a misspelt filter (`modle=x`) would otherwise report everything.
+- `group_by` values are kept in the order given; a repeated one counts once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import msgspec
+
+GROUPS = ("model", "provider", "key", "owner", "api", "day", "hour", "status")
+TIME_GROUPS = frozenset({"day", "hour"})
+FILTERS = ("model", "provider", "key", "owner", "api", "status")
+STATUSES = ("ok", "error", "cancelled")
+PARAMETERS = frozenset({"from", "to", "group_by", *FILTERS})
+DEFAULT_PERIOD = timedelta(days=30)
+
+
+class QueryError(ValueError):
+    """A bad report parameter; `param` is its name as the caller wrote it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.message = f"{param}: {message}"
+
+
+class UsageQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """A report: the period [start, end), the grouping and the filters (empty tuple: no filter).
+
+    `only_key` is the caller's restriction, not a filter the caller chose: with API keys, a
+    non-admin key's reports are limited to its own rows (access.md); None sees everything."""
+
+    start: datetime
+    end: datetime
+    group_by: tuple[str, ...] = ()
+    model: tuple[str, ...] = ()
+    provider: tuple[str, ...] = ()
+    key: tuple[str, ...] = ()
+    owner: tuple[str, ...] = ()
+    api: tuple[str, ...] = ()
+    status: tuple[str, ...] = ()
+    only_key: str | None = None
+    latency: bool = True  # False: no percentiles even where they apply (they read raw rows)
+
+    @property
+    def percentiles(self) -> bool:
+        """Latency percentiles come with groups other than time only (cost.md)."""
+        return self.latency and bool(self.group_by) and not TIME_GROUPS.intersection(self.group_by)
+
+
+class UsageFigures(msgspec.Struct, kw_only=True):
+    """The figures of one row of a report, or of its totals."""
+
+    requests: int
+    errors: int
+    cancelled: int
+    input_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost_usd: str | None  # exact decimal sum; null when no request of the row had a known cost
+    unpriced_requests: int
+    authoritative_cost_usd: str  # the part of cost_usd the upstreams reported themselves
+    p50_ms: float | msgspec.UnsetType | None = msgspec.UNSET
+    p95_ms: float | msgspec.UnsetType | None = msgspec.UNSET
+
+
+class UsageRow(UsageFigures, kw_only=True):
+    """A row: its group values (only those grouped by; null where the ledger had none), then figures."""
+
+    model: str | msgspec.UnsetType | None = msgspec.UNSET
+    provider: str | msgspec.UnsetType | None = msgspec.UNSET
+    key: str | msgspec.UnsetType | None = msgspec.UNSET
+    owner: str | msgspec.UnsetType | None = msgspec.UNSET
+    api: str | msgspec.UnsetType | None = msgspec.UNSET
+    day: str | msgspec.UnsetType | None = msgspec.UNSET
+    hour: str | msgspec.UnsetType | None = msgspec.UNSET
+    status: str | msgspec.UnsetType | None = msgspec.UNSET
+
+
+class UsageReport(msgspec.Struct, kw_only=True):
+    start: str = msgspec.field(name="from")
+    end: str = msgspec.field(name="to")
+    group_by: list[str]
+    rows: list[UsageRow]
+    totals: UsageFigures
+
+
+def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | None = None) -> UsageQuery:
+    """The `UsageQuery` that `params` ask for; QueryError names the first bad parameter."""
+    for name in params:
+        if name not in PARAMETERS:
+            raise QueryError(name, "unknown parameter")
+    end = _moment(params, "to") or now
+    start = _moment(params, "from") or end - DEFAULT_PERIOD
+    if start >= end:
+        raise QueryError("from", "must be before 'to'")
+    group_by = _values(params, "group_by")
+    for name in group_by:
+        if name not in GROUPS:
+            raise QueryError("group_by", f"unknown group {name!r} (one of {', '.join(GROUPS)})")
+    status = _values(params, "status")
+    for value in status:
+        if value not in STATUSES:
+            raise QueryError("status", f"unknown status {value!r} (one of {', '.join(STATUSES)})")
+    filters: dict[str, Any] = {name: _values(params, name) for name in FILTERS if name != "status"}
+    return UsageQuery(start=start, end=end, group_by=group_by, status=status, only_key=only_key, **filters)
+
+
+def _values(params: Mapping[str, str], name: str) -> tuple[str, ...]:
+    values = (value.strip() for value in params.get(name, "").split(","))
+    return tuple(dict.fromkeys(value for value in values if value))
+
+
+def _moment(params: Mapping[str, str], name: str) -> datetime | None:
+    text = params.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        if len(text) == 10:
+            day = date.fromisoformat(text)
+            return datetime(day.year, day.month, day.day, tzinfo=UTC)
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise QueryError(name, f"not an ISO 8601 date or date-time: {text[:64]!r}") from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def iso(moment: datetime) -> str:
+    """A report's `from`/`to`: UTC, `Z`, microseconds only when there are some."""
+    text: str = msgspec.to_builtins(moment.astimezone(UTC))
+    return text

@@ -1,0 +1,117 @@
+"""The SQL a usage report writes differently on PostgreSQL and SQLite: time buckets and money sums.
+
+`Dialect.money(cost, authoritative)` is the select list of one source's money, `money_sums()` the
+outer sums of it and `money_values(sums)` the two sums as integers of 1e-18 USD (None: no value).
+PostgreSQL sums NUMERIC and hands back a `Decimal`; SQLite's costs are decimal text with exactly
+`COST_SCALE` decimals, cut here in SQL into whole nano-dollars and the remaining 1e-18 dollars,
+two integers that SQLite sums exactly (its integer SUM raises on overflow instead of rounding:
+nano-dollars overflow only past 9.2 billion USD).
+
+Time buckets are UTC: `day` is `YYYY-MM-DD`, `hour` is `YYYY-MM-DDTHH:00Z` (cost.md). SQLite
+stores times as UTC text (`2026-11-30 09:15:00.000000`), so a bucket is a slice of it; PostgreSQL
+groups by `date_trunc(…, 'UTC')` and `bucket_text` prints each group's bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from catalog.tables import COST_SCALE
+
+_NANO = 10**9
+
+
+def hour_floor(moment: datetime) -> datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def hour_ceiling(moment: datetime) -> datetime:
+    floor = hour_floor(moment)
+    return floor if floor == moment else floor + timedelta(hours=1)
+
+
+class Dialect:
+    def bucket(self, moment: str, group: str) -> str:
+        raise NotImplementedError
+
+    def bucket_text(self, value: Any, group: str) -> str:
+        """A bucket as the report prints it (`YYYY-MM-DD`, `YYYY-MM-DDTHH:00Z`)."""
+        return str(value)
+
+    def money(self, cost: str, authoritative: str) -> list[str]:
+        return [f"{cost} AS cost_usd", f"{authoritative} AS authoritative_cost_usd"]
+
+    def money_sums(self) -> list[str]:
+        return ["SUM(cost_usd)", "SUM(authoritative_cost_usd)"]
+
+    def money_values(self, sums: Sequence[Any]) -> tuple[int | None, int | None]:
+        cost, authoritative = sums
+        return _atto(cost), _atto(authoritative)
+
+
+class Postgres(Dialect):
+    """Buckets are truncated timestamps, grouped as such and printed here, once per group (a
+    `to_char` per row cost more than the rest of a roll-up row's aggregation)."""
+
+    _FORMATS = {"day": "%Y-%m-%d", "hour": "%Y-%m-%dT%H:00Z"}
+
+    def bucket(self, moment: str, group: str) -> str:
+        return f"date_trunc('{group}', {moment}, 'UTC')"
+
+    def bucket_text(self, value: Any, group: str) -> str:
+        moment: datetime = value
+        return moment.astimezone(UTC).strftime(self._FORMATS[group])
+
+
+class SQLite(Dialect):
+    def bucket(self, moment: str, group: str) -> str:
+        if group == "day":
+            return f"substr({moment}, 1, 10)"
+        return f"substr({moment}, 1, 10) || 'T' || substr({moment}, 12, 2) || '\\:00Z'"  # `\:`: not a bind
+
+    def money(self, cost: str, authoritative: str) -> list[str]:
+        return [*_split(cost, "cost"), *_split(authoritative, "authoritative")]
+
+    def money_sums(self) -> list[str]:
+        return [f"SUM({name})" for name in ("cost_nano", "cost_atto", "authoritative_nano", "authoritative_atto")]
+
+    def money_values(self, sums: Sequence[Any]) -> tuple[int | None, int | None]:
+        cost_nano, cost_atto, auth_nano, auth_atto = sums
+        return _join(cost_nano, cost_atto), _join(auth_nano, auth_atto)
+
+
+def _split(value: str, name: str) -> list[str]:
+    """`value` (decimal text with `COST_SCALE` decimals, maybe NULL or negative) as `<name>_nano`
+    (whole nano-dollars) and `<name>_atto` (the remaining 1e-18 dollars), both signed."""
+    digits = f"ltrim({value}, '-')"
+    point = f"instr({digits}, '.')"
+    sign = f"(CASE WHEN substr({value}, 1, 1) = '-' THEN -1 ELSE 1 END)"
+    whole = f"CAST(substr({digits}, 1, {point} - 1) AS INTEGER)"
+    nano = f"CAST(substr({digits}, {point} + 1, 9) AS INTEGER)"
+    atto = f"CAST(substr({digits}, {point} + 10, {COST_SCALE - 9}) AS INTEGER)"
+    return [f"{sign} * ({whole} * {_NANO} + {nano}) AS {name}_nano", f"{sign} * {atto} AS {name}_atto"]
+
+
+def _join(nano: int | None, atto: int | None) -> int | None:
+    return None if nano is None else int(nano) * _NANO + int(atto or 0)
+
+
+def _atto(value: Decimal | None) -> int | None:
+    """A NUMERIC sum (scale ≤ `COST_SCALE`) in 1e-18 USD, exactly (no decimal context involved)."""
+    if value is None:
+        return None
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    number = int("".join(map(str, digits)) or "0") * int(10 ** (exponent + COST_SCALE))
+    return -number if sign else number
+
+
+def dialect_for(name: str) -> Dialect:
+    if name == "postgresql":
+        return Postgres()
+    if name == "sqlite":
+        return SQLite()
+    raise ValueError(f"usage reports support SQLite and PostgreSQL, not {name}")

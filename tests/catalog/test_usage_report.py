@@ -1,0 +1,176 @@
+"""The usage report (cost.md "Reporting") against the same aggregate computed directly over the
+ledger rows, on SQLite and PostgreSQL: every group_by, every filter, periods with partial hours at
+both edges, inside one hour and on whole hours — to the last decimal place.
+
+The ledger is written through the real stores (`write_records`), part of it twice and in batches
+holding a request id twice, so the roll-ups the report reads must have counted each row once.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from catalog.database import open_engine
+from catalog.ledger import write_records
+from catalog.migrate import upgrade_async
+from catalog.usage_query import GROUPS, QueryError, parse_query
+from catalog.usage_report import usage_report
+from tests.catalog.usage_oracle import TOKENS, expected, ledger_rows, seeded_records
+
+NOW = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
+EDGES = {"from": "2026-11-28T03:17:42.5Z", "to": "2026-11-30T18:45:00+02:00"}
+
+
+@pytest.fixture
+async def seeded(engine: AsyncEngine) -> list[dict[str, Any]]:
+    records = seeded_records()
+    await write_records(engine, records[:250])
+    await write_records(engine, records[200:450])  # 50 replayed: skipped, and not counted again
+    await write_records(engine, [records[450], *records[450:]])  # one request id twice in a batch
+    await write_records(engine, records)
+    return await ledger_rows(engine)
+
+
+async def check(engine: AsyncEngine, rows: list[dict[str, Any]], params: dict[str, str]) -> dict[str, Any]:
+    query = parse_query(params, NOW)
+    answer = msgspec.to_builtins(await usage_report(engine, query))
+    assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(rows, query), params
+    return answer
+
+
+async def test_the_seeded_ledger_has_every_row_once(engine: AsyncEngine, seeded: list[dict[str, Any]]) -> None:
+    assert len(seeded) == 600
+    answer = await check(engine, seeded, {"from": "2026-11-01", "to": "2026-12-01"})
+    assert answer["totals"]["requests"] == 600
+    assert answer["totals"]["unpriced_requests"] > 0
+    assert answer["totals"]["authoritative_cost_usd"] != "0"
+
+
+@pytest.mark.parametrize("group", GROUPS)
+async def test_each_group_by_with_partial_hours_at_both_edges(
+    engine: AsyncEngine, seeded: list[dict[str, Any]], group: str
+) -> None:
+    answer = await check(engine, seeded, {**EDGES, "group_by": group})
+    assert len(answer["rows"]) > 1
+    assert ("p50_ms" in answer["rows"][0]) is (group not in ("day", "hour"))
+
+
+async def test_several_groups_at_once_and_none(engine: AsyncEngine, seeded: list[dict[str, Any]]) -> None:
+    await check(engine, seeded, {**EDGES, "group_by": "model,provider,key,owner,api,status"})
+    await check(engine, seeded, {**EDGES, "group_by": "day,model"})
+    await check(engine, seeded, {**EDGES, "group_by": "status,hour"})
+    none = await check(engine, seeded, EDGES)
+    assert len(none["rows"]) == 1
+    assert "p50_ms" not in none["totals"]
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {"model": "gemma"},
+        {"model": "gemma,qwen", "group_by": "model"},
+        {"provider": "fastrun", "group_by": "key"},
+        {"key": "key-b", "group_by": "owner"},
+        {"owner": "team-y", "group_by": "day"},
+        {"api": "openai_chat", "group_by": "model"},
+        {"status": "error,cancelled", "group_by": "status"},
+        {"model": "llama", "provider": "local", "key": "key-a", "owner": "team-x", "status": "ok"},
+        {"model": "no-such-model", "group_by": "model"},
+    ],
+)
+async def test_each_filter(engine: AsyncEngine, seeded: list[dict[str, Any]], filters: dict[str, str]) -> None:
+    await check(engine, seeded, {**EDGES, **filters})
+
+
+@pytest.mark.parametrize(
+    "period",
+    [
+        {"from": "2026-11-28T05:00:00Z", "to": "2026-11-29T07:00:00Z"},  # whole hours only
+        {"from": "2026-11-28T05:10:00Z", "to": "2026-11-28T05:50:00Z"},  # inside one hour
+        {"from": "2026-11-28T05:10:00Z", "to": "2026-11-28T06:20:00Z"},  # two partial hours, none whole
+        {"from": "2026-11-28", "to": "2026-11-29"},
+    ],
+)
+async def test_periods(engine: AsyncEngine, seeded: list[dict[str, Any]], period: dict[str, str]) -> None:
+    await check(engine, seeded, {**period, "group_by": "hour,model"})
+    await check(engine, seeded, {**period, "group_by": "provider"})
+
+
+async def test_a_restricted_key_sees_only_its_rows(engine: AsyncEngine, seeded: list[dict[str, Any]]) -> None:
+    query = parse_query({**EDGES, "group_by": "key"}, NOW, only_key="key-c")
+    answer = msgspec.to_builtins(await usage_report(engine, query))
+    assert [row["key"] for row in answer["rows"]] == ["key-c"]
+    assert answer["rows"] == expected(seeded, query)["rows"]
+
+
+async def test_the_roll_up_holds_exactly_the_ledgers_sums(engine: AsyncEngine, seeded: list[dict[str, Any]]) -> None:
+    """Direct SQL over both tables: per hour, the roll-up's counts and token sums are the ledger's."""
+    hour = (
+        "date_trunc('hour', started_at, 'UTC')" if engine.dialect.name == "postgresql" else "substr(started_at, 1, 13)"
+    )
+    rolled_hour = "hour" if engine.dialect.name == "postgresql" else "substr(hour, 1, 13)"
+    sums = ", ".join(f"SUM({name})" for name in TOKENS)
+    async with engine.connect() as connection:
+        raw = await connection.execute(text(f"SELECT {hour}, COUNT(*), {sums} FROM ledger GROUP BY 1 ORDER BY 1"))  # noqa: S608
+        rolled = await connection.execute(
+            text(f"SELECT {rolled_hour}, SUM(requests), {sums} FROM usage_hourly GROUP BY 1 ORDER BY 1")  # noqa: S608
+        )
+        assert [tuple(row) for row in rolled] == [tuple(value or 0 for value in row) for row in raw]
+        if engine.dialect.name == "postgresql":  # NUMERIC sums: the money too, in SQL
+            money = "SELECT SUM(cost_usd), SUM(cost_usd) FILTER (WHERE cost_source = 'authoritative') FROM ledger"
+            rolled_money = "SELECT SUM(cost_usd), SUM(authoritative_cost_usd) FROM usage_hourly"
+            assert (await connection.execute(text(rolled_money))).one() == (await connection.execute(text(money))).one()
+
+
+async def test_an_empty_period(engine: AsyncEngine, seeded: list[dict[str, Any]]) -> None:
+    answer = await check(engine, seeded, {"from": "2025-01-01", "to": "2025-02-01", "group_by": "model"})
+    assert answer["rows"] == []
+    assert answer["totals"]["cost_usd"] is None
+    assert answer["totals"]["p50_ms"] is None
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"group_by": "model,colour"}, "group_by"),
+        ({"from": "yesterday"}, "from"),
+        ({"to": "2026-13-01"}, "to"),
+        ({"from": "2026-11-02", "to": "2026-11-01"}, "from"),
+        ({"status": "okay"}, "status"),
+        ({"modle": "gemma"}, "modle"),
+    ],
+)
+def test_a_bad_parameter_is_named(params: dict[str, str], param: str) -> None:
+    with pytest.raises(QueryError) as caught:
+        parse_query(params, NOW)
+    assert caught.value.param == param
+
+
+def test_the_default_period_is_the_last_30_days() -> None:
+    query = parse_query({}, NOW)
+    assert (query.start, query.end) == (datetime(2026, 11, 1, tzinfo=UTC), NOW)
+    assert parse_query({"to": "2026-11-30T12:00:00"}, NOW).end == datetime(2026, 11, 30, 12, tzinfo=UTC)
+
+
+async def test_sqlite_through_the_engine_counts_each_row_once(tmp_path: Path) -> None:
+    """A SQLite URI filename is written through the engine's own connection (`EngineStore`)."""
+    url = f"sqlite+aiosqlite:///file:{tmp_path / 'uri.db'}?uri=true"
+    await upgrade_async(url)
+    engine = open_engine(url)
+    try:
+        records = seeded_records(200, seed=3)
+        await write_records(engine, records[:120])
+        await write_records(engine, [records[100], *records[100:]])
+        rows = await ledger_rows(engine)
+        assert len(rows) == 200
+        await check(engine, rows, {**EDGES, "group_by": "hour,owner"})
+        await check(engine, rows, {"from": "2026-11-27", "to": "2026-12-01", "group_by": "model"})
+    finally:
+        await engine.dispose()

@@ -1,0 +1,121 @@
+"""`GET /api/v1/usage` and the spend page over HTTP: a real completion shows up in the report,
+a seeded ledger reports exactly what the raw rows add up to, bad parameters are 400s naming
+themselves, and the page's chart library is the installed `plotly` package's own bundle."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from catalog.ledger import write_records
+from catalog.usage_query import parse_query
+from tests.catalog.usage_oracle import expected, ledger_rows, seeded_records
+from tests.support.client import post, user
+from tests.support.gateway import GatewayHandle
+from tests.support.upstream import ReplayUpstream, reply_json
+
+USAGE = "/api/v1/usage"
+NOW = datetime(2026, 12, 1, tzinfo=UTC)  # unused: every request here gives both ends of its period
+PERIOD = {"from": "2026-11-28T03:17:42.5Z", "to": "2026-11-30T16:45:00Z"}
+
+
+async def seed(gw: GatewayHandle) -> list[dict[str, Any]]:
+    assert gw.service.engine is not None
+    await write_records(gw.service.engine, seeded_records())
+    return await ledger_rows(gw.service.engine)
+
+
+async def test_a_completion_is_in_the_report(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    usage = {"prompt_tokens": 12, "completion_tokens": 3}
+    primary.enqueue(
+        reply_json(200, {"choices": [{"message": {"content": "Paris."}, "finish_reason": "stop"}], "usage": usage})
+    )
+    response = await post(gw, {"model": "chat", "messages": [user("Capital of France?")]})
+    assert response.status_code == 200
+    await gw.ledger_rows()
+
+    answer = (await gw.client.get(USAGE, params={"group_by": "model,provider,owner,api,status"})).json()
+    figures = {
+        "requests": 1, "errors": 0, "cancelled": 0, "input_tokens": 12, "output_tokens": 3, "reasoning_tokens": 0,
+        "cache_read_tokens": 0, "cache_write_tokens": 0, "cost_usd": "0.0000024", "unpriced_requests": 0,
+        "authoritative_cost_usd": "0",
+    }  # fmt: skip
+    assert answer["group_by"] == ["model", "provider", "owner", "api", "status"]
+    (row,) = answer["rows"]
+    latency = row.pop("p50_ms"), row.pop("p95_ms")
+    assert row == {"model": "chat-1", "provider": "primary", "owner": None, "api": "unified", "status": "ok", **figures}
+    assert latency[0] == latency[1] > 0
+    assert answer["totals"] == {**figures, "p50_ms": latency[0], "p95_ms": latency[0]}
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {**PERIOD, "group_by": "model,day"},
+        {**PERIOD, "group_by": "key,owner", "status": "ok,cancelled"},
+        {**PERIOD, "group_by": "hour", "provider": "local", "api": "unified"},
+        {**PERIOD, "model": "gemma"},
+    ],
+)
+async def test_the_report_is_the_ledgers_aggregate(gw: GatewayHandle, params: dict[str, str]) -> None:
+    rows = await seed(gw)
+    response = await gw.client.get(USAGE, params=params)
+    assert response.status_code == 200
+    answer = response.json()
+    assert (answer["from"], answer["to"]) == ("2026-11-28T03:17:42.500000Z", "2026-11-30T16:45:00Z")
+    assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(rows, parse_query(params, NOW))
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ("group_by=model,colour", "group_by"),
+        ("from=yesterday", "from"),
+        ("status=fine", "status"),
+        ("mdoel=x", "mdoel"),
+    ],
+)
+async def test_a_bad_parameter_is_a_400_naming_it(gw: GatewayHandle, query: str, param: str) -> None:
+    response = await gw.client.get(f"{USAGE}?{query}")
+    assert response.status_code == 400
+    body = response.json()
+    error = body["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", 400, param)
+    assert error["message"].startswith(f"{param}: ")
+    assert body["errors"][0]["status"] == "400"
+    assert body["errors"][0]["detail"] == error["message"]
+    assert response.headers["x-request-id"] == body["request_id"]
+
+
+async def test_the_page_and_its_script(gw: GatewayHandle) -> None:
+    await seed(gw)
+    page = await gw.client.get("/usage", params={**PERIOD, "model": "gemma<script>"})
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert "value='gemma&lt;script&gt;'" in page.text
+    script = f"/usage/plotly/{metadata.version('plotly')}/plotly.min.js"
+    assert f"src='{script}'" in page.text
+
+    located = metadata.distribution("plotly").locate_file("plotly/package_data/plotly.min.js")
+    bundle = await asyncio.to_thread(Path(str(located)).read_bytes)
+    plain = await gw.client.get(script, headers={"accept-encoding": "identity"})
+    assert plain.status_code == 200
+    assert plain.content == bundle
+    assert plain.headers["cache-control"] == "public, max-age=31536000, immutable"
+    packed = await gw.client.get(script, headers={"accept-encoding": "gzip"})
+    assert packed.headers["content-encoding"] == "gzip"
+    assert int(packed.headers["content-length"]) < len(bundle) / 2
+    assert packed.content == bundle  # httpx undid the gzip
+    assert (await gw.client.get("/usage/plotly/0.0.1/plotly.min.js")).status_code == 404
+
+
+async def test_the_page_names_a_bad_filter(gw: GatewayHandle) -> None:
+    page = await gw.client.get("/usage", params={"status": "fine"})
+    assert page.status_code == 400
+    assert "status: unknown status" in page.text
+    assert "<form method='get' action='/usage'>" in page.text

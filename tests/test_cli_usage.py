@@ -1,0 +1,99 @@
+"""`switchyard usage` as an operator runs it (a subprocess, the configured SQLite database, no
+server): the JSON is the report the raw ledger adds up to, the CSV parses back to the same
+numbers, the table ends with the exact totals, and a bad option exits 2 naming it."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from catalog.database import open_engine
+from catalog.ledger import write_records
+from catalog.migrate import upgrade_async
+from catalog.usage_query import parse_query
+from tests.catalog.usage_oracle import expected, ledger_rows, seeded_records
+from tests.support.cli import run_cli, write_config
+
+PERIOD = ("--from", "2026-11-28T03:17:42.5Z", "--to", "2026-11-30T16:45:00Z")
+PARAMS = {"from": "2026-11-28T03:17:42.5Z", "to": "2026-11-30T16:45:00Z"}
+INTEGERS = ("requests", "errors", "cancelled", "unpriced_requests", "input_tokens", "output_tokens")
+
+
+async def _seed(url: str) -> list[dict[str, Any]]:
+    await upgrade_async(url)
+    engine = open_engine(url)
+    try:
+        await write_records(engine, seeded_records())
+        return await ledger_rows(engine)
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
+    config = write_config(tmp_path)
+    rows = asyncio.run(_seed(f"sqlite+aiosqlite:///{tmp_path / 'switchyard.db'}"))
+    return config, rows
+
+
+def usage(config: Path, *args: str) -> str:
+    done = run_cli(config.parent, "usage", "--config", str(config), *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_json_is_the_ledgers_aggregate(seeded: tuple[Path, list[dict[str, Any]]]) -> None:
+    config, rows = seeded
+    answer = json.loads(usage(config, *PERIOD, "--group-by", "model,status", "--owner", "team-x", "--format", "json"))
+    query = parse_query({**PARAMS, "group_by": "model,status", "owner": "team-x"}, datetime.now(UTC))
+    assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(rows, query)
+
+
+def test_csv_parses_back_to_the_json_numbers(seeded: tuple[Path, list[dict[str, Any]]]) -> None:
+    config, _ = seeded
+    options = (*PERIOD, "--group-by", "key,day")
+    answer = json.loads(usage(config, *options, "--format", "json"))
+    parsed = list(csv.DictReader(io.StringIO(usage(config, *options, "--format", "csv"))))
+    assert len(parsed) == len(answer["rows"]) > 4
+    for line, row in zip(parsed, answer["rows"], strict=True):
+        assert line == {name: "" if value is None else str(value) for name, value in row.items()}
+        assert [int(line[name]) for name in INTEGERS] == [row[name] for name in INTEGERS]
+        assert (Decimal(line["cost_usd"]) if line["cost_usd"] else None) == _decimal(row["cost_usd"])
+        assert Decimal(line["authoritative_cost_usd"]) == Decimal(row["authoritative_cost_usd"])
+
+
+def _decimal(value: str | None) -> Decimal | None:
+    return None if value is None else Decimal(value)
+
+
+def test_the_table_ends_with_the_exact_totals(seeded: tuple[Path, list[dict[str, Any]]]) -> None:
+    config, _ = seeded
+    answer = json.loads(usage(config, *PERIOD, "--group-by", "provider", "--format", "json"))
+    lines = usage(config, *PERIOD, "--group-by", "provider").splitlines()
+    assert lines[0] == "usage from 2026-11-28T03:17:42.500000Z to 2026-11-30T16:45:00Z"
+    assert lines[1].split()[:4] == ["provider", "requests", "errors", "cancelled"]
+    assert [line.split()[0] for line in lines[2:-1]] == [row["provider"] for row in answer["rows"]]
+    total = lines[-1].split()
+    totals = answer["totals"]
+    assert total[0] == "total"
+    assert total[1:5] == [str(totals[name]) for name in ("requests", "errors", "cancelled", "input_tokens")]
+    assert totals["cost_usd"] in total
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [(("--group-by", "colour"), "--group-by"), (("--from", "last week"), "--from"), (("--status", "fine"), "--status")],
+)
+def test_a_bad_option_exits_2_naming_it(tmp_path: Path, args: tuple[str, ...], option: str) -> None:
+    config = write_config(tmp_path)
+    done = run_cli(tmp_path, "usage", "--config", str(config), *args)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"switchyard usage: {option}: ")
