@@ -4,9 +4,9 @@ back through an outage with memory flat — asserted on the journal's files and 
 from __future__ import annotations
 
 import gc
-from datetime import UTC, datetime
 import tracemalloc
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
