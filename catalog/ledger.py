@@ -111,7 +111,11 @@ class LedgerWriter:
     def pending(self) -> int:
         """Records submitted (or adopted from the journal) and not yet written or set aside."""
         journal_rows = self._journal.appended - self._committed if self._journal is not None else 0
-        return journal_rows + self._loose_submitted - self._loose_done
+        return journal_rows + self._loose_pending
+
+    @property
+    def _loose_pending(self) -> int:
+        return self._loose_submitted - self._loose_done
 
     @property
     def accepting(self) -> bool:
@@ -191,6 +195,8 @@ class LedgerWriter:
         self._closing = True
         task = self._started()
         self._wake.set()
+        if self._failing_since is not None and self._journal is not None and not self._loose_pending:
+            timeout = 0  # the database is down and every pending row is on disk: nothing to wait for
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout)
         except TimeoutError:

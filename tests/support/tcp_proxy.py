@@ -60,6 +60,12 @@ class TcpProxy:
             writer.transport.abort()
         self._writers.clear()
 
+    async def _cancel_relays(self) -> None:
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
@@ -77,6 +83,7 @@ class TcpProxy:
 
     def close(self) -> None:
         self.cut()
+        self._call(self._cancel_relays())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
