@@ -93,6 +93,7 @@ class Journal:
         self.appended = 0  # seq of the next row
         self.error: str | None = None  # why the journal is broken (None: writable)
         self._encoder = msgspec.json.Encoder()
+        self._line = bytearray()
         self._dirty = False
         self._syncing = False
         self._to_close: list[int] = []
@@ -125,7 +126,9 @@ class Journal:
         if self.error is not None:
             return False
         segment = self.segments[-1]
-        line = self._encoder.encode(record) + b"\n"
+        line = self._line  # reused: encoded in place, one allocation fewer per row
+        self._encoder.encode_into(record, line)
+        line.append(0x0A)
         try:
             written = os.write(segment.fd, line)
         except OSError as exc:
