@@ -180,9 +180,12 @@ class Service:
         try:
             snapshot = await load_snapshot(engine)
         except Exception as exc:
-            saved = read_saved_snapshot(directory) if database_unreachable(exc) else None
-            if saved is None:
+            if not database_unreachable(exc):
                 raise
+            saved = read_saved_snapshot(directory)
+            if saved is None:
+                message = f"the database is unreachable and no catalog snapshot was saved in {directory}"
+                raise RuntimeError(message) from exc
             self.log.warning("catalog_from_saved_snapshot", error=type(exc).__name__, directory=str(directory))
             return saved
         try:

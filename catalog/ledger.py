@@ -63,6 +63,7 @@ from catalog.records import LedgerRecord
 
 _MAX_BACKOFF = 5.0
 _OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalError)
+STORE_CLOSE_S = 2.0  # closing the store's connection (SQLite: on its thread, maybe in a busy wait)
 BEHIND_AFTER_S = 10.0  # the oldest unwritten row older than this: the ledger is "behind"
 LedgerState = Literal["ok", "behind", "unwritable"]
 
@@ -191,7 +192,9 @@ class LedgerWriter:
 
     async def close(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (a budget, split between steps)
         """Write everything still queued, then stop the writer task. After `timeout` seconds the
-        rest stays in the journal (with the database down, a shutdown must not wait for it)."""
+        rest stays in the journal (with the database down, a shutdown must not wait for it; in an
+        outage with every pending row on disk it stops at once), and closing the store's
+        connection is bounded by `STORE_CLOSE_S`."""
         self._closing = True
         task = self._started()
         self._wake.set()
@@ -207,9 +210,9 @@ class LedgerWriter:
             if self._journal is not None:
                 self._journal.close(self._committed)
             try:
-                await asyncio.wait_for(self._store.close(), timeout)
+                await asyncio.wait_for(self._store.close(), STORE_CLOSE_S)
             except TimeoutError:
-                log.warning("ledger_store_close_timed_out")
+                log.warning("ledger_store_close_timed_out", seconds=STORE_CLOSE_S)
         if not task.cancelled():
             self._raise_if_crashed()
 

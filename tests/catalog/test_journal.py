@@ -3,7 +3,9 @@ back through an outage with memory flat — asserted on the journal's files and 
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import sys
 import tracemalloc
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -166,3 +168,38 @@ async def test_an_unwritable_journal_stops_accepting_but_keeps_the_rows(engine: 
     assert (optional.accepting, optional.state) == (True, "unwritable")
     await writer.close()
     await optional.close()
+
+
+FULL_DISK = """
+import resource, sys
+from pathlib import Path
+from catalog.journal import Journal
+from tests.catalog.test_ledger_writer import record
+
+journal = Journal(Path(sys.argv[1]))
+journal.open()
+journal.append(record(0))
+size = journal.segments[-1].size
+resource.setrlimit(resource.RLIMIT_FSIZE, (size + 1000, resource.RLIM_INFINITY))  # room for one more row
+accepted = [journal.append(record(n)) for n in range(1, 5)]
+print(accepted, journal.broken, journal.appended)
+"""
+
+
+async def test_a_full_disk_breaks_the_journal_without_a_torn_line(engine: AsyncEngine, tmp_path: Path) -> None:
+    """The file size limit stands in for a full disk (the write fails with EFBIG, or stops
+    short): the row that did not fit is refused whole, the journal says it is broken, and the
+    rows before it replay."""
+    directory = tmp_path / "journal"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FULL_DISK, str(directory), stdout=asyncio.subprocess.PIPE
+    )
+    stdout, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0
+    assert stdout.decode().splitlines()[-1] == "[True, False, False, False] True 2"
+    assert [row.request_id for row in journal_rows(directory)] == [record(0).request_id, record(1).request_id]
+    writer = LedgerWriter(engine, journal=opened(directory))
+    writer.start()
+    await writer.flush()
+    assert await ledger(engine) == [record(0), record(1)]
+    await writer.close()

@@ -12,7 +12,7 @@ import httpx
 
 from app.service import ENGINE_DISPOSE_S, LEDGER_CLOSE_S
 from tests.ledger_journal.conftest import ServeGateway, ledger_ids, with_port
-from tests.support.cli import Process
+from tests.support.cli import Process, run_cli
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until_sync
 
@@ -91,3 +91,15 @@ def test_sigterm_with_the_database_down_exits_promptly_and_loses_nothing(
         proxy.restore()
         gateway.start()
         wait_for_rows(pg_url, answered)
+
+
+def test_no_database_and_no_saved_catalog_is_a_failed_start_that_says_why(
+    tmp_path: Path, mock_upstream: tuple[int, list[Process]], pg_url: str
+) -> None:
+    port, started = mock_upstream
+    with TcpProxy(5432) as proxy:
+        proxy.cut()
+        gateway = ServeGateway(tmp_path, started, port, with_port(pg_url, proxy.port))
+        result = run_cli(tmp_path, "serve", "--config", str(gateway.config), "--port", str(gateway.port))
+    assert result.returncode == 1
+    assert "the database is unreachable and no catalog snapshot was saved in" in result.stderr
