@@ -102,6 +102,7 @@ class LedgerWriter:
         self._closing = False
         self._drain_to = self._submitted  # rows submitted up to this count leave now, full batch or not
         self._head: datetime | None = None  # finished_at of the oldest row of the batch in hand
+        self._last_written: datetime | None = None  # finished_at of the last row written
         self._failing_since: float | None = None  # monotonic time the current outage began
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
@@ -139,6 +140,8 @@ class LedgerWriter:
         if not self.pending:
             return 0.0
         times = [t for t in (self._head, *(lane[0].finished_at for lane in (self._loose, self._queue) if lane)) if t]
+        if not times:  # only rows on disk, not read yet: they came after the last row written
+            times = [self._last_written] if self._last_written is not None else []
         if not times:
             return 0.0
         try:
@@ -275,6 +278,8 @@ class LedgerWriter:
                 self._journal.reject(line)
         async with self._progress:
             self._head = None
+            if batch:
+                self._last_written = batch[-1].finished_at
             self._written += len(batch) + len(bad)
             if loose:
                 self._loose_done += len(batch)
@@ -289,7 +294,9 @@ class LedgerWriter:
         journal = self._journal
         assert journal is not None
         read = await journal.read(self._committed, self._batch_size)
-        if read is None:  # nothing left to read: never happens while rows are pending
+        if read is None:  # a bug: rows counted that no segment holds; skipped, or the writer would spin
+            log.error("ledger_journal_rows_missing", rows=journal.appended - self._committed)
+            self._committed = journal.appended
             self._behind = False
             return [], []
         if self._committed + len(read.records) + len(read.bad) == journal.appended:
