@@ -16,6 +16,7 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -41,14 +42,19 @@ async def pg_url(journal_pg_databases: PgDatabases) -> str:
 
 def ledger_ids(url: str) -> list[str]:
     """Every request id in the ledger (a request id twice would be listed twice)."""
+    return [row[0] for row in ledger_query(url, "SELECT request_id FROM ledger")]
+
+
+def ledger_query(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """`sql`'s rows, from the database `url` names (SQLite file or PostgreSQL), read directly."""
     if url.startswith("sqlite"):
         with sqlite3.connect(url.split(":///", 1)[1]) as connection:
-            return [row[0] for row in connection.execute("SELECT request_id FROM ledger")]
+            return connection.execute(sql).fetchall()
 
-    async def fetch() -> list[str]:
+    async def fetch() -> list[tuple[Any, ...]]:
         connection = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
         try:
-            return [row[0] for row in await connection.fetch("SELECT request_id FROM ledger")]
+            return [tuple(row) for row in await connection.fetch(sql)]
         finally:
             await connection.close()
 

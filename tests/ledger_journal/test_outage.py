@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import signal
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
 
 from app.service import ENGINE_DISPOSE_S, LEDGER_CLOSE_S
-from tests.ledger_journal.conftest import ServeGateway, ledger_ids, with_port
+from tests.ledger_journal.conftest import ServeGateway, ledger_ids, ledger_query, with_port
 from tests.support.cli import Process, run_cli
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until_sync
@@ -67,6 +68,9 @@ def test_start_with_the_database_down_serves_and_writes_once_it_returns(
         assert "switchyard_ledger_rows_pending 30.0" in metrics
         proxy.restore()
         wait_for_rows(pg_url, answered | {earlier})
+        costs = dict(ledger_query(pg_url, "SELECT request_id, cost_usd FROM ledger"))
+        assert costs[earlier] == Decimal("0.0000435")  # 21 input tokens at 1.5/M, 4 output at 3/M
+        assert {costs[request_id] for request_id in answered} == {costs[earlier]}  # priced by the saved catalog
         wait_until_sync(lambda: httpx.get(f"{gateway.base}/readyz").json()["ledger"] == "ok", 10.0)
         assert "switchyard_ledger_rows_pending 0.0" in httpx.get(f"{gateway.base}/metrics").text
     seen = events(second)
