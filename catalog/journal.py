@@ -18,9 +18,12 @@ File format (a directory, `[ledger] journal`, relative to the config file):
     rejected.jsonl                     rows the database refused as data (never replayed)
     catalog-snapshot.json              the last catalog loaded from SQL (catalog.saved_snapshot)
 
-A segment is rotated when it reaches `segment_bytes` and deleted once every row in it is
-committed to the database (`release(committed)`). Rows are numbered in append order (`seq`,
-starting at the adopted segments' rows); a segment knows its first seq and its row count.
+A segment is rotated when it reaches `segment_bytes` (64 MiB: a long outage at full load makes
+few files, each holding one descriptor and its lock) or, once every row in it is committed, when
+it passes `committed_bytes` (1 MiB: what a `kill -9` makes the next start replay stays small), and
+deleted once every row in it is committed to the database (`release(committed)`). Rows are
+numbered in append order (`seq`, starting at the adopted segments' rows); a segment knows its
+first seq and its row count.
 
 Who owns a segment: the process that holds its `flock`, for as long as the file exists. At start
 a journal adopts every segment no live process holds (a killed process's, or a clean shutdown's
@@ -85,10 +88,18 @@ class ReadBatch(msgspec.Struct, frozen=True):
 class Journal:
     """Append-only segments in one directory; see the module docstring for the format."""
 
-    def __init__(self, directory: Path, *, fsync_interval: float = 1.0, segment_bytes: int = 4 << 20) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        fsync_interval: float = 1.0,
+        segment_bytes: int = 64 << 20,
+        committed_bytes: int = 1 << 20,
+    ) -> None:
         self.directory = directory
         self.fsync_interval = fsync_interval
         self.segment_bytes = segment_bytes
+        self.committed_bytes = committed_bytes
         self.segments: list[Segment] = []
         self.appended = 0  # seq of the next row
         self.error: str | None = None  # why the journal is broken (None: writable)
@@ -181,7 +192,16 @@ class Journal:
         self._dirty = True
 
     def release(self, committed: int) -> None:
-        """Delete the sealed segments whose every row is below `committed` (in the database)."""
+        """Delete the sealed segments whose every row is below `committed` (in the database); an
+        active segment past `committed_bytes` whose rows are all committed is rotated first."""
+        active = self.segments[-1] if self.segments else None
+        if (
+            active is not None
+            and not active.sealed
+            and active.size >= self.committed_bytes
+            and active.first + active.rows <= committed
+        ):
+            self._rotate()
         while self.segments and self.segments[0].sealed:
             segment = self.segments[0]
             if segment.first + segment.rows > committed:

@@ -203,3 +203,18 @@ async def test_a_full_disk_breaks_the_journal_without_a_torn_line(engine: AsyncE
     await writer.flush()
     assert await ledger(engine) == [record(0), record(1)]
     await writer.close()
+
+
+async def test_a_committed_segment_is_rotated_away_so_a_restart_replays_little(
+    engine: AsyncEngine, tmp_path: Path
+) -> None:
+    directory = tmp_path / "journal"
+    writer = LedgerWriter(engine, journal=opened(directory, committed_bytes=3000), batch_size=10)
+    writer.start()
+    for n in range(100):
+        writer.submit(record(n))
+        if n % 10 == 9:
+            await writer.flush()
+    assert len(await ledger(engine)) == 100
+    assert len(journal_rows(directory)) < 10  # about 600 bytes a row: at most the last few stay
+    await writer.close()
