@@ -62,7 +62,9 @@ def test_start_with_the_database_down_serves_and_writes_once_it_returns(
         assert first.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
         proxy.cut()
         second = gateway.start()
-        answered = {gateway.complete(stream=n % 2 == 0) for n in range(30)}
+        streamed = {gateway.complete(stream=True) for _ in range(15)}
+        whole = {gateway.complete() for _ in range(15)}
+        answered = streamed | whole
         assert ledger_ids(pg_url) == [earlier]
         metrics = httpx.get(f"{gateway.base}/metrics").text
         assert "switchyard_ledger_rows_pending 30.0" in metrics
@@ -70,7 +72,8 @@ def test_start_with_the_database_down_serves_and_writes_once_it_returns(
         wait_for_rows(pg_url, answered | {earlier})
         costs = dict(ledger_query(pg_url, "SELECT request_id, cost_usd FROM ledger"))
         assert costs[earlier] == Decimal("0.0000435")  # 21 input tokens at 1.5/M, 4 output at 3/M
-        assert {costs[request_id] for request_id in answered} == {costs[earlier]}  # priced by the saved catalog
+        assert {costs[request_id] for request_id in whole} == {costs[earlier]}  # priced by the saved catalog
+        assert {costs[request_id] for request_id in streamed} == {Decimal("0.000057")}  # the mock streams more usage
         wait_until_sync(lambda: httpx.get(f"{gateway.base}/readyz").json()["ledger"] == "ok", 10.0)
         assert "switchyard_ledger_rows_pending 0.0" in httpx.get(f"{gateway.base}/metrics").text
     seen = events(second)
