@@ -7,9 +7,9 @@ a killed process left are replayed). With the database unreachable it still star
 and sync are skipped with a warning, the catalog comes from the copy saved beside the journal at
 the last successful load (`catalog.saved_snapshot`), and rows wait in the journal. `stop()` is
 bounded (`LEDGER_CLOSE_S`, `ENGINE_DISPOSE_S`), so SIGTERM during an outage exits promptly and
-leaves the unwritten rows in the journal for the next start. With `[redis]` configured it also links this process to
-the other workers and replicas (`app.routing.cluster`) before the first request. Nothing here runs
-at import time.
+leaves the unwritten rows in the journal for the next start. With `[redis]` configured it also
+links this process to the other workers and replicas (`app.routing.cluster`) before the first
+request. Nothing here runs at import time.
 """
 
 from __future__ import annotations

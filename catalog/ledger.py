@@ -7,7 +7,8 @@ in-memory queue, so the database write needs no read back from disk. One backgro
 batches of up to `batch_size` rows through the database's store (`catalog.ledger_store`), each as
 one transaction that skips request ids already present (`ON CONFLICT (request_id) DO NOTHING`),
 so replaying a row is harmless. Journal rows are written in append order; the count of rows
-written (`committed`) tells the journal which segments it may delete.
+written (`committed`) tells the journal which segments it may delete. `flush()` waits until every
+row submitted before it was written.
 
 Rows wait on disk, not in memory, when the writer falls behind:
 - the database fails (an outage: unreachable, not migrated, locked): the in-memory queue is
