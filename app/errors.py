@@ -13,6 +13,7 @@
       AtCapacity           429   rate_limit_error        (Retry-After)
       AllBackendsFailed    502   upstream_error
       NoBackendAvailable   503   unavailable             (Retry-After)
+      UsageNotRecordable   503   unavailable             (the ledger's journal cannot be written)
       UpstreamTimeout      504   upstream_error
       InternalError        500   internal_error          (never carries internal detail)
 
@@ -127,6 +128,13 @@ class AllBackendsFailed(GatewayError):
 
 
 class NoBackendAvailable(GatewayError):
+    status_code = 503
+    type = "unavailable"
+
+
+class UsageNotRecordable(GatewayError):
+    """cost.md: a request whose ledger row cannot be journaled is not served (`[ledger] required`)."""
+
     status_code = 503
     type = "unavailable"
 

@@ -10,6 +10,10 @@ state then, so they never drift. In-flight and queued are summed over workers to
 gauges need no sum, the state being shared. A remote histogram bucket whose `le` this process
 does not know (another version's bounds) is left out of the buckets but still in `+Inf` and the sum.
 
+The ledger gauges (rows pending, oldest pending age, journal writable) are this process's own,
+read from its `LedgerWriter` at scrape time and not summed over workers: each worker has its own
+journal segments and writer, and an outage shows on every one of them.
+
 The text is prometheus_client's `generate_latest`, served as the classic 0.0.4 text format:
 the library answers a scrape that did not negotiate with that format and content type too.
 """
@@ -23,6 +27,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from app.metrics import SUMMED_GAUGES, Histogram, Metrics, Series
 from app.routing.router import Backend, Router
+from catalog.ledger import LedgerWriter
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 BACKEND_LABELS = ("provider", "model", "upstream_model")
@@ -62,6 +67,7 @@ class GatewayCollector:
         self.router = router
         self.clock = clock  # the event loop's `time()`, which backend state is kept in
         self.remote: Mapping[Series, float] = {}
+        self.ledger: LedgerWriter | None = None
 
     def collect(self) -> Iterator[Metric]:
         samples = self.metrics.samples()
@@ -79,6 +85,8 @@ class GatewayCollector:
             buckets = by_name.get(f"{histogram.name}_bucket", [])
             yield _histogram(histogram, samples, [labels[:-1] for labels, _ in buckets if labels[-1] == "+Inf"])
         yield from self._gauges()
+        if self.ledger is not None:
+            yield from _ledger_gauges(self.ledger)
 
     def _gauges(self) -> Iterator[Metric]:
         now = self.clock()
@@ -92,6 +100,24 @@ class GatewayCollector:
                     value += self.remote.get((name, labels), 0.0)
                 family.add_metric(labels, value)
             yield family
+
+
+def _ledger_gauges(ledger: LedgerWriter) -> Iterator[Metric]:
+    """This process's ledger writer: rows not yet in the database (in the journal or in memory)
+    and how long the oldest has waited — an outage shows as both climbing."""
+    yield GaugeMetricFamily(
+        "switchyard_ledger_rows_pending", "Ledger rows not yet written to the database.", value=ledger.pending
+    )
+    yield GaugeMetricFamily(
+        "switchyard_ledger_oldest_pending_seconds",
+        "Seconds since the oldest unwritten ledger row's request finished (0 when none).",
+        value=round(ledger.oldest_pending_s(), 3),
+    )
+    yield GaugeMetricFamily(
+        "switchyard_ledger_journal_writable",
+        "1 when the ledger's journal can be written (a request needs it unless [ledger] required = false).",
+        value=int(ledger.state != "unwritable"),
+    )
 
 
 def _histogram(histogram: Histogram, samples: Mapping[Series, float], keys: list[tuple[str, ...]]) -> Metric:

@@ -2,9 +2,14 @@
 
 `Service.start()` opens the database engine, brings the schema and catalog up to date when the
 settings ask for it, loads the catalog snapshot, builds one upstream HTTP client shared by every
-adapter, and starts the ledger writer. With `[redis]` configured it also links this process to
-the other workers and replicas (`app.routing.cluster`) before the first request. Nothing here runs
-at import time.
+adapter, and starts the ledger writer over its journal (`catalog.journal`: opened first, so rows
+a killed process left are replayed). With the database unreachable it still starts: migrations
+and sync are skipped with a warning, the catalog comes from the copy saved beside the journal at
+the last successful load (`catalog.saved_snapshot`), and rows wait in the journal. `stop()` is
+bounded (`LEDGER_CLOSE_S`, `ENGINE_DISPOSE_S`), so SIGTERM during an outage exits promptly and
+leaves the unwritten rows in the journal for the next start. With `[redis]` configured it also
+links this process to the other workers and replicas (`app.routing.cluster`) before the first
+request. Nothing here runs at import time.
 """
 
 from __future__ import annotations
@@ -29,16 +34,20 @@ from app.routing.cluster import ClusterLink
 from app.routing.health import HealthMonitor
 from app.routing.router import ProviderRuntime, Router
 from app.settings import Settings, gpu_hour_rates, key_missing, provider_configs, provider_policy
-from catalog.database import open_engine
+from catalog.database import database_unreachable, open_engine
 from catalog.files import load_catalog
+from catalog.journal import Journal
 from catalog.ledger import LedgerWriter
 from catalog.migrate import upgrade_async
 from catalog.records import LedgerRecord
-from catalog.snapshot import load_snapshot
+from catalog.saved_snapshot import read_saved_snapshot, save_snapshot
+from catalog.snapshot import CatalogSnapshot, load_snapshot
 from catalog.sync import sync_catalog
 from providers.adapter import Provider, make_client
 
 _GC_YOUNG_THRESHOLD = 20_000
+LEDGER_CLOSE_S = 5.0  # at shutdown the ledger writes what it can this long; the rest stays in the journal
+ENGINE_DISPOSE_S = 2.0  # closing pooled connections to a database that is gone must not hang the exit
 
 
 class Service:
@@ -57,13 +66,15 @@ class Service:
         self.collector: GatewayCollector | None = None
         self.health: HealthMonitor | None = None
         self.cluster: ClusterLink | None = None
+        self._journal_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         settings = self.settings
+        journal = self._open_journal()
         self.engine = open_engine(settings.database.url)
         if self.prepare:
             await prepare_database(settings, self.engine)
-        snapshot = await load_snapshot(self.engine)
+        snapshot = await self._load_snapshot(self.engine)
         self.client = make_client()
         if settings.redis is not None:
             self.cluster = ClusterLink(settings.redis, self.metrics, self.log)
@@ -86,11 +97,16 @@ class Service:
         ledger = settings.ledger
         self.ledger = LedgerWriter(
             self.engine,
+            journal=journal,
+            required=ledger.enabled and ledger.required,
             max_queue=ledger.queue_size,
             batch_size=ledger.batch_size,
             flush_interval=ledger.flush_interval_s,
         )
         self.ledger.start()
+        self.collector.ledger = self.ledger
+        if journal is not None:
+            self._journal_task = asyncio.get_running_loop().create_task(journal.run(), name="ledger-journal")
         routing = settings.routing
         record = self.ledger.submit if ledger.enabled else _discard
         if not ledger.enabled:
@@ -117,12 +133,68 @@ class Service:
             await self.health.stop()
         if self.cluster is not None:
             await self.cluster.stop()
+        if self._journal_task is not None:
+            self._journal_task.cancel()
+            await asyncio.gather(self._journal_task, return_exceptions=True)
         if self.ledger is not None:
-            await self.ledger.close()
+            await self.ledger.close(LEDGER_CLOSE_S)
         if self.client is not None:
             await self.client.aclose()
         if self.engine is not None:
-            await self.engine.dispose()
+            try:
+                await asyncio.wait_for(self.engine.dispose(), ENGINE_DISPOSE_S)
+            except TimeoutError:
+                self.log.warning("database_dispose_timed_out", seconds=ENGINE_DISPOSE_S)
+
+    @property
+    def recording(self) -> bool:
+        """Whether requests may be served: their ledger rows can be journaled, or need not be
+        (`[ledger] required = false`, or the ledger is off). Read by the edge per request."""
+        return self.ledger is None or self.ledger.accepting
+
+    @property
+    def ledger_state(self) -> str:
+        """`/readyz`'s `ledger`: `ok`, `behind`, `unwritable` (`LedgerWriter.state`) or `disabled`."""
+        if self.ledger is None or not self.settings.ledger.enabled:
+            return "disabled"
+        return self.ledger.state
+
+    def _open_journal(self) -> Journal | None:
+        """The ledger's journal (None with `[ledger] enabled = false`), opened before anything
+        else: the rows a previous process left are adopted now and replayed by the writer. A
+        journal that cannot be opened is reported and the service still starts (refusing
+        traffic while `[ledger] required`)."""
+        ledger = self.settings.ledger
+        if not ledger.enabled:
+            return None
+        journal = Journal(self.settings.journal_dir, fsync_interval=ledger.fsync_interval_s)
+        adopted = journal.open()
+        if adopted:
+            self.log.info("ledger_journal_replay", rows=adopted, directory=str(journal.directory))
+        if journal.broken and ledger.required:
+            self.log.error("ledger_journal_required", reason="requests are refused until the journal can be written")
+        return journal
+
+    async def _load_snapshot(self, engine: AsyncEngine) -> CatalogSnapshot:
+        """The catalog from SQL, saved beside the journal; the saved copy when the database
+        cannot be reached (and none when there is no copy: the error stands)."""
+        directory = self.settings.journal_dir
+        try:
+            snapshot = await load_snapshot(engine)
+        except Exception as exc:
+            if not database_unreachable(exc):
+                raise
+            saved = read_saved_snapshot(directory)
+            if saved is None:
+                message = f"the database is unreachable and no catalog snapshot was saved in {directory}"
+                raise RuntimeError(message) from exc
+            self.log.warning("catalog_from_saved_snapshot", error=type(exc).__name__, directory=str(directory))
+            return saved
+        try:
+            save_snapshot(snapshot, directory)
+        except OSError as exc:
+            self.log.warning("catalog_snapshot_not_saved", error=type(exc).__name__, directory=str(directory))
+        return snapshot
 
     async def render_metrics(self) -> bytes:
         """`/metrics`: this process's numbers, plus the other live workers' when Redis is configured.
@@ -161,14 +233,27 @@ def tune_gc() -> None:
     gc.set_threshold(_GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
-async def prepare_database(settings: Settings, engine: AsyncEngine) -> None:
+async def prepare_database(settings: Settings, engine: AsyncEngine) -> bool:
     """Migrate (when configured: SQLite by default) and sync the catalog files into SQL. The files
-    are read first: a catalog error must not leave behind a database this start created."""
+    are read first: a catalog error must not leave behind a database this start created.
+
+    With the database unreachable both are skipped with a warning and this returns False: the
+    service starts anyway (the catalog from the copy saved beside the journal, rows waiting in
+    the journal) and the next start with the database up migrates and syncs."""
     catalog = load_catalog(settings.catalog.files, Path(settings.base_dir)) if settings.catalog.sync_on_start else None
-    if settings.migrate_on_start:
-        await upgrade_async(settings.database.url)
-    if catalog is not None:
-        await sync_catalog(engine, catalog)
+    try:
+        if settings.migrate_on_start:
+            await upgrade_async(settings.database.url)
+        if catalog is not None:
+            await sync_catalog(engine, catalog)
+    except Exception as exc:
+        if not database_unreachable(exc):
+            raise
+        get_logger("switchyard").warning(
+            "database_unreachable", error=type(exc).__name__, skipped="migrations and catalog sync"
+        )
+        return False
+    return True
 
 
 def _discard(_record: LedgerRecord) -> None:

@@ -90,6 +90,9 @@ class LedgerSettings(Struct, frozen=True, forbid_unknown_fields=True):
     queue_size: Annotated[int, Meta(ge=1)] = 10_000
     batch_size: Annotated[int, Meta(ge=1)] = 256
     flush_interval_s: Annotated[float, Meta(gt=0)] = 0.25  # each batch wakes the SQLite thread: fewer is cheaper
+    journal: Annotated[str, Meta(min_length=1)] = "switchyard-journal"  # a directory, relative to the config file
+    fsync_interval_s: Annotated[float, Meta(gt=0)] = 1.0  # a machine crash loses at most this much
+    required: bool = True  # no journal, no traffic (503); false: serve, rows held in memory only
 
 
 class TimeoutSettings(Struct, frozen=True, forbid_unknown_fields=True):
@@ -146,6 +149,11 @@ class Settings(Struct, frozen=True, forbid_unknown_fields=True):
     redis: RedisSettings | None = None  # absent: every process keeps its own routing state
     providers: dict[Annotated[str, Meta(pattern=PROVIDER_NAME)], ProviderSettings] = field(default_factory=dict)
     base_dir: str = "."  # the config file's directory; set by `load_settings`
+
+    @property
+    def journal_dir(self) -> Path:
+        """The ledger's journal directory (`catalog.journal`), relative to the config file."""
+        return Path(self.base_dir) / self.ledger.journal
 
     @property
     def migrate_on_start(self) -> bool:

@@ -6,7 +6,10 @@
 - `sync`: files → SQL, idempotently; a changed price becomes a new effective-dated row.
 - `snapshot`: the in-memory view the request path reads (SQL is never queried per request).
 - `pricing`: usage times the price row → exact `Decimal` cost, or None when unpriced.
-- `ledger`: `LedgerRecord` and the batched, off-request-path `LedgerWriter`.
+- `ledger`: the batched, off-request-path `LedgerWriter` (`records`: `LedgerRecord`).
+- `journal`: the ledger's local journal: each row on disk before its response ends, replayed at
+  start, read back through a database outage.
+- `saved_snapshot`: the catalog snapshot's copy beside the journal, for starting without SQL.
 - `ledger_store`: how a batch reaches each database (SQLite's driver on its own thread, one JSON
   document per batch for PostgreSQL), with the per-row encoding done once per batch.
 - `drift`, `gpu_cost`: the cost reports (billed against estimated; amortized $/Mtok beside hosted

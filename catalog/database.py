@@ -1,4 +1,5 @@
-"""The one way the service opens its database: `open_engine(url)`.
+"""The one way the service opens its database: `open_engine(url)`; `database_unreachable(exc)`
+tells an outage from other errors where the service starts without its database (app/service.py).
 
 SQLite (the embedded default) gets the pragmas a server process needs: write-ahead logging, so
 readers never block the ledger writer and a commit is one append instead of a rollback journal
@@ -14,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import event
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 SQLITE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA busy_timeout=10000")
@@ -31,3 +34,13 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     for pragma in SQLITE_PRAGMAS:
         cursor.execute(pragma)
     cursor.close()
+
+
+def database_unreachable(exc: BaseException) -> bool:
+    """Whether `exc` says the database cannot be reached (down, refusing, gone mid-connection),
+    as opposed to a schema or data problem that a start must not paper over."""
+    if isinstance(exc, OSError | TimeoutError | DisconnectionError | PoolTimeout):
+        return True
+    if isinstance(exc, DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+    return False

@@ -1,31 +1,50 @@
-"""The usage ledger writer: one row per routed request, written off the request path.
+"""The usage ledger writer: one row per routed request, written off the request path, none lost.
 
-`LedgerWriter.submit` is synchronous and never waits on the database: the record joins a bounded
-in-memory queue, and one background task writes batches of up to `batch_size` rows through the
-database's store (`catalog.ledger_store`), each as one transaction that skips request ids already
-present (`ON CONFLICT (request_id) DO NOTHING`), so replaying a row is harmless. Rows are written
-in submission order; `flush()` waits until every row submitted before it was written.
+`LedgerWriter.submit` is synchronous and never waits on the database. With a journal
+(`catalog.journal`, the service's case) the row is first appended to it — one `os.write`, before
+the response's last byte is sent — and then, while the writer keeps up, also kept in a bounded
+in-memory queue, so the database write needs no read back from disk. One background task writes
+batches of up to `batch_size` rows through the database's store (`catalog.ledger_store`), each as
+one transaction that skips request ids already present (`ON CONFLICT (request_id) DO NOTHING`),
+so replaying a row is harmless. Journal rows are written in append order; the count of rows
+written (`committed`) tells the journal which segments it may delete. `flush()` waits until every
+row submitted before it was written.
+
+Rows wait on disk, not in memory, when the writer falls behind:
+- the database fails (an outage: unreachable, not migrated, locked): the in-memory queue is
+  dropped (its rows are in the journal), only the failing batch is kept and retried with
+  exponential backoff, and rows are then read back from the journal a batch at a time. Memory
+  stays flat however long the outage; `outage started`/`ended` are logged once each;
+- the queue is full (a slow database): new rows stay on disk only, read back once it drains;
+- at start-up the journal adopted rows a previous process left (a `kill -9`, an outage that
+  outlived it): they are read back first, the same way (the replay).
+The writer returns to the in-memory path as soon as it has read up to the journal's end.
+
+Without a journal (none configured, or it cannot be written: disk full, read-only) rows are held
+in memory only, as `loose` rows — the service refuses requests in that state unless `[ledger]
+required = false` (`accepting`; the edge answers 503, app/edge/asgi.py).
 
 Records are encoded for the database per batch, not per request: in a tight loop over 256 rows
 the encoder's code stays in the CPU's caches, while one encode between two requests ran at a
 third of that speed (≈ 10 µs against 3 µs per row, measured with per-thread CPU counters). A
 record the database would refuse (a naive datetime, a cost too large for its column) is
-therefore found at write time and set aside like a row the database itself refuses.
+therefore found at write time and set aside like a row the database itself refuses: logged (its
+request id and error type, never request data or keys), kept in `rejected` and, with a journal,
+in its `rejected.jsonl`.
 
-No row is dropped. When the queue is full, records go to the overflow list (and keep their order:
-while it is non-empty new records join it too). When a batch fails, the error is logged — its
-type and the row count only, never request data or keys — and the same batch is retried with
-exponential backoff. Both are in memory for now; `_on_overflow` and `_on_write_failure` are the
-hooks where the durable spill-to-file (cost.md: "rows spill to a local append-only file and are
-replayed when it returns") plugs in.
+`close(timeout)` writes what it can within `timeout` seconds and then stops: with the database
+down, rows stay in the journal for the next start instead of holding up the shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections import deque
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Literal
 
 import structlog
 from sqlalchemy.exc import (
@@ -39,16 +58,17 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from catalog.journal import Journal
 from catalog.ledger_store import is_sqlite_outage, store_for
 from catalog.records import LedgerRecord
 
 _MAX_BACKOFF = 5.0
 _OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalError)
+STORE_CLOSE_S = 2.0  # closing the store's connection (SQLite: on its thread, maybe in a busy wait)
+BEHIND_AFTER_S = 10.0  # the oldest unwritten row older than this: the ledger is "behind"
+LedgerState = Literal["ok", "behind", "unwritable"]
 
 log = structlog.get_logger("switchyard.ledger")
-
-
-
 
 _COLUMNS = tuple(LedgerRecord.__struct_fields__)
 
@@ -60,6 +80,8 @@ class LedgerWriter:
         self,
         engine: AsyncEngine,
         *,
+        journal: Journal | None = None,
+        required: bool = False,
         max_queue: int = 10_000,
         batch_size: int = 256,
         flush_interval: float = 0.05,
@@ -68,12 +90,21 @@ class LedgerWriter:
         self._batch_size = max(1, batch_size)
         self._flush_interval = flush_interval
         self._store = store_for(engine, _COLUMNS)
-        self._queue: deque[LedgerRecord] = deque()
-        self._overflow: list[LedgerRecord] = []
-        self._submitted = 0
+        self._journal = journal
+        self._required = required
+        self._queue: deque[LedgerRecord] = deque()  # journal rows `committed` … on, while not behind
+        self._loose: deque[LedgerRecord] = deque()  # rows in memory only (no journal to hold them)
+        self._committed = 0  # journal rows written to the database (or set aside), in append order
+        self._behind = journal is not None and journal.appended > 0  # adopted rows: replay first
+        self._loose_submitted = 0
+        self._loose_done = 0
+        self._submitted = journal.appended if journal is not None else 0
         self._written = 0
         self._closing = False
-        self._drain_to = 0  # rows submitted up to this count leave now, full batch or not
+        self._drain_to = self._submitted  # rows submitted up to this count leave now, full batch or not
+        self._head: datetime | None = None  # finished_at of the oldest row of the batch in hand
+        self._last_written: datetime | None = None  # finished_at of the last row written
+        self._failing_since: float | None = None  # monotonic time the current outage began
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -81,8 +112,43 @@ class LedgerWriter:
 
     @property
     def pending(self) -> int:
-        """Records submitted and not yet written or set aside (queue and overflow)."""
-        return self._submitted - self._written
+        """Records submitted (or adopted from the journal) and not yet written or set aside."""
+        journal_rows = self._journal.appended - self._committed if self._journal is not None else 0
+        return journal_rows + self._loose_pending
+
+    @property
+    def _loose_pending(self) -> int:
+        return self._loose_submitted - self._loose_done
+
+    @property
+    def accepting(self) -> bool:
+        """Whether a request may be served: its row can be journaled, or the journal is optional."""
+        return not self._required or (self._journal is not None and not self._journal.broken)
+
+    @property
+    def state(self) -> LedgerState:
+        """`/readyz`'s view: `unwritable` (no journal to write), `behind` (the database is failing
+        or the oldest unwritten row is older than `BEHIND_AFTER_S`), else `ok`."""
+        if (self._journal is None and self._required) or (self._journal is not None and self._journal.broken):
+            return "unwritable"
+        if self._failing_since is not None or self.oldest_pending_s() > BEHIND_AFTER_S:
+            return "behind"
+        return "ok"
+
+    def oldest_pending_s(self) -> float:
+        """Seconds since the oldest unwritten row's request finished (0 with nothing pending).
+        While rows are read back from the journal this is the batch in hand's oldest row."""
+        if not self.pending:
+            return 0.0
+        times = [t for t in (self._head, *(lane[0].finished_at for lane in (self._loose, self._queue) if lane)) if t]
+        if not times:  # only rows on disk, not read yet: they came after the last row written
+            times = [self._last_written] if self._last_written is not None else []
+        if not times:
+            return 0.0
+        try:
+            return max(0.0, (datetime.now(UTC) - min(times)).total_seconds())
+        except TypeError:  # a naive finished_at (a bug upstream; the database refuses the row too)
+            return 0.0
 
     def start(self) -> None:
         """Start the writer task; call from inside the running event loop."""
@@ -94,37 +160,65 @@ class LedgerWriter:
         return self._task
 
     def submit(self, record: LedgerRecord) -> None:
-        """Queue `record` for writing. Never blocks, never raises for a full queue."""
+        """Journal `record` and queue it for writing. Never blocks, never raises for a full queue
+        or a failed journal write (the row is then kept in memory)."""
         if self._closing:
             raise RuntimeError("the ledger writer is closed")
         self._submitted += 1
-        if self._overflow or len(self._queue) >= self._max_queue:
-            self._on_overflow(record)
-        else:
-            self._queue.append(record)
-        if len(self._queue) >= self._batch_size:
-            self._wake.set()
+        journal = self._journal
+        if journal is not None and journal.append(record):
+            if not self._behind:
+                if len(self._queue) < self._max_queue:
+                    self._queue.append(record)
+                    if len(self._queue) >= self._batch_size:
+                        self._wake.set()
+                    return
+                log.warning("ledger_queue_full", max_queue=self._max_queue, rows_wait_on="journal")
+                self._behind = True  # this row and the next ones are read back from the journal
+            if journal.appended - self._committed >= self._batch_size:
+                self._wake.set()
+            return
+        self._on_overflow(record)
 
     async def flush(self) -> None:
         """Wait until every record submitted before this call has been written."""
         if self._task is None:
             raise RuntimeError("the ledger writer was never started")
-        target = self._drain_to = max(self._drain_to, self._submitted)
+        journal_target = self._journal.appended if self._journal is not None else 0
+        loose_target = self._loose_submitted
+        self._drain_to = max(self._drain_to, self._submitted)
         self._wake.set()
         async with self._progress:
-            await self._progress.wait_for(lambda: self._written >= target or self._stopped())
+            await self._progress.wait_for(
+                lambda: (self._committed >= journal_target and self._loose_done >= loose_target) or self._stopped()
+            )
         self._raise_if_crashed()
 
-    async def close(self) -> None:
-        """Write everything still queued, then stop the writer task."""
+    async def close(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (a budget, split between steps)
+        """Write everything still queued, then stop the writer task. After `timeout` seconds the
+        rest stays in the journal (with the database down, a shutdown must not wait for it; in an
+        outage with every pending row on disk it stops at once), and closing the store's
+        connection is bounded by `STORE_CLOSE_S`."""
         self._closing = True
         task = self._started()
         self._wake.set()
+        if self._failing_since is not None and self._journal is not None and not self._loose_pending:
+            timeout = 0  # the database is down and every pending row is on disk: nothing to wait for
         try:
-            await task
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            log.warning("ledger_closed_with_rows_pending", rows=self.pending, lost_from_memory=len(self._loose))
         finally:
-            await self._store.close()
-        self._raise_if_crashed()
+            if self._journal is not None:
+                self._journal.close(self._committed)
+            try:
+                await asyncio.wait_for(self._store.close(), STORE_CLOSE_S)
+            except TimeoutError:
+                log.warning("ledger_store_close_timed_out", seconds=STORE_CLOSE_S)
+        if not task.cancelled():
+            self._raise_if_crashed()
 
     def _stopped(self) -> bool:
         return self._task is not None and self._task.done()
@@ -136,26 +230,18 @@ class LedgerWriter:
                 raise error
 
     def _on_overflow(self, record: LedgerRecord) -> None:
-        """Hook: a record that found the queue full. Durable spill-to-file replaces this list."""
-        if not self._overflow:
-            log.warning("ledger_queue_full", max_queue=self._max_queue)
-        self._overflow.append(record)
-
-    def _refill(self) -> None:
-        room = self._max_queue - len(self._queue)
-        if self._overflow and room > 0:
-            moved, self._overflow = self._overflow[:room], self._overflow[room:]
-            self._queue.extend(moved)
-
-    def _take_batch(self) -> list[LedgerRecord]:
-        self._refill()
-        count = min(self._batch_size, len(self._queue))
-        return [self._queue.popleft() for _ in range(count)]
+        """A row no journal holds: kept in memory until it is written."""
+        self._loose_submitted += 1
+        self._loose.append(record)
+        if len(self._loose) == self._max_queue:
+            log.warning("ledger_queue_full", max_queue=self._max_queue, rows_wait_on="memory")
+        if len(self._loose) >= self._batch_size:
+            self._wake.set()
 
     def _due(self) -> bool:
         """A full batch is waiting, or rows that must leave now: the flush interval passed without a
         full batch, or `flush()`/`close()` asked for them."""
-        waiting = len(self._queue) + len(self._overflow)
+        waiting = self.pending
         return waiting >= self._batch_size or (waiting > 0 and (self._closing or self._written < self._drain_to))
 
     async def _run(self) -> None:
@@ -169,13 +255,54 @@ class LedgerWriter:
             except TimeoutError:
                 self._drain_to = max(self._drain_to, self._submitted)
             self._wake.clear()
-            while self._due() and (batch := self._take_batch()):
-                await self._write_with_retry(batch)
-                async with self._progress:
-                    self._written += len(batch)
-                    self._progress.notify_all()
-            if self._closing and not self._queue and not self._overflow:
+            while self._due():
+                await self._write_next()
+            if self._closing and not self.pending:
                 return
+
+    async def _write_next(self) -> None:
+        """Take the next batch (memory-only rows first, then the journal's, from memory or read
+        back from disk), write it and count it done."""
+        bad: list[bytes] = []
+        loose = bool(self._loose)
+        source = self._loose if loose else self._queue
+        if source:
+            batch = [source.popleft() for _ in range(min(self._batch_size, len(source)))]
+        else:
+            batch, bad = await self._read_back()
+        if batch:
+            self._head = batch[0].finished_at
+            await self._write_with_retry(batch)
+        for line in bad:
+            log.error("ledger_journal_line_unreadable", bytes=len(line))
+            if self._journal is not None:
+                self._journal.reject(line)
+        async with self._progress:
+            self._head = None
+            if batch:
+                self._last_written = batch[-1].finished_at
+            self._written += len(batch) + len(bad)
+            if loose:
+                self._loose_done += len(batch)
+            else:
+                self._committed += len(batch) + len(bad)
+                if self._journal is not None:
+                    self._journal.release(self._committed)
+            self._progress.notify_all()
+
+    async def _read_back(self) -> tuple[list[LedgerRecord], list[bytes]]:
+        """The next rows from the journal itself; back to the in-memory path once at its end."""
+        journal = self._journal
+        assert journal is not None
+        read = await journal.read(self._committed, self._batch_size)
+        if read is None:  # a bug: rows counted that no segment holds; skipped, or the writer would spin
+            log.error("ledger_journal_rows_missing", rows=journal.appended - self._committed)
+            self._committed = journal.appended
+            self._behind = False
+            return [], []
+        if self._committed + len(read.records) + len(read.bad) == journal.appended:
+            self._behind = False  # rows appended from now on are queued in memory again
+        return read.records, read.bad
 
     async def _write_with_retry(self, batch: Sequence[LedgerRecord]) -> None:
         attempt = 0
@@ -189,6 +316,8 @@ class LedgerWriter:
                 attempt += 1
                 await asyncio.sleep(self._on_write_failure(batch, exc, attempt))
             else:
+                if self._failing_since is not None:
+                    self._outage_ended()
                 return
 
     async def _isolate(self, batch: Sequence[LedgerRecord], exc: Exception) -> None:
@@ -200,17 +329,28 @@ class LedgerWriter:
             await self._write_with_retry([record])
 
     def _on_write_failure(self, batch: Sequence[LedgerRecord], exc: Exception, attempt: int) -> float:
-        """Hook: the database is unreachable or failing; returns the delay before the retry.
-
-        Durable spill-to-file belongs here: append the batch to the spill file and move on.
-        """
-        log.warning("ledger_write_failed", error=type(exc).__name__, rows=len(batch), attempt=attempt)
+        """The database is unreachable or failing: the first failure starts an outage (logged
+        once; the journal's rows leave memory). Returns the delay before the retry."""
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+            log.warning("ledger_outage_started", error=type(exc).__name__, rows_pending=self.pending)
+        if self._journal is not None:
+            self._queue.clear()  # these rows are in the journal: read back from it after the outage
+            self._behind = True
         return float(min(_MAX_BACKOFF, 0.05 * 2 ** min(attempt, 10)))
 
+    def _outage_ended(self) -> None:
+        assert self._failing_since is not None
+        seconds = round(time.monotonic() - self._failing_since, 3)
+        self._failing_since = None
+        log.info("ledger_outage_ended", seconds=seconds, rows_pending=self.pending)
+
     def _on_rejected(self, record: LedgerRecord, exc: Exception) -> None:
-        """Hook: a row the database will never accept (a bug upstream of here); kept, not dropped."""
+        """A row the database will never accept (a bug upstream of here); kept, not dropped."""
         log.error("ledger_row_rejected", request_id=record.request_id, error=type(exc).__name__)
         self.rejected.append(record)
+        if self._journal is not None:
+            self._journal.reject(self._journal.encode(record))
 
 
 def _is_outage(exc: Exception) -> bool:

@@ -94,6 +94,11 @@ class CatalogSnapshot:
         """Every model, ordered by id."""
         return self._models
 
+    @property
+    def prices(self) -> tuple[PriceRow, ...]:
+        """Every price row (by provider, model and `effective_from`)."""
+        return tuple(row for key in sorted(self._prices) for row in self._prices[key].rows)
+
     def resolve(self, name: str) -> ModelEntry | None:
         """The model whose id or alias is `name`."""
         return self._by_name.get(name)

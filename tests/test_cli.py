@@ -204,7 +204,8 @@ def test_serve_answers_logs_one_line_per_request_and_stops_on_a_signal(tmp_path:
         assert health.json() == {"status": "ok"}
         assert "server" not in health.headers  # the stack is not advertised
         assert "date" in health.headers
-        assert httpx.get(f"{base}/readyz").json() == {"status": "ok", "database": True, "backends": True}
+        ready = {"status": "ok", "database": True, "backends": True, "ledger": "ok"}
+        assert httpx.get(f"{base}/readyz").json() == ready
         bodies = [complete(base, "tiny-alias", PROMPT), complete(base, "hosted-model", PROMPT)]
         assert [(b["model"], b["provider"]) for b in bodies] == [("tiny", "local"), ("hosted-model", "hosted")]
         assert bodies[0]["message"]["content"] == [{"kind": "text", "data": "alpha beta gamma delta"}]
@@ -235,7 +236,8 @@ def test_serve_with_two_workers_answers(tmp_path: Path) -> None:
         started.append(serve := Process(tmp_path, "serve", args, cli_env(SWITCHYARD_TEST_HOSTED_KEY=SECRET)))
         base = f"http://127.0.0.1:{port}"
         serve.wait_http(f"{base}/healthz")
-        assert httpx.get(f"{base}/readyz").json() == {"status": "ok", "database": True, "backends": True}
+        ready = {"status": "ok", "database": True, "backends": True, "ledger": "ok"}
+        assert httpx.get(f"{base}/readyz").json() == ready
         ids = {complete(base, "tiny", PROMPT)["id"] for _ in range(4)}
         assert serve.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
         stdout, stderr = serve.output()

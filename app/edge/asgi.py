@@ -6,6 +6,12 @@ model, dependency resolution, response objects) cost about a sixth of a proxied 
 its request into a `CompletionRequest`, hands it to the pipeline and renders what comes back;
 everything about ASGI itself is here, once.
 
+Unrecordable requests. A request whose ledger row could not be journaled is refused before
+routing with 503 `unavailable` (`usage cannot be recorded`, cost.md), decided here once for every
+door: `Service.recording` is false while the journal cannot be written and `[ledger] required`
+holds. The check is per request, not per row, so a request already running when the journal
+breaks is still answered; its row is kept in memory (`catalog.ledger`).
+
 Disconnects. A client that goes away must cancel its upstream request (api.md), whether it waits
 for a JSON answer or reads a stream, before the first token too. `DisconnectWatch` awaits
 `http.disconnect` and cancels the handler's task; the cancellation lands in the pipeline, which
@@ -29,7 +35,7 @@ from litestar.types import Receive, Scope, Send
 from app.context import Ingress, RequestContext, new_context
 from app.edge.guards import check_json_headers
 from app.edge.relay import Relay, StreamRenderer
-from app.errors import MethodNotAllowed, PayloadTooLarge
+from app.errors import MethodNotAllowed, PayloadTooLarge, UsageNotRecordable
 from app.ids import uuid7
 from app.pipeline.events import Outcome
 from app.service import Service
@@ -73,6 +79,8 @@ async def serve(
     if body is None:
         return  # the client went away before sending its body: nobody to answer
     door = translate(body, service)
+    if not service.recording:
+        raise UsageNotRecordable("usage cannot be recorded")
     deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
     ctx = new_context(request_id, ingress, stream=door.stream, deadline=deadline)
     mark_routed(scope)

@@ -1,5 +1,10 @@
 """HTTP handlers for everything but the hot path: `/api/v1/models`, `/healthz`, `/readyz`, `/metrics`.
 
+`/readyz` is ready with the database reachable, a backend ready and requests recordable; its
+`ledger` says how the usage ledger stands (`Service.ledger_state`): `ok`, `behind` (the database
+is failing or rows are waiting in the journal), `unwritable` (the journal cannot be written) or
+`disabled`.
+
 (`POST /api/v1/completions` is a raw ASGI route in `app.edge.unified`.) Errors are raised as
 `GatewayError` and rendered by the one exception handler in `app.application`.
 """
@@ -53,6 +58,8 @@ async def readyz(state: State) -> Response[bytes]:
     router = service.router
     now = asyncio.get_running_loop().time()
     backends = router is not None and any(b.ready(now) for b in router.all_backends())
-    ok = database and backends
-    body = _plain_encoder.encode({"status": "ok" if ok else "unavailable", "database": database, "backends": backends})
+    ok = database and backends and service.recording
+    status = "ok" if ok else "unavailable"
+    ledger = service.ledger_state
+    body = _plain_encoder.encode({"status": status, "database": database, "backends": backends, "ledger": ledger})
     return Response(body, media_type=_JSON, status_code=200 if ok else 503)

@@ -304,4 +304,4 @@ async def test_health_and_readiness(gw: GatewayHandle) -> None:
     assert (await gw.client.get("/healthz")).json() == {"status": "ok"}
     ready = await gw.client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ok", "database": True, "backends": True}
+    assert ready.json() == {"status": "ok", "database": True, "backends": True, "ledger": "ok"}

@@ -188,6 +188,9 @@ async def test_exposition_declares_every_family_with_its_type(gw: GatewayHandle)
         "switchyard_backend_cooling_seconds": "gauge",
         "switchyard_backend_breaker_open": "gauge",
         "switchyard_backend_upstream_queue_depth": "gauge",
+        "switchyard_ledger_rows_pending": "gauge",
+        "switchyard_ledger_oldest_pending_seconds": "gauge",
+        "switchyard_ledger_journal_writable": "gauge",
     }
     assert "# TYPE switchyard_request_duration_seconds histogram\n" in response.text
     assert 'switchyard_tokens_total{bucket="output",model="chat-1",provider="alpha"} 20.0\n' in response.text

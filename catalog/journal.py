@@ -1,0 +1,375 @@
+"""The ledger's local journal: every row on disk before its response's last byte is sent.
+
+cost.md: "no row is lost". `Journal.append(record)` is called on the request path (through
+`LedgerWriter.submit`, from the pipeline's `_close`, before the JSON answer is sent or the final
+SSE frames are rendered) and costs one msgspec encode and ONE `os.write` of one line: a row is in
+the operating system's page cache, so a `kill -9` cannot lose it. Durability against a machine
+crash is `fsync` every `[ledger] fsync_interval_s`, on the journal's own thread (never on the
+event loop): a crash loses at most the last interval.
+
+File format (a directory, `[ledger] journal`, relative to the config file):
+
+    ledger-<time_ns:019>-<pid>.jsonl   segments. Line 1 is a header,
+                                       {"switchyard_journal":1,"pid":…,"created":"…"}; every
+                                       other line is one `LedgerRecord` as msgspec JSON (its
+                                       field names as keys, Decimals as strings, RFC 3339
+                                       times), so the format follows the record's fields and a
+                                       field added later decodes from old lines by its default.
+    rejected.jsonl                     rows the database refused as data (never replayed)
+    catalog-snapshot.json              the last catalog loaded from SQL (catalog.saved_snapshot)
+
+A segment is rotated when it reaches `segment_bytes` (64 MiB: a long outage at full load makes
+few files, each holding one descriptor and its lock) or, once every row in it is committed, when
+it passes `committed_bytes` (1 MiB: what a `kill -9` makes the next start replay stays small), and
+deleted once every row in it is committed to the database (`release(committed)`). Rows are
+numbered in append order (`seq`, starting at the adopted segments' rows); a segment knows its
+first seq and its row count.
+
+Who owns a segment: the process that holds its `flock`, for as long as the file exists. At start
+a journal adopts every segment no live process holds (a killed process's, or a clean shutdown's
+rows the database never took); adopted rows come first in seq order and are replayed by the
+writer like rows of an outage, idempotently (the stores skip a known request id). Several
+workers sharing one directory each adopt distinct segments (the lock decides).
+
+A failed write (disk full, read-only, I/O error) truncates the torn line away, marks the journal
+`broken` and raises nothing: `append` returns False and the writer keeps that row in memory. The
+maintenance task (`run`) tries a fresh segment every `_RETRY_S` while broken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import structlog
+
+from catalog.records import LedgerRecord
+
+SEGMENT_GLOB = "ledger-*.jsonl"
+REJECTED = "rejected.jsonl"
+FORMAT_VERSION = 1
+_RETRY_S = 1.0
+_READ_CHUNK = 1 << 20
+
+log = structlog.get_logger("switchyard.ledger")
+
+
+class Segment:
+    """One segment file, open and locked by this process until it is deleted."""
+
+    __slots__ = ("data_start", "fd", "first", "path", "rows", "sealed", "size")
+
+    def __init__(self, path: Path, fd: int, first: int, *, rows: int = 0, size: int = 0, data_start: int = 0) -> None:
+        self.path = path
+        self.fd = fd
+        self.first = first  # seq of its first row
+        self.rows = rows
+        self.size = size  # bytes of whole lines: a torn tail (a crash mid-write) is never read
+        self.data_start = data_start  # past the header line
+        self.sealed = False
+
+
+class ReadBatch(msgspec.Struct, frozen=True):
+    """Rows read back from the journal, in order: the records and the lines that did not decode
+    (set aside by the writer); together they are the rows read."""
+
+    records: list[LedgerRecord]
+    bad: list[bytes]
+
+
+class Journal:
+    """Append-only segments in one directory; see the module docstring for the format."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        fsync_interval: float = 1.0,
+        segment_bytes: int = 64 << 20,
+        committed_bytes: int = 1 << 20,
+    ) -> None:
+        self.directory = directory
+        self.fsync_interval = fsync_interval
+        self.segment_bytes = segment_bytes
+        self.committed_bytes = committed_bytes
+        self.segments: list[Segment] = []
+        self.appended = 0  # seq of the next row
+        self.error: str | None = None  # why the journal is broken (None: writable)
+        self._encoder = msgspec.json.Encoder()
+        self._line = bytearray()
+        self._dirty = False
+        self._syncing = False
+        self._to_close: list[int] = []
+        self._cursor: tuple[int, Segment | None, int] = (-1, None, 0)  # where the last read ended
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger-journal")
+
+    @property
+    def broken(self) -> bool:
+        return self.error is not None
+
+    def open(self) -> int:
+        """Create the directory, adopt the segments no live process owns and start a fresh one.
+        Returns the rows adopted. Never raises: a directory that cannot be used leaves the
+        journal `broken` (the adopted rows are still read back)."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for path in sorted(self.directory.glob(SEGMENT_GLOB)):
+                segment = _adopt(path, self.appended)
+                if segment is not None:
+                    self.segments.append(segment)
+                    self.appended += segment.rows
+            self._new_segment()
+        except OSError as exc:
+            self._broken_by(exc)
+        return sum(segment.rows for segment in self.segments)
+
+    def append(self, record: LedgerRecord) -> bool:
+        """Write `record` as one line with one `os.write`; False (and the journal broken) when the
+        operating system refused it."""
+        if self.error is not None:
+            return False
+        segment = self.segments[-1]
+        line = self._line  # reused: encoded in place, one allocation fewer per row
+        self._encoder.encode_into(record, line)
+        line.append(0x0A)
+        try:
+            written = os.write(segment.fd, line)
+        except OSError as exc:
+            self._fail(segment, exc)
+            return False
+        if written != len(line):  # the disk filled up mid-line
+            self._fail(segment, OSError(errno.ENOSPC, f"short write: {written} of {len(line)} bytes"))
+            return False
+        segment.size += written
+        segment.rows += 1
+        self.appended += 1
+        self._dirty = True
+        if segment.size >= self.segment_bytes:
+            self._rotate()
+        return True
+
+    def _fail(self, segment: Segment, exc: OSError) -> None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(segment.fd, segment.size)  # no torn line for the reader to meet
+        segment.sealed = True
+        self._broken_by(exc)
+
+    def _broken_by(self, exc: OSError) -> None:
+        self.error = f"{type(exc).__name__}: {exc.strerror or exc}"
+        log.error("ledger_journal_unwritable", directory=str(self.directory), error=self.error)
+
+    def _rotate(self) -> None:
+        try:
+            self._new_segment()
+        except OSError as exc:
+            self._fail(self.segments[-1], exc)
+
+    def _new_segment(self) -> None:
+        if self.segments:
+            self.segments[-1].sealed = True
+        path = self.directory / f"ledger-{time.time_ns():019d}-{os.getpid()}.jsonl"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            header = msgspec.json.encode(
+                {"switchyard_journal": FORMAT_VERSION, "pid": os.getpid(), "created": datetime.now(UTC)}
+            )
+            size = os.write(fd, header + b"\n")
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
+        self.segments.append(Segment(path, fd, self.appended, size=size, data_start=size))
+        self._dirty = True
+
+    def release(self, committed: int) -> None:
+        """Delete the sealed segments whose every row is below `committed` (in the database); an
+        active segment past `committed_bytes` whose rows are all committed is rotated first."""
+        active = self.segments[-1] if self.segments else None
+        if (
+            active is not None
+            and not active.sealed
+            and active.size >= self.committed_bytes
+            and active.first + active.rows <= committed
+        ):
+            self._rotate()
+        while self.segments and self.segments[0].sealed:
+            segment = self.segments[0]
+            if segment.first + segment.rows > committed:
+                return
+            try:
+                segment.path.unlink(missing_ok=True)
+            except OSError as exc:  # a read-only directory: the rows are committed, the file stays
+                log.warning("ledger_journal_not_deleted", path=str(segment.path), error=type(exc).__name__)
+            self._close_fd(segment.fd)
+            self.segments.pop(0)
+
+    def _close_fd(self, fd: int) -> None:
+        if self._syncing:
+            self._to_close.append(fd)  # the sync thread may hold it: closed when it is done
+        else:
+            os.close(fd)
+
+    async def read(self, seq: int, limit: int) -> ReadBatch | None:
+        """Up to `limit` rows from `seq` on (stopping at a segment's end), read and decoded on the
+        journal's thread; None when `seq` is past the last row."""
+        for segment in self.segments:
+            if segment.first <= seq < segment.first + segment.rows:
+                break
+        else:
+            return None
+        cached_seq, cached_segment, cached_offset = self._cursor
+        if cached_seq == seq and cached_segment is segment:
+            skip, offset = 0, cached_offset
+        else:
+            skip, offset = seq - segment.first, segment.data_start
+        count = min(limit, segment.first + segment.rows - seq)
+        loop = asyncio.get_running_loop()
+        records, bad, end = await loop.run_in_executor(
+            self._thread, _read_rows, segment.fd, offset, segment.size, skip, count
+        )
+        self._cursor = (seq + len(records) + len(bad), segment, end)
+        return ReadBatch(records, bad)
+
+    def reject(self, line: bytes) -> None:
+        """Keep a row the database refused in `rejected.jsonl` (one write, like a journal row)."""
+        try:
+            fd = os.open(self.directory / REJECTED, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+            try:
+                os.write(fd, line.rstrip(b"\n") + b"\n")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.error("ledger_reject_file_unwritable", error=type(exc).__name__)  # noqa: TRY400 (no traceback: an OS error)
+
+    def encode(self, record: LedgerRecord) -> bytes:
+        return self._encoder.encode(record)
+
+    async def run(self) -> None:
+        """Every `fsync_interval`: fsync what was written since the last one, on the journal's
+        thread; while broken, try a fresh segment instead."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(self.fsync_interval, _RETRY_S) if self.broken else self.fsync_interval)
+            if self.broken:
+                self._recover()
+            elif self._dirty:
+                await self.sync(loop)
+
+    async def sync(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._dirty = False
+        fds = [segment.fd for segment in self.segments]
+        self._syncing = True
+        try:
+            await (loop or asyncio.get_running_loop()).run_in_executor(self._thread, _fsync, fds, self.directory)
+        finally:
+            self._syncing = False
+            while self._to_close:
+                os.close(self._to_close.pop())
+
+    def _recover(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._new_segment()
+        except OSError:
+            return
+        log.info("ledger_journal_writable", directory=str(self.directory), was=self.error)
+        self.error = None
+
+    def close(self, committed: int) -> None:
+        """Delete every segment whose rows are all below `committed` (the active one too) and
+        release the locks: rows still in the journal stay for the next start."""
+        if self.segments:
+            self.segments[-1].sealed = True
+        self._thread.shutdown(wait=True)
+        self.release(committed)
+        for segment in self.segments:
+            with contextlib.suppress(OSError):
+                os.fsync(segment.fd)
+            os.close(segment.fd)
+        for fd in self._to_close:
+            os.close(fd)
+        self.segments, self._to_close = [], []
+
+
+def _adopt(path: Path, first: int) -> Segment | None:
+    """Open and lock a segment no live process holds; None when one does (or it is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    if os.fstat(fd).st_nlink == 0:  # another process replayed and deleted it meanwhile
+        os.close(fd)
+        return None
+    data = _whole(fd)
+    header_end = data.find(b"\n") + 1
+    size = data.rfind(b"\n") + 1
+    rows = data.count(b"\n", header_end, size) if header_end else 0
+    segment = Segment(path, fd, first, rows=rows, size=size, data_start=header_end)
+    segment.sealed = True
+    return segment
+
+
+def _whole(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, _READ_CHUNK, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+_decoder = msgspec.json.Decoder(LedgerRecord)
+
+
+def _read_rows(fd: int, offset: int, end: int, skip: int, count: int) -> tuple[list[LedgerRecord], list[bytes], int]:
+    """On the journal's thread: skip `skip` lines from `offset`, then decode `count` lines."""
+    records: list[LedgerRecord] = []
+    bad: list[bytes] = []
+    buffer = b""
+    while (skip or len(records) + len(bad) < count) and offset < end:
+        chunk = os.pread(fd, min(_READ_CHUNK, end - offset), offset)
+        if not chunk:
+            break
+        buffer += chunk
+        offset += len(chunk)
+        start = 0
+        while (newline := buffer.find(b"\n", start)) >= 0:
+            line = buffer[start:newline]
+            start = newline + 1
+            if skip:
+                skip -= 1
+                continue
+            try:
+                records.append(_decoder.decode(line))
+            except msgspec.DecodeError:
+                bad.append(line)
+            if len(records) + len(bad) == count:
+                return records, bad, offset - (len(buffer) - start)
+        buffer = buffer[start:]
+    return records, bad, offset - len(buffer)
+
+
+def _fsync(fds: list[int], directory: Path) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
