@@ -20,7 +20,7 @@ import msgspec
 from litestar import Litestar, Request
 from litestar.response import Response
 
-from app.edge import anthropic, handlers
+from app.edge import anthropic, handlers, keys_api
 from app.edge.openai_chat import chat_completions, openai_models
 from app.edge.openai_completions import text_completions
 from app.edge.rejection import as_gateway_error
@@ -51,6 +51,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
             text_completions,
             openai_models,
             anthropic.router,
+            keys_api.router,
             handlers.list_models,
             handlers.healthz,
             handlers.readyz,

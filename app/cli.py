@@ -1,4 +1,5 @@
-"""The `switchyard` console script (config.md): serve, db upgrade/downgrade, catalog sync, mock-upstream.
+"""The `switchyard` console script (config.md): serve, db upgrade/downgrade, catalog sync, keys
+(`app.cli_keys`), mock-upstream.
 
 Exit codes: 0 success, 2 bad usage or invalid configuration (the message names the key), 1 anything
 else. `serve` prepares the database once in the parent process (migrations on the embedded SQLite
@@ -24,6 +25,7 @@ import uvicorn
 from sqlalchemy.engine import make_url
 from uvicorn.supervisors import Multiprocess
 
+from app import cli_keys
 from app.logging import configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine
@@ -53,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _config_option(catalog.add_parser("sync", help="load catalog files into SQL (idempotent)"))
 
+    cli_keys.add_parser(commands, _config_option)
     commands.add_parser("mock-upstream", help="a scripted OpenAI-compatible upstream", add_help=False)
     return parser
 
@@ -87,6 +90,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     if args.command == "serve":
         return _serve(args, settings)
+    if args.command == "keys":
+        return cli_keys.run(args, settings)
     if args.command == "db":
         if args.db_command == "upgrade":
             upgrade(settings.database.url)
@@ -167,6 +172,7 @@ async def _prepare(settings: Settings) -> None:
     engine = open_engine(settings.database.url)
     try:
         await prepare_database(settings, engine)
+        await cli_keys.check_shared_limits(settings, engine)
     finally:
         await engine.dispose()
 

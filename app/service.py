@@ -3,8 +3,9 @@
 `Service.start()` opens the database engine, brings the schema and catalog up to date when the
 settings ask for it, loads the catalog snapshot, builds one upstream HTTP client shared by every
 adapter, and starts the ledger writer. With `[redis]` configured it also links this process to
-the other workers and replicas (`app.routing.cluster`) before the first request. Nothing here runs
-at import time.
+the other workers and replicas (`app.routing.cluster`) before the first request. With
+`[auth] mode = "keys"` it loads every API key into memory and builds the access gate
+(`app.access`). Nothing here runs at import time.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.access.gate import AccessGate
+from app.access.keyring import KeyRing
 from app.exposition import GatewayCollector
 from app.logging import LineWriter, get_logger
 from app.metrics import Metrics
@@ -56,6 +59,7 @@ class Service:
         self.collector: GatewayCollector | None = None
         self.health: HealthMonitor | None = None
         self.cluster: ClusterLink | None = None
+        self.access: AccessGate | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -94,12 +98,17 @@ class Service:
         record = self.ledger.submit if ledger.enabled else _discard
         if not ledger.enabled:
             self.log.warning("ledger_disabled", reason="[ledger] enabled = false: requests are not recorded")
+        if settings.auth.mode == "keys":
+            keyring = KeyRing(self.engine, settings.auth, settings.redis, self.log)
+            await keyring.start()
+            self.access = AccessGate(settings, self.engine, keyring, self.log, self.metrics.limits_local)
         self.pipeline = Pipeline(
             self.router,
             record,
             self.log,
             self.metrics,
             routing.probe_interval_s,
+            self.access,
         )
         self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log, routing.quota_recheck_s)
         self.health.start()
@@ -113,6 +122,9 @@ class Service:
             self.log_writer.stop()
         if self.health is not None:
             await self.health.stop()
+        if self.access is not None:
+            await self.access.keyring.stop()
+            await self.access.close()
         if self.cluster is not None:
             await self.cluster.stop()
         if self.ledger is not None:
