@@ -171,7 +171,7 @@ async def update_key(engine: AsyncEngine, key_id: str, changes: KeyChanges) -> K
     values = {**changes.values(), "updated_at": datetime.now(UTC)}
     async with engine.begin() as conn:
         result = await conn.execute(update(ApiKey).where(ApiKey.id == key_id).values(**values))
-    return await get_key(engine, key_id) if result.rowcount else None  # type: ignore[attr-defined]
+    return await get_key(engine, key_id) if result.rowcount else None
 
 
 async def revoke_key(engine: AsyncEngine, key_id: str) -> KeyRecord | None:
@@ -203,6 +203,8 @@ def to_builtins(record: KeyRecord) -> dict[str, object]:
     """The key as the API and `keys list --format json` show it: no hash."""
     data: dict[str, object] = msgspec.to_builtins(record)
     del data["secret_hash"]
+    if record.budget_usd is not None:
+        data["budget_usd"] = format(record.budget_usd.normalize(), "f")
     return data
 
 

@@ -136,8 +136,8 @@ async def me(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 @patch("/{key_id:str}", guards=[require_admin])
-async def change(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
-    service = _service(request)
+async def change(request: Request[Any, Any, Any]) -> Response[bytes]:
+    service, key_id = _service(request), request.path_params["key_id"]
     assert service.engine is not None
     current = await get_key(service.engine, key_id)
     if current is None:
@@ -150,8 +150,8 @@ async def change(request: Request[Any, Any, Any], key_id: str) -> Response[bytes
 
 
 @delete("/{key_id:str}", guards=[require_admin], status_code=200)
-async def revoke(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
-    service = _service(request)
+async def revoke(request: Request[Any, Any, Any]) -> Response[bytes]:
+    service, key_id = _service(request), request.path_params["key_id"]
     assert service.engine is not None
     record = await revoke_key(service.engine, key_id)
     if record is None:

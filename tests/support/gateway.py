@@ -4,7 +4,8 @@
 file and a SQLite database into the test's tmp dir, builds `Settings` through the same path
 `config.toml` takes, runs the app under uvicorn on a free port inside the test's event loop, and
 returns a handle with an HTTP client (`redis` adds a `[redis]` table; calling it twice in one test
-gives two gateways on one database, like two workers). `handle.ledger_rows()` waits for the
+gives two gateways on one database, like two workers; `auth` adds an `[auth]` table).
+`handle.ledger_rows()` waits for the
 ledger writer to flush and returns the rows from SQL.
 
 `provider_table(upstreams, common, **overrides)` is the `[providers]` table for a set of
@@ -94,6 +95,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
         database_url: str | None = None,
         routing: dict[str, Any] | None = None,
         redis: dict[str, Any] | None = None,
+        auth: dict[str, Any] | None = None,
     ) -> GatewayHandle:
         catalog_dir = tmp_path / "catalog"
         catalog_dir.mkdir(exist_ok=True)
@@ -107,6 +109,8 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
         }
         if redis is not None:
             raw["redis"] = redis
+        if auth is not None:
+            raw["auth"] = auth
         handle = await _serve(raw, tmp_path)
         handles.append(handle)
         return handle
