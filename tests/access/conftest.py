@@ -7,7 +7,7 @@ would; the admin key's secret is in `SWITCHYARD_TEST_ADMIN_KEY`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -47,11 +47,11 @@ async def gw(start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytes
 
 
 @pytest.fixture
-async def make_key(gw: GatewayHandle) -> AsyncIterator[MakeKey]:
+def make_key(gw: GatewayHandle) -> MakeKey:
     async def make(**options: Any) -> dict[str, Any]:
         response = await gw.client.post("/api/v1/keys", json={"name": "k", **options}, headers=bearer(ADMIN))
         assert response.status_code == 201, response.text
         key: dict[str, Any] = response.json()
         return key
 
-    yield make
+    return make
