@@ -126,6 +126,8 @@ async def me(request: Request[Any, Any, Any]) -> Response[bytes]:
     assert entry is not None
     assert service.access is not None
     record = entry.record
+    if service.ledger is not None and record.budget_usd is None:
+        await service.ledger.flush()  # this process's rows, so the ledger's sum includes them
     spent, start, end = await service.access.spend(record, datetime.now(UTC))
     view: dict[str, Any] = {**to_builtins(record), "spent_usd": str(spent)}
     view["period_start"] = start.isoformat() if start is not None else None

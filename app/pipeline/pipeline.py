@@ -318,7 +318,10 @@ def _tokens(outcome: Outcome) -> int:
     if usage is None:
         return 0
     return (
-        usage.input_tokens + usage.output_tokens + usage.reasoning_tokens + usage.cache_read_tokens
+        usage.input_tokens
+        + usage.output_tokens
+        + usage.reasoning_tokens
+        + usage.cache_read_tokens
         + usage.cache_write_tokens
     )
 
