@@ -96,7 +96,8 @@ async def test_no_secret_in_any_table_or_log_line(
     assert gw.service.engine is not None
     async with gw.service.engine.connect() as conn:
         names = await conn.run_sync(lambda sync: inspect(sync).get_table_names())
-        dumped = [str(row) for name in names for row in (await conn.execute(text(f'SELECT * FROM "{name}"'))).all()]
+        tables = [text(f'SELECT * FROM "{name}"') for name in names]  # noqa: S608  # names from the schema
+        dumped = [str(row) for table in tables for row in (await conn.execute(table)).all()]
     assert any(created.json()["id"] in row for row in dumped)
     logs.lines("request", gw)
     metrics = (await gw.client.get("/metrics")).text
