@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
 from sqlalchemy import inspect, text
 
-from tests.access.conftest import ADMIN, MakeKey, bearer
+from tests.access.conftest import ADMIN, MakeKey, bearer, keyed_gateway
 from tests.support.client import COMPLETIONS, body
-from tests.support.gateway import GatewayHandle
+from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.logs import Logs
 from tests.support.replies import answer
 from tests.support.upstream import ReplayUpstream
@@ -80,11 +81,9 @@ async def test_me_reports_spend_and_what_is_left(gw: GatewayHandle, make_key: Ma
 
 
 async def test_no_secret_in_any_table_or_log_line(
-    logs: Logs, start_gateway: object, up: ReplayUpstream, monkeypatch: object
+    logs: Logs, start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.access.conftest import keyed_gateway
-
-    gw = await keyed_gateway(start_gateway, up, monkeypatch)  # type: ignore[arg-type]
+    gw = await keyed_gateway(start_gateway, up, monkeypatch)  # started after `logs`: its lines are captured
     up.set_default(answer("ok"))
     created = await gw.client.post("/api/v1/keys", json={"name": "n", "rpm": 5}, headers=bearer(ADMIN))
     secret = created.json()["secret"]
