@@ -18,10 +18,13 @@
                      translator in openai_completions_format.py;
                      anthropic.py: POST /v1/messages, with its wire types in anthropic_format.py
                      and its request translator in anthropic_request.py), the small handlers
-                     (models, health, metrics)
+                     (models, health, metrics), keys_api.py (/api/v1/keys) and key_guard.py
     pipeline/        format-neutral: pipeline.py (route → failover → fold → Outcome), fold.py,
                      events.py (what every ingress renders), accounting.py (cost, ledger row, log
                      line), admission.py, estimate.py
+    access/          API keys (access.md): keyring.py (every key in memory by the hash of its
+                     secret), gate.py (permission, reserve-then-settle admission), limiter.py and
+                     redis_limiter.py (in-process; Redis with Lua), worstcase.py
     routing/         router.py (model → backends), state.py (capacity, cool-downs, breaker),
                      failover.py (the retry loop's decisions), health.py (probes), cluster.py
                      (the Redis link between workers and replicas)
