@@ -8,7 +8,9 @@
 is tried, so the reservation covers the most expensive of them (`app.access.worstcase`); `settle`
 runs from the pipeline's `_close`, which every request passes once (success, failure, client
 cancellation): a failure without usage settles to 0. Settling is a background task (the pipeline
-closes synchronously), one Redis round trip.
+closes synchronously), one Redis round trip. A settlement Redis could not take is logged
+(`limits_settle_failed`) and its reservation stays held until the period's record expires: the
+budget errs on the side of refusing, never of overspending.
 
 Limiter choice: Redis when `[redis]` is configured (several processes share it); in-process when
 this is the only process. Several processes without Redis (a key with limits created after

@@ -70,6 +70,8 @@ class KeyRing:
                 id=ADMIN_ID, secret_hash=hash_secret(secret), prefix="", name="admin", created_at=now, updated_at=now
             )
             self._admin = Entry(record, admin=True)
+        else:
+            log.warning("admin_key_missing", reason=f"{auth.admin_key_env} is unset: /api/v1/keys answers 403")
         self._tasks: list[asyncio.Task[None]] = []
 
     def authenticate(self, headers: Iterable[tuple[bytes, bytes]]) -> Entry:

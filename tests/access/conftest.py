@@ -7,11 +7,12 @@ would; the admin key's secret is in `SWITCHYARD_TEST_ADMIN_KEY`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 
+from app.logging import configure_logging
 from tests.support.catalog import catalog_toml, model, price
 from tests.support.gateway import GatewayHandle, StartGateway, provider_table
 from tests.support.upstream import ReplayUpstream, upstream_fixture
@@ -26,6 +27,18 @@ CATALOG = catalog_toml(
 )
 
 up = upstream_fixture("up")
+
+
+@pytest.fixture(autouse=True)
+def _log_to_stdout_afterwards() -> Iterator[None]:
+    """After each test, point structlog back at the session's stdout: a gateway started under
+    `capfd` (the `logs` fixture) left it writing to capfd's file, closed once the test ends, and
+    later tests outside a gateway (the ledger writer's) would log into it. Torn down last, so
+    after capfd has given stdout back."""
+    yield
+    configure_logging("info")
+
+
 MakeKey = Callable[..., Awaitable[dict[str, Any]]]
 
 
