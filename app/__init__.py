@@ -21,11 +21,15 @@
                      and its request translator in anthropic_request.py), the small handlers
                      (models, health, metrics), cost_reports.py (GET /api/v1/catalog/drift and
                      /api/v1/catalog/gpu-cost), usage.py (GET /api/v1/usage, the spend page
-                     GET /usage rendered by spend_page.py, and the plotly bundle it loads)
+                     GET /usage rendered by spend_page.py, and the plotly bundle it loads),
+                     keys_api.py (/api/v1/keys) and key_guard.py
     pipeline/        format-neutral: pipeline.py (route → failover → fold → Outcome), fold.py,
                      events.py (what every ingress renders), accounting.py (cost, ledger row, log
                      line), admission.py, estimate.py, gpu_time.py (busy-time shares for
                      `gpu_hour_usd`)
+    access/          API keys (access.md): keyring.py (every key in memory by the hash of its
+                     secret), gate.py (permission, reserve-then-settle admission), limiter.py and
+                     redis_limiter.py (in-process; Redis with Lua), worstcase.py
     routing/         router.py (model → backends), state.py (capacity, cool-downs, breaker),
                      failover.py (the retry loop's decisions), health.py (probes), cluster.py
                      (the Redis link between workers and replicas)

@@ -20,7 +20,7 @@ import msgspec
 from litestar import Litestar, Request
 from litestar.response import Response
 
-from app.edge import anthropic, handlers, usage
+from app.edge import anthropic, handlers, keys_api, usage
 from app.edge.cost_reports import catalog_drift, catalog_gpu_cost
 from app.edge.openai_chat import chat_completions, openai_models
 from app.edge.openai_completions import text_completions
@@ -52,6 +52,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
             text_completions,
             openai_models,
             anthropic.router,
+            keys_api.router,
             handlers.list_models,
             handlers.healthz,
             handlers.readyz,

@@ -1,5 +1,6 @@
-"""The `switchyard` console script (config.md): serve, db upgrade/downgrade, catalog sync, usage
-(app/cli_usage.py), mock-upstream (and `catalog drift` / `catalog gpu-cost`, in `app.cli_cost`).
+"""The `switchyard` console script (config.md): serve, db upgrade/downgrade, catalog sync, keys
+(`app.cli_keys`), usage (`app.cli_usage`), mock-upstream (and `catalog drift` / `catalog gpu-cost`,
+in `app.cli_cost`).
 
 Exit codes: 0 success, 2 bad usage or invalid configuration (the message names the key), 1 anything
 else. `serve` prepares the database once in the parent process (migrations on the embedded SQLite
@@ -25,7 +26,7 @@ import uvicorn
 from sqlalchemy.engine import make_url
 from uvicorn.supervisors import Multiprocess
 
-from app import cli_cost, cli_usage
+from app import cli_cost, cli_keys, cli_usage
 from app.logging import configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine
@@ -57,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_cost.register(catalog, _config_option)
 
     cli_usage.add_parser(commands)
+    cli_keys.add_parser(commands, _config_option)
     commands.add_parser("mock-upstream", help="a scripted OpenAI-compatible upstream", add_help=False)
     return parser
 
@@ -93,6 +95,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _serve(args, settings)
     if args.command == "usage":
         return cli_usage.run(args, settings)
+    if args.command == "keys":
+        return cli_keys.run(args, settings)
     if args.command == "db":
         if args.db_command == "upgrade":
             upgrade(settings.database.url)
@@ -175,6 +179,7 @@ async def _prepare(settings: Settings) -> None:
     engine = open_engine(settings.database.url)
     try:
         await prepare_database(settings, engine)
+        await cli_keys.check_shared_limits(settings, engine)
     finally:
         await engine.dispose()
 

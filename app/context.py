@@ -6,7 +6,8 @@ fields later. The request's own data (messages, tools …) stays in `CompletionR
 happened to it is the pipeline's `Outcome`. The ledger row is a function of those two
 (`app.pipeline.accounting.ledger_record`).
 
-`Principal` is the caller's identity: empty (`ANONYMOUS`) until API keys exist (access.md).
+`Principal` is the caller's identity: the API key that authenticated the request at the edge
+(`app.access`), `ANONYMOUS` with `[auth] mode = "none"`.
 """
 
 from __future__ import annotations
@@ -40,12 +41,15 @@ class RequestContext(Struct, frozen=True, kw_only=True):
     started: float  # `time.perf_counter()`, for latency and time to first token
 
 
-def new_context(request_id: str, ingress: Ingress, *, stream: bool, deadline: float) -> RequestContext:
+def new_context(
+    request_id: str, ingress: Ingress, *, stream: bool, deadline: float, principal: Principal = ANONYMOUS
+) -> RequestContext:
     return RequestContext(
         request_id=request_id,
         ingress=ingress,
         stream=stream,
         deadline=deadline,
+        principal=principal,
         started_at=datetime.now(UTC),
         started=time.perf_counter(),
     )

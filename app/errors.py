@@ -11,9 +11,12 @@
       UnsupportedMediaType 415   invalid_request_error   (closes the connection)
       HeadersTooLarge      431   invalid_request_error   (closes the connection)
       AtCapacity           429   rate_limit_error        (Retry-After)
+      KeyRateLimited       429   rate_limit_error        an API key's rpm/tpm/max_concurrency (Retry-After)
+      BudgetExceeded       429   insufficient_quota      an API key's budget (Retry-After unless `total`)
       AllBackendsFailed    502   upstream_error
       NoBackendAvailable   503   unavailable             (Retry-After)
       UsageNotRecordable   503   unavailable             (the ledger's journal cannot be written)
+      LimitsUnavailable    503   unavailable             Redis unreachable for a key with limits
       UpstreamTimeout      504   upstream_error
       InternalError        500   internal_error          (never carries internal detail)
 
@@ -25,6 +28,9 @@ An error raised before the request body was read to its end (`closes_connection`
 `connection: close`: the rest of that body would otherwise keep the connection busy for as long as
 the client cares to trickle it. A client-supplied value quoted in a message goes through `clip`,
 so a 5 MB model name makes a short error, not a 10 MB one.
+
+`extra_headers` carries headers that belong to the request rather than the error (an API key's
+`x-ratelimit-*`, access.md): whoever knows them sets them before the error is rendered.
 """
 
 from __future__ import annotations
@@ -53,9 +59,12 @@ class GatewayError(Exception):
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        self.extra_headers: dict[str, str] | None = None
 
     def headers(self) -> dict[str, str]:
         headers = {"connection": "close"} if self.closes_connection else {}
+        if self.extra_headers:
+            headers.update(self.extra_headers)
         if self.retry_after is not None:
             headers["retry-after"] = str(max(1, math.ceil(self.retry_after)))
         return headers
@@ -120,6 +129,21 @@ class HeadersTooLarge(GatewayError):
 class AtCapacity(GatewayError):
     status_code = 429
     type = "rate_limit_error"
+
+
+class KeyRateLimited(GatewayError):
+    status_code = 429
+    type = "rate_limit_error"
+
+
+class BudgetExceeded(GatewayError):
+    status_code = 429
+    type = "insufficient_quota"
+
+
+class LimitsUnavailable(GatewayError):
+    status_code = 503
+    type = "unavailable"
 
 
 class AllBackendsFailed(GatewayError):

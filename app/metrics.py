@@ -165,6 +165,11 @@ class Metrics:
             "Cost in USD by model, provider and source (a float for dashboards; the ledger is exact).",
             ("model", "provider", "source"),
         )
+        self.limits_local = Counter(
+            "switchyard_limits_local_total",
+            "Admissions of limited API keys decided by this process alone: Redis unreachable, [auth] fail_open.",
+            (),
+        )
         pair = ("model", "provider")
         self.duration = Histogram(
             "switchyard_request_duration_seconds", "Time from request to its last byte.", pair, SECONDS
@@ -190,6 +195,7 @@ class Metrics:
             self.disabled,
             self.tokens,
             self.cost,
+            self.limits_local,
         ]
 
     def histograms(self) -> list[Histogram]:

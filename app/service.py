@@ -9,7 +9,8 @@ the last successful load (`catalog.saved_snapshot`), and rows wait in the journa
 bounded (`LEDGER_CLOSE_S`, `ENGINE_DISPOSE_S`), so SIGTERM during an outage exits promptly and
 leaves the unwritten rows in the journal for the next start. With `[redis]` configured it also
 links this process to the other workers and replicas (`app.routing.cluster`) before the first
-request. Nothing here runs at import time.
+request. With `[auth] mode = "keys"` it loads every API key into memory and builds the access
+gate (`app.access`). Nothing here runs at import time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.access.gate import AccessGate
+from app.access.keyring import KeyRing
 from app.exposition import GatewayCollector
 from app.logging import LineWriter, get_logger
 from app.metrics import Metrics
@@ -67,6 +70,7 @@ class Service:
         self.health: HealthMonitor | None = None
         self.cluster: ClusterLink | None = None
         self._journal_task: asyncio.Task[None] | None = None
+        self.access: AccessGate | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -111,6 +115,10 @@ class Service:
         record = self.ledger.submit if ledger.enabled else _discard
         if not ledger.enabled:
             self.log.warning("ledger_disabled", reason="[ledger] enabled = false: requests are not recorded")
+        if settings.auth.mode == "keys":
+            keyring = KeyRing(self.engine, settings.auth, settings.redis, self.log)
+            await keyring.start()
+            self.access = AccessGate(settings, self.engine, keyring, self.log, self.metrics.limits_local)
         self.pipeline = Pipeline(
             self.router,
             record,
@@ -118,6 +126,7 @@ class Service:
             self.metrics,
             routing.probe_interval_s,
             GpuTime(gpu_hour_rates(settings)),
+            self.access,
         )
         self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log, routing.quota_recheck_s)
         self.health.start()
@@ -131,6 +140,9 @@ class Service:
             self.log_writer.stop()
         if self.health is not None:
             await self.health.stop()
+        if self.access is not None:
+            await self.access.keyring.stop()
+            await self.access.close()
         if self.cluster is not None:
             await self.cluster.stop()
         if self._journal_task is not None:

@@ -77,7 +77,11 @@ class DatabaseSettings(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class AuthSettings(Struct, frozen=True, forbid_unknown_fields=True):
-    mode: Literal["none"] = "none"  # "keys" arrives with API keys and limits
+    """`none`: anyone who reaches the port may call (local development); `keys`: access.md."""
+
+    mode: Literal["none", "keys"] = "none"
+    admin_key_env: str = "SWITCHYARD_ADMIN_KEY"  # the admin key's secret, for /api/v1/keys and all usage
+    fail_open: bool = False  # limited keys with Redis unreachable: 503 (false) or each process's share (true)
 
 
 class CatalogSettings(Struct, frozen=True, forbid_unknown_fields=True):

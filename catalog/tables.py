@@ -299,3 +299,27 @@ class UsageHourly(Base):
     authoritative_cost_usd: Mapped[Decimal | None] = mapped_column(
         ExactDecimal(ROLLUP_COST_PRECISION, COST_SCALE), nullable=True
     )
+
+
+class ApiKey(Base):
+    """One API key (access.md). The secret itself is never stored: `secret_hash` is the hex SHA-256
+    of it (random 32-byte secrets need no salt or slow hash), `prefix` what lists show (`sy-3fA9`).
+    `updated_at` changes with every change, so a process polling the table sees what the CLI did."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(200))
+    owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    budget_usd: Mapped[Decimal | None] = mapped_column(_price_column(), nullable=True)
+    budget_period: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -20,24 +20,29 @@ about `WATCH_AFTER_S` after the body was read (one sweeping timer for all reques
 most answers from a local server take less, and a watcher task per request would cost more than
 the sweep (the server keeps the disconnect, so a client gone before the watch starts is seen at
 once when it does).
+
+API keys. With `[auth] mode = "keys"` every door authenticates here, once its body is read (an
+unread body would keep the connection busy) and before it is translated: a 401 costs no parsing.
+The key becomes the context's `Principal`; its `x-ratelimit-*` headers come back from the pipeline
+on the `Outcome` (JSON) or the `Started` event (streams, `_HeaderTap`), and on errors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, Protocol
 
 from litestar.types import Receive, Scope, Send
 
-from app.context import Ingress, RequestContext, new_context
+from app.context import ANONYMOUS, Ingress, RequestContext, new_context
 from app.edge.guards import check_json_headers
 from app.edge.relay import Relay, StreamRenderer
 from app.errors import MethodNotAllowed, PayloadTooLarge, UsageNotRecordable
 from app.ids import uuid7
-from app.pipeline.events import Outcome
+from app.pipeline.events import Event, Outcome, Started
 from app.service import Service
 from providers.types import AnyRequest
 
@@ -78,20 +83,43 @@ async def serve(
     body = await read_body(receive, server.max_body_bytes)
     if body is None:
         return  # the client went away before sending its body: nobody to answer
+    principal, tapped = ANONYMOUS, False
+    if service.access is not None:
+        key = service.access.keyring.authenticate(scope["headers"])
+        principal, tapped = key.principal, key.record.rpm is not None or key.record.tpm is not None
     door = translate(body, service)
     if not service.recording:
         raise UsageNotRecordable("usage cannot be recorded")
     deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
-    ctx = new_context(request_id, ingress, stream=door.stream, deadline=deadline)
+    ctx = new_context(request_id, ingress, stream=door.stream, deadline=deadline, principal=principal)
     mark_routed(scope)
     with DisconnectWatch(receive) as watch:
         if not ctx.stream:
             outcome = await service.pipeline.complete(ctx, door.request)
             watch.stop()
-            await send_json(send, door.answer(ctx, outcome), request_id)
+            await send_json(send, door.answer(ctx, outcome), request_id, extra=outcome.headers)
             return
-        relay = Relay(service.pipeline.stream(ctx, door.request), door.renderer(ctx), server.sse_keepalive_s)
-        await send_stream(relay, send, request_id, watch)
+        events = service.pipeline.stream(ctx, door.request)
+        tap = _HeaderTap(events) if tapped else None
+        relay = Relay(events if tap is None else tap.events(), door.renderer(ctx), server.sse_keepalive_s)
+        await send_stream(relay, send, request_id, watch, tap)
+
+
+class _HeaderTap:
+    """Keeps the `Started` event's headers for the response head (a key's `x-ratelimit-*`)."""
+
+    __slots__ = ("headers", "source")
+
+    def __init__(self, source: AsyncGenerator[Event, None]) -> None:
+        self.source = source
+        self.headers: tuple[tuple[bytes, bytes], ...] = ()
+
+    async def events(self) -> AsyncIterator[Event]:
+        async with contextlib.aclosing(self.source) as source:
+            async for event in source:
+                if type(event) is Started:
+                    self.headers = event.headers
+                yield event
 
 
 def begin(scope: Scope, methods: tuple[str, ...] = ("POST",)) -> str:
@@ -202,17 +230,25 @@ class _Sweeper:
 _sweeper = _Sweeper()
 
 
-async def send_json(send: Send, payload: bytes, request_id: str, status: int = 200) -> None:
+async def send_json(
+    send: Send, payload: bytes, request_id: str, status: int = 200, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
     headers = [*JSON_HEADERS, (b"x-request-id", request_id.encode()), (b"content-length", b"%d" % len(payload))]
+    if extra:
+        headers += extra
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-async def send_stream(relay: Relay, send: Send, request_id: str, watch: DisconnectWatch) -> None:
+async def send_stream(
+    relay: Relay, send: Send, request_id: str, watch: DisconnectWatch, tap: _HeaderTap | None = None
+) -> None:
     """The SSE response: started with the relay's first item (an error before it is raised, for
     the ingress's error renderer), then every frame as it comes."""
     first = await relay.first()
     headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
+    if tap is not None:
+        headers += tap.headers
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     async with contextlib.aclosing(relay.frames(first)) as frames:
         async for chunk in frames:

@@ -4,7 +4,8 @@ Both take `from` (inclusive) and `to` (exclusive) as the usage report does — I
 30 days by default (`catalog.report_period`) — and answer the report's JSON (`catalog.drift`,
 `catalog.gpu_cost`). A bad value is a 400 `invalid_request_error` whose `param` names it, in
 api.md's error shape (raised here, rendered by the app's one error handler). The queries run on
-the service's engine, off the hot path; each is one grouped SQL aggregate.
+the service's engine, off the hot path; each is one grouped SQL aggregate. With `[auth] mode =
+"keys"` they are the admin key's: they cover every key's traffic.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from litestar import Request, get
 from litestar.datastructures import State
 from litestar.response import Response
 
+from app.edge.key_guard import require_admin
 from app.errors import InvalidRequest
 from app.service import Service
 from catalog.drift import price_drift
@@ -32,7 +34,7 @@ def _period(request: Request[object, object, State]) -> Period:
         raise InvalidRequest(exc.message, param=exc.param) from None
 
 
-@get("/api/v1/catalog/drift")
+@get("/api/v1/catalog/drift", guards=[require_admin])
 async def catalog_drift(request: Request[object, object, State], state: State) -> Response[bytes]:
     period = _period(request)
     service: Service = state.service
@@ -40,7 +42,7 @@ async def catalog_drift(request: Request[object, object, State], state: State) -
     return Response(_encoder.encode(await price_drift(service.engine, period)), media_type=_JSON)
 
 
-@get("/api/v1/catalog/gpu-cost")
+@get("/api/v1/catalog/gpu-cost", guards=[require_admin])
 async def catalog_gpu_cost(request: Request[object, object, State], state: State) -> Response[bytes]:
     period = _period(request)
     service: Service = state.service

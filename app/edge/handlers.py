@@ -12,12 +12,14 @@ is failing or rows are waiting in the journal), `unwritable` (the journal cannot
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
-from litestar import get
+from litestar import Request, get
 from litestar.datastructures import State
 from litestar.response import Response
 
+from app.edge.key_guard import require_key, visible
 from app.edge.models_view import model_list
 from app.exposition import CONTENT_TYPE
 from app.service import Service
@@ -32,12 +34,15 @@ def _service(state: State) -> Service:
     return service
 
 
-@get("/api/v1/models")
-async def list_models(state: State) -> Response[bytes]:
+@get("/api/v1/models", guards=[require_key])
+async def list_models(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Every model, or with API keys the models the caller's key may use."""
     router = _service(state).router
     assert router is not None
     now = asyncio.get_running_loop().time()
-    return Response(_plain_encoder.encode(model_list(router, now)), media_type=_JSON)
+    models = model_list(router, now)
+    models.data = [view for view in models.data if visible(request, view.id)]
+    return Response(_plain_encoder.encode(models), media_type=_JSON)
 
 
 @get("/metrics")

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from litestar import asgi, get
+from litestar import Request, asgi, get
 from litestar.datastructures import State
 from litestar.response import Response
 from litestar.types import Receive, Scope, Send
@@ -36,6 +36,7 @@ from msgspec import UNSET
 from app.context import RequestContext
 from app.edge import openai_format as fmt
 from app.edge.asgi import serve
+from app.edge.key_guard import require_key, visible
 from app.edge.openai_format import created_of, usage_of
 from app.edge.openai_translate import decode_chat, to_request
 from app.errors import GatewayError, stream_error_view
@@ -72,13 +73,14 @@ def _translate(body: bytes, _service: Service) -> _Chat:
     return _Chat(decode_chat(body))
 
 
-@get("/v1/models")
-async def openai_models(state: State) -> Response[bytes]:
-    """Catalog ids, not aliases (every model, until API keys say which a caller may use)."""
+@get("/v1/models", guards=[require_key])
+async def openai_models(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Catalog ids, not aliases; with API keys, only the models the caller's key may use."""
     service: Service = state.service
     assert service.router is not None
     created = int(time.time())
-    cards = [fmt.ModelCard(id=entry.id, created=created) for entry in service.router.snapshot.models]
+    models = service.router.snapshot.models
+    cards = [fmt.ModelCard(id=entry.id, created=created) for entry in models if visible(request, entry.id)]
     return Response(fmt.encoder.encode(fmt.ModelCards(data=cards)), media_type="application/json")
 
 

@@ -5,9 +5,10 @@ Parameters are parsed once (`catalog.usage_query.parse_query`); a bad one is a 4
 error shape with `param` naming it (the page shows the same message in its own HTML, status 400).
 A parameter given twice (`model=a&model=b`) means both, like `model=a,b`.
 
-Who sees what (access.md): with API keys a non-admin key's reports hold its own rows only. The
-seam is `visible_key(request)`: the key id the report is restricted to, or None for everything.
-Until keys exist (and for the admin key) it is None.
+Who sees what (access.md): with `[auth] mode = "keys"` every route here needs a key
+(`app.edge.key_guard`; the page asks a browser for it with HTTP Basic authentication), and a
+non-admin key's reports hold its own rows only (`visible_key`: None, everything, for the admin
+key and without keys).
 
 The chart library is the `plotly` package's own offline bundle (`plotly/package_data`), read from
 the installed package on first use and served with the package's version in its URL, so browsers
@@ -31,6 +32,7 @@ from litestar.datastructures import State
 from litestar.params import FromPath
 from litestar.response import Response
 
+from app.edge.key_guard import require_key, require_page_key, visible_key
 from app.edge.spend_page import render_page
 from app.errors import InvalidRequest, NotFound
 from app.service import Service
@@ -39,13 +41,6 @@ from catalog.usage_report import usage_report
 
 _encoder = msgspec.json.Encoder()
 _JS_CACHE = "public, max-age=31536000, immutable"
-
-
-def visible_key(request: Request[Any, Any, Any]) -> str | None:
-    """The API key id whose rows this caller may see, or None: all rows (no keys, or the admin key).
-
-    The keys mode fills this from the request's `Principal` (a non-admin key: its own key id)."""
-    return None
 
 
 def _params(request: Request[Any, Any, Any]) -> dict[str, str]:
@@ -66,7 +61,7 @@ def _service(state: State) -> Service:
     return service
 
 
-@get("/api/v1/usage")
+@get("/api/v1/usage", guards=[require_key])
 async def usage(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     engine = _service(state).engine
     assert engine is not None
@@ -74,7 +69,7 @@ async def usage(request: Request[Any, Any, Any], state: State) -> Response[bytes
     return Response(_encoder.encode(report), media_type="application/json")
 
 
-@get("/usage")
+@get("/usage", guards=[require_page_key])
 async def spend_page(request: Request[Any, Any, Any], state: State) -> Response[str]:
     engine = _service(state).engine
     assert engine is not None
@@ -102,7 +97,7 @@ def _plotly_bundle() -> tuple[bytes, bytes]:
     return plain, gzip.compress(plain, compresslevel=6, mtime=0)
 
 
-@get("/usage/plotly/{version:str}/plotly.min.js")
+@get("/usage/plotly/{version:str}/plotly.min.js", guards=[require_page_key])
 async def plotly_script(request: Request[Any, Any, Any], version: FromPath[str]) -> Response[bytes]:
     if version != metadata.version("plotly"):
         raise NotFound(f"no chart library version {version[:32]!r} here")

@@ -50,6 +50,7 @@ STOP_REASONS: dict[str, StopReason] = {
 class Started(Struct, frozen=True):
     model: str
     provider: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # the API key's `x-ratelimit-*` (app.access.gate)
 
 
 class TextStart(Struct, frozen=True):
@@ -123,6 +124,7 @@ class Outcome(Struct, kw_only=True):
     cost: Cost = UNPRICED
     error: GatewayError | None = None
     first_content: float | None = None  # `time.perf_counter()` of the first content event
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # the API key's `x-ratelimit-*` (app.access.gate)
 
     @property
     def stop_reason(self) -> StopReason | None:

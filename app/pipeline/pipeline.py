@@ -25,6 +25,8 @@ The flow is one direction:
                        row queued (off the request path), the request counted and its canonical
                        line logged — so
                        success, upstream error and client cancellation all leave exactly one row.
+                       A key's reservation (`app.access.gate`, taken once the route is known and
+                       before any backend is tried) is settled here too, to the real cost.
 
 Errors before the answer starts are raised (`GatewayError`): each ingress renders them as an
 ordinary HTTP error in its own shape. `ctx.deadline` bounds the loop: queue waits and attempts
@@ -40,6 +42,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from app.access.gate import AccessGate, Ticket
 from app.context import RequestContext
 from app.errors import AllBackendsFailed, GatewayError, InvalidRequest, UpstreamTimeout
 from app.metrics import Metrics
@@ -79,6 +82,7 @@ class _Run:
         "request",
         "slot",
         "status",
+        "ticket",
     )
 
     def __init__(self, ctx: RequestContext, request: AnyRequest) -> None:
@@ -95,6 +99,7 @@ class _Run:
         self.status: LedgerStatus = "error"
         self.error: GatewayError | None = None
         self.outcome: Outcome | None = None
+        self.ticket: Ticket | None = None  # the API key's reservation, settled in `_close`
 
 
 class Pipeline:
@@ -106,8 +111,10 @@ class Pipeline:
         metrics: Metrics,
         probe_interval_s: float = 10.0,
         gpu_time: GpuTime | None = None,
+        access: AccessGate | None = None,
     ) -> None:
         self.router = router
+        self.access = access
         self._record = record
         self._log = log
         self.metrics = metrics
@@ -133,7 +140,7 @@ class Pipeline:
             self._attempt_ok(run)
             return self._close(run)
         except GatewayError as exc:
-            run.error = exc
+            run.error = _with_headers(exc, run.ticket)
             raise
         except asyncio.CancelledError:
             run.status = "cancelled"
@@ -151,7 +158,7 @@ class Pipeline:
             assert fold is not None
             assert run.model is not None
             assert run.backend is not None
-            yield Started(run.model.id, run.backend.name)
+            yield Started(run.model.id, run.backend.name, run.ticket.headers if run.ticket is not None else ())
             try:
                 for item in fold.out:
                     yield item
@@ -175,7 +182,7 @@ class Pipeline:
                 self._attempt_ok(run)
             yield self._close(run)
         except GatewayError as exc:
-            run.error = exc
+            run.error = _with_headers(exc, run.ticket)
             raise
         except (asyncio.CancelledError, GeneratorExit):
             run.status = "cancelled"
@@ -190,6 +197,9 @@ class Pipeline:
         run.model = model = self.router.resolve_model(request.model, now)
         admit(request, model)
         route = self.router.route(model, request.provider)
+        if self.access is not None:
+            providers = [backend.name for backend in route.backends]
+            run.ticket = await self.access.admit(run.ctx, request, model, providers, self.router.snapshot)
         candidates = Candidates(route.backends, now, self._probe_interval_s)
         failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:
@@ -252,6 +262,8 @@ class Pipeline:
         self._release(run)
         outcome = run.outcome = self._outcome(run)
         try:
+            if run.ticket is not None and self.access is not None:
+                self.access.settle(run.ticket, outcome.cost.usd, _tokens(outcome))
             record = ledger_record(run.ctx, outcome)
             self._record(record)
             self.metrics.request_done(run.ctx, outcome)
@@ -287,6 +299,7 @@ class Pipeline:
             cost=cost,
             error=run.error,
             first_content=run.first_content,
+            headers=run.ticket.headers if run.ticket is not None else (),
         )
 
 
@@ -309,6 +322,26 @@ def _counted_usage(request: AnyRequest, fold: Fold) -> ev.Usage:
         output_tokens=fold.relayed_output,
         reasoning_tokens=fold.relayed_reasoning,
     )
+
+
+def _tokens(outcome: Outcome) -> int:
+    usage = outcome.usage
+    if usage is None:
+        return 0
+    return (
+        usage.input_tokens
+        + usage.output_tokens
+        + usage.reasoning_tokens
+        + usage.cache_read_tokens
+        + usage.cache_write_tokens
+    )
+
+
+def _with_headers(exc: GatewayError, ticket: Ticket | None) -> GatewayError:
+    """An error after admission still tells the key where its limits stand (access.md)."""
+    if ticket is not None and ticket.headers and exc.extra_headers is None:
+        exc.extra_headers = {name.decode(): value.decode() for name, value in ticket.headers}
+    return exc
 
 
 def _mid_answer_error(exc: UpstreamError) -> GatewayError:

@@ -10,7 +10,7 @@ target and the index a time-bounded report reads. The ledger stores keep it in t
 transaction (`catalog.rollup`); here it is filled once from the rows already in the ledger.
 
 Revision ID: 0005
-Revises: 0003 (the lead relinks it to 0004, the API keys table, at merge)
+Revises: 0004
 Create Date: 2026-11-30
 """
 
@@ -26,7 +26,7 @@ from catalog.rollup import DIMENSIONS, KEY, SOURCE, SUMS, TOKENS, postgres_backf
 from catalog.tables import ExactDecimal, UTCDateTime
 
 revision: str = "0005"
-down_revision: str | Sequence[str] | None = "0003"
+down_revision: str | Sequence[str] | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -14,7 +14,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from catalog import migrate
 from catalog.tables import metadata
 
-TABLES = {"models", "model_aliases", "deployments", "prices", "ledger", "usage_hourly"}
+TABLES = {"models", "model_aliases", "deployments", "prices", "ledger", "api_keys", "usage_hourly"}
+FIRST_TABLES = TABLES - {"api_keys", "usage_hourly"}
 LEDGER_INDEXES = {"ix_ledger_reporting": ["started_at", "model", "provider", "api_key_id", "status"]}
 FIRST_LEDGER_INDEXES = {
     "ix_ledger_started_at": ["started_at"],
@@ -52,8 +53,10 @@ async def test_upgrade_downgrade_upgrade(fresh_url: Callable[[], Awaitable[str]]
     await migrate.upgrade_async(url)
     assert await migrate.current_async(url) == migrate.head() == "0005"
     assert await inspect_db(url, _schema) == {"tables": TABLES, "indexes": LEDGER_INDEXES}
+    await migrate.downgrade_async(url, "0003")
+    assert await inspect_db(url, _schema) == {"tables": FIRST_TABLES, "indexes": LEDGER_INDEXES}
     await migrate.downgrade_async(url, "0001")
-    assert await inspect_db(url, _schema) == {"tables": TABLES - {"usage_hourly"}, "indexes": FIRST_LEDGER_INDEXES}
+    assert await inspect_db(url, _schema) == {"tables": FIRST_TABLES, "indexes": FIRST_LEDGER_INDEXES}
     await migrate.downgrade_async(url, "base")
     assert await migrate.current_async(url) is None
     assert await inspect_db(url, _schema) == {"tables": set(), "indexes": {}}

@@ -178,6 +178,7 @@ async def test_exposition_declares_every_family_with_its_type(gw: GatewayHandle)
         "switchyard_provider_disabled": "counter",
         "switchyard_tokens": "counter",
         "switchyard_cost_usd": "counter",
+        "switchyard_limits_local": "counter",
         DURATION: "histogram",
         FIRST_TOKEN: "histogram",
         SPEED: "histogram",

@@ -6,6 +6,8 @@ file and a SQLite database into the test's tmp dir, builds `Settings` through th
 returns a handle with an HTTP client (`redis` adds a `[redis]` table; calling it twice in one test
 gives two gateways on one database, like two workers; `ledger` a `[ledger]` table: the journal is
 `switchyard-journal` in the tmp dir unless it says otherwise). `handle.ledger_rows()` waits for the
+gives two gateways on one database, like two workers; `auth` adds an `[auth]` table).
+`handle.ledger_rows()` waits for the
 ledger writer to flush and returns the rows from SQL.
 
 `provider_table(upstreams, common, **overrides)` is the `[providers]` table for a set of
@@ -96,6 +98,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
         routing: dict[str, Any] | None = None,
         redis: dict[str, Any] | None = None,
         ledger: dict[str, Any] | None = None,
+        auth: dict[str, Any] | None = None,
     ) -> GatewayHandle:
         catalog_dir = tmp_path / "catalog"
         catalog_dir.mkdir(exist_ok=True)
@@ -111,6 +114,8 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
             raw["redis"] = redis
         if ledger is not None:
             raw["ledger"] = ledger
+        if auth is not None:
+            raw["auth"] = auth
         handle = await _serve(raw, tmp_path)
         handles.append(handle)
         return handle

@@ -1,0 +1,260 @@
+"""The access gate: what the pipeline asks about a key once its request's route is known.
+
+    check(entry, model)                 403 when the key may not use the model
+    admit(ctx, request, model, route)   the key's limits: a `Ticket` (a reservation), or a 429/503
+    settle(ticket, cost, tokens)        the reservation becomes the real cost and tokens
+
+`admit` runs after routing decided which backends may serve the request and before any of them
+is tried, so the reservation covers the most expensive of them (`app.access.worstcase`); `settle`
+runs from the pipeline's `_close`, which every request passes once (success, failure, client
+cancellation): a failure without usage settles to 0. Settling is a background task (the pipeline
+closes synchronously), one Redis round trip. A settlement Redis could not take is logged
+(`limits_settle_failed`) and its reservation stays held until the period's record expires: the
+budget errs on the side of refusing, never of overspending.
+
+Limiter choice: Redis when `[redis]` is configured (several processes share it); in-process when
+this is the only process. Several processes without Redis (a key with limits created after
+start-up: the CLI refuses to start that way) are treated like Redis being down. Redis down:
+`LimitsUnavailable` (503, `limits cannot be checked`), or with `[auth] fail_open` this process's
+share of every limit (`LocalLimiter(share=processes)`), logged once per outage and counted in
+`switchyard_limits_local_total`.
+
+Response headers (OpenAI's): `x-ratelimit-{limit,remaining,reset}-requests` when the key has
+`rpm`, and `-tokens` when it has `tpm`; a key with only a budget or a concurrency cap gets none
+(no request or token window to describe). Resets are durations in OpenAI's style (`1s`, `6m0s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.access.keyring import Entry, KeyRing
+from app.access.limiter import Ask, Limiter, LimiterDown, LocalLimiter, Verdict
+from app.access.redis_limiter import RedisLimiter
+from app.access.worstcase import (
+    from_nano,
+    input_bound,
+    output_bound,
+    period_bounds,
+    seconds_until,
+    show_usd,
+    to_nano,
+    worst_cost_nano,
+    worst_rates,
+)
+from app.context import RequestContext
+from app.errors import BudgetExceeded, GatewayError, KeyRateLimited, LimitsUnavailable, PermissionDenied, clip
+from app.metrics import Counter
+from app.settings import Settings
+from catalog.keys import KeyRecord, spent_since
+from catalog.snapshot import CatalogSnapshot, ModelEntry
+from providers.types import AnyRequest
+
+Headers = tuple[tuple[bytes, bytes], ...]
+DAY_S = 86_400
+
+
+class Ticket:
+    """One admitted request's reservation, until it is settled."""
+
+    __slots__ = ("ask", "headers", "limiter", "second")
+
+    def __init__(self, ask: Ask, second: int, limiter: Limiter, headers: Headers) -> None:
+        self.ask = ask
+        self.second = second
+        self.limiter = limiter
+        self.headers = headers
+
+
+class AccessGate:
+    def __init__(self, settings: Settings, engine: AsyncEngine, keyring: KeyRing, log: Any, counter: Counter) -> None:
+        self.keyring = keyring
+        self._engine = engine
+        self._log = log
+        self._counter = counter
+        self._fail_open = settings.auth.fail_open
+        processes = settings.server.workers * settings.server.replicas
+        self._shared: RedisLimiter | None = RedisLimiter(settings.redis) if settings.redis is not None else None
+        self._alone = processes == 1
+        self._local = LocalLimiter(share=processes)
+        self._outage = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        timeouts = [p.timeouts.total for p in settings.providers.values()] or [600.0]
+        self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=2.0)
+        if self._shared is not None:
+            await self._shared.close()
+
+    # -- permission ----------------------------------------------------------------------------
+
+    @staticmethod
+    def allows(record: KeyRecord, model_id: str) -> bool:
+        return record.models is None or model_id in record.models
+
+    def check(self, key_id: str, model: ModelEntry) -> Entry | None:
+        """The key's entry (None: revoked meanwhile, so no limits apply); 403 for a model it may not use."""
+        entry = self.keyring.by_id.get(key_id)
+        if entry is not None and not self.allows(entry.record, model.id):
+            raise PermissionDenied(f"this API key may not use model '{clip(model.id)}'")
+        return entry
+
+    # -- admission -----------------------------------------------------------------------------
+
+    async def admit(
+        self,
+        ctx: RequestContext,
+        request: AnyRequest,
+        model: ModelEntry,
+        providers: list[str],
+        snapshot: CatalogSnapshot,
+    ) -> Ticket | None:
+        key_id = ctx.principal.key_id
+        if key_id is None:
+            return None
+        entry = self.check(key_id, model)
+        if entry is None or not entry.record.limited:
+            return None
+        ask = self._ask(entry.record, ctx, request, model, providers, snapshot)
+        try:
+            limiter = self._limiter()
+            verdict = await self._decide(limiter, ask, ctx.started_at)
+            self._outage = False
+        except LimiterDown as exc:
+            if not self._fail_open:
+                raise LimitsUnavailable("limits cannot be checked") from None
+            self._note_outage(exc)
+            limiter = self._local
+            verdict = await self._decide(limiter, ask, ctx.started_at)
+        headers = rate_headers(entry.record, verdict)
+        if verdict.refused is not None:
+            raise _refusal(entry.record, verdict, headers, ctx.started_at)
+        return Ticket(ask, verdict.second, limiter, headers)
+
+    def _limiter(self) -> Limiter:
+        if self._shared is not None:
+            return self._shared
+        if self._alone:
+            return self._local
+        raise LimiterDown("several processes share these limits, and [redis] is not configured")
+
+    def _ask(
+        self,
+        record: KeyRecord,
+        ctx: RequestContext,
+        request: AnyRequest,
+        model: ModelEntry,
+        providers: list[str],
+        snapshot: CatalogSnapshot,
+    ) -> Ask:
+        cost, budget, period, ttl = 0, -1, "total", 0
+        tokens_in = input_bound(request)
+        tokens_out = output_bound(request, model) if record.budget_usd is not None or record.tpm is not None else 0
+        if record.budget_usd is not None:
+            rates = worst_rates(snapshot, model, providers, ctx.started_at)
+            cost, budget = worst_cost_nano(tokens_in, tokens_out, rates), to_nano(record.budget_usd)
+            period, _start, end = period_bounds(record.budget_period or "total", ctx.started_at)
+            ttl = int(seconds_until(end, ctx.started_at) or 0) + DAY_S if end is not None else 0
+        return Ask(
+            key_id=record.id,
+            request_id=ctx.request_id,
+            period=period,
+            budget_ttl_s=ttl,
+            rpm=record.rpm if record.rpm is not None else -1,
+            tpm=record.tpm if record.tpm is not None else -1,
+            tokens=tokens_in + tokens_out if record.tpm is not None else 0,
+            max_concurrency=record.max_concurrency if record.max_concurrency is not None else -1,
+            hold_ms=self._hold_ms,
+            budget=budget,
+            cost=cost,
+        )
+
+    async def _decide(self, limiter: Limiter, ask: Ask, now: datetime) -> Verdict:
+        verdict = await limiter.admit(ask)
+        if verdict.refused == "budget_missing":
+            record = self.keyring.by_id[ask.key_id].record
+            _tag, start, _end = period_bounds(record.budget_period or "total", now)
+            await limiter.load_spend(ask, to_nano(await spent_since(self._engine, ask.key_id, start)))
+            verdict = await limiter.admit(ask)
+        return verdict
+
+    def _note_outage(self, exc: LimiterDown) -> None:
+        self._counter.inc(())
+        if not self._outage:
+            self._outage = True
+            self._log.error("limits_local", reason=str(exc), detail="[auth] fail_open: this process enforces its share")
+
+    # -- settlement ----------------------------------------------------------------------------
+
+    def settle(self, ticket: Ticket, cost: Decimal | None, tokens: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._settle(ticket, to_nano(cost), tokens))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(self, ticket: Ticket, cost: int, tokens: int) -> None:
+        try:
+            await ticket.limiter.settle(ticket.ask, ticket.second, tokens, cost)
+        except LimiterDown as exc:
+            self._log.error("limits_settle_failed", key_id=ticket.ask.key_id, reason=str(exc))
+
+    # -- the key's own view --------------------------------------------------------------------
+
+    async def spend(self, record: KeyRecord, now: datetime) -> tuple[Decimal, datetime | None, datetime | None]:
+        """Spent in the key's current budget period (all time without a budget), and the period."""
+        tag, start, end = period_bounds(record.budget_period or "total", now)
+        limiter = self._shared if self._shared is not None else self._local
+        try:
+            known = await limiter.spend(record.id, tag) if record.budget_usd is not None else None
+        except LimiterDown:
+            known = None
+        if known is not None:
+            return from_nano(known[0]), start, end
+        return await spent_since(self._engine, record.id, start), start, end
+
+
+def rate_headers(record: KeyRecord, verdict: Verdict) -> Headers:
+    headers: list[tuple[bytes, bytes]] = []
+    if record.rpm is not None:
+        headers += [
+            (b"x-ratelimit-limit-requests", b"%d" % record.rpm),
+            (b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests),
+            (b"x-ratelimit-reset-requests", duration(verdict.retry_after or verdict.reset_requests_s).encode()),
+        ]
+    if record.tpm is not None:
+        headers += [
+            (b"x-ratelimit-limit-tokens", b"%d" % record.tpm),
+            (b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens),
+            (b"x-ratelimit-reset-tokens", duration(verdict.retry_after or verdict.reset_tokens_s).encode()),
+        ]
+    return tuple(headers)
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's reset format: `20ms`, `1.5s`, `6m0s`."""
+    if seconds < 1:
+        return f"{int(seconds * 1000)}ms"
+    minutes, rest = divmod(seconds, 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".")
+    return f"{int(minutes)}m{text}s" if minutes else f"{text}s"
+
+
+def _refusal(record: KeyRecord, verdict: Verdict, headers: Headers, now: datetime) -> GatewayError:
+    error: GatewayError
+    if verdict.refused == "budget":
+        period = record.budget_period or "total"
+        _tag, _start, end = period_bounds(period, now)
+        spent, budget = show_usd(from_nano(verdict.spent)), show_usd(record.budget_usd or Decimal(0))
+        message = f"budget exceeded: spent ${spent} of ${budget} this {period}"
+        error = BudgetExceeded(message, retry_after=seconds_until(end, now))
+    else:
+        which = verdict.refused
+        error = KeyRateLimited(f"rate limit reached for this API key ({which})", retry_after=verdict.retry_after)
+    error.extra_headers = {name.decode(): value.decode() for name, value in headers}
+    return error

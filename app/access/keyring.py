@@ -1,0 +1,178 @@
+"""Every API key in memory, by the hash of its secret: authentication without a database call.
+
+`authenticate(headers)` reads `Authorization: Bearer <key>` or `x-api-key: <key>`, hashes the
+secret (SHA-256) and looks the hash up in a dict: the secret is never compared as text, and the
+lookup takes the same path for every unknown key. Missing, unknown, revoked and expired keys get
+the same 401. The admin key (its secret in the environment variable `[auth] admin_key_env`) is a
+key like the others, with the id `admin`, no limits and every right.
+
+Changes reach the ring three ways:
+- at once, in the process that made them over HTTP (`apply`);
+- through Redis pub/sub (`{prefix}:keys`, the message is the key id) from any process or the
+  CLI: the receiver reloads that key from the database — within a second everywhere;
+- by polling the table (`POLL_S`, every `REDIS_POLL_S` with Redis as a safety net for a missed
+  message), for CLI changes when there is no Redis: within 5 seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.context import Principal
+from app.errors import AuthenticationFailed
+from app.settings import AuthSettings, RedisSettings
+from catalog.keys import KeyRecord, get_key, hash_secret, list_keys
+
+POLL_S = 2.0
+REDIS_POLL_S = 10.0
+ADMIN_ID = "admin"
+INVALID = "invalid or missing API key"
+_BEARER = b"bearer "
+_BASIC = b"basic "
+
+
+def keys_channel(redis: RedisSettings) -> str:
+    return f"{redis.key_prefix}:keys"
+
+
+def _basic_password(token: bytes) -> bytes | None:
+    """The password of an HTTP Basic credential (`user:password`, base64): the spend page's key."""
+    try:
+        decoded = base64.b64decode(token, validate=True)
+    except ValueError:
+        return None
+    return decoded.partition(b":")[2] or None
+
+
+class Entry:
+    """A usable key as the edge needs it: the record, its principal, its expiry as a timestamp."""
+
+    __slots__ = ("admin", "expires", "principal", "record")
+
+    def __init__(self, record: KeyRecord, admin: bool = False) -> None:
+        self.record = record
+        self.principal = Principal(record.id, record.owner)
+        self.expires = record.expires_at.timestamp() if record.expires_at is not None else None
+        self.admin = admin
+
+
+class KeyRing:
+    def __init__(self, engine: AsyncEngine, auth: AuthSettings, redis: RedisSettings | None, log: Any) -> None:
+        self._engine = engine
+        self._redis_settings = redis
+        self._log = log
+        self._by_hash: dict[str, Entry] = {}
+        self.by_id: dict[str, Entry] = {}
+        self._admin: Entry | None = None
+        secret = os.environ.get(auth.admin_key_env)
+        if secret:
+            now = datetime.now(UTC)
+            record = KeyRecord(
+                id=ADMIN_ID, secret_hash=hash_secret(secret), prefix="", name="admin", created_at=now, updated_at=now
+            )
+            self._admin = Entry(record, admin=True)
+        else:
+            log.warning("admin_key_missing", reason=f"{auth.admin_key_env} is unset: /api/v1/keys answers 403")
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def authenticate(self, headers: Iterable[tuple[bytes, bytes]]) -> Entry:
+        secret = None
+        for name, value in headers:
+            if name == b"authorization":
+                if value[:7].lower() == _BEARER:
+                    secret = value[7:].strip()
+                elif value[:6].lower() == _BASIC:
+                    secret = _basic_password(value[6:].strip())
+            elif name == b"x-api-key":
+                secret = value.strip()
+        entry = self._by_hash.get(hash_secret(secret.decode("latin-1"))) if secret else None
+        if entry is None or (entry.expires is not None and entry.expires <= datetime.now(UTC).timestamp()):
+            raise AuthenticationFailed(INVALID)
+        return entry
+
+    # -- keeping the ring current ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.reload()
+        interval = REDIS_POLL_S if self._redis_settings is not None else POLL_S
+        self._tasks = [asyncio.create_task(self._poll(interval))]
+        if self._redis_settings is not None:
+            self._tasks.append(asyncio.create_task(self._listen(self._redis_settings)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def reload(self) -> None:
+        """Every key from the database (replacing the whole ring at once)."""
+        entries = [Entry(record) for record in await list_keys(self._engine) if record.revoked_at is None]
+        if self._admin is not None:
+            entries.append(self._admin)
+        self._by_hash = {entry.record.secret_hash: entry for entry in entries}
+        self.by_id = {entry.record.id: entry for entry in entries}
+
+    def apply(self, record: KeyRecord) -> None:
+        """One key as it now is (revoked: gone from the ring)."""
+        old = self.by_id.pop(record.id, None)
+        if old is not None:
+            self._by_hash.pop(old.record.secret_hash, None)
+        if record.revoked_at is None:
+            entry = Entry(record)
+            self.by_id[record.id] = self._by_hash[record.secret_hash] = entry
+
+    async def reload_one(self, key_id: str) -> None:
+        record = await get_key(self._engine, key_id)
+        if record is not None:
+            self.apply(record)
+
+    async def _poll(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.reload()
+            except Exception as exc:  # the database is down: keep the keys known, try again later
+                self._log.warning("keys_reload_failed", error=type(exc).__name__)
+
+    async def _listen(self, settings: RedisSettings) -> None:
+        """Reload the keys named on the channel; after a reconnect, reload them all."""
+        while True:
+            redis = Redis.from_url(settings.url, socket_connect_timeout=1.0)
+            try:
+                async with redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(keys_channel(settings))
+                    await self.reload()
+                    async for message in pubsub.listen():
+                        await self.reload_one(bytes(message["data"]).decode())
+            except (RedisError, OSError):
+                await asyncio.sleep(1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._log.exception("keys_listener_failed")
+                await asyncio.sleep(1.0)
+            finally:
+                await redis.aclose()
+
+
+async def announce(redis: RedisSettings, key_id: str) -> None:
+    """Tell every process to reload `key_id` (best effort: the poll catches a lost message)."""
+    client = Redis.from_url(redis.url, socket_connect_timeout=1.0, socket_timeout=1.0)
+    try:
+        await client.publish(keys_channel(redis), key_id)
+    except (RedisError, OSError):
+        pass
+    finally:
+        await client.aclose()

@@ -1,0 +1,186 @@
+"""The limiter's contract, and its in-process implementation (no Redis, or Redis down with fail_open).
+
+An admission (`Ask`) is decided atomically against four counters of one key, and counted only if
+every one of them lets it pass:
+
+    budget            spent + reserved + cost ≤ budget, per UTC period (whole nano-dollars)
+    rpm               admitted requests in the sliding minute ≤ rpm
+    tpm               tokens reserved or used in the sliding minute + this request's ≤ tpm
+    max_concurrency   requests of the key in flight < max_concurrency
+
+The sliding minute is 60 one-second buckets (by admission second): exact to the second, and
+bounded work per admission whatever the traffic. A settlement (`settle`) replaces the tokens and
+the cost reserved by the real ones, in the admission's bucket and period, and ends the request's
+concurrency entry. A concurrency entry also expires after `Ask.hold_ms`, so a process that died
+mid-request does not hold a slot for ever.
+
+`budget_missing` answers an admission whose period's spend is not loaded yet: the gate loads the
+ledger's sum (`load_spend`, set only if still absent, so concurrent loaders agree) and asks again.
+
+`LocalLimiter(share=n)` keeps the same state in this process; with `share` > 1 (fail-open with
+several processes) it enforces 1/n of each limit and of the budget left when it took over.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Literal, Protocol
+
+from msgspec import Struct
+
+Refusal = Literal["budget", "rpm", "tpm", "max_concurrency", "budget_missing"]
+WINDOW_S = 60
+
+
+class Ask(Struct, frozen=True, kw_only=True):
+    """One admission: -1 (or None) where the key has no such limit."""
+
+    key_id: str
+    request_id: str
+    period: str  # the budget period's tag (`d20261130`, `m202611`, `total`)
+    budget_ttl_s: int  # how long the period's spend is kept (0: for ever)
+    rpm: int = -1
+    tpm: int = -1
+    tokens: int = 0
+    max_concurrency: int = -1
+    hold_ms: int = 600_000
+    budget: int = -1  # nano-dollars
+    cost: int = 0  # nano-dollars
+
+
+class Verdict(Struct, frozen=True, kw_only=True):
+    refused: Refusal | None = None
+    retry_after: float | None = None
+    second: int = 0  # the admission's bucket, for its settlement
+    remaining_requests: int = 0
+    reset_requests_s: float = 0.0
+    remaining_tokens: int = 0
+    reset_tokens_s: float = 0.0
+    spent: int = 0  # nano-dollars settled this period, when refused for the budget
+
+
+class LimiterDown(Exception):
+    """The shared limiter could not be reached (Redis)."""
+
+
+class Limiter(Protocol):
+    async def admit(self, ask: Ask) -> Verdict: ...
+
+    async def load_spend(self, ask: Ask, spent: int) -> None: ...
+
+    async def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None: ...
+
+    async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
+        """(spent, reserved) in nano-dollars, None when not loaded."""
+
+
+class _KeyState:
+    __slots__ = ("buckets", "budgets", "flight")
+
+    def __init__(self) -> None:
+        self.buckets: deque[list[int]] = deque()  # [second, requests, tokens], oldest first
+        self.flight: dict[str, float] = {}  # request id → expiry (monotonic seconds)
+        self.budgets: dict[str, list[int]] = {}  # period → [base, spent, reserved]
+
+
+class LocalLimiter:
+    """This process's counters; `share` divides every limit (module doc)."""
+
+    def __init__(self, share: int = 1) -> None:
+        self.share = share
+        self._keys: dict[str, _KeyState] = {}
+
+    async def admit(self, ask: Ask) -> Verdict:
+        state = self._keys.get(ask.key_id) or self._keys.setdefault(ask.key_id, _KeyState())
+        now = time.time()
+        second = int(now)
+        buckets = state.buckets
+        while buckets and buckets[0][0] <= second - WINDOW_S:
+            buckets.popleft()
+        requests = sum(bucket[1] for bucket in buckets)
+        tokens = sum(bucket[2] for bucket in buckets)
+        refused = self._refusal(ask, state, now, requests, tokens)
+        if refused is not None:
+            return refused
+        if not buckets or buckets[-1][0] != second:
+            buckets.append([second, 0, 0])
+        buckets[-1][1] += 1
+        buckets[-1][2] += ask.tokens
+        if ask.max_concurrency >= 0:
+            state.flight[ask.request_id] = time.monotonic() + ask.hold_ms / 1000
+        if ask.budget >= 0:
+            state.budgets[ask.period][2] += ask.cost
+        rpm, tpm = self._limit(ask.rpm), self._limit(ask.tpm)
+        return Verdict(
+            second=second,
+            remaining_requests=max(0, rpm - requests - 1),
+            reset_requests_s=_reset(buckets, now),
+            remaining_tokens=max(0, tpm - tokens - ask.tokens),
+            reset_tokens_s=_reset(buckets, now),
+        )
+
+    def _limit(self, limit: int) -> int:
+        return limit if limit < 0 else max(1, limit // self.share)
+
+    def _refusal(self, ask: Ask, state: _KeyState, now: float, requests: int, tokens: int) -> Verdict | None:
+        if ask.budget >= 0:
+            budget = state.budgets.get(ask.period)
+            if budget is None:
+                return Verdict(refused="budget_missing")
+            base, spent, reserved = budget
+            if base + (spent + reserved + ask.cost) * self.share > ask.budget:
+                return Verdict(refused="budget", spent=base + spent)
+        if ask.rpm >= 0 and requests + 1 > self._limit(ask.rpm):
+            excess = requests + 1 - self._limit(ask.rpm)
+            return Verdict(refused="rpm", retry_after=_wait(state.buckets, now, 1, excess))
+        if ask.tpm >= 0 and tokens + ask.tokens > self._limit(ask.tpm):
+            excess = tokens + ask.tokens - self._limit(ask.tpm)
+            return Verdict(refused="tpm", retry_after=_wait(state.buckets, now, 2, excess))
+        if ask.max_concurrency >= 0:
+            clock = time.monotonic()
+            for request_id in [r for r, expiry in state.flight.items() if expiry <= clock]:
+                del state.flight[request_id]
+            if len(state.flight) >= self._limit(ask.max_concurrency):
+                return Verdict(refused="max_concurrency", retry_after=1.0)
+        return None
+
+    async def load_spend(self, ask: Ask, spent: int) -> None:
+        state = self._keys.setdefault(ask.key_id, _KeyState())
+        state.budgets.setdefault(ask.period, [spent, 0, 0])
+
+    async def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
+        state = self._keys.get(ask.key_id)
+        if state is None:
+            return
+        state.flight.pop(ask.request_id, None)
+        for bucket in state.buckets:
+            if bucket[0] == second:
+                bucket[2] += tokens - ask.tokens
+                break
+        budget = state.budgets.get(ask.period)
+        if budget is not None and ask.budget >= 0:
+            budget[2] -= ask.cost
+            budget[1] += cost
+
+    async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
+        state = self._keys.get(key_id)
+        budget = state.budgets.get(period) if state is not None else None
+        return (budget[0] + budget[1], budget[2]) if budget is not None else None
+
+
+def _reset(buckets: deque[list[int]], now: float) -> float:
+    """Seconds until the oldest bucket of the window leaves it (0 when the window is empty)."""
+    return max(0.0, buckets[0][0] + WINDOW_S - now) if buckets else 0.0
+
+
+def _wait(buckets: deque[list[int]], now: float, column: int, excess: int) -> float:
+    """Seconds until enough of the oldest buckets leave the window to free `excess` (of requests,
+    column 1, or tokens, column 2)."""
+    freed = 0
+    for bucket in buckets:
+        freed += bucket[column]
+        if freed >= excess:
+            return max(1.0, math.ceil(bucket[0] + WINDOW_S - now))
+    return float(WINDOW_S)

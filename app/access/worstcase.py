@@ -1,0 +1,123 @@
+"""What a request may cost at most, before it is sent: the amount a budget and `tpm` reserve.
+
+Input bound. The gateway has no tokenizer, but byte-level tokenizers never make more tokens than
+bytes, so the UTF-8 byte length of everything the upstream tokenizes is an upper bound of the
+prompt's tokens. Here that is the length of the JSON encoding of the messages, the system text,
+the tools and the schema (JSON escaping only adds bytes, and the structure's own bytes stand in
+for a chat template's role markers), plus `MESSAGE_ALLOWANCE` per message and `TOOL_ALLOWANCE` per
+tool for the template's special tokens, plus `MEDIA_ALLOWANCE` per image, audio or document part
+(whose token count depends on the model's encoder; a part sent by URL has few bytes here).
+
+Output bound: `max_tokens`, else the model's `max_output`, else its context window; a model with
+none of them cannot be bounded, and a budgeted key gets a 400 asking for `max_tokens`.
+
+Rates: for each backend the request may be routed to, the highest input-side rate (input, cache
+read, cache write) and the highest output-side rate (output, reasoning), and the highest of those
+over the backends: failover may land anywhere in the route. A backend with no input or output
+price makes the budget unenforceable: 403 (access.md).
+
+Money is counted in whole nano-dollars (`NANO` per USD), rounded up, so that Redis can add and
+compare it exactly (its Lua numbers are doubles: exact up to $9 million) and rounding never lets
+the accounted spend fall below the real one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_CEILING, Decimal
+
+import msgspec
+
+from app.errors import InvalidRequest, PermissionDenied
+from catalog.keys import BudgetPeriod
+from catalog.snapshot import CatalogSnapshot, ModelEntry
+from providers.types import AnyRequest, AudioPart, DocumentPart, ImagePart, TextCompletionRequest
+
+MESSAGE_ALLOWANCE = 16
+TOOL_ALLOWANCE = 16
+MEDIA_ALLOWANCE = 8192
+NANO = Decimal(1_000_000_000)
+_PER_TOKENS = Decimal(1_000_000)
+_MEDIA = (ImagePart, AudioPart, DocumentPart)
+_encode = msgspec.json.encode
+NO_PRICE = "this model has no price, so a budget cannot be enforced"
+
+
+def input_bound(request: AnyRequest) -> int:
+    """At least as many tokens as the upstream can count in the prompt (module doc)."""
+    if isinstance(request, TextCompletionRequest):
+        return len(request.prompt.encode()) + MESSAGE_ALLOWANCE
+    size = len(_encode(request.messages)) + MESSAGE_ALLOWANCE * (len(request.messages) + 1)
+    if request.system:
+        size += len(request.system.encode())
+    if request.tools:
+        size += len(_encode(request.tools)) + TOOL_ALLOWANCE * len(request.tools)
+    if request.schema is not None:
+        size += len(_encode(request.schema))
+    media = sum(isinstance(part, _MEDIA) for message in request.messages for part in message.content)
+    return size + MEDIA_ALLOWANCE * media
+
+
+def output_bound(request: AnyRequest, model: ModelEntry) -> int:
+    bound = request.max_tokens or model.max_output or model.context_window
+    if not bound:
+        raise InvalidRequest(
+            f"max_tokens: model '{model.id}' has no output limit; send max_tokens so a budget can be enforced",
+            param="max_tokens",
+        )
+    return bound
+
+
+def worst_rates(
+    snapshot: CatalogSnapshot, model: ModelEntry, providers: Iterable[str], when: datetime
+) -> tuple[Decimal, Decimal]:
+    """(input-side, output-side) USD per million tokens: the highest over `providers`."""
+    top_in, top_out = Decimal(0), Decimal(0)
+    for provider in providers:
+        row = snapshot.price_at(provider, model.id, when)
+        if row is None or row.input is None or row.output is None:
+            raise PermissionDenied(NO_PRICE)
+        top_in = max(top_in, row.input, row.cache_read or top_in, row.cache_write or top_in)
+        top_out = max(top_out, row.output, row.reasoning or top_out)
+    return top_in, top_out
+
+
+def worst_cost_nano(input_tokens: int, output_tokens: int, rates: tuple[Decimal, Decimal]) -> int:
+    usd = (input_tokens * rates[0] + output_tokens * rates[1]) / _PER_TOKENS
+    return to_nano(usd)
+
+
+def to_nano(usd: Decimal | None) -> int:
+    """USD as whole nano-dollars, rounded up; None (unpriced) is 0."""
+    if usd is None or usd <= 0:
+        return 0
+    return int((usd * NANO).to_integral_value(rounding=ROUND_CEILING))
+
+
+def from_nano(nano: int) -> Decimal:
+    return Decimal(nano) / NANO
+
+
+def period_bounds(period: BudgetPeriod, now: datetime) -> tuple[str, datetime | None, datetime | None]:
+    """(tag, start, end) of the UTC calendar period holding `now`; `total` has neither."""
+    if period == "total":
+        return "total", None, None
+    day = datetime(now.year, now.month, now.day, tzinfo=UTC)
+    if period == "day":
+        return f"d{day:%Y%m%d}", day, day + timedelta(days=1)
+    start = day.replace(day=1)
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return f"m{start:%Y%m}", start, end
+
+
+def seconds_until(end: datetime | None, now: datetime) -> float | None:
+    return None if end is None else max(1.0, math.ceil((end - now).total_seconds()))
+
+
+def show_usd(amount: Decimal) -> str:
+    """`12.50`, `0.000375`: at least cents, at most nano-dollars, no trailing zeros beyond cents."""
+    text = format(amount.quantize(Decimal("0.000000001")), "f").rstrip("0")
+    whole, _, cents = text.partition(".")
+    return f"{whole}.{cents.ljust(2, '0')}"

@@ -1,0 +1,196 @@
+"""`switchyard keys create|list|update|revoke`: API keys on the configured database, no server needed.
+
+Options are access.md's. `create` prints the secret on a line of its own (the only time it is
+shown), or with `--format json` the key object with a `secret` field. `update` changes only the
+options given; `none` clears one (`--models none`: every model; `--budget-usd none`: no budget).
+Like `serve`, the embedded SQLite database is brought up to date first (`auto_migrate`).
+
+A change is announced on Redis when `[redis]` is configured (every process reloads the key within a
+second); without Redis the running processes poll the table and see it within 5 seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from app.access.keyring import announce
+from app.settings import ConfigError, Settings
+from catalog.database import open_engine
+from catalog.keys import KeyChanges, KeyRecord, checked, create_key, list_keys, parse_expires, revoke_key, update_key
+from catalog.keys import to_builtins as key_builtins
+from catalog.migrate import upgrade_async
+
+_NONE = "none"
+_COLUMNS = ("id", "name", "owner", "prefix", "models", "budget", "rpm", "tpm", "max_concurrency", "expires", "state")
+
+
+def add_parser(commands: Any, config_option: Callable[[argparse.ArgumentParser], None]) -> None:
+    keys = commands.add_parser("keys", help="API keys (access.md)").add_subparsers(dest="keys_command", required=True)
+    create = keys.add_parser("create", help="a new key; prints its secret once")
+    create.add_argument("--name", required=True)
+    _options(create, config_option)
+    update = keys.add_parser("update", help="change a key's options")
+    update.add_argument("id")
+    update.add_argument("--name")
+    _options(update, config_option)
+    listing = keys.add_parser("list", help="every key, revoked ones too")
+    listing.add_argument("--format", choices=("table", "json"), default="table")
+    config_option(listing)
+    revoke = keys.add_parser("revoke", help="revoke a key (refused from then on)")
+    revoke.add_argument("id")
+    revoke.add_argument("--format", choices=("table", "json"), default="table")
+    config_option(revoke)
+
+
+def _options(parser: argparse.ArgumentParser, config_option: Callable[[argparse.ArgumentParser], None]) -> None:
+    add = parser.add_argument
+    add("--owner")
+    add("--models", help="comma-separated catalog ids (default: every model)")
+    add("--budget-usd")
+    add("--budget-period", choices=("day", "month", "total", _NONE))
+    add("--rpm")
+    add("--tpm")
+    add("--max-concurrency")
+    add("--expires", help="a date (UTC midnight) or an ISO 8601 date-time (UTC without an offset)")
+    add("--format", choices=("table", "json"), default="table")
+    config_option(parser)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        changes = _changes(args) if args.keys_command in ("create", "update") else None
+    except ValueError as exc:
+        print(f"switchyard: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_run(args, settings, changes))
+    except ValueError as exc:
+        print(f"switchyard: {exc}", file=sys.stderr)
+        return 2
+
+
+async def check_shared_limits(settings: Settings, engine: Any) -> None:
+    """`serve` refuses several processes (workers x replicas) with keys that have limits and no
+    `[redis]`: each process would enforce the whole limit on its own (access.md)."""
+    processes = settings.server.workers * settings.server.replicas
+    if settings.auth.mode != "keys" or settings.redis is not None or processes == 1:
+        return
+    limited = [key.id for key in await list_keys(engine) if key.limited and key.revoked_at is None]
+    if limited:
+        raise ConfigError(
+            f"{processes} processes (server.workers x server.replicas) and API keys with limits "
+            f"({', '.join(limited[:3])}) need [redis]: limits must be shared to hold"
+        )
+
+
+async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges | None) -> int:
+    if settings.migrate_on_start:
+        await upgrade_async(settings.database.url)
+    engine = open_engine(settings.database.url)
+    try:
+        command = args.keys_command
+        if command == "list":
+            _show(await list_keys(engine), args.format)
+            return 0
+        if command == "create":
+            assert changes is not None
+            record, secret = await create_key(engine, checked(changes))
+            print(
+                msgspec.json.encode({**key_builtins(record), "secret": secret}).decode()
+                if args.format == "json"
+                else secret
+            )
+        else:
+            found = await _change(engine, args, changes)
+            if found is None:
+                print(f"switchyard: no key '{args.id}'", file=sys.stderr)
+                return 1
+            record = found
+            _show([record], args.format, single=True)
+        if settings.redis is not None:
+            await announce(settings.redis, record.id)
+        return 0
+    finally:
+        await engine.dispose()
+
+
+async def _change(engine: Any, args: argparse.Namespace, changes: KeyChanges | None) -> KeyRecord | None:
+    if args.keys_command == "revoke":
+        return await revoke_key(engine, args.id)
+    assert changes is not None
+    current = next((key for key in await list_keys(engine) if key.id == args.id), None)
+    if current is None:
+        return None
+    return await update_key(engine, args.id, checked(changes, current))
+
+
+def _changes(args: argparse.Namespace) -> KeyChanges:
+    def given(value: str | None, parse: Callable[[str], Any]) -> Any:
+        if value is None:
+            return UNSET
+        return None if value == _NONE else parse(value)
+
+    return KeyChanges(
+        name=args.name if args.name is not None else UNSET,
+        owner=given(args.owner, str),
+        models=given(args.models, lambda text: tuple(m.strip() for m in text.split(",") if m.strip())),
+        budget_usd=given(args.budget_usd, _amount),
+        budget_period=given(args.budget_period, str),
+        rpm=given(args.rpm, _count("rpm")),
+        tpm=given(args.tpm, _count("tpm")),
+        max_concurrency=given(args.max_concurrency, _count("max-concurrency")),
+        expires_at=given(args.expires, parse_expires),
+    )
+
+
+def _amount(text: str) -> Decimal:
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        raise ValueError(f"--budget-usd: '{text}' is not an amount") from None
+
+
+def _count(option: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not text.isdigit():
+            raise ValueError(f"--{option}: '{text}' is not a whole number")
+        return int(text)
+
+    return parse
+
+
+def _show(records: list[KeyRecord], format: str, single: bool = False) -> None:
+    if format == "json":
+        data = [key_builtins(record) for record in records]
+        print(msgspec.json.encode(data[0] if single else data).decode())
+        return
+    rows = [_COLUMNS, *(_row(record) for record in records)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _row(record: KeyRecord) -> tuple[str, ...]:
+    budget = f"${record.budget_usd.normalize():f}/{record.budget_period}" if record.budget_usd is not None else "-"
+    state = "revoked" if record.revoked_at is not None else "active"
+    return (
+        record.id,
+        record.name,
+        record.owner or "-",
+        record.prefix + "…",
+        ",".join(record.models) if record.models is not None else "*",
+        budget,
+        str(record.rpm or "-"),
+        str(record.tpm or "-"),
+        str(record.max_concurrency or "-"),
+        record.expires_at.isoformat() if record.expires_at is not None else "-",
+        state,
+    )

@@ -1,0 +1,67 @@
+"""Litestar guards for the routes that are not completion doors (those authenticate in
+`app.edge.asgi.serve`): `require_key` on every route but `/healthz`, `/readyz` and `/metrics`,
+`require_admin` on the key-management API and the fleet-wide cost reports (drift, GPU cost),
+`require_page_key` on the spend page: a browser cannot send a bearer header, so a refusal there
+asks for the key with HTTP Basic authentication (`WWW-Authenticate`; the key is the password, and
+the browser sends it again with the page's script).
+
+With `[auth] mode = "none"` both let everything through. The authenticated key is kept in the
+request's state (`caller`), for handlers that show a key only what it may see (`/v1/models`,
+`/api/v1/models`, `/api/v1/keys/me`). A refusal raises from the one error tree, so each door's
+own exception handler renders it in its shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+
+from app.access.keyring import Entry
+from app.errors import AuthenticationFailed, PermissionDenied
+from app.service import Service
+
+_STATE = "api_key"
+
+
+def require_key(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
+    service: Service = connection.app.state.service
+    if service.access is not None:
+        connection.scope.setdefault("state", {})[_STATE] = service.access.keyring.authenticate(
+            connection.scope["headers"]
+        )
+
+
+def require_admin(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    require_key(connection, handler)
+    entry = caller(connection)
+    if entry is not None and not entry.admin:
+        what = "manage keys" if connection.scope["path"].startswith("/api/v1/keys") else "read this report"
+        raise PermissionDenied(f"this API key may not {what}: use the admin key")
+
+
+def require_page_key(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    try:
+        require_key(connection, handler)
+    except AuthenticationFailed as exc:
+        exc.extra_headers = {"www-authenticate": 'Basic realm="switchyard usage", charset="UTF-8"'}
+        raise
+
+
+def visible_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    """The key id whose usage this caller may see, or None for all of it (no keys, or the admin key)."""
+    entry = caller(connection)
+    return None if entry is None or entry.admin else entry.record.id
+
+
+def caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Entry | None:
+    """The authenticated key (None with `[auth] mode = "none"`)."""
+    entry: Entry | None = connection.scope.get("state", {}).get(_STATE)
+    return entry
+
+
+def visible(connection: ASGIConnection[Any, Any, Any, Any], model_id: str) -> bool:
+    """Whether the caller may see (and use) `model_id`."""
+    entry = caller(connection)
+    return entry is None or entry.record.models is None or model_id in entry.record.models

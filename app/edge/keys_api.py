@@ -1,0 +1,165 @@
+"""The key-management API (access.md), for automation; the CLI (`app.cli_keys`) does the same.
+
+    POST   /api/v1/keys        admin   a new key: the key object plus `secret` (shown this once)
+    GET    /api/v1/keys        admin   every key (revoked ones too), oldest first
+    PATCH  /api/v1/keys/{id}   admin   change any option (null clears it)
+    DELETE /api/v1/keys/{id}   admin   revoke (the key stays, for its ledger rows)
+    GET    /api/v1/keys/me     any key its own object, with `spent_usd` (and `remaining_usd` with a budget)
+                                       in the current budget period (all time without a budget)
+
+A change applies in this process at once and reaches the others through Redis (within a second)
+or their poll of the table (`app.access.keyring`). With `[auth] mode = "none"` the routes answer
+404: there are no keys to manage through a server that does not check them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import msgspec
+from litestar import Request, Router, delete, get, patch, post
+from litestar.response import Response
+from msgspec import UNSET, Struct, UnsetType
+
+from app.access.keyring import announce
+from app.edge.key_guard import caller, require_admin, require_key
+from app.errors import InvalidRequest, NotFound
+from app.service import Service
+from catalog.keys import (
+    BudgetPeriod,
+    KeyChanges,
+    KeyRecord,
+    checked,
+    create_key,
+    get_key,
+    list_keys,
+    parse_expires,
+    revoke_key,
+    to_builtins,
+    update_key,
+)
+
+_JSON = "application/json"
+_encode = msgspec.json.Encoder().encode
+
+
+class KeyInput(Struct, forbid_unknown_fields=True):
+    """A key's options as JSON: the CLI's options by their field names."""
+
+    name: str | UnsetType = UNSET
+    owner: str | UnsetType | None = UNSET
+    models: list[str] | UnsetType | None = UNSET
+    budget_usd: Decimal | UnsetType | None = UNSET
+    budget_period: BudgetPeriod | UnsetType | None = UNSET
+    rpm: int | UnsetType | None = UNSET
+    tpm: int | UnsetType | None = UNSET
+    max_concurrency: int | UnsetType | None = UNSET
+    expires: str | UnsetType | None = UNSET
+
+
+_decode_input = msgspec.json.Decoder(KeyInput).decode
+
+
+def _changes(body: bytes, current: KeyRecord | None = None) -> KeyChanges:
+    try:
+        given = _decode_input(body or b"{}")
+        expires = given.expires
+        changes = KeyChanges(
+            name=given.name,
+            owner=given.owner,
+            models=tuple(given.models) if isinstance(given.models, list) else given.models,
+            budget_usd=given.budget_usd,
+            budget_period=given.budget_period,
+            rpm=given.rpm,
+            tpm=given.tpm,
+            max_concurrency=given.max_concurrency,
+            expires_at=parse_expires(expires) if isinstance(expires, str) else expires,
+        )
+        return checked(changes, current)
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+        raise InvalidRequest(f"invalid key: {exc}") from None
+
+
+def _service(request: Request[Any, Any, Any]) -> Service:
+    service: Service = request.app.state.service
+    if service.access is None or service.engine is None:
+        raise NotFound('no such endpoint: API keys are off ([auth] mode = "none")')
+    return service
+
+
+async def _publish(service: Service, record: KeyRecord) -> None:
+    assert service.access is not None
+    service.access.keyring.apply(record)
+    if service.settings.redis is not None:
+        await announce(service.settings.redis, record.id)
+
+
+def _json(data: object, status: int = 200) -> Response[bytes]:
+    return Response(_encode(data), status_code=status, media_type=_JSON)
+
+
+@post("/", guards=[require_admin], status_code=201)
+async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
+    service = _service(request)
+    changes = _changes(await request.body())
+    if changes.name is UNSET:
+        raise InvalidRequest("invalid key: name is required", param="name")
+    assert service.engine is not None
+    record, secret = await create_key(service.engine, changes)
+    await _publish(service, record)
+    return _json({**to_builtins(record), "secret": secret}, 201)
+
+
+@get("/", guards=[require_admin])
+async def list_all(request: Request[Any, Any, Any]) -> Response[bytes]:
+    service = _service(request)
+    assert service.engine is not None
+    return _json({"data": [to_builtins(record) for record in await list_keys(service.engine)]})
+
+
+@get("/me", guards=[require_key])
+async def me(request: Request[Any, Any, Any]) -> Response[bytes]:
+    service = _service(request)
+    entry = caller(request)
+    assert entry is not None
+    assert service.access is not None
+    record = entry.record
+    if service.ledger is not None and record.budget_usd is None:
+        await service.ledger.flush()  # this process's rows, so the ledger's sum includes them
+    spent, start, end = await service.access.spend(record, datetime.now(UTC))
+    view: dict[str, Any] = {**to_builtins(record), "spent_usd": str(spent)}
+    view["period_start"] = start.isoformat() if start is not None else None
+    view["period_end"] = end.isoformat() if end is not None else None
+    if record.budget_usd is not None:
+        view["remaining_usd"] = str(max(Decimal(0), record.budget_usd - spent))
+    return _json(view)
+
+
+@patch("/{key_id:str}", guards=[require_admin])
+async def change(request: Request[Any, Any, Any]) -> Response[bytes]:
+    service, key_id = _service(request), request.path_params["key_id"]
+    assert service.engine is not None
+    current = await get_key(service.engine, key_id)
+    if current is None:
+        raise NotFound(f"no key '{key_id[:64]}'")
+    record = await update_key(service.engine, key_id, _changes(await request.body(), current))
+    if record is None:
+        raise NotFound(f"no key '{key_id[:64]}'")
+    await _publish(service, record)
+    return _json(to_builtins(record))
+
+
+@delete("/{key_id:str}", guards=[require_admin], status_code=200)
+async def revoke(request: Request[Any, Any, Any]) -> Response[bytes]:
+    service, key_id = _service(request), request.path_params["key_id"]
+    assert service.engine is not None
+    record = await revoke_key(service.engine, key_id)
+    if record is None:
+        raise NotFound(f"no key '{key_id[:64]}'")
+    await _publish(service, record)
+    return _json(to_builtins(record))
+
+
+router = Router(path="/api/v1/keys", route_handlers=[create, list_all, me, change, revoke])

@@ -1,0 +1,238 @@
+"""API keys at rest: the secret's shape and hash, the key's record, and the `api_keys` store.
+
+Secrets are `sy-` followed by 32 random bytes in base64url (43 characters): 256 bits from
+`secrets`, so a plain SHA-256 of the secret is a safe thing to store and to look up by — there is
+nothing to brute-force, no salt or slow hash is needed, and a lookup is an index probe on the hash,
+never a comparison of plain-text secrets. The one comparison left (the admin key from the
+environment) uses `hmac.compare_digest` on the hashes. A display prefix (`sy-` and 4 characters)
+lets a person tell keys apart in lists without the secret.
+
+Key ids are `key_` and 16 hex digits: short enough for a log line and a metrics label, random so
+they say nothing about the order or number of keys.
+
+Spend (`spent_since`) is the ledger's cost sum for a key since a moment. SQLite stores costs as
+text (`catalog.tables.ExactDecimal`), so there the Decimals are summed in Python; PostgreSQL sums
+NUMERIC exactly in the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Literal
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from catalog.tables import ApiKey, LedgerRow
+
+SECRET_PREFIX = "sy-"  # noqa: S105  # the secrets' public prefix, not a secret
+SECRET_BYTES = 32
+DISPLAY_CHARS = 4
+BudgetPeriod = Literal["day", "month", "total"]
+
+
+def new_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def same_secret(secret: str, expected_hash: str) -> bool:
+    """Constant-time: the two hashes are compared, never the plain texts."""
+    return hmac.compare_digest(hash_secret(secret), expected_hash)
+
+
+def display_prefix(secret: str) -> str:
+    return secret[: len(SECRET_PREFIX) + DISPLAY_CHARS]
+
+
+class KeyRecord(Struct, frozen=True, kw_only=True):
+    """One key as the gateway holds it in memory (never the secret; the hash is the cache's index)."""
+
+    id: str
+    secret_hash: str
+    prefix: str
+    name: str
+    owner: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+    models: tuple[str, ...] | None = None
+    budget_usd: Decimal | None = None
+    budget_period: BudgetPeriod | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrency: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether any limit applies: then admission needs the limiter (Redis with several processes)."""
+        return (
+            self.budget_usd is not None
+            or self.rpm is not None
+            or self.tpm is not None
+            or self.max_concurrency is not None
+        )
+
+    def usable(self, now: datetime) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+
+class KeyChanges(Struct, frozen=True, kw_only=True):
+    """What `create_key` sets or `update_key` changes: UNSET leaves a field alone, None clears it."""
+
+    name: str | UnsetType = UNSET
+    owner: str | UnsetType | None = UNSET
+    expires_at: datetime | UnsetType | None = UNSET
+    models: tuple[str, ...] | UnsetType | None = UNSET
+    budget_usd: Decimal | UnsetType | None = UNSET
+    budget_period: BudgetPeriod | UnsetType | None = UNSET
+    rpm: int | UnsetType | None = UNSET
+    tpm: int | UnsetType | None = UNSET
+    max_concurrency: int | UnsetType | None = UNSET
+
+    def values(self) -> dict[str, object]:
+        out = {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not UNSET}
+        if isinstance(out.get("models"), tuple):
+            out["models"] = list(out["models"])
+        return out
+
+
+_COLUMNS = tuple(KeyRecord.__struct_fields__)
+
+
+def _record(row: ApiKey) -> KeyRecord:
+    values = {name: getattr(row, name) for name in _COLUMNS}
+    if values["models"] is not None:
+        values["models"] = tuple(values["models"])
+    return KeyRecord(**values)
+
+
+async def create_key(engine: AsyncEngine, changes: KeyChanges) -> tuple[KeyRecord, str]:
+    """A new key; returns its record and its secret (which nothing keeps)."""
+    if changes.name is UNSET:
+        raise ValueError("a key needs a name")
+    secret = new_secret()
+    now = datetime.now(UTC)
+    row = ApiKey(
+        id=f"key_{secrets.token_hex(8)}",
+        secret_hash=hash_secret(secret),
+        prefix=display_prefix(secret),
+        created_at=now,
+        updated_at=now,
+        **changes.values(),
+    )
+    async with engine.begin() as conn:
+        await conn.execute(insert(ApiKey).values(**{c: getattr(row, c) for c in _row_columns(row)}))
+    return await _get(engine, row.id), secret
+
+
+def _row_columns(row: ApiKey) -> list[str]:
+    return [column.key for column in ApiKey.__table__.columns if getattr(row, column.key, None) is not None]
+
+
+async def _get(engine: AsyncEngine, key_id: str) -> KeyRecord:
+    found = await get_key(engine, key_id)
+    if found is None:
+        raise LookupError(f"no key {key_id}")
+    return found
+
+
+async def get_key(engine: AsyncEngine, key_id: str) -> KeyRecord | None:
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(ApiKey).where(ApiKey.id == key_id))).first()
+    return _record(row) if row is not None else None  # type: ignore[arg-type]  # a Row reads like the model
+
+
+async def find_by_secret(engine: AsyncEngine, secret: str) -> KeyRecord | None:
+    """The key whose secret this is: an index lookup by hash, no plain-text comparison."""
+    digest = hash_secret(secret)
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(ApiKey).where(ApiKey.secret_hash == digest))).first()
+    return _record(row) if row is not None else None  # type: ignore[arg-type]
+
+
+async def list_keys(engine: AsyncEngine) -> list[KeyRecord]:
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(ApiKey).order_by(ApiKey.created_at, ApiKey.id))).all()
+    return [_record(row) for row in rows]  # type: ignore[arg-type]  # a Row reads like the model
+
+
+async def update_key(engine: AsyncEngine, key_id: str, changes: KeyChanges) -> KeyRecord | None:
+    values = {**changes.values(), "updated_at": datetime.now(UTC)}
+    async with engine.begin() as conn:
+        result = await conn.execute(update(ApiKey).where(ApiKey.id == key_id).values(**values))
+    return await get_key(engine, key_id) if result.rowcount else None
+
+
+async def revoke_key(engine: AsyncEngine, key_id: str) -> KeyRecord | None:
+    """Revoked keys stay (their ledger rows point at them); revoking twice keeps the first time."""
+    now = datetime.now(UTC)
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(ApiKey)
+            .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+            .values(revoked_at=now, updated_at=now)
+        )
+    return await get_key(engine, key_id)
+
+
+async def spent_since(engine: AsyncEngine, key_id: str, since: datetime | None) -> Decimal:
+    """The ledger's cost total for `key_id` from `since` (None: ever), exactly."""
+    where = [LedgerRow.api_key_id == key_id, LedgerRow.cost_usd.is_not(None)]
+    if since is not None:
+        where.append(LedgerRow.started_at >= since)
+    async with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            total = (await conn.execute(select(func.sum(LedgerRow.cost_usd)).where(*where))).scalar()
+            return Decimal(total) if total is not None else Decimal(0)
+        costs = (await conn.execute(select(LedgerRow.cost_usd).where(*where))).scalars().all()
+    return sum((cost for cost in costs if cost is not None), Decimal(0))
+
+
+def to_builtins(record: KeyRecord) -> dict[str, object]:
+    """The key as the API and `keys list --format json` show it: no hash."""
+    data: dict[str, object] = msgspec.to_builtins(record)
+    del data["secret_hash"]
+    if record.budget_usd is not None:
+        data["budget_usd"] = format(record.budget_usd.normalize(), "f")
+    return data
+
+
+def parse_expires(text: str) -> datetime:
+    """`2027-01-01` (midnight UTC) or an ISO 8601 date-time (UTC when it names no offset)."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"expires: '{text[:64]}' is not a date or an ISO 8601 date-time") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def checked(changes: KeyChanges, current: KeyRecord | None = None) -> KeyChanges:
+    """`changes` with the rules every way of making a key shares: positive limits and budget, a
+    period only with a budget (a budget without one is per `month`). ValueError names the option."""
+    for option in ("rpm", "tpm", "max_concurrency"):
+        value = getattr(changes, option)
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"{option}: must be at least 1")
+    budget = changes.budget_usd
+    if isinstance(budget, Decimal) and not (budget.is_finite() and budget > 0):
+        raise ValueError("budget_usd: must be a positive amount")
+    has_budget = budget is not None if budget is not UNSET else (current is not None and current.budget_usd is not None)
+    if changes.budget_period not in (UNSET, None) and not has_budget:
+        raise ValueError("budget_period: needs a budget (budget_usd)")
+    period_known = current is not None and current.budget_period is not None
+    if isinstance(budget, Decimal) and changes.budget_period is UNSET and not period_known:
+        return msgspec.structs.replace(changes, budget_period="month")
+    if budget is None:
+        return msgspec.structs.replace(changes, budget_period=None)
+    return changes

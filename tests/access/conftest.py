@@ -1,0 +1,70 @@
+"""A gateway with `[auth] mode = "keys"` in the test's event loop, over one loopback upstream.
+
+Catalog: `chat` (priced: $1 in, $2 out per million tokens, max_output 1000) and `free`
+(served, unpriced). Keys are made through the admin API (`make_key`), as an operator's automation
+would; the admin key's secret is in `SWITCHYARD_TEST_ADMIN_KEY`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from app.logging import configure_logging
+from tests.support.catalog import catalog_toml, model, price
+from tests.support.gateway import GatewayHandle, StartGateway, provider_table
+from tests.support.upstream import ReplayUpstream, upstream_fixture
+
+ADMIN = "sy-admin-secret-for-tests-0123456789abcdefghijkl"
+ADMIN_ENV = "SWITCHYARD_TEST_ADMIN_KEY"
+CATALOG = catalog_toml(
+    model("chat", ("up", "up-chat"), max_output=1000, default=True),
+    model("other", ("up", "up-other"), max_output=1000),
+    model("free", ("up", "up-free")),
+    prices=[price("up", "chat", "1", "2"), price("up", "other", "1", "2")],
+)
+
+up = upstream_fixture("up")
+
+
+@pytest.fixture(autouse=True)
+def _log_to_stdout_afterwards() -> Iterator[None]:
+    """After each test, point structlog back at the session's stdout: a gateway started under
+    `capfd` (the `logs` fixture) left it writing to capfd's file, closed once the test ends, and
+    later tests outside a gateway (the ledger writer's) would log into it. Torn down last, so
+    after capfd has given stdout back."""
+    yield
+    configure_logging("info")
+
+
+MakeKey = Callable[..., Awaitable[dict[str, Any]]]
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {secret}"}
+
+
+async def keyed_gateway(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> GatewayHandle:
+    monkeypatch.setenv(ADMIN_ENV, ADMIN)
+    auth = {"mode": "keys", "admin_key_env": ADMIN_ENV, **options.pop("auth", {})}
+    return await start_gateway(providers=provider_table({"up": up}), catalog=CATALOG, auth=auth, **options)
+
+
+@pytest.fixture
+async def gw(start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch) -> GatewayHandle:
+    return await keyed_gateway(start_gateway, up, monkeypatch)
+
+
+@pytest.fixture
+def make_key(gw: GatewayHandle) -> MakeKey:
+    async def make(**options: Any) -> dict[str, Any]:
+        response = await gw.client.post("/api/v1/keys", json={"name": "k", **options}, headers=bearer(ADMIN))
+        assert response.status_code == 201, response.text
+        key: dict[str, Any] = response.json()
+        return key
+
+    return make

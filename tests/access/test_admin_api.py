@@ -1,0 +1,106 @@
+"""The key-management API (`/api/v1/keys`, admin key) and `GET /api/v1/keys/me`; and what a key's
+use leaves behind: no secret in any table or log line."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import inspect, text
+
+from tests.access.conftest import ADMIN, MakeKey, bearer, keyed_gateway
+from tests.support.client import COMPLETIONS, body
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.logs import Logs
+from tests.support.replies import answer
+from tests.support.upstream import ReplayUpstream
+
+
+async def test_create_list_update_revoke(gw: GatewayHandle, up: ReplayUpstream) -> None:
+    up.set_default(answer("ok"))
+    admin = bearer(ADMIN)
+    created = await gw.client.post(
+        "/api/v1/keys",
+        json={"name": "ci", "owner": "team-a", "models": ["chat"], "budget_usd": "50", "rpm": 600, "tpm": 200000},
+        headers=admin,
+    )
+    assert created.status_code == 201
+    key = created.json()
+    secret = key.pop("secret")
+    assert secret.startswith("sy-")
+    assert len(secret) >= 3 + 43  # 32 random bytes, base64url
+    assert key["prefix"] == secret[:7]
+    assert key["id"].startswith("key_")
+    assert {k: key[k] for k in ("name", "owner", "models", "budget_usd", "budget_period", "rpm", "tpm")} == {
+        "name": "ci",
+        "owner": "team-a",
+        "models": ["chat"],
+        "budget_usd": "50",
+        "budget_period": "month",  # a budget's default period
+        "rpm": 600,
+        "tpm": 200000,
+    }
+    listed = (await gw.client.get("/api/v1/keys", headers=admin)).json()["data"]
+    assert listed == [key]
+    changed = await gw.client.patch(f"/api/v1/keys/{key['id']}", json={"rpm": 1, "models": None}, headers=admin)
+    assert (changed.json()["rpm"], changed.json()["models"]) == (1, None)
+    assert (await gw.client.post(COMPLETIONS, json=body("other"), headers=bearer(secret))).status_code == 200
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(secret))).status_code == 429
+    revoked = await gw.client.delete(f"/api/v1/keys/{key['id']}", headers=admin)
+    assert revoked.json()["revoked_at"] is not None
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(secret))).status_code == 401
+    missing = await gw.client.patch("/api/v1/keys/key_nope", json={"rpm": 2}, headers=admin)
+    assert missing.status_code == 404
+
+
+async def test_only_the_admin_key_manages_keys(gw: GatewayHandle, make_key: MakeKey) -> None:
+    key = await make_key()
+    for method, path in (("GET", "/api/v1/keys"), ("POST", "/api/v1/keys"), ("DELETE", f"/api/v1/keys/{key['id']}")):
+        response = await gw.client.request(method, path, headers=bearer(key["secret"]))
+        assert response.status_code == 403
+        assert response.json()["error"]["type"] == "permission_error"
+    for bad in ({"name": "x", "rpm": 0}, {"name": "x", "budget_period": "day"}, {"name": "x", "expires": "soon"}, {}):
+        response = await gw.client.post("/api/v1/keys", json=bad, headers=bearer(ADMIN))
+        assert response.status_code == 400, bad
+
+
+async def test_me_reports_spend_and_what_is_left(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:
+    up.set_default(answer("ok"))  # 3 input and 1 output tokens: $0.000005 at $1/$2 per million
+    key = await make_key(budget_usd="0.01", budget_period="day", owner="team-a")
+    unbudgeted = await make_key()
+    for secret in (key["secret"], key["secret"], unbudgeted["secret"]):
+        assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(secret))).status_code == 200
+    me = (await gw.client.get("/api/v1/keys/me", headers=bearer(key["secret"]))).json()
+    assert (me["id"], me["owner"], me["budget_usd"], me["budget_period"]) == (key["id"], "team-a", "0.01", "day")
+    assert (Decimal(me["spent_usd"]), Decimal(me["remaining_usd"])) == (Decimal("0.00001"), Decimal("0.00999"))
+    assert me["period_start"].endswith("T00:00:00+00:00")
+    assert "secret" not in me
+    assert "secret_hash" not in me
+    other = (await gw.client.get("/api/v1/keys/me", headers=bearer(unbudgeted["secret"]))).json()
+    assert (Decimal(other["spent_usd"]), "remaining_usd" in other) == (Decimal("0.000005"), False)
+
+
+async def test_no_secret_in_any_table_or_log_line(
+    logs: Logs, start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw = await keyed_gateway(start_gateway, up, monkeypatch)  # started after `logs`: its lines are captured
+    up.set_default(answer("ok"))
+    created = await gw.client.post("/api/v1/keys", json={"name": "n", "rpm": 5}, headers=bearer(ADMIN))
+    secret = created.json()["secret"]
+    for headers in (bearer(secret), {"x-api-key": secret}, bearer(secret + "x"), bearer(ADMIN)):
+        await gw.client.post(COMPLETIONS, json=body("chat"), headers=headers)
+    await gw.client.get("/api/v1/keys/me", headers=bearer(secret))
+    await gw.client.get("/metrics")
+    await gw.ledger_rows()
+    assert gw.service.engine is not None
+    async with gw.service.engine.connect() as conn:
+        names = await conn.run_sync(lambda sync: inspect(sync).get_table_names())
+        tables = [text(f'SELECT * FROM "{name}"') for name in names]  # noqa: S608  # names from the schema
+        dumped = [str(row) for table in tables for row in (await conn.execute(table)).all()]
+    assert any(created.json()["id"] in row for row in dumped)
+    logs.lines("request", gw)
+    metrics = (await gw.client.get("/metrics")).text
+    for needle in (secret, secret[3:], secret[7:], ADMIN):
+        assert not any(needle in row for row in dumped)
+        assert needle not in logs.raw
+        assert needle not in metrics

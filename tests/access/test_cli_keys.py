@@ -1,0 +1,120 @@
+"""`switchyard keys create|list|update|revoke` on the configured (SQLite) database, no server; a
+running server without Redis sees CLI changes within 5 seconds; `serve` refuses several workers
+with limited keys and no Redis."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.cli import Process, cli_env, processes, query, run_cli, start_mock, write_config
+from tests.support.client import COMPLETIONS, body
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until_sync
+
+KEYS_MODE = '\n[auth]\nmode = "keys"\n'
+
+
+def _keys(tmp_path: Path, *args: str) -> str:
+    result = run_cli(tmp_path, "keys", *args, "--config", str(tmp_path / "config.toml"))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _list(tmp_path: Path) -> list[dict[str, Any]]:
+    keys: list[dict[str, Any]] = json.loads(_keys(tmp_path, "list", "--format", "json"))
+    return keys
+
+
+def test_create_list_update_revoke(tmp_path: Path) -> None:
+    write_config(tmp_path, extra=KEYS_MODE)
+    secret = _keys(tmp_path, "create", "--name", "ci", "--owner", "team-a", "--models", "tiny,hosted-model",
+                   "--budget-usd", "50", "--budget-period", "month", "--rpm", "600", "--tpm", "200000",
+                   "--max-concurrency", "20", "--expires", "2027-01-01")  # fmt: skip
+    assert secret.count("\n") == 1
+    secret = secret.strip()
+    assert secret.startswith("sy-")
+    (key,) = _list(tmp_path)
+    assert {k: v for k, v in key.items() if k not in ("id", "prefix", "created_at", "updated_at")} == {
+        "name": "ci",
+        "owner": "team-a",
+        "models": ["tiny", "hosted-model"],
+        "budget_usd": "50",
+        "budget_period": "month",
+        "rpm": 600,
+        "tpm": 200000,
+        "max_concurrency": 20,
+        "expires_at": "2027-01-01T00:00:00Z",
+        "revoked_at": None,
+    }
+    assert key["prefix"] == secret[:7]
+    table = _keys(tmp_path, "list").splitlines()
+    assert table[0].split() == ["id", "name", "owner", "prefix", "models", "budget", "rpm", "tpm",
+                                "max_concurrency", "expires", "state"]  # fmt: skip
+    assert table[1].split()[:7] == [
+        key["id"],
+        "ci",
+        "team-a",
+        f"{secret[:7]}…",
+        "tiny,hosted-model",
+        "$50/month",
+        "600",
+    ]
+
+    updated = json.loads(_keys(tmp_path, "update", key["id"], "--rpm", "5", "--models", "none", "--format", "json"))
+    assert (updated["rpm"], updated["models"], updated["tpm"]) == (5, None, 200000)
+    revoked = _keys(tmp_path, "revoke", key["id"])
+    assert revoked.splitlines()[1].split()[-1] == "revoked"
+    assert _list(tmp_path)[0]["revoked_at"] is not None
+
+    rows = query(tmp_path / "switchyard.db", "SELECT * FROM api_keys")
+    assert hashlib.sha256(secret.encode()).hexdigest() in rows[0]
+    assert not any(secret in str(value) or secret[7:] in str(value) for value in rows[0])
+
+
+def test_create_json_and_bad_options(tmp_path: Path) -> None:
+    write_config(tmp_path, extra=KEYS_MODE)
+    created = json.loads(_keys(tmp_path, "create", "--name", "j", "--expires", "2027-01-01T12:00:00+02:00",
+                               "--format", "json"))  # fmt: skip
+    assert created["secret"].startswith("sy-")
+    assert created["expires_at"] == "2027-01-01T10:00:00Z"
+    config = str(tmp_path / "config.toml")
+    for bad in (["--rpm", "x"], ["--budget-period", "day"], ["--expires", "soon"], ["--budget-usd", "-1"]):
+        result = run_cli(tmp_path, "keys", "create", "--name", "b", *bad, "--config", config)
+        assert result.returncode == 2, (bad, result.stderr)
+        assert result.stderr.startswith("switchyard: ")
+    missing = run_cli(tmp_path, "keys", "revoke", "key_nope", "--config", config)
+    assert (missing.returncode, missing.stderr) == (1, "switchyard: no key 'key_nope'\n")
+    assert len(_list(tmp_path)) == 1
+
+
+def test_serve_refuses_workers_with_limited_keys_and_no_redis(tmp_path: Path) -> None:
+    config = write_config(tmp_path, extra=KEYS_MODE)
+    _keys(tmp_path, "create", "--name", "free-for-all")
+    _keys(tmp_path, "create", "--name", "limited", "--rpm", "10")
+    result = run_cli(tmp_path, "serve", "--config", str(config), "--port", str(free_port()), "--workers", "2")
+    assert result.returncode == 2
+    assert "need [redis]" in result.stderr
+
+
+def test_a_running_server_sees_cli_changes_within_5_seconds(tmp_path: Path) -> None:
+    with processes() as started:
+        config = write_config(tmp_path, start_mock(tmp_path, started), extra=KEYS_MODE)
+        port = free_port()
+        started.append(server := Process(tmp_path, "serve", ["serve", "--config", str(config), "--port", str(port)],
+                                         cli_env()))  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        server.wait_http(f"{base}/healthz")
+        secret = _keys(tmp_path, "create", "--name", "late").strip()
+
+        def status() -> int:
+            headers = {"authorization": f"Bearer {secret}"}
+            return httpx.post(f"{base}{COMPLETIONS}", json=body("tiny"), headers=headers, timeout=10).status_code
+
+        wait_until_sync(lambda: status() == 200, within=5.0, what="the new key accepted")
+        _keys(tmp_path, "revoke", _list(tmp_path)[0]["id"])
+        wait_until_sync(lambda: status() == 401, within=5.0, what="the revoked key refused")

@@ -1,0 +1,130 @@
+"""Each front door answers 401/403/429 in its own shape, and the official SDKs raise their matching
+exception classes: the native API's two views, OpenAI's through the `openai` SDK on
+`/v1/chat/completions`, Anthropic's through the `anthropic` SDK on `/v1/messages`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.access.conftest import MakeKey, bearer
+from tests.support.client import COMPLETIONS, body
+from tests.support.gateway import GatewayHandle
+from tests.support.replies import answer
+from tests.support.upstream import ReplayUpstream
+
+INVALID = "invalid or missing API key"
+NOT_ALLOWED = "this API key may not use model 'other'"
+RPM = "rate limit reached for this API key (rpm)"
+
+
+def _message(error: openai.APIStatusError) -> object:
+    """The error's own message (the SDK's `message` prefixes the status)."""
+    assert isinstance(error.body, dict)
+    return error.body["message"]
+
+
+async def _keys(make_key: MakeKey) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A key for `chat` only with rpm 1, spent on its first request."""
+    return await make_key(models=["chat"], rpm=1), await make_key()
+
+
+async def test_native_door(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:
+    up.set_default(answer("ok"))
+    limited, _ = await _keys(make_key)
+    cases = [
+        ({"authorization": "Bearer sy-nope"}, "chat", 401, "authentication_error", INVALID),
+        (bearer(limited["secret"]), "other", 403, "permission_error", NOT_ALLOWED),
+        (bearer(limited["secret"]), "chat", 200, None, None),
+        (bearer(limited["secret"]), "chat", 429, "rate_limit_error", RPM),
+    ]
+    for headers, model, status, kind, message in cases:
+        response = await gw.client.post(COMPLETIONS, json=body(model), headers=headers)
+        assert response.status_code == status, response.text
+        if kind is not None:
+            data = response.json()
+            assert (data["error"]["type"], data["error"]["message"], data["error"]["code"]) == (kind, message, status)
+            assert (data["errors"][0]["code"], data["errors"][0]["detail"]) == (kind, message)
+
+
+async def test_openai_door_through_the_openai_sdk(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:
+    up.set_default(answer("ok"))
+    limited, _ = await _keys(make_key)
+    messages: Any = [{"role": "user", "content": "hi"}]
+
+    def client(secret: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=secret, max_retries=0)
+
+    with pytest.raises(openai.AuthenticationError) as unknown:
+        await client("sy-nope").chat.completions.create(model="chat", messages=messages)
+    assert (unknown.value.status_code, _message(unknown.value), unknown.value.type) == (
+        401,
+        INVALID,
+        "authentication_error",
+    )
+    sdk = client(limited["secret"])
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        await sdk.chat.completions.create(model="other", messages=messages)
+    assert (_message(denied.value), denied.value.type) == (NOT_ALLOWED, "permission_error")
+    raw = await sdk.chat.completions.with_raw_response.create(model="chat", messages=messages)
+    assert raw.parse().choices[0].message.content == "ok"
+    assert raw.headers["x-ratelimit-remaining-requests"] == "0"
+    with pytest.raises(openai.RateLimitError) as limited_error:
+        await sdk.chat.completions.create(model="chat", messages=messages)
+    assert (_message(limited_error.value), limited_error.value.type) == (RPM, "rate_limit_error")
+    assert 1 <= int(limited_error.value.response.headers["retry-after"]) <= 60
+    with pytest.raises(openai.AuthenticationError):
+        await client("sy-nope").models.list()
+    assert [m.id async for m in sdk.models.list()] == ["chat"]
+
+
+async def test_anthropic_door_through_the_anthropic_sdk(
+    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
+) -> None:
+    up.set_default(answer("ok"))
+    limited, _ = await _keys(make_key)
+    messages: Any = [{"role": "user", "content": "hi"}]
+
+    def client(secret: str) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(base_url=gw.url, api_key=secret, max_retries=0)  # sends x-api-key
+
+    with pytest.raises(anthropic.AuthenticationError) as unknown:
+        await client("sy-nope").messages.create(model="chat", max_tokens=16, messages=messages)
+    assert unknown.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": INVALID},
+        "request_id": unknown.value.response.headers["x-request-id"],
+    }
+    sdk = client(limited["secret"])
+    with pytest.raises(anthropic.PermissionDeniedError) as denied:
+        await sdk.messages.create(model="other", max_tokens=16, messages=messages)
+    assert denied.value.body["error"] == {"type": "permission_error", "message": NOT_ALLOWED}  # type: ignore[index]
+    message = await sdk.messages.create(model="chat", max_tokens=16, messages=messages)
+    assert message.content[0].type == "text"
+    with pytest.raises(anthropic.RateLimitError) as limited_error:
+        await sdk.messages.create(model="chat", max_tokens=16, messages=messages)
+    assert limited_error.value.body["error"] == {"type": "rate_limit_error", "message": RPM}  # type: ignore[index]
+    assert 1 <= int(limited_error.value.response.headers["retry-after"]) <= 60
+
+
+async def test_an_exhausted_budget_is_insufficient_quota_at_every_door(
+    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
+) -> None:
+    """A budget below one request's worst case: refused before any upstream call."""
+    key = await make_key(budget_usd="0.0001", budget_period="total")
+    message = "budget exceeded: spent $0.00 of $0.0001 this total"
+    native = await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(key["secret"]))
+    assert (native.status_code, native.json()["error"]["type"]) == (429, "insufficient_quota")
+    assert native.json()["error"]["message"] == message
+    assert "retry-after" not in native.headers  # a `total` budget never renews
+    sdk = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=key["secret"], max_retries=0)
+    with pytest.raises(openai.RateLimitError) as quota:
+        await sdk.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
+    assert (quota.value.type, _message(quota.value)) == ("insufficient_quota", message)
+    claude = anthropic.AsyncAnthropic(base_url=gw.url, api_key=key["secret"], max_retries=0)
+    with pytest.raises(anthropic.RateLimitError):
+        await claude.messages.create(model="chat", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+    assert up.requests == []

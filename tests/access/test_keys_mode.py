@@ -1,0 +1,154 @@
+"""`[auth] mode = "keys"` in one gateway: authentication on every route, model permissions, the
+limits' answers and headers, expiry, and what the ledger records (access.md)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+from litestar import Litestar
+
+from tests.access.conftest import ADMIN, MakeKey, bearer
+from tests.support.client import COMPLETIONS, body, parse_sse
+from tests.support.gateway import GatewayHandle
+from tests.support.replies import answer, stream_answer
+from tests.support.upstream import ReplayUpstream
+from tests.support.waiting import wait_until
+
+OPEN = {"/healthz", "/readyz", "/metrics"}
+INVALID = "invalid or missing API key"
+
+
+def _error(response: httpx.Response) -> tuple[int, str, str]:
+    error = response.json()["error"]
+    return response.status_code, error["type"], error["message"]
+
+
+async def test_every_route_but_health_and_metrics_needs_a_key(gw: GatewayHandle) -> None:
+    app = gw.server.config.app
+    assert isinstance(app, Litestar)
+    checked = set()
+    for route in app.routes:
+        path = route.path.replace("{rest:path}", "x").replace("{key_id:str}", "key_x")
+        for method in sorted(route.methods - {"HEAD", "OPTIONS"} or {"POST"}):  # a raw ASGI door: POST
+            response = await gw.client.request(method, path)
+            checked.add((method, path))
+            if path in OPEN:
+                assert response.status_code != 401, (method, path)
+            else:
+                assert response.status_code == 401, (method, path, response.text)
+                assert INVALID in response.text
+    assert ("POST", "/api/v1/completions") in checked
+    assert ("POST", "/v1/messages") in checked
+    assert ("GET", "/api/v1/keys/me") in checked
+
+
+async def test_bearer_and_x_api_key_the_same_401_for_every_bad_key(
+    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
+) -> None:
+    up.enqueue(answer("one"))
+    up.enqueue(answer("two"))
+    key = await make_key()
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(key["secret"]))).status_code == 200
+    lower = {"authorization": f"bearer {key['secret']}"}
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=lower)).status_code == 200
+    revoked = await make_key()
+    await gw.client.delete(f"/api/v1/keys/{revoked['id']}", headers=bearer(ADMIN))
+    expired = await make_key(expires="2020-01-01")
+    for headers in (
+        {},
+        bearer("sy-" + "x" * 43),
+        {"authorization": f"Basic {key['secret']}"},
+        {"x-api-key": key["secret"][:-1]},
+        bearer(revoked["secret"]),
+        {"x-api-key": expired["secret"]},
+    ):
+        response = await gw.client.post(COMPLETIONS, json=body("chat"), headers=headers)
+        assert _error(response) == (401, "authentication_error", INVALID), headers
+    (row_1, row_2) = await gw.ledger_rows()
+    assert row_1["api_key_id"] == row_2["api_key_id"] == key["id"]
+
+
+async def test_a_key_expires_at_its_time(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:
+    up.set_default(answer("ok"))
+    soon = (datetime.now(UTC) + timedelta(seconds=1.5)).replace(tzinfo=None).isoformat()
+    key = await make_key(expires=soon)  # no offset: UTC
+    assert key["expires_at"].startswith(soon[:19])
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(key["secret"]))).status_code == 200
+
+    async def refused() -> bool:
+        response = await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(key["secret"]))
+        return response.status_code == 401
+
+    await wait_until(refused, within=3.0, what="the key refused once expired")
+
+
+async def test_a_key_sees_and_uses_only_its_models(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:
+    up.set_default(answer("ok"))
+    key = await make_key(models=["chat"])
+    headers = bearer(key["secret"])
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=headers)).status_code == 200
+    refused = await gw.client.post(COMPLETIONS, json=body("other"), headers=headers)
+    assert _error(refused) == (403, "permission_error", "this API key may not use model 'other'")
+    assert [m["id"] for m in (await gw.client.get("/v1/models", headers=headers)).json()["data"]] == ["chat"]
+    assert [m["id"] for m in (await gw.client.get("/api/v1/models", headers=headers)).json()["data"]] == ["chat"]
+    every = (await gw.client.get("/v1/models", headers=bearer(ADMIN))).json()["data"]
+    assert [m["id"] for m in every] == ["chat", "free", "other"]
+
+
+async def test_a_budget_needs_a_price_on_every_backend(gw: GatewayHandle, make_key: MakeKey) -> None:
+    key = await make_key(budget_usd="5")
+    refused = await gw.client.post(COMPLETIONS, json=body("free"), headers=bearer(key["secret"]))
+    assert _error(refused) == (403, "permission_error", "this model has no price, so a budget cannot be enforced")
+
+
+async def test_limited_keys_get_openai_headers_on_json_and_streams(
+    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
+) -> None:
+    up.enqueue(answer("ok"))
+    up.enqueue(stream_answer("ok"))
+    key = await make_key(rpm=5, tpm=10_000)
+    headers = bearer(key["secret"])
+    plain = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=100), headers=headers)
+    streamed = await gw.client.post(COMPLETIONS, json=body("chat", stream=True, max_tokens=100), headers=headers)
+    assert parse_sse(streamed.text)[-1][0] == "stream_event"
+    # each reserves 89 (input bound) + 100 (max_tokens); the first settled to its 4 real tokens
+    for response, left, tokens_left in ((plain, 4, 10_000 - 189), (streamed, 3, 10_000 - 4 - 189)):
+        assert response.status_code == 200
+        assert response.headers["x-ratelimit-limit-requests"] == "5"
+        assert response.headers["x-ratelimit-remaining-requests"] == str(left)
+        assert response.headers["x-ratelimit-reset-requests"].endswith("s")
+        assert response.headers["x-ratelimit-limit-tokens"] == "10000"
+        assert response.headers["x-ratelimit-remaining-tokens"] == str(tokens_left)
+
+
+async def test_tpm_refuses_what_would_exceed_it(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:
+    up.set_default(answer("ok"))
+    key = await make_key(tpm=1000)
+    headers = bearer(key["secret"])
+    # 89 (input bound) + 900 reserved, settled to the 4 tokens the upstream counted
+    assert (await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=900), headers=headers)).status_code == 200
+    refused = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=950), headers=headers)  # 4 + 1039
+    assert _error(refused) == (429, "rate_limit_error", "rate limit reached for this API key (tpm)")
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+    again = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=900), headers=headers)  # 4 + 989
+    assert again.status_code == 200
+    assert again.headers["x-ratelimit-remaining-tokens"] == str(1000 - 4 - 989)
+
+
+async def test_rejected_requests_are_in_the_ledger_under_their_key(
+    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
+) -> None:
+    up.set_default(answer("ok"))
+    key = await make_key(rpm=1, owner="team-a")
+    headers = bearer(key["secret"])
+    await gw.client.post(COMPLETIONS, json=body("chat"), headers=headers)
+    refused = await gw.client.post(COMPLETIONS, json=body("chat"), headers=headers)
+    assert _error(refused) == (429, "rate_limit_error", "rate limit reached for this API key (rpm)")
+    rows: list[dict[str, Any]] = await gw.ledger_rows()
+    assert [(r["api_key_id"], r["status"], r["error_type"]) for r in rows] == [
+        (key["id"], "ok", None),
+        (key["id"], "error", "rate_limit_error"),
+    ]

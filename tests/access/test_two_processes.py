@@ -1,0 +1,263 @@
+"""Two real `switchyard serve` processes on one PostgreSQL database and one Redis: limits hold across
+them (access.md). Keys are made with the CLI against the same database; the upstream is a loopback
+server in the test's event loop that holds each answer for a while, so every admission of a burst
+is decided before the first request settles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from redis import Redis
+
+from tests.access.conftest import ADMIN, bearer
+from tests.support.catalog import catalog_toml, model, price
+from tests.support.cli import Process, cli_env, processes, run_cli
+from tests.support.client import COMPLETIONS, body
+from tests.support.ports import free_port
+from tests.support.replies import answer
+from tests.support.upstream import ReplayUpstream, played
+from tests.support.waiting import wait_until
+
+PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+CATALOG = catalog_toml(
+    model("chat", ("up", "up-chat"), max_output=1000, default=True),
+    prices=[price("up", "chat", "1", "2")],
+)
+HOLD_S = 4.0
+
+
+class PeakUpstream(ReplayUpstream):
+    """Also records the most answers it was ever writing at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peak = 0
+        count = self.server._count_streams
+
+        def counting(change: int) -> None:
+            count(change)
+            self.peak = max(self.peak, self.server.active_streams)
+
+        self.server._count_streams = counting  # type: ignore[method-assign]
+
+
+class Pair:
+    """Two gateways, their config directory and the database URL."""
+
+    def __init__(self, tmp_path: Path, urls: list[str], database: str, started: list[Process]) -> None:
+        self.tmp_path, self.urls, self.database, self.started = tmp_path, urls, database, started
+
+    def cli(self, *args: str) -> str:
+        result = run_cli(self.tmp_path, *args, "--config", str(self.tmp_path / "config.toml"), env=_env())
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def key(self, *options: str) -> dict[str, Any]:
+        created: dict[str, Any] = json.loads(self.cli("keys", "create", "--name", "t", *options, "--format", "json"))
+        return created
+
+    async def ledger(self, key_id: str) -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(self.database.replace("+asyncpg", ""))
+        try:
+            return await conn.fetch("SELECT * FROM ledger WHERE api_key_id = $1", key_id)
+        finally:
+            await conn.close()
+
+
+def _env() -> dict[str, str]:
+    return cli_env(SWITCHYARD_TEST_ADMIN_KEY=ADMIN)
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    client = Redis.from_url("redis://127.0.0.1:6379/0")
+    assert client.ping()
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    keys = list(client.scan_iter(match=f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+async def database() -> AsyncIterator[str]:
+    name = f"switchyard_test_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(PG_ADMIN_DSN)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
+async def up() -> AsyncIterator[PeakUpstream]:
+    async with PeakUpstream() as upstream:
+        yield upstream
+
+
+@pytest.fixture
+async def pair(tmp_path: Path, up: PeakUpstream, database: str, prefix: str) -> AsyncIterator[Pair]:
+    (tmp_path / "models.toml").write_text(CATALOG)
+    (tmp_path / "config.toml").write_text(f"""
+[server]
+replicas = 2
+
+[database]
+url = "{database}"
+
+[auth]
+mode = "keys"
+admin_key_env = "SWITCHYARD_TEST_ADMIN_KEY"
+
+[redis]
+url = "redis://127.0.0.1:6379/0"
+key_prefix = "{prefix}"
+
+[catalog]
+files = ["models.toml"]
+
+[providers.up]
+kind = "openai_compatible"
+base_url = "{up.url}"
+max_concurrency = 400
+""")
+    with processes() as started:
+        pair = Pair(tmp_path, [], database, started)
+        pair.cli("db", "upgrade")
+        for name in ("a", "b"):
+            port = free_port()
+            args = ["serve", "--config", str(tmp_path / "config.toml"), "--port", str(port)]
+            started.append(Process(tmp_path, name, args, _env()))
+            pair.urls.append(f"http://127.0.0.1:{port}")
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            for url, process in zip(pair.urls, started, strict=True):
+                await wait_until(_answers(client, url, process), within=30.0, what=f"{url} up")
+        yield pair
+
+
+def _answers(client: httpx.AsyncClient, url: str, process: Process) -> Any:
+    async def check() -> bool:
+        if process.popen.poll() is not None:
+            pytest.fail(f"exited: {process.output()}")
+        try:
+            return (await client.get(f"{url}/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    return check
+
+
+async def _burst(pair: Pair, secret: str, count: int, **extra: Any) -> list[httpx.Response]:
+    """`count` concurrent completions, alternating between the two processes."""
+    limits = httpx.Limits(max_connections=count)
+    async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
+        calls = [
+            client.post(f"{pair.urls[i % 2]}{COMPLETIONS}", json=body("chat", **extra), headers=bearer(secret))
+            for i in range(count)
+        ]
+        return list(await asyncio.gather(*calls))
+
+
+async def test_a_budget_is_never_overspent_by_concurrent_requests(pair: Pair, up: PeakUpstream) -> None:
+    # Worst case of one request: input bound 89 (the JSON of the messages, 57 bytes, plus 16 per
+    # message and 16 for the system turn) at $1/M plus max_tokens 1000 at $2/M = $0.002089.
+    # $0.0842 admits 40 of them (40 x 0.002089 = 0.08356; 41 would be 0.085649).
+    up.set_default(played(answer("ok"), first_byte_delay_s=HOLD_S))
+    key = pair.key("--budget-usd", "0.0842", "--budget-period", "day")
+
+    responses = await _burst(pair, key["secret"], 200, max_tokens=1000)
+
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) == 40, statuses
+    refused = [r.json()["error"] for r in responses if r.status_code == 429]
+    assert len(refused) == 160
+    assert {(e["type"], e["message"]) for e in refused} == {
+        ("insufficient_quota", "budget exceeded: spent $0.00 of $0.0842 this day")
+    }
+    assert all(0 < int(r.headers["retry-after"]) <= 86_400 for r in responses if r.status_code == 429)
+    await wait_until(lambda: _count(pair, key["id"], 200), within=5.0, what="200 ledger rows")
+    rows = await pair.ledger(key["id"])
+    total = sum((row["cost_usd"] for row in rows if row["cost_usd"] is not None), Decimal(0))
+    assert total == 40 * Decimal("0.000005")  # 3 in + 1 out each
+    assert total <= Decimal("0.0842")
+    async with httpx.AsyncClient() as client:
+
+        async def settled() -> bool:
+            me = (await client.get(f"{pair.urls[1]}/api/v1/keys/me", headers=bearer(key["secret"]))).json()
+            return (Decimal(me["spent_usd"]), Decimal(me["remaining_usd"])) == (total, Decimal("0.0842") - total)
+
+        await wait_until(settled, what="keys/me reporting the settled spend")
+
+
+async def _count(pair: Pair, key_id: str, expected: int) -> bool:
+    return len(await pair.ledger(key_id)) == expected
+
+
+async def test_rpm_is_exact_across_both_processes(pair: Pair, up: PeakUpstream) -> None:
+    up.set_default(answer("ok"))
+    key = pair.key("--rpm", "10")
+
+    responses = await _burst(pair, key["secret"], 30)
+
+    assert sorted(r.status_code for r in responses) == [200] * 10 + [429] * 20
+    refused = [r for r in responses if r.status_code == 429]
+    assert {r.json()["error"]["message"] for r in refused} == {"rate limit reached for this API key (rpm)"}
+    assert all(1 <= int(r.headers["retry-after"]) <= 60 for r in refused)
+    assert {r.headers["x-ratelimit-limit-requests"] for r in responses} == {"10"}
+    remaining = sorted(int(r.headers["x-ratelimit-remaining-requests"]) for r in responses if r.status_code == 200)
+    assert remaining == list(range(10))
+
+
+async def test_max_concurrency_holds_at_the_upstream(pair: Pair, up: PeakUpstream) -> None:
+    up.set_default(played(answer("ok"), first_byte_delay_s=1.0))
+    key = pair.key("--max-concurrency", "3")
+
+    responses = await _burst(pair, key["secret"], 12)
+
+    assert sorted(r.status_code for r in responses) == [200] * 3 + [429] * 9
+    assert {r.json()["error"]["message"] for r in responses if r.status_code == 429} == {
+        "rate limit reached for this API key (max_concurrency)"
+    }
+    assert up.peak == 3
+    again = await _burst(pair, key["secret"], 3)  # the slots were given back
+    assert [r.status_code for r in again] == [200] * 3
+
+
+async def test_a_revocation_on_one_process_is_refused_by_the_other_within_a_second(
+    pair: Pair, up: PeakUpstream
+) -> None:
+    up.set_default(answer("ok"))
+    key = pair.key("--owner", "team-a")
+    other = pair.key()
+    async with httpx.AsyncClient() as client:
+        for url in pair.urls:
+            assert (
+                await client.post(f"{url}{COMPLETIONS}", json=body("chat"), headers=bearer(key["secret"]))
+            ).is_success
+        revoked = await client.delete(f"{pair.urls[0]}/api/v1/keys/{key['id']}", headers=bearer(ADMIN))
+        assert revoked.status_code == 200
+        assert revoked.json()["revoked_at"] is not None
+
+        async def refused(url: str, secret: str) -> bool:
+            response = await client.post(f"{url}{COMPLETIONS}", json=body("chat"), headers=bearer(secret))
+            return response.status_code == 401
+
+        await wait_until(lambda: refused(pair.urls[1], key["secret"]), within=1.0, what="the other process refusing")
+        assert await refused(pair.urls[0], key["secret"])
+        pair.cli("keys", "revoke", other["id"])  # the CLI, on the database: announced on Redis
+        for url in pair.urls:
+            await wait_until(lambda url=url: refused(url, other["secret"]), within=1.0, what=f"{url} refusing")
+    await wait_until(lambda: _count(pair, key["id"], 2), what="the revoked key's 2 ledger rows")
