@@ -40,10 +40,11 @@ from peers import (
 )
 from procs import Server
 
-# Limits no run can reach (a run sends well under a million requests of a few dozen tokens).
+# Limits no run can reach (a run sends well under a million requests a minute, of a few dozen tokens
+# each), within 32-bit integers (the keys table's rpm/tpm columns).
 BUDGET_USD = 1_000_000
 RPM = 100_000_000
-TPM = 100_000_000_000
+TPM = 2_000_000_000
 ADMIN_ENV = "SWITCHYARD_ADMIN_KEY"  # access.md's default `[auth] admin_key_env`
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 PG = "postgres@127.0.0.1:5432"
@@ -65,8 +66,10 @@ def fresh_database(name: str) -> str | None:
 
 
 def _last_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The line that says what went wrong: the first naming an error, else the last."""
     lines = (done.stderr or done.stdout).strip().splitlines()
-    return lines[-1][:220] if lines else f"exit {done.returncode}"
+    named = [line for line in lines if "rror" in line]
+    return (named or lines or [f"exit {done.returncode}"])[0 if named else -1][:220]
 
 
 class SwitchyardServices(Switchyard):
@@ -118,7 +121,7 @@ class SwitchyardServices(Switchyard):
         return Request(request.port, request.path, request.body, {"Authorization": f"Bearer {self.secret}"})
 
     def finished(self) -> str:
-        sql = "select count(*), count(api_key_id), coalesce(sum(cost_usd), 0) from ledger"
+        sql = "select count(*), count(api_key_id), round(coalesce(sum(cost_usd), 0), 6) from ledger"
         try:
             rows, keyed, cost = psql(sql, self.database).split("|")
         except (subprocess.CalledProcessError, OSError, ValueError):
