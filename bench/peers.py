@@ -90,6 +90,18 @@ class Target:
     def server(self, run_dir: Path, cpus: str) -> Server | None:
         return None
 
+    def prepare(self, run_dir: Path) -> str | None:
+        """Work before the server starts (a fresh database, a key); None when ready, else why not."""
+        return None
+
+    def started(self) -> str | None:
+        """Work once the server answers (a key made over its API); None when ready, else why not."""
+        return None
+
+    def finished(self) -> str:
+        """Facts to show next to the numbers once measured, before the server stops (rows, spend)."""
+        return ""
+
     def request(self, kind: str) -> Request:
         model = SLOW_MODEL if kind == "slow" else MODEL
         return Request(self.port, "/v1/chat/completions", openai_body(model, kind == "stream"))
@@ -147,8 +159,13 @@ class Switchyard(Target):
             "max_concurrency = 4096\n\n"
             f'[providers.mockslow]\nkind = "openai_compatible"\nbase_url = "{self.mocks.url(slow=True)}"\n'
             "max_concurrency = 4096\n"
+            f"{self.extra_config()}"
         )
         return config
+
+    def extra_config(self) -> str:
+        """More config sections for variants (`[auth]`, `[redis]`); none for the plain gateway."""
+        return ""
 
     def server(self, run_dir: Path, cpus: str) -> Server:
         config = self.write_config(run_dir)

@@ -275,6 +275,47 @@ def memory(results: Results) -> list[str]:
 
 
 @dataclass(frozen=True)
+class KeysNames:
+    """Scenario 7's system names (issue 11)."""
+
+    none: str  # Switchyard auth none, PostgreSQL + Redis
+    none_again: str  # the same after the keyed run
+    keys: str  # Switchyard with a key that has a budget, rpm and tpm
+    litellm_keys: str  # LiteLLM with a virtual key, PostgreSQL, Redis
+    litellm_master: str  # LiteLLM with its master key, no database (the stand-in)
+
+
+def keys(results: Results, names: Names) -> list[str]:
+    """Scenario 7: keys and limits; ratios against Switchyard without keys and against LiteLLM."""
+    k = names.keys
+    assert k is not None
+    runs = [m.rps for m in (results.measure("keys", k.none), results.measure("keys", k.none_again)) if m]
+    none_rps = sum(runs) / len(runs) if runs else None
+    lite = results.measure("keys", k.litellm_keys) or results.measure("keys", k.litellm_master)
+
+    def row(system: str, cell: Cell) -> list[str]:
+        m = cell.measure
+        assert m is not None
+        return [
+            _fmt(m.rps, 0),
+            _fmt(m.p50_ms, 2),
+            _fmt(m.p99_ms, 2),
+            _fmt(None if none_rps is None else 100 * m.rps / none_rps, 1, " %"),
+            _fmt(_ratio(m.rps, lite.rps if lite else None), 1, "×"),
+            cell.detail,
+            _errors(m),
+        ]
+
+    header = ["system", "req/s", "p50 ms", "p99 ms", "of auth none (mean)", "vs LiteLLM", "detail", "errors"]
+    title = "### 7. Keys, budgets and rate limits (PostgreSQL + Redis), 32 connections, non-streaming"
+    note = (
+        '\n\n"vs LiteLLM" divides by LiteLLM with a virtual key when it ran, else by LiteLLM with only its'
+        " master key and no database (it does less per request than a virtual key, so that ratio flatters LiteLLM)."
+    )
+    return [title + note, "", *_table(header, _rows(results, "keys", len(header), row))]
+
+
+@dataclass(frozen=True)
 class Names:
     """System names the bar refers to."""
 
@@ -286,6 +327,7 @@ class Names:
     ledger_off: str
     workers_1: str
     workers_n: str
+    keys: KeysNames | None = None
 
 
 def bar(results: Results, names: Names) -> list[str]:
@@ -324,4 +366,32 @@ def bar(results: Results, names: Names) -> list[str]:
     line("RSS growth ≤ 20 MB over 100k requests", growth, None if growth is None else growth <= 20, "{:.1f} MB")
     r = ratio("workers", names.workers_n, names.workers_1)
     line(f"{names.workers_n} rises over 1 worker", r, None if r is None else r > 1, "{:.2f}×")
+    if names.keys is not None and results.cells.get("keys"):
+        rows += _keys_bar(results, names.keys)
     return ["### Bar (for the lead)", "", *_table(["criterion", "measured", "met"], rows)]
+
+
+def _keys_bar(results: Results, k: KeysNames) -> list[list[str]]:
+    """Issue 11's two lines: keys keep ≥ 90 % of auth none, and ≥ 25× LiteLLM configured the same way."""
+    keyed = results.measure("keys", k.keys)
+    runs = [m.rps for m in (results.measure("keys", k.none), results.measure("keys", k.none_again)) if m]
+    share = None if keyed is None or not runs else 100 * keyed.rps * len(runs) / sum(runs)
+    rows = [
+        [
+            "keys mode keeps ≥ 90 % of auth none (mean of the runs around it)",
+            _fmt(share, 1, " %"),
+            _verdict(None if share is None else share >= 90),
+        ]
+    ]
+    for label, system in (
+        ("a virtual key, PostgreSQL, Redis", k.litellm_keys),
+        ("master key only, no database: a stand-in that flatters LiteLLM", k.litellm_master),
+    ):
+        lite = results.measure("keys", system)
+        r = _ratio(keyed.rps if keyed else None, lite.rps if lite else None)
+        rows.append([f"keys mode ≥ 25× LiteLLM ({label})", _fmt(r, 1, "×"), _verdict(None if r is None else r >= 25)])
+    return rows
+
+
+def _verdict(passed: bool | None) -> str:
+    return "n/a" if passed is None else ("yes" if passed else "NO")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import report
+from keyed import LiteLLMKeys, LiteLLMMasterKey, SwitchyardServices
 from load import Check, Measure, check, run_wrk
 from peers import (
     PEERS,
@@ -44,7 +45,7 @@ from peers import (
     repo_python,
 )
 from procs import Server, StartError, free_port
-from report import Cell, Names, Results, RssRow
+from report import Cell, KeysNames, Names, Results, RssRow
 
 # scenario key -> (request kind, connections)
 SCENARIOS = {"throughput": ("json", 32), "latency": ("json", 1), "slow": ("slow", 256), "stream": ("stream", 16)}
@@ -53,6 +54,9 @@ SQLITE_LABEL = "switchyard (SQLite ledger)"
 PG_LABEL = "switchyard (PostgreSQL ledger)"
 OFF_LABEL = "switchyard (ledger off)"
 SQLITE_AGAIN_LABEL = "switchyard (SQLite ledger, again)"
+KEYS_NONE_LABEL = "switchyard auth none (PostgreSQL, Redis)"
+KEYS_ON_LABEL = "switchyard keys (key with budget, rpm, tpm; PostgreSQL, Redis)"
+KEYS_NONE_AGAIN_LABEL = "switchyard auth none (PostgreSQL, Redis), again"
 PG_DB = "switchyard_bench"
 PG_URL = f"postgresql+asyncpg://postgres@127.0.0.1:5432/{PG_DB}"
 
@@ -90,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         help="comma list (default: direct,switchyard,litellm,portkey; also openai_chat, anthropic_messages, "
         "openai_completions: the same Switchyard through its other front doors)",
     )
-    add("--scenarios", default="1,2,3,4,5,6,rss", help="comma list of 1-6 and rss (default all)")
+    add("--scenarios", default="1,2,3,4,5,6,7,rss", help="comma list of 1-7 and rss (default all)")
     add("--workers", type=int, default=max(2, cpus), help="workers for scenario 6 (default: CPU count, ≥2)")
     add("--gateway-cpus", default="0", help="taskset list for the gateway under test (default 0)")
     add("--load-cpus", default="1" if cpus > 1 else "0", help="taskset list for wrk and the mocks (default 1)")
@@ -116,7 +120,7 @@ def _plan(argv: list[str]) -> Plan:
         warmup=ns.warmup,
         workers=ns.workers,
         scenarios=[SCENARIO_NUMBERS[s] for s in picked if s in SCENARIO_NUMBERS],
-        extra={s for s in picked if s in ("5", "6", "rss")},
+        extra={s for s in picked if s in ("5", "6", "7", "rss")},
         systems=[s.strip() for s in ns.systems.split(",") if s.strip()],
         rss_requests=ns.rss_requests,
         rss_max_s=ns.rss_max_s,
@@ -161,13 +165,14 @@ def ensure_tools() -> None:
 def install_peers(plan: Plan) -> None:
     PEERS.mkdir(parents=True, exist_ok=True)
     for key, peer in (("litellm", LiteLLM), ("portkey", Portkey)):
-        if key not in plan.systems:
+        if key not in plan.systems and not (key == "litellm" and "7" in plan.extra):
             continue
         log(f"installing {peer.name} under {PEERS} (skipped when present)")
         try:
             peer.install()
         except (subprocess.CalledProcessError, OSError) as exc:
-            plan.install_notes[peer.name] = f"install failed: {exc}"
+            for name in (peer.name, *((LiteLLMKeys.name, LiteLLMMasterKey.name) if key == "litellm" else ())):
+                plan.install_notes[name] = f"install failed: {exc}"
 
 
 def versions(plan: Plan) -> list[str]:
@@ -254,9 +259,11 @@ def start(server: Server | None) -> str | None:
 
 def bench_target(plan: Plan, results: Results, target: Target, scenarios: list[str]) -> Tally:
     tally = Tally()
-    note = plan.install_notes.get(target.name)
+    note = plan.install_notes.get(target.name) or target.prepare(plan.run_dir)
     server = None if note else target.server(plan.run_dir, plan.gateway_cpus)
     note = note or start(server)
+    if not note and (note := target.started()) and server is not None:
+        server.stop()
     if note:
         for scenario in scenarios:
             results.put(scenario, target.name, Cell(note=note))
@@ -268,6 +275,10 @@ def bench_target(plan: Plan, results: Results, target: Target, scenarios: list[s
             if server is not None and server.exit_code is not None:
                 cell = Cell(note=f"crashed (exit {server.exit_code}) during {scenario}")
             results.put(scenario, target.name, cell)
+        detail = target.finished()
+        for scenario in scenarios if detail else []:
+            cell = results.cells[scenario][target.name]
+            cell.detail = "; ".join(x for x in (cell.detail, detail) if x)
         if server is not None:
             ran = ", ".join(n for n, key in SCENARIO_NUMBERS.items() if key in scenarios)
             results.rss.append(
@@ -321,9 +332,9 @@ def prepare_postgres(plan: Plan, target: Switchyard) -> str | None:
 
 
 @contextlib.contextmanager
-def postgres_on(cpus: str, restore: str) -> Iterator[None]:
-    """The PostgreSQL server's processes (and the backends they fork) pinned to the load CPUs
-    while the gateway writes its ledger there, then back on `restore`.
+def postgres_on(cpus: str, restore: str, redis: bool = False) -> Iterator[None]:
+    """The PostgreSQL server's processes (and the backends they fork), and with `redis` the Redis
+    server, pinned to the load CPUs while the gateway uses them, then back on `restore`.
 
     The server is a separate system, like the mock upstreams: in production it runs on its own
     host. Left unpinned, the scheduler put its work (≈ 19 µs of CPU per ledger row here) on the
@@ -332,6 +343,8 @@ def postgres_on(cpus: str, restore: str) -> Iterator[None]:
     the gateway's process and stays charged in full.
     """
     pids = subprocess.run(["pgrep", "-u", "postgres"], capture_output=True, text=True).stdout.split()
+    if redis:  # found by its exact name (it may run as root), pinned only, never signalled
+        pids += subprocess.run(["pgrep", "-x", "redis-server"], capture_output=True, text=True).stdout.split()
 
     def pin(to: str) -> None:
         for pid in pids:
@@ -378,10 +391,42 @@ def ledger_scenario(plan: Plan, results: Results, mocks: Mocks, sqlite_detail: s
     results.put("ledger", again.name, moved)
 
 
+def keys_scenario(plan: Plan, results: Results, mocks: Mocks) -> None:
+    """Scenario 7 (issue 11): keys, budgets and rate limits, each system on PostgreSQL and Redis.
+
+    Switchyard without keys is measured before and after the one with keys (the machine drifts
+    within a run; the bar uses the mean of the two), then LiteLLM with a virtual key, then LiteLLM
+    with only its master key (the stand-in that runs without a database). The PostgreSQL and
+    Redis servers are pinned to the load CPUs meanwhile, like the mocks (see `postgres_on`).
+    """
+    stamp = plan.run_dir.name.lower()
+    targets: list[Target] = [
+        SwitchyardServices(mocks, free_port(), KEYS_NONE_LABEL, False, stamp),
+        SwitchyardServices(mocks, free_port(), KEYS_ON_LABEL, True, stamp),
+        SwitchyardServices(mocks, free_port(), KEYS_NONE_AGAIN_LABEL, False, stamp + "-again"),
+        LiteLLMKeys(mocks, free_port()),
+        LiteLLMMasterKey(mocks, free_port()),
+    ]
+    with postgres_on(plan.load_cpus, plan.all_cpus, redis=True):
+        for target in targets:
+            bench_target(plan, results, target, ["throughput"])
+            results.put("keys", target.name, results.cells["throughput"].pop(target.name))
+
+
 def names_for(plan: Plan) -> Names:
     one = f"switchyard --workers 1 (CPU {plan.gateway_cpus})"
     many = f"switchyard --workers {plan.workers} (CPUs {plan.all_cpus})"
-    return Names("switchyard", Portkey.name, SQLITE_LABEL, SQLITE_AGAIN_LABEL, PG_LABEL, OFF_LABEL, one, many)
+    return Names(
+        "switchyard",
+        Portkey.name,
+        SQLITE_LABEL,
+        SQLITE_AGAIN_LABEL,
+        PG_LABEL,
+        OFF_LABEL,
+        one,
+        many,
+        KeysNames(KEYS_NONE_LABEL, KEYS_NONE_AGAIN_LABEL, KEYS_ON_LABEL, LiteLLMKeys.name, LiteLLMMasterKey.name),
+    )
 
 
 def workers_scenario(plan: Plan, results: Results, mocks: Mocks) -> None:
@@ -456,6 +501,7 @@ def render(plan: Plan, results: Results, names: Names, header: list[str]) -> str
         ("stream", report.streaming(results)),
         ("ledger", report.ledger(results, names.ledger_on)),
         ("workers", report.workers(results, names.workers_1)),
+        ("keys", report.keys(results, names)),
     ]
     for key, section in sections:
         if results.cells.get(key):
@@ -500,6 +546,8 @@ def main(argv: list[str]) -> int:
             ledger_scenario(plan, results, mocks, rows_note(rows, sy_tally.sent) + " (the instance of scenarios 1–4)")
         if "6" in plan.extra:
             workers_scenario(plan, results, mocks)
+        if "7" in plan.extra:
+            keys_scenario(plan, results, mocks)
         if "rss" in plan.extra:
             rss_step(plan, results, mocks)
     finally:
