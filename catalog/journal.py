@@ -59,7 +59,10 @@ FORMAT_VERSION = 1
 _RETRY_S = 1.0
 _READ_CHUNK = 1 << 20
 
-log = structlog.get_logger("switchyard.ledger")
+# Not cached on first use (the app's loggers are): the ledger logs rarely (outages, replays), and a
+# logger cached at import time would keep writing to the first app's writer in a process that
+# configures logging again (tests, an embedding application).
+log = structlog.wrap_logger(None, cache_logger_on_first_use=False, logger_factory_args=("switchyard.ledger",))
 
 
 class Segment:

@@ -68,7 +68,10 @@ STORE_CLOSE_S = 2.0  # closing the store's connection (SQLite: on its thread, ma
 BEHIND_AFTER_S = 10.0  # the oldest unwritten row older than this: the ledger is "behind"
 LedgerState = Literal["ok", "behind", "unwritable"]
 
-log = structlog.get_logger("switchyard.ledger")
+# Not cached on first use (the app's loggers are): the ledger logs rarely (outages, replays), and a
+# logger cached at import time would keep writing to the first app's writer in a process that
+# configures logging again (tests, an embedding application).
+log = structlog.wrap_logger(None, cache_logger_on_first_use=False, logger_factory_args=("switchyard.ledger",))
 
 _COLUMNS = tuple(LedgerRecord.__struct_fields__)
 
