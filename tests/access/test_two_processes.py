@@ -260,4 +260,4 @@ async def test_a_revocation_on_one_process_is_refused_by_the_other_within_a_seco
         pair.cli("keys", "revoke", other["id"])  # the CLI, on the database: announced on Redis
         for url in pair.urls:
             await wait_until(lambda url=url: refused(url, other["secret"]), within=1.0, what=f"{url} refusing")
-    await wait_until(lambda: _count(pair, key["id"], 2), what="the revoked key's 2 ledger rows")
+    await wait_until(lambda: _count(pair, key["id"], 2), within=10.0, what="the revoked key's 2 ledger rows")

@@ -1,0 +1,222 @@
+"""A small pipelined Redis client for the limiter's two calls per request (admission, settlement).
+
+Why not redis-py: its asyncio client spent 190 to 390 µs of CPU per `EVALSHA` here (connection
+pool, retry and lock machinery, with or without hiredis; measured with 32 concurrent callers) —
+two calls per request halved the gateway's throughput in keys mode (bench/RESULTS.md). This
+client keeps one connection, writes each command as one RESP array and resolves replies in order
+(Redis answers a connection's commands in the order it received them), so any number of
+concurrent requests share the connection without a pool or a lock. Commands issued in one turn of
+the event loop leave in one `send`, and one timer per connection (not one per call) enforces the
+timeout: the oldest unanswered command older than `timeout` drops the connection.
+
+What it speaks: RESP2 replies (simple strings, errors, integers, bulk strings, nested arrays),
+`AUTH` and `SELECT` from the URL (`redis://[[user]:password@]host[:port][/db]`; `rediss://` over
+TLS), `EVALSHA` with the script loaded on `NOSCRIPT`. Every failure — connect, timeout, a closed
+connection, an error reply — raises `RespError` (or a subclass); a timeout or a lost connection
+also closes the connection, since later replies could no longer be matched to their commands, and
+the next call connects again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+from collections import deque
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
+
+Reply = Any  # bytes | int | None | list[Reply] | RespError
+
+
+class RespError(Exception):
+    """Redis unreachable, too slow, or an error reply."""
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, timeout: float) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiting: deque[asyncio.Future[Reply]] = deque()
+        self.sent_at: deque[float] = deque()
+        self.buffer = bytearray()
+        self.lost: Exception | None = None
+        self.outgoing: list[bytes] = []
+        self.timeout = timeout
+        self.loop = asyncio.get_running_loop()
+        self.watchdog: asyncio.TimerHandle | None = None
+
+    def send(self, command: bytes) -> asyncio.Future[Reply]:
+        future: asyncio.Future[Reply] = self.loop.create_future()
+        if not self.outgoing:
+            self.loop.call_soon(self._flush)
+        self.outgoing.append(command)
+        self.waiting.append(future)
+        self.sent_at.append(self.loop.time())
+        if self.watchdog is None:
+            self.watchdog = self.loop.call_later(self.timeout, self._watch)
+        return future
+
+    def _flush(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.outgoing))
+        self.outgoing.clear()
+
+    def _watch(self) -> None:
+        self.watchdog = None
+        if not self.sent_at:
+            return
+        late = self.sent_at[0] + self.timeout - self.loop.time()
+        if late <= 0:
+            self.fail(RespError(f"no answer within {self.timeout} s"))
+            if self.transport is not None:
+                self.transport.close()
+        else:
+            self.watchdog = self.loop.call_later(late, self._watch)
+
+    def fail(self, error: Exception) -> None:
+        self.lost = error
+        self.sent_at.clear()
+        while self.waiting:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(error)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)  # uvloop's is not an asyncio.Transport subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(RespError(f"connection lost: {exc}" if exc else "connection closed"))
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        position = 0
+        while self.waiting:
+            parsed = _parse(self.buffer, position)
+            if parsed is None:
+                break
+            reply, position = parsed
+            future = self.waiting.popleft()
+            self.sent_at.popleft()
+            if not future.done():
+                future.set_result(reply)
+        del self.buffer[:position]
+
+
+def _parse(buffer: bytearray, start: int) -> tuple[Reply, int] | None:
+    """One reply from `buffer` at `start`, and where the next begins; None when incomplete."""
+    end = buffer.find(b"\r\n", start)
+    if end < 0:
+        return None
+    kind, line = buffer[start], bytes(buffer[start + 1 : end])
+    after = end + 2
+    if kind == 0x3A:  # ':'
+        return int(line), after
+    if kind == 0x24:  # '$'
+        size = int(line)
+        if size < 0:
+            return None, after
+        if len(buffer) < after + size + 2:
+            return None
+        return bytes(buffer[after : after + size]), after + size + 2
+    if kind == 0x2A:  # '*'
+        items: list[Reply] = []
+        for _ in range(max(0, int(line))):
+            parsed = _parse(buffer, after)
+            if parsed is None:
+                return None
+            item, after = parsed
+            items.append(item)
+        return (items if int(line) >= 0 else None), after
+    if kind == 0x2D:  # '-'
+        return RespError(line.decode("utf-8", "replace")), after
+    return line, after  # '+': a simple string
+
+
+def encode(args: tuple[bytes | str | int, ...]) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+class RespClient:
+    """One pipelined connection to Redis, opened on first use and again after a failure."""
+
+    def __init__(self, url: str, timeout: float = 1.0) -> None:
+        parts = urlsplit(url)
+        self._host = parts.hostname or "127.0.0.1"
+        self._port = parts.port or 6379
+        self._tls = parts.scheme == "rediss"
+        self._hello: list[tuple[bytes | str | int, ...]] = []
+        if parts.password is not None:
+            user = unquote(parts.username) if parts.username else None
+            password = unquote(parts.password)
+            self._hello.append(("AUTH", user, password) if user else ("AUTH", password))
+        if parts.path.strip("/") not in ("", "0"):
+            self._hello.append(("SELECT", int(parts.path.strip("/"))))
+        self._timeout = timeout
+        self._protocol: _Protocol | None = None
+        self._connecting: asyncio.Task[_Protocol] | None = None
+
+    async def call(self, *args: bytes | str | int) -> Reply:
+        protocol = self._protocol
+        if protocol is None or protocol.lost is not None:
+            protocol = await self._connected()
+        reply = await protocol.send(encode(args))
+        if isinstance(reply, RespError):
+            raise reply
+        return reply
+
+    async def evalsha(self, script: Script, keys: list[str], args: list[str]) -> Reply:
+        try:
+            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
+        except RespError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        await self.call("SCRIPT", "LOAD", script.source)
+        return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    async def _connected(self) -> _Protocol:
+        if self._connecting is None:
+            self._connecting = asyncio.get_running_loop().create_task(self._connect())
+        try:
+            return await asyncio.shield(self._connecting)
+        finally:
+            if self._connecting is not None and self._connecting.done():
+                self._connecting = None
+
+    async def _connect(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        context = ssl.create_default_context() if self._tls else None
+        try:
+            _transport, protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: _Protocol(self._timeout), self._host, self._port, ssl=context),
+                self._timeout,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise RespError(f"cannot connect: {type(exc).__name__}: {exc}") from None
+        self._protocol = protocol
+        for command in self._hello:
+            await self.call(*command)
+        return protocol
+
+    def _drop(self, protocol: _Protocol) -> None:
+        if protocol.watchdog is not None:
+            protocol.watchdog.cancel()
+        if protocol.transport is not None:
+            protocol.transport.close()
+        if self._protocol is protocol:
+            self._protocol = None
+
+    async def close(self) -> None:
+        if self._protocol is not None:
+            self._drop(self._protocol)
+
+
+class Script:
+    """A Lua script and its SHA-1, as `EVALSHA` names it."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
