@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
+from functools import lru_cache
 
 import msgspec
 
@@ -104,7 +105,13 @@ def period_bounds(period: BudgetPeriod, now: datetime) -> tuple[str, datetime | 
     """(tag, start, end) of the UTC calendar period holding `now`; `total` has neither."""
     if period == "total":
         return "total", None, None
-    day = datetime(now.year, now.month, now.day, tzinfo=UTC)
+    return _calendar(period, now.year, now.month, now.day)
+
+
+@lru_cache(maxsize=16)
+def _calendar(period: BudgetPeriod, year: int, month: int, day_of_month: int) -> tuple[str, datetime, datetime]:
+    """The day's or month's bounds, computed once a day per period (strftime is slow per request)."""
+    day = datetime(year, month, day_of_month, tzinfo=UTC)
     if period == "day":
         return f"d{day:%Y%m%d}", day, day + timedelta(days=1)
     start = day.replace(day=1)
