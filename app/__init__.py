@@ -29,7 +29,8 @@
                      `gpu_hour_usd`)
     access/          API keys (access.md): keyring.py (every key in memory by the hash of its
                      secret), gate.py (permission, reserve-then-settle admission), limiter.py and
-                     redis_limiter.py (in-process; Redis with Lua), worstcase.py
+                     redis_limiter.py (in-process; Redis with Lua, through resp.py: a small
+                     pipelined Redis client), worstcase.py
     routing/         router.py (model → backends), state.py (capacity, cool-downs, breaker),
                      failover.py (the retry loop's decisions), health.py (probes), cluster.py
                      (the Redis link between workers and replicas)
