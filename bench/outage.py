@@ -46,9 +46,9 @@ def rss_kb(pid: int) -> int:
 
 def ready(port: int) -> dict[str, object]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
             return dict(json.loads(response.read()))
-    except Exception as exc:  # noqa: BLE001  # a 503 or a refused connection: not ready
+    except Exception as exc:  # a 503 or a refused connection: not ready
         body = getattr(exc, "read", None)
         return dict(json.loads(body())) if body else {}
 
@@ -124,7 +124,8 @@ def main() -> int:
             during = [kb for t, kb, _ in samples if args.before <= t <= args.before + args.outage]
             print(f"wrk: {summary}")
             print(
-                f"ledger: {ok_rows} ok rows, {all_rows} rows, {dupes} duplicate ids; drained in {time.monotonic() - drained:.1f} s"
+                f"ledger: {ok_rows} ok rows, {all_rows} rows, {dupes} duplicate ids; "
+                f"drained in {time.monotonic() - drained:.1f} s"
             )
             print(
                 f"RSS at the cut {during[0] / 1024:.1f} MB, max during the outage {max(during) / 1024:.1f} MB, "
