@@ -14,6 +14,7 @@ groups by `date_trunc(…, 'UTC')` and `bucket_text` prints each group's bucket.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -33,9 +34,12 @@ def hour_ceiling(moment: datetime) -> datetime:
     return floor if floor == moment else floor + timedelta(hours=1)
 
 
-class Dialect:
+class Dialect(ABC):
+    """What the two databases share; each says how it buckets time (`bucket`)."""
+
+    @abstractmethod
     def bucket(self, moment: str, group: str) -> str:
-        raise NotImplementedError
+        """The SQL expression of `moment`'s `day` or `hour` bucket."""
 
     def bucket_text(self, value: Any, group: str) -> str:
         """A bucket as the report prints it (`YYYY-MM-DD`, `YYYY-MM-DDTHH:00Z`)."""
