@@ -23,7 +23,7 @@ from app.settings import ConfigError, Settings
 from catalog.database import open_engine
 from catalog.drift import DriftReport, price_drift
 from catalog.gpu_cost import GpuCostReport, gpu_costs
-from catalog.report_period import Period, PeriodError, parse_period
+from catalog.report_period import Period, QueryError, parse_period
 
 COMMANDS = ("drift", "gpu-cost")
 
@@ -45,7 +45,7 @@ def register(catalog_commands: Any, config_option: Callable[[argparse.ArgumentPa
 def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         period = parse_period(args.start, args.end)
-    except PeriodError as exc:
+    except QueryError as exc:
         raise ConfigError(f"--{exc.message}") from None
     report = asyncio.run(_report(args.catalog_command, settings, period))
     if args.format == "json":

@@ -30,7 +30,8 @@ import msgspec
 from app.settings import Settings
 from catalog.database import open_engine
 from catalog.migrate import upgrade_async
-from catalog.usage_query import FILTERS, QueryError, UsageFigures, UsageReport, parse_query
+from catalog.report_period import QueryError
+from catalog.usage_query import FILTERS, UsageFigures, UsageReport, parse_query
 from catalog.usage_report import usage_report
 
 FIGURES = tuple(UsageFigures.__struct_fields__)

@@ -1,10 +1,11 @@
 """The period a cost report covers: `from` (inclusive) and `to` (exclusive), as cost.md's usage
 report takes them — ISO 8601, the last 30 days by default.
 
-Decisions where the spec is silent: a date (`2026-11-01`) is its midnight UTC; a time with no
-offset is UTC (a report is about UTC buckets); with only `from`, the period runs to now; with only
-`to`, it starts 30 days before it; `to` must be after `from`. A bad value raises `PeriodError`
-naming the parameter, which the API answers with a 400 and the CLI with exit code 2.
+One parser for every report (usage, drift, GPU cost). Decisions where the spec is silent: a date
+(`2026-11-01`) is its midnight UTC; a time with no offset is UTC (a report is about UTC buckets);
+an empty value is absent; with only `from`, the period runs to now; with only `to`, it starts 30
+days before it; `from` must be before `to`. A bad value raises `QueryError` naming the parameter,
+which the API answers with a 400 and the CLI with exit code 2.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from msgspec import Struct
 DEFAULT_SPAN = timedelta(days=30)
 
 
-class PeriodError(ValueError):
-    """A bad `from` or `to`; `param` names it."""
+class QueryError(ValueError):
+    """A bad report parameter; `param` is its name as the caller wrote it, and `message` starts
+    with it."""
 
     def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(f"{param}: {message}")
         self.param = param
-        self.message = message
+        self.message = f"{param}: {message}"
 
 
 class Period(Struct, frozen=True):
@@ -31,11 +33,11 @@ class Period(Struct, frozen=True):
 
 
 def parse_instant(param: str, value: str) -> datetime:
-    """`value` (ISO 8601) as an aware UTC datetime; PeriodError naming `param` when it is not one."""
+    """`value` (ISO 8601) as an aware UTC datetime; QueryError naming `param` when it is not one."""
     try:
-        parsed = datetime.fromisoformat(value.strip())
+        parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise PeriodError(param, f"{param}: not an ISO 8601 date or time: {value[:64]!r}") from None
+        raise QueryError(param, f"not an ISO 8601 date or time: {value[:64]!r}") from None
     if parsed.tzinfo is None:
         return parsed.replace(tzinfo=UTC)
     return parsed.astimezone(UTC)
@@ -43,9 +45,9 @@ def parse_instant(param: str, value: str) -> datetime:
 
 def parse_period(start: str | None, end: str | None, now: datetime | None = None) -> Period:
     """The period `from`=`start`, `to`=`end`, either absent for its default."""
-    moment = now or datetime.now(UTC)
-    end_at = parse_instant("to", end) if end else moment
+    start, end = (start or "").strip(), (end or "").strip()
+    end_at = parse_instant("to", end) if end else (now or datetime.now(UTC))
     start_at = parse_instant("from", start) if start else end_at - DEFAULT_SPAN
-    if end_at <= start_at:
-        raise PeriodError("to", "to: must be after from")
+    if start_at >= end_at:
+        raise QueryError("from", "must be before 'to'")
     return Period(start_at, end_at)

@@ -4,8 +4,8 @@
 `parse_query` turns the request's parameters (strings, as a query string or the command line
 gives them) into a `UsageQuery`, or raises `QueryError` naming the bad parameter. Choices where
 cost.md is silent:
-- `from`/`to` take a date (`2026-11-01`, midnight UTC) or an ISO 8601 date-time; one without an
-  offset is UTC. Default: the 30 days before now. `from` must be before `to`.
+- `from`/`to` as every report takes them (`catalog.report_period`): a date (midnight UTC) or an
+  ISO 8601 date-time, UTC without an offset; the 30 days before now by default.
 - A filter takes one value or several, comma-separated (`model=a,b`); an empty value is no filter
   (what an empty field of the page's form sends). `api` filters too, like the other group-bys.
 - An unknown parameter is a 400: a misspelt filter (`modle=x`) would otherwise report everything.
@@ -15,26 +15,18 @@ cost.md is silent:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+
+from catalog.report_period import QueryError, parse_period
 
 GROUPS = ("model", "provider", "key", "owner", "api", "day", "hour", "status")
 TIME_GROUPS = frozenset({"day", "hour"})
 FILTERS = ("model", "provider", "key", "owner", "api", "status")
 STATUSES = ("ok", "error", "cancelled")
 PARAMETERS = frozenset({"from", "to", "group_by", *FILTERS})
-DEFAULT_PERIOD = timedelta(days=30)
-
-
-class QueryError(ValueError):
-    """A bad report parameter; `param` is its name as the caller wrote it."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-        self.message = f"{param}: {message}"
 
 
 class UsageQuery(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,10 +97,7 @@ def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | Non
     for name in params:
         if name not in PARAMETERS:
             raise QueryError(name, "unknown parameter")
-    end = _moment(params, "to") or now
-    start = _moment(params, "from") or end - DEFAULT_PERIOD
-    if start >= end:
-        raise QueryError("from", "must be before 'to'")
+    period = parse_period(params.get("from"), params.get("to"), now)
     group_by = _values(params, "group_by")
     for name in group_by:
         if name not in GROUPS:
@@ -118,26 +107,14 @@ def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | Non
         if value not in STATUSES:
             raise QueryError("status", f"unknown status {value!r} (one of {', '.join(STATUSES)})")
     filters: dict[str, Any] = {name: _values(params, name) for name in FILTERS if name != "status"}
-    return UsageQuery(start=start, end=end, group_by=group_by, status=status, only_key=only_key, **filters)
+    return UsageQuery(
+        start=period.start, end=period.end, group_by=group_by, status=status, only_key=only_key, **filters
+    )
 
 
 def _values(params: Mapping[str, str], name: str) -> tuple[str, ...]:
     values = (value.strip() for value in params.get(name, "").split(","))
     return tuple(dict.fromkeys(value for value in values if value))
-
-
-def _moment(params: Mapping[str, str], name: str) -> datetime | None:
-    text = params.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        if len(text) == 10:
-            day = date.fromisoformat(text)
-            return datetime(day.year, day.month, day.day, tzinfo=UTC)
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise QueryError(name, f"not an ISO 8601 date or date-time: {text[:64]!r}") from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def iso(moment: datetime) -> str:

@@ -20,7 +20,7 @@ from app.errors import InvalidRequest
 from app.service import Service
 from catalog.drift import price_drift
 from catalog.gpu_cost import gpu_costs
-from catalog.report_period import Period, PeriodError, parse_period
+from catalog.report_period import Period, QueryError, parse_period
 
 _JSON = "application/json"
 _encoder = msgspec.json.Encoder()
@@ -30,7 +30,7 @@ def _period(request: Request[object, object, State]) -> Period:
     query = request.query_params
     try:
         return parse_period(query.get("from"), query.get("to"))
-    except PeriodError as exc:
+    except QueryError as exc:
         raise InvalidRequest(exc.message, param=exc.param) from None
 
 

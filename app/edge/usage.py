@@ -36,7 +36,8 @@ from app.edge.key_guard import require_key, require_page_key, visible_key
 from app.edge.spend_page import render_page
 from app.errors import InvalidRequest, NotFound
 from app.service import Service
-from catalog.usage_query import QueryError, UsageQuery, parse_query
+from catalog.report_period import QueryError
+from catalog.usage_query import UsageQuery, parse_query
 from catalog.usage_report import usage_report
 
 _encoder = msgspec.json.Encoder()

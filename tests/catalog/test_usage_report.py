@@ -20,7 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from catalog.database import open_engine
 from catalog.ledger import write_records
 from catalog.migrate import upgrade_async
-from catalog.usage_query import GROUPS, QueryError, parse_query
+from catalog.report_period import QueryError
+from catalog.usage_query import GROUPS, parse_query
 from catalog.usage_report import usage_report
 from tests.catalog.usage_oracle import TOKENS, expected, ledger_rows, seeded_records
 
