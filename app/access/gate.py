@@ -7,10 +7,10 @@
 `admit` runs after routing decided which backends may serve the request and before any of them
 is tried, so the reservation covers the most expensive of them (`app.access.worstcase`); `settle`
 runs from the pipeline's `_close`, which every request passes once (success, failure, client
-cancellation): a failure without usage settles to 0. Settling is a background task (the pipeline
-closes synchronously), one Redis round trip. A settlement Redis could not take is logged
-(`limits_settle_failed`) and its reservation stays held until the period's record expires: the
-budget errs on the side of refusing, never of overspending.
+cancellation): a failure without usage settles to 0. Settling is one Redis command sent without
+waiting for its answer (the pipeline closes synchronously; no task per request). A settlement
+Redis could not take is logged (`limits_settle_failed`) and its reservation stays held until the
+period's record expires: the budget errs on the side of refusing, never of overspending.
 
 Limiter choice: Redis when `[redis]` is configured (several processes share it); in-process when
 this is the only process. Several processes without Redis (a key with limits created after
@@ -26,7 +26,6 @@ Response headers (OpenAI's): `x-ratelimit-{limit,remaining,reset}-requests` when
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -79,18 +78,17 @@ class AccessGate:
         self._counter = counter
         self._fail_open = settings.auth.fail_open
         processes = settings.server.workers * settings.server.replicas
-        self._shared: RedisLimiter | None = RedisLimiter(settings.redis) if settings.redis is not None else None
+        shared = RedisLimiter(settings.redis, self._settle_failed) if settings.redis is not None else None
+        self._shared: RedisLimiter | None = shared
         self._alone = processes == 1
         self._local = LocalLimiter(share=processes)
         self._outage = False
-        self._tasks: set[asyncio.Task[None]] = set()
         timeouts = [p.timeouts.total for p in settings.providers.values()] or [600.0]
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
 
     async def close(self) -> None:
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=2.0)
         if self._shared is not None:
+            await self._shared.drain()
             await self._shared.close()
 
     # -- permission ----------------------------------------------------------------------------
@@ -194,15 +192,10 @@ class AccessGate:
     # -- settlement ----------------------------------------------------------------------------
 
     def settle(self, ticket: Ticket, cost: Decimal | None, tokens: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._settle(ticket, to_nano(cost), tokens))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        ticket.limiter.settle(ticket.ask, ticket.second, tokens, to_nano(cost))
 
-    async def _settle(self, ticket: Ticket, cost: int, tokens: int) -> None:
-        try:
-            await ticket.limiter.settle(ticket.ask, ticket.second, tokens, cost)
-        except LimiterDown as exc:
-            self._log.error("limits_settle_failed", key_id=ticket.ask.key_id, reason=str(exc))
+    def _settle_failed(self, key_id: str, reason: str) -> None:
+        self._log.error("limits_settle_failed", key_id=key_id, reason=reason)
 
     # -- the key's own view --------------------------------------------------------------------
 

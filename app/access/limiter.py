@@ -70,7 +70,8 @@ class Limiter(Protocol):
 
     async def load_spend(self, ask: Ask, spent: int) -> None: ...
 
-    async def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None: ...
+    def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
+        """Taken without waiting: nobody awaits a settlement (Redis's failures are reported aside)."""
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         """(spent, reserved) in nano-dollars, None when not loaded."""
@@ -150,7 +151,7 @@ class LocalLimiter:
         state = self._keys.setdefault(ask.key_id, _KeyState())
         state.budgets.setdefault(ask.period, [spent, 0, 0])
 
-    async def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
+    def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
         state = self._keys.get(ask.key_id)
         if state is None:
             return

@@ -15,11 +15,14 @@ The spend hash of a calendar period expires a day after the period, `total` neve
 Every Redis failure becomes `LimiterDown` here, the one boundary; the gate decides what follows.
 The client (`app.access.resp`: one pipelined connection, not redis-py, whose per-call overhead
 halved keys-mode throughput) has a 1 s timeout and no retries: a limited request waits at most
-about a second.
+about a second. A settlement is sent without waiting for it (no task per request): its failure
+reaches the gate through the `failed` callback.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from app.access.limiter import Ask, LimiterDown, Refusal, Verdict
@@ -100,23 +103,43 @@ _REFUSALS: dict[int, Refusal] = {1: "budget", 2: "rpm", 3: "tpm", 4: "max_concur
 
 
 class RedisLimiter:
-    def __init__(self, settings: RedisSettings) -> None:
+    def __init__(self, settings: RedisSettings, failed: Callable[[str, str], None]) -> None:
+        """`failed(key_id, reason)` hears of a settlement Redis did not take (nobody awaits one)."""
         self.prefix = settings.key_prefix
         self.redis = RespClient(settings.url, timeout=1.0)
-        self._admit = Script(_ADMIT)
-        self._settle = Script(_SETTLE)
-        self._load = Script(_LOAD)
+        self._admit = Script(_ADMIT, 3)
+        self._settle = Script(_SETTLE, 3)
+        self._load = Script(_LOAD, 1)
+        self._failed = failed
+        self._names: dict[tuple[str, str], tuple[bytes, bytes, str]] = {}
 
-    def _keys(self, key_id: str, period: str) -> list[str]:
-        base = f"{self.prefix}:lim:{{{key_id}}}"
-        return [f"{base}:rate", f"{base}:flight", f"{base}:spend:{period}"]
+    def _keys(self, key_id: str, period: str) -> tuple[bytes, bytes, str]:
+        """(the three keys encoded, the spend key encoded, the spend key): made once per key and period."""
+        names = self._names.get((key_id, period))
+        if names is None:
+            if len(self._names) > 10_000:
+                self._names.clear()
+            base = f"{self.prefix}:lim:{{{key_id}}}"
+            spend = f"{base}:spend:{period}"
+            three = Script.keys(f"{base}:rate", f"{base}:flight", spend)
+            names = self._names[(key_id, period)] = (three, Script.keys(spend), spend)
+        return names
 
     async def admit(self, ask: Ask) -> Verdict:
-        args = (ask.request_id, ask.rpm, ask.tpm, ask.tokens, ask.max_concurrency, ask.hold_ms, ask.budget, ask.cost)
-        reply = await self._call(self._admit, self._keys(ask.key_id, ask.period), [str(arg) for arg in args])
-        code = int(reply[0])
+        args = (
+            ask.request_id.encode(),
+            b"%d" % ask.rpm,
+            b"%d" % ask.tpm,
+            b"%d" % ask.tokens,
+            b"%d" % ask.max_concurrency,
+            b"%d" % ask.hold_ms,
+            b"%d" % ask.budget,
+            b"%d" % ask.cost,
+        )
+        reply = await self._call(self._admit, self._keys(ask.key_id, ask.period)[0], args)
+        code = reply[0]
         if code == 0:
-            second, left_r, reset_r, left_t, reset_t = (int(value) for value in reply[1:6])
+            _code, second, left_r, reset_r, left_t, reset_t = reply
             return Verdict(
                 second=second,
                 remaining_requests=max(0, left_r),
@@ -129,12 +152,25 @@ class RedisLimiter:
         return Verdict(refused=_REFUSALS[code], retry_after=int(reply[1]) / 1000 if len(reply) > 1 else None)
 
     async def load_spend(self, ask: Ask, spent: int) -> None:
-        await self._call(self._load, self._keys(ask.key_id, ask.period)[2:], [str(spent), str(ask.budget_ttl_s)])
+        args = (b"%d" % spent, b"%d" % ask.budget_ttl_s)
+        await self._call(self._load, self._keys(ask.key_id, ask.period)[1], args)
 
-    async def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
-        reserved = str(ask.cost) if ask.budget >= 0 else "-1"
-        args = [ask.request_id, str(second), str(tokens - ask.tokens), reserved, str(cost)]
-        await self._call(self._settle, self._keys(ask.key_id, ask.period), args)
+    def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
+        """Sent without waiting (one round trip nobody awaits, leaving with the next admission)."""
+        reserved = b"%d" % ask.cost if ask.budget >= 0 else b"-1"
+        args = (ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens), reserved, b"%d" % cost)
+        keys = self._keys(ask.key_id, ask.period)[0]
+        future = self.redis.post(self._settle.command(keys, args), lazy=True)
+        future.add_done_callback(lambda done: self._settled(done, ask.key_id, keys, args))
+
+    def _settled(self, done: asyncio.Future[Any], key_id: str, keys: bytes, args: tuple[bytes, ...]) -> None:
+        error = done.exception() if not done.cancelled() else RespError("cancelled")
+        reply = done.result() if error is None else error
+        if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT"):
+            retry = asyncio.ensure_future(self.redis.evalsha(self._settle, keys, args))
+            retry.add_done_callback(lambda again: self._settled(again, key_id, keys, args))
+        elif isinstance(reply, BaseException):
+            self._failed(key_id, f"{type(reply).__name__}: {reply}")
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
@@ -143,11 +179,15 @@ class RedisLimiter:
             raise LimiterDown(str(exc)) from None
         return None if spent is None else (int(spent), int(reserved or 0))
 
-    async def _call(self, script: Script, keys: list[str], args: list[str]) -> Any:
+    async def _call(self, script: Script, keys: bytes, args: tuple[bytes, ...]) -> Any:
         try:
             return await self.redis.evalsha(script, keys, args)
         except RespError as exc:
             raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
+
+    async def drain(self) -> None:
+        """Wait for the settlements already sent to be answered (at most the client's timeout)."""
+        await self.redis.drain()
 
     async def close(self) -> None:
         await self.redis.close()

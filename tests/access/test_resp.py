@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from app.access.resp import RespClient, RespError, Script
+from app.access.resp import LAZY_S, RespClient, RespError, Script, encode
 
 URL = "redis://127.0.0.1:6379/0"
 
@@ -33,12 +33,13 @@ async def test_concurrent_calls_get_their_own_replies_in_order() -> None:
 
 async def test_a_script_is_loaded_on_noscript_and_returns_nested_replies() -> None:
     client = RespClient(URL)
-    script = Script(f"-- {uuid.uuid4().hex}\nreturn {{1, ARGV[1], {{KEYS[1], 2}}, redis.status_reply('OK')}}")
+    script = Script(f"-- {uuid.uuid4().hex}\nreturn {{1, ARGV[1], {{KEYS[1], 2}}, redis.status_reply('OK')}}", 1)
     try:
         for _ in range(2):  # the first call meets NOSCRIPT and loads it; the second runs it by SHA
-            assert await client.evalsha(script, ["k"], ["x" * 70_000]) == [1, b"x" * 70_000, [b"k", 2], b"OK"]
+            reply = await client.evalsha(script, Script.keys("k"), (b"x" * 70_000,))
+            assert reply == [1, b"x" * 70_000, [b"k", 2], b"OK"]
         with pytest.raises(RespError, match="ERR"):
-            await client.evalsha(Script("return redis.error_reply('ERR nope')"), [], [])
+            await client.evalsha(Script("return redis.error_reply('ERR nope')", 0), b"", ())
     finally:
         await client.close()
 
@@ -73,3 +74,64 @@ async def test_nothing_listening_is_a_resp_error() -> None:
     await server.wait_closed()
     with pytest.raises(RespError, match="cannot connect"):
         await RespClient(f"redis://127.0.0.1:{port}/0").call("PING")
+
+
+def test_a_script_command_is_the_generic_encoding_of_evalsha() -> None:
+    script = Script("return 1", 3)
+    keys = Script.keys("a", "{k}:b", "c" * 300)
+    for args in [(), (b"1",), (b"", b"22", b"x" * 1000)]:
+        expected = encode(("EVALSHA", script.sha, 3, "a", "{k}:b", "c" * 300, *args))
+        assert script.command(keys, args) == expected
+
+
+class _Recorder:
+    """A loopback server that answers `+OK` per command and keeps each read it made, with its time."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[float, bytes]] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            self.reads.append((time.perf_counter(), data))
+            writer.write(b"+OK\r\n" * data.count(b"*1\r\n"))
+            await writer.drain()
+
+
+async def test_a_lazy_command_leaves_with_the_next_awaited_one_or_after_lazy_s() -> None:
+    recorder = _Recorder()
+    server = await asyncio.start_server(recorder.serve, "127.0.0.1", 0)
+    client = RespClient(f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0")
+    try:
+        assert await client.call("PING") == b"OK"  # connected
+        sent = time.perf_counter()
+        lazy = client.post(encode(("LAZY",)), lazy=True)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(recorder.reads) == 1  # nothing sent yet
+        assert await lazy == b"OK"
+        assert recorder.reads[1][1] == encode(("LAZY",))
+        assert recorder.reads[1][0] - sent >= LAZY_S
+
+        first = client.post(encode(("LAZY",)), lazy=True)
+        assert await client.call("EAGER") == b"OK"
+        assert await first == b"OK"
+        assert recorder.reads[2][1] == encode(("LAZY",)) + encode(("EAGER",))  # one write for both
+        assert recorder.reads[2][0] - sent < 1.0
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_drain_sends_the_lazy_commands_and_waits_for_their_answers() -> None:
+    client = RespClient(URL)
+    key = f"switchyard-test-resp-{uuid.uuid4().hex}"
+    try:
+        await client.call("PING")
+        futures = [client.post(encode(("INCR", key)), lazy=True) for _ in range(3)]
+        await client.drain()
+        assert all(future.done() for future in futures)
+        assert await client.call("GET", key) == b"3"
+    finally:
+        await client.call("DEL", key)
+        await client.close()
