@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -152,19 +153,17 @@ class AccessGate:
         providers: list[str],
         snapshot: CatalogSnapshot,
     ) -> Ask:
-        cost, budget, period, ttl = 0, -1, "total", 0
+        cost, budget, period = 0, -1, "total"
         tokens_in = input_bound(request)
         tokens_out = output_bound(request, model) if record.budget_usd is not None or record.tpm is not None else 0
         if record.budget_usd is not None:
             rates = worst_rates(snapshot, model, providers, ctx.started_at)
             cost, budget = worst_cost_nano(tokens_in, tokens_out, rates), to_nano(record.budget_usd)
-            period, _start, end = period_bounds(record.budget_period or "total", ctx.started_at)
-            ttl = int(seconds_until(end, ctx.started_at) or 0) + DAY_S if end is not None else 0
+            period = period_bounds(record.budget_period or "total", ctx.started_at)[0]
         return Ask(
             key_id=record.id,
             request_id=ctx.request_id,
             period=period,
-            budget_ttl_s=ttl,
             rpm=record.rpm if record.rpm is not None else -1,
             tpm=record.tpm if record.tpm is not None else -1,
             tokens=tokens_in + tokens_out if record.tpm is not None else 0,
@@ -178,8 +177,9 @@ class AccessGate:
         verdict = await limiter.admit(ask)
         if verdict.refused == "budget_missing":
             record = self.keyring.by_id[ask.key_id].record
-            _tag, start, _end = period_bounds(record.budget_period or "total", now)
-            await limiter.load_spend(ask, to_nano(await spent_since(self._engine, ask.key_id, start)))
+            _tag, start, end = period_bounds(record.budget_period or "total", now)
+            ttl = int(seconds_until(end, now) or 0) + DAY_S if end is not None else 0  # kept a day after
+            await limiter.load_spend(ask, to_nano(await spent_since(self._engine, ask.key_id, start)), ttl)
             verdict = await limiter.admit(ask)
         return verdict
 
@@ -213,20 +213,28 @@ class AccessGate:
 
 
 def rate_headers(record: KeyRecord, verdict: Verdict) -> Headers:
-    headers: list[tuple[bytes, bytes]] = []
+    headers: Headers = ()
     if record.rpm is not None:
-        headers += [
+        reset = _duration(verdict.retry_after or verdict.reset_requests_s)
+        headers = (
             (b"x-ratelimit-limit-requests", b"%d" % record.rpm),
             (b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests),
-            (b"x-ratelimit-reset-requests", duration(verdict.retry_after or verdict.reset_requests_s).encode()),
-        ]
+            (b"x-ratelimit-reset-requests", reset),
+        )
     if record.tpm is not None:
-        headers += [
+        reset = _duration(verdict.retry_after or verdict.reset_tokens_s)
+        headers += (
             (b"x-ratelimit-limit-tokens", b"%d" % record.tpm),
             (b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens),
-            (b"x-ratelimit-reset-tokens", duration(verdict.retry_after or verdict.reset_tokens_s).encode()),
-        ]
-    return tuple(headers)
+            (b"x-ratelimit-reset-tokens", reset),
+        )
+    return headers
+
+
+@lru_cache(maxsize=4096)
+def _duration(seconds: float) -> bytes:
+    """`duration` as header bytes; resets repeat (whole milliseconds), so they are formatted once."""
+    return duration(seconds).encode()
 
 
 def duration(seconds: float) -> str:

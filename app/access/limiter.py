@@ -40,7 +40,6 @@ class Ask(Struct, frozen=True, kw_only=True):
     key_id: str
     request_id: str
     period: str  # the budget period's tag (`d20261130`, `m202611`, `total`)
-    budget_ttl_s: int  # how long the period's spend is kept (0: for ever)
     rpm: int = -1
     tpm: int = -1
     tokens: int = 0
@@ -68,7 +67,8 @@ class LimiterDown(Exception):
 class Limiter(Protocol):
     async def admit(self, ask: Ask) -> Verdict: ...
 
-    async def load_spend(self, ask: Ask, spent: int) -> None: ...
+    async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
+        """Set the period's spend if still absent, kept `ttl_s` seconds (0: for ever)."""
 
     def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
         """Taken without waiting: nobody awaits a settlement (Redis's failures are reported aside)."""
@@ -147,7 +147,7 @@ class LocalLimiter:
                 return Verdict(refused="max_concurrency", retry_after=1.0)
         return None
 
-    async def load_spend(self, ask: Ask, spent: int) -> None:
+    async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         state = self._keys.setdefault(ask.key_id, _KeyState())
         state.budgets.setdefault(ask.period, [spent, 0, 0])
 

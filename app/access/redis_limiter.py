@@ -110,7 +110,8 @@ class RedisLimiter:
         self._admit = Script(_ADMIT, 3)
         self._settle = Script(_SETTLE, 3)
         self._load = Script(_LOAD, 1)
-        self._failed = failed
+        self.failed = failed
+        self.retries: set[asyncio.Future[Any]] = set()
         self._names: dict[tuple[str, str], tuple[bytes, bytes, str]] = {}
 
     def _keys(self, key_id: str, period: str) -> tuple[bytes, bytes, str]:
@@ -151,26 +152,16 @@ class RedisLimiter:
             return Verdict(refused="budget", spent=int(reply[2]))
         return Verdict(refused=_REFUSALS[code], retry_after=int(reply[1]) / 1000 if len(reply) > 1 else None)
 
-    async def load_spend(self, ask: Ask, spent: int) -> None:
-        args = (b"%d" % spent, b"%d" % ask.budget_ttl_s)
+    async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
+        args = (b"%d" % spent, b"%d" % ttl_s)
         await self._call(self._load, self._keys(ask.key_id, ask.period)[1], args)
 
     def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
-        """Sent without waiting (one round trip nobody awaits, leaving with the next admission)."""
+        """Sent without waiting (no future, no task), leaving with the next admission's write."""
         reserved = b"%d" % ask.cost if ask.budget >= 0 else b"-1"
         args = (ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens), reserved, b"%d" % cost)
         keys = self._keys(ask.key_id, ask.period)[0]
-        future = self.redis.post(self._settle.command(keys, args), lazy=True)
-        future.add_done_callback(lambda done: self._settled(done, ask.key_id, keys, args))
-
-    def _settled(self, done: asyncio.Future[Any], key_id: str, keys: bytes, args: tuple[bytes, ...]) -> None:
-        error = done.exception() if not done.cancelled() else RespError("cancelled")
-        reply = done.result() if error is None else error
-        if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT"):
-            retry = asyncio.ensure_future(self.redis.evalsha(self._settle, keys, args))
-            retry.add_done_callback(lambda again: self._settled(again, key_id, keys, args))
-        elif isinstance(reply, BaseException):
-            self._failed(key_id, f"{type(reply).__name__}: {reply}")
+        self.redis.post_to(self._settle.command(keys, args), _Settlement(self, ask.key_id, keys, args))
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
@@ -191,3 +182,30 @@ class RedisLimiter:
 
     async def close(self) -> None:
         await self.redis.close()
+
+
+class _Settlement:
+    """A settlement's answer: nothing to do when it went through; the script loaded again and the
+    settlement resent on NOSCRIPT (Redis restarted); reported to the gate otherwise."""
+
+    __slots__ = ("args", "key_id", "keys", "limiter")
+
+    def __init__(self, limiter: RedisLimiter, key_id: str, keys: bytes, args: tuple[bytes, ...]) -> None:
+        self.limiter, self.key_id, self.keys, self.args = limiter, key_id, keys, args
+
+    def __call__(self, reply: Any) -> None:
+        if not isinstance(reply, RespError):
+            return
+        limiter = self.limiter
+        if str(reply).startswith("NOSCRIPT"):
+            retry = asyncio.ensure_future(limiter.redis.evalsha(limiter._settle, self.keys, self.args))
+            limiter.retries.add(retry)
+            retry.add_done_callback(self._retried)
+        else:
+            limiter.failed(self.key_id, f"{type(reply).__name__}: {reply}")
+
+    def _retried(self, done: asyncio.Future[Any]) -> None:
+        self.limiter.retries.discard(done)
+        error = None if done.cancelled() else done.exception()
+        if error is not None:
+            self.limiter.failed(self.key_id, f"{type(error).__name__}: {error}")

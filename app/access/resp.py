@@ -26,13 +26,16 @@ the next call connects again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import ssl
 from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 Reply = Any  # bytes | int | None | list[Reply] | RespError
+Handler = Callable[[Reply], None]  # told the reply, an error reply, or the failure, as a RespError
 LAZY_S = 0.002
 
 
@@ -43,7 +46,7 @@ class RespError(Exception):
 class _Protocol(asyncio.Protocol):
     def __init__(self, timeout: float) -> None:
         self.transport: asyncio.Transport | None = None
-        self.waiting: deque[asyncio.Future[Reply]] = deque()
+        self.waiting: deque[asyncio.Future[Reply] | Handler] = deque()
         self.sent_at: deque[float] = deque()
         self.buffer = bytearray()
         self.lost: Exception | None = None
@@ -56,6 +59,10 @@ class _Protocol(asyncio.Protocol):
 
     def send(self, command: bytes, lazy: bool = False) -> asyncio.Future[Reply]:
         future: asyncio.Future[Reply] = self.loop.create_future()
+        self.queue(command, future, lazy)
+        return future
+
+    def queue(self, command: bytes, waiter: asyncio.Future[Reply] | Handler, lazy: bool) -> None:
         if not lazy:
             if not self.flush_soon:
                 self.flush_soon = True
@@ -64,11 +71,10 @@ class _Protocol(asyncio.Protocol):
             self.flush_later = True
             self.loop.call_later(LAZY_S, self._flush_late)
         self.outgoing.append(command)
-        self.waiting.append(future)
+        self.waiting.append(waiter)
         self.sent_at.append(self.loop.time())
         if self.watchdog is None:
             self.watchdog = self.loop.call_later(self.timeout, self._watch)
-        return future
 
     def _flush(self) -> None:
         self.flush_soon = False
@@ -98,9 +104,11 @@ class _Protocol(asyncio.Protocol):
         self.lost = error
         self.sent_at.clear()
         while self.waiting:
-            future = self.waiting.popleft()
-            if not future.done():
-                future.set_exception(error)
+            waiter = self.waiting.popleft()
+            if not isinstance(waiter, asyncio.Future):
+                waiter(error)
+            elif not waiter.done():
+                waiter.set_exception(error)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast("asyncio.Transport", transport)  # uvloop's is not an asyncio.Transport subclass
@@ -116,10 +124,12 @@ class _Protocol(asyncio.Protocol):
             if parsed is None:
                 break
             reply, position = parsed
-            future = self.waiting.popleft()
+            waiter = self.waiting.popleft()
             self.sent_at.popleft()
-            if not future.done():
-                future.set_result(reply)
+            if not isinstance(waiter, asyncio.Future):
+                waiter(reply)
+            elif not waiter.done():
+                waiter.set_result(reply)
         del self.buffer[:position]
 
 
@@ -179,6 +189,7 @@ class RespClient:
         self._timeout = timeout
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Task[_Protocol] | None = None
+        self._connecting_posts: set[asyncio.Future[Reply]] = set()
 
     async def call(self, *args: bytes | str | int) -> Reply:
         reply = await self.post(encode(args))
@@ -193,6 +204,25 @@ class RespClient:
         if protocol is None or protocol.lost is not None:
             return asyncio.ensure_future(self._post_connected(command))
         return protocol.send(command, lazy)
+
+    def post_to(self, command: bytes, handler: Handler) -> None:
+        """Send an encoded command nobody awaits, lazily (module doc): `handler` gets its reply, or
+        the failure as a `RespError` — no future, no task."""
+        protocol = self._protocol
+        if protocol is not None and protocol.lost is None:
+            protocol.queue(command, handler, lazy=True)
+            return
+        task = asyncio.ensure_future(self._post_connected(command))
+        self._connecting_posts.add(task)
+        task.add_done_callback(lambda done: self._posted(done, handler))
+
+    def _posted(self, done: asyncio.Future[Reply], handler: Handler) -> None:
+        self._connecting_posts.discard(done)
+        if done.cancelled():
+            handler(RespError("cancelled"))
+            return
+        error = done.exception()
+        handler(error if isinstance(error, RespError) else RespError(str(error)) if error else done.result())
 
     async def _post_connected(self, command: bytes) -> Reply:
         return await (await self._connected()).send(command)
@@ -244,8 +274,8 @@ class RespClient:
         protocol = self._protocol
         if protocol is None or not protocol.waiting:
             return
-        protocol._flush()
-        await asyncio.wait(list(protocol.waiting))
+        with contextlib.suppress(RespError):
+            await self.call("PING")  # answered after everything sent before it
 
     async def close(self) -> None:
         if self._protocol is not None:

@@ -40,7 +40,6 @@ MESSAGE_ALLOWANCE = 16
 TOOL_ALLOWANCE = 16
 MEDIA_ALLOWANCE = 8192
 NANO = Decimal(1_000_000_000)
-_PER_TOKENS = Decimal(1_000_000)
 _MEDIA = (ImagePart, AudioPart, DocumentPart)
 _encode = msgspec.json.encode
 NO_PRICE = "this model has no price, so a budget cannot be enforced"
@@ -86,8 +85,18 @@ def worst_rates(
 
 
 def worst_cost_nano(input_tokens: int, output_tokens: int, rates: tuple[Decimal, Decimal]) -> int:
-    usd = (input_tokens * rates[0] + output_tokens * rates[1]) / _PER_TOKENS
-    return to_nano(usd)
+    """(in x rate_in + out x rate_out) / 10^6 USD in nano-dollars, rounded up: in integers (the
+    rates scaled once to whole numbers), exact, without Decimal arithmetic per request."""
+    rate_in, rate_out, scale = _scaled(rates)
+    return max(0, -(-(input_tokens * rate_in + output_tokens * rate_out) * 1000 // scale))
+
+
+@lru_cache(maxsize=256)
+def _scaled(rates: tuple[Decimal, Decimal]) -> tuple[int, int, int]:
+    """Both rates as integers over one power of ten: (R_in, R_out, 10^k) with rate = R / 10^k."""
+    digits = max(0, *(-int(rate.as_tuple().exponent) for rate in rates))
+    scale = 10**digits
+    return int(rates[0].scaleb(digits)), int(rates[1].scaleb(digits)), scale
 
 
 def to_nano(usd: Decimal | None) -> int:
