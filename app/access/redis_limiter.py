@@ -26,16 +26,16 @@ from collections.abc import Callable
 from typing import Any
 
 from app.access.limiter import Ask, LimiterDown, Refusal, Verdict
-from app.access.resp import RespClient, RespError, Script
+from app.access.resp import RespClient, RespError, Script, bulk
 from app.settings import RedisSettings
 
 _ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local sec = tonumber(t[1])
-local rpm, tpm, tokens = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local conc, hold = tonumber(ARGV[5]), tonumber(ARGV[6])
-local budget, cost = tonumber(ARGV[7]), tonumber(ARGV[8])
+local tokens, cost = tonumber(ARGV[2]), tonumber(ARGV[3])
+local rpm, tpm = tonumber(ARGV[4]), tonumber(ARGV[5])
+local conc, hold, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 if budget >= 0 then
   local spend = redis.call('HMGET', KEYS[3], 's', 'r')
   if not spend[1] then return {5} end
@@ -70,13 +70,13 @@ if conc >= 0 then
   redis.call('PEXPIRE', KEYS[2], hold)
 end
 redis.call('HINCRBY', KEYS[1], 'r' .. sec, 1)
-redis.call('HINCRBY', KEYS[1], 't' .. sec, ARGV[4])
+redis.call('HINCRBY', KEYS[1], 't' .. sec, ARGV[2])
 redis.call('EXPIRE', KEYS[1], 61)
-if budget >= 0 then redis.call('HINCRBY', KEYS[3], 'r', ARGV[8]) end
+if budget >= 0 then redis.call('HINCRBY', KEYS[3], 'r', ARGV[3]) end
 local oldest = sec
 for _, b in ipairs(rb) do if b[1] < oldest then oldest = b[1] end end
 local reset = math.max(0, math.ceil((oldest + 60 - now) * 1000))
-return {0, sec, rpm - reqs - 1, reset, tpm - toks - tokens, reset}
+return string.format('%d %d %d %d %d', sec, rpm - reqs - 1, reset, tpm - toks - tokens, reset)
 """
 
 _SETTLE = """
@@ -99,6 +99,7 @@ end
 return 0
 """
 
+_LIMITS = 5  # the admission's last arguments: rpm, tpm, max_concurrency, hold, budget
 _REFUSALS: dict[int, Refusal] = {1: "budget", 2: "rpm", 3: "tpm", 4: "max_concurrency", 5: "budget_missing"}
 
 
@@ -113,6 +114,7 @@ class RedisLimiter:
         self.failed = failed
         self.retries: set[asyncio.Future[Any]] = set()
         self._names: dict[tuple[str, str], tuple[bytes, bytes, str]] = {}
+        self._limits: dict[tuple[int, ...], bytes] = {}  # a key's limits as the admission's last arguments
 
     def _keys(self, key_id: str, period: str) -> tuple[bytes, bytes, str]:
         """(the three keys encoded, the spend key encoded, the spend key): made once per key and period."""
@@ -127,20 +129,18 @@ class RedisLimiter:
         return names
 
     async def admit(self, ask: Ask) -> Verdict:
-        args = (
-            ask.request_id.encode(),
-            b"%d" % ask.rpm,
-            b"%d" % ask.tpm,
-            b"%d" % ask.tokens,
-            b"%d" % ask.max_concurrency,
-            b"%d" % ask.hold_ms,
-            b"%d" % ask.budget,
-            b"%d" % ask.cost,
+        limits = (ask.rpm, ask.tpm, ask.max_concurrency, ask.hold_ms, ask.budget)
+        fixed = self._limits.get(limits)
+        if fixed is None:
+            if len(self._limits) > 10_000:
+                self._limits.clear()
+            fixed = self._limits[limits] = b"".join(bulk(b"%d" % limit) for limit in limits)
+        keys = self._keys(ask.key_id, ask.period)[0]
+        reply = await self._call(
+            self._admit, keys, (ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost), fixed
         )
-        reply = await self._call(self._admit, self._keys(ask.key_id, ask.period)[0], args)
-        code = reply[0]
-        if code == 0:
-            _code, second, left_r, reset_r, left_t, reset_t = reply
+        if type(reply) is bytes:  # admitted: "second remaining-requests reset remaining-tokens reset"
+            second, left_r, reset_r, left_t, reset_t = map(int, reply.split())
             return Verdict(
                 second=second,
                 remaining_requests=max(0, left_r),
@@ -148,6 +148,7 @@ class RedisLimiter:
                 remaining_tokens=max(0, left_t),
                 reset_tokens_s=reset_t / 1000,
             )
+        code = reply[0]
         if code == 1:
             return Verdict(refused="budget", spent=int(reply[2]))
         return Verdict(refused=_REFUSALS[code], retry_after=int(reply[1]) / 1000 if len(reply) > 1 else None)
@@ -170,9 +171,9 @@ class RedisLimiter:
             raise LimiterDown(str(exc)) from None
         return None if spent is None else (int(spent), int(reserved or 0))
 
-    async def _call(self, script: Script, keys: bytes, args: tuple[bytes, ...]) -> Any:
+    async def _call(self, script: Script, keys: bytes, args: tuple[bytes, ...], fixed: bytes = b"") -> Any:
         try:
-            return await self.redis.evalsha(script, keys, args)
+            return await self.redis.evalsha(script, keys, args, fixed, _LIMITS if fixed else 0)
         except RespError as exc:
             raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
 

@@ -227,12 +227,14 @@ class RespClient:
     async def _post_connected(self, command: bytes) -> Reply:
         return await (await self._connected()).send(command)
 
-    async def evalsha(self, script: Script, keys: bytes, args: tuple[bytes, ...], lazy: bool = False) -> Reply:
-        """`EVALSHA` of a script (`keys` as `Script.keys` encoded them), loading it on `NOSCRIPT`."""
-        reply = await self.post(script.command(keys, args), lazy)
+    async def evalsha(
+        self, script: Script, keys: bytes, args: tuple[bytes, ...], fixed: bytes = b"", fixed_count: int = 0
+    ) -> Reply:
+        """`EVALSHA` of a script (`keys` and `fixed` as in `Script.command`), loading it on `NOSCRIPT`."""
+        reply = await self.post(script.command(keys, args, fixed, fixed_count))
         if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT"):
             await self.call("SCRIPT", "LOAD", script.source)
-            reply = await self.post(script.command(keys, args))
+            reply = await self.post(script.command(keys, args, fixed, fixed_count))
         if isinstance(reply, RespError):
             raise reply
         return reply
@@ -301,9 +303,12 @@ class Script:
         """The keys' part of a command, made once per set of keys by the caller."""
         return b"".join(bulk(name.encode()) for name in names)
 
-    def command(self, keys: bytes, args: tuple[bytes, ...]) -> bytes:
-        head = self._heads.get(len(args))
+    def command(self, keys: bytes, args: tuple[bytes, ...], fixed: bytes = b"", fixed_count: int = 0) -> bytes:
+        """The command with `args` and then `fixed`: `fixed_count` further arguments already encoded
+        (`bulk`), which the caller keeps (a key's limits, the same in every admission)."""
+        count = len(args) + fixed_count
+        head = self._heads.get(count)
         if head is None:
-            count = 3 + self.key_count + len(args)
-            head = self._heads[len(args)] = b"*%d\r\n" % count + encode(("EVALSHA", self.sha, self.key_count))[4:]
-        return b"".join((head, keys, *[b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args]))
+            total = 3 + self.key_count + count
+            head = self._heads[count] = b"*%d\r\n" % total + encode(("EVALSHA", self.sha, self.key_count))[4:]
+        return b"".join((head, keys, *[b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args], fixed))

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from app.access.resp import LAZY_S, RespClient, RespError, Script, encode
+from app.access.resp import LAZY_S, RespClient, RespError, Script, bulk, encode
 
 URL = "redis://127.0.0.1:6379/0"
 
@@ -82,6 +82,10 @@ def test_a_script_command_is_the_generic_encoding_of_evalsha() -> None:
     for args in [(), (b"1",), (b"", b"22", b"x" * 1000)]:
         expected = encode(("EVALSHA", script.sha, 3, "a", "{k}:b", "c" * 300, *args))
         assert script.command(keys, args) == expected
+    fixed = b"".join(bulk(value) for value in (b"7", b"-1"))
+    assert script.command(keys, (b"x",), fixed, 2) == encode(
+        ("EVALSHA", script.sha, 3, "a", "{k}:b", "c" * 300, "x", "7", "-1")
+    )
 
 
 class _Recorder:
