@@ -44,10 +44,11 @@ async def _spend(limiter: RedisLimiter) -> tuple[int, int] | None:
     return await limiter.spend("k1", "total")
 
 
-async def test_a_settlement_turns_the_reservation_into_the_real_cost_even_after_a_script_flush(
+async def test_admissions_and_settlements_go_through_a_script_flush(
     limiter: tuple[RedisLimiter, list[tuple[str, str]], str],
 ) -> None:
     redis, failures, prefix = limiter
+    await redis.redis.call("SCRIPT", "FLUSH")  # the admission meets NOSCRIPT too, and loads its script
     await redis.load_spend(_ask("r0"), 0, 0)
     first = await redis.admit(_ask("r1"))
     second = await redis.admit(_ask("r2"))
