@@ -186,6 +186,8 @@ class RedisLimiter:
     async def drain(self) -> None:
         """Wait for the settlements already sent to be answered (at most the client's timeout)."""
         await self.redis.drain()
+        if self.retries:  # settlements resent after NOSCRIPT
+            await asyncio.wait(set(self.retries))
 
     async def close(self) -> None:
         await self.redis.close()

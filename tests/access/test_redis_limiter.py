@@ -55,8 +55,8 @@ async def test_admissions_and_settlements_go_through_a_script_flush(
     assert (first.refused, second.refused) == (None, None)
     assert await _spend(redis) == (0, 14_000)  # two reservations of 7,000 nano-dollars
 
-    redis.settle(_ask("r1"), first.second, tokens=40, cost=1234)
-    await redis.redis.drain()
+    redis.settle(_ask("r1"), first.second, tokens=40, cost=1234)  # meets NOSCRIPT: resent once loaded
+    await redis.drain()
     assert await _spend(redis) == (1234, 7000)
 
     await redis.redis.call("SCRIPT", "FLUSH")  # as after a Redis restart: the next EVALSHA meets NOSCRIPT
