@@ -11,6 +11,8 @@
   rate limiter and spend counters across instances). Its database client is Prisma Client Python,
   whose `prisma generate` must download Prisma's query and schema engines from the vendor's CDN:
   where that cannot be reached, `prepare` says so with the CLI's own error and the row carries it.
+- `LiteLLMLimits`: what ../shared/notes/peers.md names for a side-by-side with limits on where the
+  database cannot run: the master key, per-deployment `rpm`/`tpm` and Redis for the router.
 - `LiteLLMMasterKey`: the nearest configuration that runs without a database: the proxy's master
   key only. LiteLLM refuses every other key without a database ("No connected db.") and enforces
   no budget or rpm then (deployment `rpm` and `litellm_settings.max_budget` were tried: neither
@@ -180,6 +182,26 @@ class LiteLLMMasterKey(LiteLLM):
     def request(self, kind: str) -> Request:
         request = super().request(kind)
         return Request(request.port, request.path, request.body, {"Authorization": f"Bearer {self.bearer()}"})
+
+
+class LiteLLMLimits(LiteLLMMasterKey):
+    """LiteLLM proxy with limits on as far as it goes without a database (../shared/notes/peers.md):
+    its master key, per-deployment `rpm`/`tpm` in `litellm_params` (as high as the key's, so nothing
+    is refused) and Redis for the router (`router_settings`), which then counts each deployment's
+    usage there. Still no per-key budget (that needs the database), so it also flatters LiteLLM,
+    less than the master key alone."""
+
+    name = f"litellm {LITELLM_VERSION} (master key, deployment rpm/tpm, Redis)"
+
+    def config_text(self) -> str:
+        limits = f"      rpm: {RPM}\n      tpm: {TPM}\n"
+        priced = "      output_cost_per_token: 0.0000015\n"
+        models = _litellm_models(self.mocks).replace(priced, priced + limits)
+        return (
+            f"model_list:\n{models}litellm_settings:\n  telemetry: false\n"
+            f"general_settings:\n  master_key: {self.master}\n  disable_spend_logs: true\n"
+            f"router_settings:\n  redis_host: {REDIS_HOST}\n  redis_port: {REDIS_PORT}\n"
+        )
 
 
 class LiteLLMKeys(LiteLLMMasterKey):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import report
-from keyed import LiteLLMKeys, LiteLLMMasterKey, SwitchyardServices
+from keyed import LiteLLMKeys, LiteLLMLimits, LiteLLMMasterKey, SwitchyardServices
 from load import Check, Measure, check, run_wrk
 from peers import (
     PEERS,
@@ -171,7 +171,8 @@ def install_peers(plan: Plan) -> None:
         try:
             peer.install()
         except (subprocess.CalledProcessError, OSError) as exc:
-            for name in (peer.name, *((LiteLLMKeys.name, LiteLLMMasterKey.name) if key == "litellm" else ())):
+            keyed = (LiteLLMKeys.name, LiteLLMLimits.name, LiteLLMMasterKey.name)
+            for name in (peer.name, *(keyed if key == "litellm" else ())):
                 plan.install_notes[name] = f"install failed: {exc}"
 
 
@@ -396,7 +397,8 @@ def keys_scenario(plan: Plan, results: Results, mocks: Mocks) -> None:
 
     Switchyard without keys is measured before and after the one with keys (the machine drifts
     within a run; the bar uses the mean of the two), then LiteLLM with a virtual key, then LiteLLM
-    with only its master key (the stand-in that runs without a database). The PostgreSQL and
+    with its master key, deployment rpm/tpm and Redis, then with only its master key (the two
+    stand-ins that run without a database). The PostgreSQL and
     Redis servers are pinned to the load CPUs meanwhile, like the mocks (see `postgres_on`).
     """
     stamp = plan.run_dir.name.lower()
@@ -405,6 +407,7 @@ def keys_scenario(plan: Plan, results: Results, mocks: Mocks) -> None:
         SwitchyardServices(mocks, free_port(), KEYS_ON_LABEL, True, stamp),
         SwitchyardServices(mocks, free_port(), KEYS_NONE_AGAIN_LABEL, False, stamp + "-again"),
         LiteLLMKeys(mocks, free_port()),
+        LiteLLMLimits(mocks, free_port()),
         LiteLLMMasterKey(mocks, free_port()),
     ]
     with postgres_on(plan.load_cpus, plan.all_cpus, redis=True):
@@ -425,7 +428,14 @@ def names_for(plan: Plan) -> Names:
         OFF_LABEL,
         one,
         many,
-        KeysNames(KEYS_NONE_LABEL, KEYS_NONE_AGAIN_LABEL, KEYS_ON_LABEL, LiteLLMKeys.name, LiteLLMMasterKey.name),
+        KeysNames(
+            KEYS_NONE_LABEL,
+            KEYS_NONE_AGAIN_LABEL,
+            KEYS_ON_LABEL,
+            LiteLLMKeys.name,
+            LiteLLMMasterKey.name,
+            LiteLLMLimits.name,
+        ),
     )
 
 
