@@ -20,10 +20,12 @@ as the exact decimal, without trailing zeros (`0.0000166`).
 Latency percentiles (`p50_ms`, `p95_ms`, only when grouped by something other than time): the
 nearest-rank percentile of `latency_ms` — the ⌈p·n⌉-th smallest of the group's n values, a value
 that was measured, never interpolated — computed in SQL over the raw rows of the whole period
-(`Dialect.percentiles`, a window). A roll-up cannot
+(`Dialect.percentiles`: `percentile_disc` on PostgreSQL, a window on SQLite). A roll-up cannot
 hold an exact percentile (a sum of counts is not a percentile of the union), so such a report
-reads every row of the period, once per group and once for the totals. Reports grouped by time,
-or not grouped, and `UsageQuery(latency=False)` never read them.
+reads and sorts every row of the period, once per group and once for the totals: about 13 s for
+10 million rows on PostgreSQL (bench/RESULTS.md; a covering index for an index-only scan did not
+help — the sort, not the read, is most of it). Reports grouped by time, or not grouped, and
+`UsageQuery(latency=False)` never read them.
 """
 
 from __future__ import annotations
