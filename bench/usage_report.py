@@ -15,8 +15,8 @@ the sums the ledger stores keep batch by batch: seeding 10M rows through the wri
 minutes and measure the writer, not the report (bench/ledger_batch.py measures the writer).
 
 Each report runs `--runs` times over [now − 30 days, now), `now` at minute 37 of the current hour:
-29 whole days from `usage_daily`, the whole hours of the first day from `usage_hourly`, and raw
-rows for the two partial hours at the edges (an hour of rows in all). The best and median wall
+29 whole days from `usage_daily`, the other whole hours (of the first day and of today) from
+`usage_hourly`, and raw rows for the two partial hours at the edges (an hour of rows in all). The best and median wall
 times are printed with the peak RSS. Grouped by hour, a report reads the period's hourly rows (a
 day row has no hours). Reports grouped by a non-time dimension also compute latency percentiles,
 which read and sort the period's raw rows (catalog/usage_report.py says why); they are timed both

@@ -293,12 +293,12 @@ class UsageHourly(_RolledUp, Base):
     """The ledger summed per UTC hour x model x provider x key x owner x api x status (migration 0005).
 
     Kept by the ledger stores in the transaction that inserts the rows (`catalog.rollup`); reports
-    read whole hours here (`catalog.usage_report`). A NULL dimension of a ledger row is '' here, so
-    that the primary key (also the upsert's conflict target and the reports' range index, led by
-    the hour) can hold it on both databases; reports turn '' back into null. Errors and
-    cancellations are the `requests` of rows whose `status` says so. Token sums count known
-    buckets only (NULL is unknown, summed as nothing); `cost_usd` is NULL while no row of the
-    group had a cost, like SQL's SUM.
+    read the whole hours outside whole days here (`catalog.usage_report`; whole days come from
+    `UsageDaily`). A NULL dimension of a ledger row is '' here, so that the primary key (also the
+    upsert's conflict target and the reports' range index, led by the hour) can hold it on both
+    databases; reports turn '' back into null. Errors and cancellations are the `requests` of rows
+    whose `status` says so. Token sums count known buckets only (NULL is unknown, summed as
+    nothing); `cost_usd` is NULL while no row of the group had a cost, like SQL's SUM.
     """
 
     __tablename__ = "usage_hourly"

@@ -22,9 +22,9 @@ nearest-rank percentile of `latency_ms` — the ⌈p·n⌉-th smallest of the gr
 that was measured, never interpolated — computed in SQL over the raw rows of the whole period
 (`Dialect.percentiles`: `percentile_disc` on PostgreSQL, a window on SQLite). A roll-up cannot
 hold an exact percentile (a sum of counts is not a percentile of the union), so such a report
-reads and sorts every row of the period, once per group and once for the totals: about 13 s for
+reads and sorts every row of the period, once per group and once for the totals: 9 to 10 s for
 10 million rows on PostgreSQL (bench/RESULTS.md; a covering index for an index-only scan did not
-help — the sort, not the read, is most of it). Reports grouped by time, or not grouped, and
+help: the sort, not the read, is most of it). Reports grouped by time, or not grouped, and
 `UsageQuery(latency=False)` never read them.
 """
 
