@@ -8,15 +8,19 @@ afterwards unless --keep), migrates it, and seeds N ledger rows spread evenly ov
 now in one `INSERT … SELECT … FROM generate_series`: 50 keys (each with its owner, of 10, and its
 API, of 4), each using 2 of 8 models on that model's provider (of 3); ~4 % errors, 4 % cancelled;
 exact 18-decimal costs, a quarter authoritative. So an hour has up to 50 × 2 × 3 = 300 roll-up rows
-and 30 days about 216,000, whatever N is. The roll-up
-is then built by the migration's own aggregate (`catalog.rollup.postgres_backfill`), which is the
-sum the ledger stores keep row by row: seeding 10M rows through the writer would take minutes and
-measure the writer, not the report.
+and 30 days about 180,000 hourly rows, a day about as many daily ones (≈ 7,700 for 30 days),
+whatever N is. The roll-ups are then built by the migrations' own aggregates
+(`catalog.rollup.postgres_backfill`, then `postgres_daily_backfill` from the hourly rows), which are
+the sums the ledger stores keep batch by batch: seeding 10M rows through the writer would take
+minutes and measure the writer, not the report (bench/ledger_batch.py measures the writer).
 
-Each report runs `--runs` times over [now − 30 days, now) — partial hours at both edges, so raw
-rows are read there — and the best and median wall times are printed with the peak RSS before
-and after. Reports grouped by a non-time dimension also compute latency percentiles, which read
-the period's raw rows (catalog/usage_report.py says why); they are timed both ways.
+Each report runs `--runs` times over [now − 30 days, now), `now` at minute 37 of the current hour:
+29 whole days from `usage_daily`, the other whole hours (of the first day and of today) from
+`usage_hourly`, and raw rows for the two partial hours at the edges (an hour of rows in all). The best and median wall
+times are printed with the peak RSS. Grouped by hour, a report reads the period's hourly rows (a
+day row has no hours). Reports grouped by a non-time dimension also compute latency percentiles,
+which read and sort the period's raw rows (catalog/usage_report.py says why); they are timed both
+ways.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catalog.database import open_engine
 from catalog.migrate import upgrade_async
-from catalog.rollup import postgres_backfill
+from catalog.rollup import postgres_backfill, postgres_daily_backfill
 from catalog.usage_query import UsageQuery
 from catalog.usage_report import usage_report
 
@@ -81,12 +85,17 @@ async def seed(name: str, rows: int, now: datetime) -> None:
         step_us = timedelta(days=30) / timedelta(microseconds=1) / (rows + 1)
         began = time.perf_counter()
         await connection.execute(SEED, start, step_us, rows)
-        await connection.execute("TRUNCATE usage_hourly")
+        await connection.execute("TRUNCATE usage_hourly, usage_daily")
         await connection.execute(postgres_backfill())
-        await connection.execute("VACUUM ANALYZE ledger")
-        await connection.execute("VACUUM ANALYZE usage_hourly")
+        await connection.execute(postgres_daily_backfill())
+        for table in ("ledger", "usage_hourly", "usage_daily"):
+            await connection.execute(f"VACUUM ANALYZE {table}")
         hourly = await connection.fetchval("SELECT count(*) FROM usage_hourly")
-        print(f"seeded {rows:,} rows ({hourly:,} roll-up rows) in {time.perf_counter() - began:.1f} s")
+        daily = await connection.fetchval("SELECT count(*) FROM usage_daily")
+        print(
+            f"seeded {rows:,} rows ({hourly:,} hourly, {daily:,} daily roll-up rows) "
+            f"in {time.perf_counter() - began:.1f} s"
+        )
     finally:
         await connection.close()
 

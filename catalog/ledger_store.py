@@ -20,8 +20,8 @@ batch over once:
 All three store exactly what the table's types store (tests/catalog compare every column with a
 SQLAlchemy Core insert of the same record) and skip a request id that is already there, so
 replaying a batch is harmless. Each also adds the rows it inserted, and only those, to the hourly
-roll-up in the same transaction (`catalog.rollup`: in the statement itself on PostgreSQL, summed
-per batch on the store's thread on SQLite).
+and daily roll-ups in the same transaction (`catalog.rollup`: in the statement itself on
+PostgreSQL, summed per batch on the store's thread on SQLite).
 """
 
 from __future__ import annotations
@@ -90,26 +90,26 @@ class SQLiteRows:
         _bind_directly()
 
     def insert(self, cursor: Any, records: Sequence[LedgerRecord]) -> bool:
-        """Insert `records` and add them to the roll-up, inside the caller's open transaction.
+        """Insert `records` and add them to the roll-ups, inside the caller's open transaction.
 
-        False, with nothing added to the roll-up, when some request id was skipped: the caller
+        False, with nothing added to the roll-ups, when some request id was skipped: the caller
         rolls back and calls `insert_each` instead."""
         rows = [self.encode(record) for record in records]
         cursor.executemany(self.sql, rows)
         if cursor.rowcount != len(rows):
             return False
-        cursor.executemany(self.rollup.upsert, self.rollup.groups(rows))
+        self.rollup.add(cursor, rows)
         return True
 
     def insert_each(self, cursor: Any, records: Sequence[LedgerRecord]) -> None:
-        """Insert `records` one by one, adding to the roll-up only those the database took."""
+        """Insert `records` one by one, adding to the roll-ups only those the database took."""
         inserted = []
         for record in records:
             row = self.encode(record)
             cursor.execute(self.sql, row)
             if cursor.rowcount == 1:
                 inserted.append(row)
-        cursor.executemany(self.rollup.upsert, self.rollup.groups(inserted))
+        self.rollup.add(cursor, inserted)
 
     def encode(self, record: LedgerRecord) -> list[Any]:
         row = list(msgspec.structs.astuple(record))
@@ -240,7 +240,7 @@ class _Skipped(Exception):
 
 
 class PostgresStore:
-    """Batches as one JSON document that PostgreSQL unpacks into ledger rows (and their roll-up)."""
+    """Batches as one JSON document that PostgreSQL unpacks into ledger rows (and their roll-ups)."""
 
     def __init__(self, engine: AsyncEngine, columns: Sequence[str]) -> None:
         self._engine = engine

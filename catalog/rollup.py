@@ -1,18 +1,22 @@
-"""The hourly roll-up (`usage_hourly`): how a batch of new ledger rows is added to it.
+"""The roll-ups (`usage_hourly`, `usage_daily`): how a batch of new ledger rows is added to them.
 
-Reports read whole hours from the roll-up (`catalog.usage_report`), so it must hold exactly the
-sums of the ledger rows, no more: only rows actually inserted are counted (a replayed request id,
-skipped by `ON CONFLICT (request_id) DO NOTHING`, is not counted again), and the roll-up changes in
-the transaction that inserts them, so a report never sees one without the other.
+Reports read whole days from the daily roll-up and whole hours from the hourly one
+(`catalog.usage_report`), so both must hold exactly the sums of the ledger rows, no more: only
+rows actually inserted are counted (a replayed request id, skipped by `ON CONFLICT (request_id)
+DO NOTHING`, is not counted again), and both change in the transaction that inserts the rows, so
+a report never sees one without the others. A row belongs to the hour and the day of its
+`started_at` (UTC): a request started at 23:59 and finished after midnight is the earlier day's.
 
 - PostgreSQL (`postgres_statement`): one statement per batch. The ledger INSERT sits in a CTE whose
-  `RETURNING` yields only the rows it inserted; the outer INSERT groups them by hour and dimensions
-  inside the database and upserts the sums. The gateway sends the batch as before and reads
-  nothing back: the roll-up costs it no work per row.
+  `RETURNING` yields only the rows it inserted; they are grouped by hour and dimensions inside the
+  database, the hour groups are upserted into `usage_hourly` and, summed per day, into
+  `usage_daily`. The gateway sends the batch as before and reads nothing back: the roll-ups cost
+  it no work per row.
 - SQLite (`SQLiteRollup`): the store inserts the batch with `executemany` and compares the rows it
   changed with the batch's length. Equal (every row is new, the normal case): the batch is summed
-  per group here, on the store's thread — one tuple and a few integer additions per row, money as
-  integer units of 1e-18 USD, which is the ledger's scale, so the sums are exact — and upserted one
+  per hour group here, on the store's thread — one tuple and a few integer additions per row,
+  money as integer units of 1e-18 USD, which is the ledger's scale, so the sums are exact — the
+  hour groups summed again per day (a few additions per group, not per row), and both upserted one
   row per group. Fewer (a replay, or one request id twice in a batch): the transaction is rolled
   back and the batch inserted row by row, counting only the rows whose INSERT changed something.
   SQLite has no exact decimal arithmetic (cost columns hold decimal text), so the upsert adds two
@@ -33,6 +37,7 @@ from catalog.tables import COST_SCALE
 DIMENSIONS = ("model", "provider", "api_key_id", "owner", "api")
 TOKENS = ("input_tokens", "output_tokens", "reasoning_tokens", "cache_read_tokens", "cache_write_tokens")
 KEY = ("hour", *DIMENSIONS, "status")
+DAY_KEY = ("day", *DIMENSIONS, "status")
 SUMS = ("requests", "unpriced_requests", *TOKENS, "cost_usd", "authoritative_cost_usd")
 UNPRICED = "cost_usd IS NULL AND (status <> 'error' OR input_tokens IS NOT NULL)"
 SOURCE = ("started_at", *DIMENSIONS, "status", *TOKENS, "cost_usd", "cost_source")
@@ -60,64 +65,110 @@ def decimal_add(left: str | None, right: str | None) -> str | None:
 
 
 def _grouped_select(source: str) -> str:
-    dims = ", ".join(f"COALESCE({name}, '')" for name in DIMENSIONS)
-    tokens = ", ".join(f"COALESCE(SUM({name}), 0)" for name in TOKENS)
+    dims = ", ".join(f"COALESCE({name}, '') AS {name}" for name in DIMENSIONS)
+    tokens = ", ".join(f"COALESCE(SUM({name}), 0) AS {name}" for name in TOKENS)
     return (
-        f"SELECT date_trunc('hour', started_at, 'UTC'), {dims}, status, "  # noqa: S608
-        f"COUNT(*), COUNT(*) FILTER (WHERE {UNPRICED}), {tokens}, SUM(cost_usd), "
-        f"SUM(cost_usd) FILTER (WHERE cost_source = 'authoritative') "
-        f"FROM {source} GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7"
+        f"SELECT date_trunc('hour', started_at, 'UTC') AS hour, {dims}, status, "  # noqa: S608
+        f"COUNT(*) AS requests, COUNT(*) FILTER (WHERE {UNPRICED}) AS unpriced_requests, {tokens}, "
+        f"SUM(cost_usd) AS cost_usd, SUM(cost_usd) FILTER (WHERE cost_source = 'authoritative') "
+        f"AS authoritative_cost_usd FROM {source} GROUP BY 1, 2, 3, 4, 5, 6, 7"
     )
 
 
-def _postgres_upsert() -> str:
-    added = ", ".join(f"{name} = h.{name} + EXCLUDED.{name}" for name in SUMS[:-2])
-    money = ", ".join(f"{name} = COALESCE(h.{name} + EXCLUDED.{name}, h.{name}, EXCLUDED.{name})" for name in SUMS[-2:])
-    return f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {added}, {money}"
+def _daily_select(source: str) -> str:
+    """The hourly sums in `source` (`usage_hourly` or a CTE of its shape) summed per UTC day."""
+    sums = ", ".join(f"SUM({name})" for name in SUMS)
+    return (
+        f"SELECT date_trunc('day', hour, 'UTC'), {', '.join(DIMENSIONS)}, status, {sums} "  # noqa: S608
+        f"FROM {source} GROUP BY 1, 2, 3, 4, 5, 6, 7"
+    )
+
+
+def _postgres_upsert(table: str, key: Sequence[str], select: str) -> str:
+    """INSERT the rows of `select` (key columns, then `SUMS`) into `table`, adding to the rows there."""
+    added = ", ".join(f"{name} = r.{name} + EXCLUDED.{name}" for name in SUMS[:-2])
+    money = ", ".join(f"{name} = COALESCE(r.{name} + EXCLUDED.{name}, r.{name}, EXCLUDED.{name})" for name in SUMS[-2:])
+    return (
+        f"INSERT INTO {table} AS r ({', '.join(key)}, {', '.join(SUMS)}) {select} "
+        f"ORDER BY 1, 2, 3, 4, 5, 6, 7 ON CONFLICT ({', '.join(key)}) DO UPDATE SET {added}, {money}"
+    )
 
 
 def postgres_statement(insert_rows: str) -> str:
-    """`insert_rows` (an INSERT INTO ledger … ON CONFLICT DO NOTHING) with the roll-up upsert of the
-    rows it inserted, in one statement. Groups are upserted in key order, so two writers adding to
-    the same groups lock them in the same order and never deadlock."""
+    """`insert_rows` (an INSERT INTO ledger … ON CONFLICT DO NOTHING) with the upserts of the rows
+    it inserted into both roll-ups, in one statement.
+
+    The rows are grouped per hour once (`hourly`, materialized: two readers); the days are summed
+    from those groups. The daily upsert is the main statement and runs first, the hourly one (a
+    CTE nothing reads) after it, to completion: every writer takes the same locks in the same
+    order — its day groups in key order, then its hour groups in key order — so two writers adding
+    to the same groups wait for each other and never deadlock."""
     returning = ", ".join(SOURCE)
+    hourly = _postgres_upsert("usage_hourly", KEY, "SELECT * FROM hourly")
+    daily = _postgres_upsert("usage_daily", DAY_KEY, _daily_select("hourly"))
     return (
-        f"WITH inserted AS ({insert_rows} RETURNING {returning}) "
-        f"INSERT INTO usage_hourly AS h ({', '.join(KEY)}, {', '.join(SUMS)}) "
-        f"{_grouped_select('inserted')} {_postgres_upsert()}"
+        f"WITH inserted AS ({insert_rows} RETURNING {returning}), "
+        f"hourly AS MATERIALIZED ({_grouped_select('inserted')}), "
+        f"rolled AS ({hourly}) {daily}"
     )
 
 
 def postgres_backfill() -> str:
-    """Migration 0005: the roll-up of every ledger row already there."""
+    """Migration 0005: the hourly roll-up of every ledger row already there."""
     return f"INSERT INTO usage_hourly ({', '.join(KEY)}, {', '.join(SUMS)}) {_grouped_select('ledger')}"
 
 
-def sqlite_upsert() -> str:
-    marks = ", ".join("?" * (len(KEY) + len(SUMS)))
+def postgres_daily_backfill() -> str:
+    """Migration 0006: the daily roll-up, summed from the hourly one (which holds every row)."""
+    return f"INSERT INTO usage_daily ({', '.join(DAY_KEY)}, {', '.join(SUMS)}) {_daily_select('usage_hourly')}"
+
+
+def sqlite_upsert(table: str = "usage_hourly", key: Sequence[str] = KEY) -> str:
+    marks = ", ".join("?" * (len(key) + len(SUMS)))
     added = ", ".join(f"{name} = {name} + excluded.{name}" for name in SUMS[:-2])
     money = ", ".join(f"{name} = decimal_add({name}, excluded.{name})" for name in SUMS[-2:])
     return (
-        f"INSERT INTO usage_hourly ({', '.join(KEY)}, {', '.join(SUMS)}) VALUES ({marks}) "  # noqa: S608
-        f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {added}, {money}"
+        f"INSERT INTO {table} ({', '.join(key)}, {', '.join(SUMS)}) VALUES ({marks}) "  # noqa: S608
+        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {added}, {money}"
     )
 
 
 class SQLiteRollup:
-    """Sums SQLite-encoded ledger rows (lists in `columns` order) per roll-up group."""
+    """Sums SQLite-encoded ledger rows (lists in `columns` order) into both roll-up levels."""
 
     def __init__(self, columns: Sequence[str]) -> None:
         self.pick = itemgetter(*(columns.index(name) for name in SOURCE))
-        self.upsert = sqlite_upsert()
+        self.hourly = sqlite_upsert("usage_hourly", KEY)
+        self.daily = sqlite_upsert("usage_daily", DAY_KEY)
 
-    def groups(self, rows: Iterable[Sequence[Any]]) -> list[tuple[Any, ...]]:
-        """One upsert parameter tuple per group of `rows` (each a full encoded ledger row)."""
-        return summed(self.pick(row) for row in rows)
+    def add(self, cursor: Any, rows: Iterable[Sequence[Any]]) -> None:
+        """Upsert the sums of `rows` (each a full encoded ledger row) per hour and per day, on
+        `cursor`, inside the caller's transaction. The days are summed from the hour groups."""
+        hours = _hour_sums(self.pick(row) for row in rows)
+        cursor.executemany(self.hourly, _upsert_rows(hours))
+        cursor.executemany(self.daily, _upsert_rows(_by_day(hours.items())))
+
+
+Sums = list[Any]  # requests, unpriced, the five token sums (int), cost, authoritative (int 1e-18 USD or None)
 
 
 def summed(sources: Iterable[Sequence[Any]]) -> list[tuple[Any, ...]]:
-    """Group `SOURCE`-shaped tuples (SQLite text timestamps and costs) into roll-up rows."""
-    totals: dict[tuple[str, ...], list[Any]] = {}
+    """Group `SOURCE`-shaped tuples (SQLite text timestamps and costs) into hourly roll-up rows."""
+    return _upsert_rows(_hour_sums(sources))
+
+
+def summed_by_day(hourly_rows: Iterable[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """Migration 0006 on SQLite: `usage_hourly` rows (`KEY` then `SUMS`, costs as stored text)
+    summed per day into daily roll-up rows, exactly (costs as integers of 1e-18 USD)."""
+    groups = (
+        (tuple(row[: len(KEY)]), [*row[len(KEY) : -2], *(None if v is None else atto(v) for v in row[-2:])])
+        for row in hourly_rows
+    )
+    return _upsert_rows(_by_day(groups))
+
+
+def _hour_sums(sources: Iterable[Sequence[Any]]) -> dict[tuple[str, ...], Sums]:
+    totals: dict[tuple[str, ...], Sums] = {}
     for started, model, provider, key, owner, api, status, i, o, r, cr, cw, cost, source in sources:
         group = (f"{started[:13]}:00:00.000000", model or "", provider or "", key or "", owner or "", api or "", status)
         sums = totals.get(group)
@@ -137,6 +188,27 @@ def summed(sources: Iterable[Sequence[Any]]) -> list[tuple[Any, ...]]:
         sums[7] = value if sums[7] is None else sums[7] + value
         if source == "authoritative":
             sums[8] = value if sums[8] is None else sums[8] + value
+    return totals
+
+
+def _by_day(hours: Iterable[tuple[tuple[str, ...], Sums]]) -> dict[tuple[str, ...], Sums]:
+    """Hour groups (SQLite text hours) summed into day groups (midnight of the hour's UTC day)."""
+    days: dict[tuple[str, ...], Sums] = {}
+    for (hour, *dimensions), sums in hours:
+        group = (f"{hour[:10]} 00:00:00.000000", *dimensions)
+        total = days.get(group)
+        if total is None:
+            days[group] = list(sums)
+            continue
+        for index in range(7):
+            total[index] += sums[index]
+        for index in (7, 8):
+            if sums[index] is not None:
+                total[index] = sums[index] if total[index] is None else total[index] + sums[index]
+    return days
+
+
+def _upsert_rows(totals: dict[tuple[str, ...], Sums]) -> list[tuple[Any, ...]]:
     return [(*group, *sums[:7], *_texts(sums[7:])) for group, sums in sorted(totals.items())]
 
 

@@ -267,21 +267,9 @@ class LedgerRow(Base):
 ROLLUP_COST_PRECISION = 38
 
 
-class UsageHourly(Base):
-    """The ledger summed per UTC hour x model x provider x key x owner x api x status (migration 0005).
+class _RolledUp:
+    """The dimensions and sums both roll-up levels share (their time column comes first)."""
 
-    Kept by the ledger stores in the transaction that inserts the rows (`catalog.rollup`); reports
-    read whole hours here (`catalog.usage_report`). A NULL dimension of a ledger row is '' here, so
-    that the primary key (also the upsert's conflict target and the reports' range index, led by
-    the hour) can hold it on both databases; reports turn '' back into null. Errors and
-    cancellations are the `requests` of rows whose `status` says so. Token sums count known
-    buckets only (NULL is unknown, summed as nothing); `cost_usd` is NULL while no row of the
-    group had a cost, like SQL's SUM.
-    """
-
-    __tablename__ = "usage_hourly"
-
-    hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True)
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
     provider: Mapped[str] = mapped_column(String(100), primary_key=True)
     api_key_id: Mapped[str] = mapped_column(String(100), primary_key=True)
@@ -299,6 +287,33 @@ class UsageHourly(Base):
     authoritative_cost_usd: Mapped[Decimal | None] = mapped_column(
         ExactDecimal(ROLLUP_COST_PRECISION, COST_SCALE), nullable=True
     )
+
+
+class UsageHourly(_RolledUp, Base):
+    """The ledger summed per UTC hour x model x provider x key x owner x api x status (migration 0005).
+
+    Kept by the ledger stores in the transaction that inserts the rows (`catalog.rollup`); reports
+    read the whole hours outside whole days here (`catalog.usage_report`; whole days come from
+    `UsageDaily`). A NULL dimension of a ledger row is '' here, so that the primary key (also the
+    upsert's conflict target and the reports' range index, led by the hour) can hold it on both
+    databases; reports turn '' back into null. Errors and cancellations are the `requests` of rows
+    whose `status` says so. Token sums count known buckets only (NULL is unknown, summed as
+    nothing); `cost_usd` is NULL while no row of the group had a cost, like SQL's SUM.
+    """
+
+    __tablename__ = "usage_hourly"
+
+    hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True, sort_order=-1)
+
+
+class UsageDaily(_RolledUp, Base):
+    """`UsageHourly` one level up: the same sums per UTC day (midnight UTC) x the same dimensions
+    (migration 0006). A 30-day report reads about 24 times fewer rows here than hourly; the ledger
+    stores keep it in the same transaction as the rows and the hourly roll-up."""
+
+    __tablename__ = "usage_daily"
+
+    day: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True, sort_order=-1)
 
 
 class ApiKey(Base):

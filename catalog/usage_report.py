@@ -1,10 +1,15 @@
-"""The usage report (cost.md "Reporting"): the ledger aggregated in SQL, whole hours from roll-ups.
+"""The usage report (cost.md "Reporting"): the ledger aggregated in SQL, whole days and hours from
+roll-ups.
 
-A report over [from, to) splits its period at whole UTC hours: the hours wholly inside it are read
-from `usage_hourly` (kept by the ledger stores, `catalog.rollup`), and the raw ledger rows only for
-the partial hours at its edges; one `UNION ALL` of the two is grouped by the database. So the rows
-a report touches grow with hours x groups, not with requests, and its memory with the number of
-groups only: no Python loop over ledger rows.
+A report over [from, to) is cut at whole UTC hours and, inside those, at whole UTC days
+(`_bounds`): the days wholly inside it are read from `usage_daily`, the remaining whole hours at
+its edges from `usage_hourly` (both kept by the ledger stores, `catalog.rollup`), and the raw
+ledger rows only for the partial hours at its edges. Each source is summed per group by the
+database, and one `UNION ALL` of the three is summed again per group. So the rows a report
+touches grow with days x groups (plus at most 46 hours and 2 partial hours at the edges), not
+with requests, and its memory with the number of groups only: no Python loop over ledger rows.
+Grouped by `hour`, no day is read whole (a day row has no hours): such a report sums the period's
+hourly rows, grouped by `hour` itself — no function per row — which PostgreSQL does in parallel.
 
 Money is exact on both databases. PostgreSQL sums NUMERIC. SQLite keeps costs as decimal text
 (`catalog.tables.ExactDecimal`) and has no exact decimal SUM, so each cost is cut in SQL into two
@@ -14,15 +19,19 @@ as the exact decimal, without trailing zeros (`0.0000166`).
 
 Latency percentiles (`p50_ms`, `p95_ms`, only when grouped by something other than time): the
 nearest-rank percentile of `latency_ms` — the ⌈p·n⌉-th smallest of the group's n values, a value
-that was measured, never interpolated — computed in SQL with window functions over the raw rows
-of the whole period (roll-ups cannot hold an exact percentile). Such a report reads the period's
-rows through the reporting index; reports grouped by time, or not grouped, never do.
+that was measured, never interpolated — computed in SQL over the raw rows of the whole period
+(`Dialect.percentiles`: `percentile_disc` on PostgreSQL, a window on SQLite). A roll-up cannot
+hold an exact percentile (a sum of counts is not a percentile of the union), so such a report
+reads and sorts every row of the period, once per group and once for the totals: 9 to 10 s for
+10 million rows on PostgreSQL (bench/RESULTS.md; a covering index for an index-only scan did not
+help: the sort, not the read, is most of it). Reports grouped by time, or not grouped, and
+`UsageQuery(latency=False)` never read them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -30,10 +39,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from catalog.rollup import TOKENS, UNPRICED, atto_text
 from catalog.tables import COST_SCALE, UTCDateTime
 from catalog.usage_query import UsageFigures, UsageQuery, UsageReport, UsageRow, iso
-from catalog.usage_sql import Dialect, dialect_for, hour_ceiling, hour_floor
+from catalog.usage_sql import Dialect, day_ceiling, day_floor, dialect_for, hour_ceiling, hour_floor
 
 COLUMNS = {"model": "model", "provider": "provider", "key": "api_key_id", "owner": "owner", "api": "api"}
-_FIGURES = ("requests", "errors", "cancelled", "unpriced_requests", *TOKENS)
+_FIGURES = ("requests", "errors", "cancelled", "unpriced_requests", *TOKENS)  # the order of the sums
 
 
 async def usage_report(engine: AsyncEngine, query: UsageQuery) -> UsageReport:
@@ -43,8 +52,8 @@ async def usage_report(engine: AsyncEngine, query: UsageQuery) -> UsageReport:
         sums = [tuple(row) for row in result]
         latency: dict[tuple[Any, ...], tuple[Any, Any]] = {}
         if query.percentiles:
-            groups = query.group_by
-            for statement in (_latency_statement(query, groups), _latency_statement(query, ())):
+            for groups in (query.group_by, ()):
+                statement = _latency_statement(dialect, query, groups)
                 result = await connection.execute(statement, {"start": query.start, "end": query.end})
                 latency.update((tuple(row[:-2]), (row[-2], row[-1])) for row in result)
     rows = sorted((_row(dialect, query, values, latency) for values in sums), key=_order(query))
@@ -58,14 +67,27 @@ async def usage_report(engine: AsyncEngine, query: UsageQuery) -> UsageReport:
 
 
 def _bounds(query: UsageQuery) -> dict[str, Any]:
+    """The period cut into its sources: raw rows in [start, first) and [last, end), hourly roll-ups
+    in [first, day_first) and [day_last, last), daily roll-ups in [day_first, day_last). An empty
+    piece has equal bounds. Grouped by hour, no day is read whole."""
     first, last = hour_ceiling(query.start), hour_floor(query.end)
     if first >= last:  # no whole hour inside: every row is read raw
         first = last = query.end
-    return {"start": query.start, "end": query.end, "first": first, "last": last}
+    day_first, day_last = day_ceiling(first), day_floor(last)
+    if day_first >= day_last or "hour" in query.group_by:
+        day_first = day_last = last
+    return {
+        "start": query.start,
+        "end": query.end,
+        "first": first,
+        "last": last,
+        "day_first": day_first,
+        "day_last": day_last,
+    }
 
 
 def _filters(query: UsageQuery) -> tuple[str, list[Any]]:
-    """`AND …` conditions for both sources, with their expanding bind parameters."""
+    """`AND …` conditions for every source, with their expanding bind parameters."""
     conditions: list[str] = []
     params: list[Any] = []
     for name, column in (*COLUMNS.items(), ("status", "status")):
@@ -82,12 +104,12 @@ def _times(*names: str) -> list[Any]:
     return [bindparam(name, type_=UTCDateTime()) for name in names]
 
 
-def _group_columns(dialect: Dialect, groups: Sequence[str], moment: str) -> list[str]:
+def _group_columns(dialect: Dialect, groups: Sequence[str], moment: str, grain: str | None = None) -> list[str]:
     """The select list naming each group value, as `g0`, `g1` …, from one source."""
     columns = []
     for index, name in enumerate(groups):
         if name in ("day", "hour"):
-            expression = dialect.bucket(moment, name)
+            expression = dialect.bucket(moment, name, grain)
         elif name == "status":
             expression = "status"
         else:
@@ -96,71 +118,77 @@ def _group_columns(dialect: Dialect, groups: Sequence[str], moment: str) -> list
     return columns
 
 
+class _Source(NamedTuple):
+    """One table a report sums: its time column and level, which of its rows are in the period,
+    and what one of its rows counts (a roll-up row: its sums; a ledger row: one request)."""
+
+    table: str
+    moment: str
+    grain: str | None
+    period: str
+    requests: str
+    unpriced: str
+    tokens: tuple[str, ...]
+    cost: str
+    authoritative: str
+
+
+def _rolled(table: str, moment: str, period: str) -> _Source:
+    return _Source(table, moment, moment, period, "requests", "unpriced_requests", TOKENS, *_ROLLED_MONEY)
+
+
+_ROLLED_MONEY = ("cost_usd", "authoritative_cost_usd")
+_SOURCES = (
+    _rolled("usage_daily", "day", "day >= :day_first AND day < :day_last"),
+    _rolled("usage_hourly", "hour", "((hour >= :first AND hour < :day_first) OR (hour >= :day_last AND hour < :last))"),
+    _Source(
+        table="ledger",
+        moment="started_at",
+        grain=None,
+        period="((started_at >= :start AND started_at < :first) OR (started_at >= :last AND started_at < :end))",
+        requests="1",
+        unpriced=f"CASE WHEN {UNPRICED} THEN 1 ELSE 0 END",
+        tokens=tuple(f"COALESCE({name}, 0)" for name in TOKENS),
+        cost="cost_usd",
+        authoritative="CASE WHEN cost_source = 'authoritative' THEN cost_usd END",
+    ),
+)
+
+
+def _summed(dialect: Dialect, groups: Sequence[str], source: _Source, where: str) -> str:
+    """One source's rows in the period, summed per group by the database (in parallel where
+    PostgreSQL can), so the UNION ALL of the sources holds a few rows per group, not per row."""
+    n = source.requests
+    columns = [
+        *_group_columns(dialect, groups, source.moment, source.grain),
+        f"SUM({n}) AS requests",
+        f"SUM(CASE WHEN status = 'error' THEN {n} ELSE 0 END) AS errors",
+        f"SUM(CASE WHEN status = 'cancelled' THEN {n} ELSE 0 END) AS cancelled",
+        f"SUM({source.unpriced}) AS unpriced_requests",
+        *(f"SUM({expression}) AS {name}" for expression, name in zip(source.tokens, TOKENS, strict=True)),
+        *(f"SUM({expression}) AS {name}" for expression, name in dialect.money(source.cost, source.authoritative)),
+    ]
+    grouped = f" GROUP BY {', '.join(str(index + 1) for index in range(len(groups)))}" if groups else ""
+    return f"SELECT {', '.join(columns)} FROM {source.table} WHERE {source.period}{where}{grouped}"  # noqa: S608
+
+
 def _sums_statement(dialect: Dialect, query: UsageQuery) -> Any:
     where, params = _filters(query)
-    groups = _group_columns(dialect, query.group_by, "hour")
-    raw_groups = _group_columns(dialect, query.group_by, "started_at")
-    tokens = ", ".join(TOKENS)
-    money = dialect.money("cost_usd", "authoritative_cost_usd")
-    rolled = ", ".join([*groups, "status", "requests", "unpriced_requests", tokens, *money])
-    raw = ", ".join(
-        [
-            *raw_groups,
-            "status",
-            "1 AS requests",
-            f"CASE WHEN {UNPRICED} THEN 1 ELSE 0 END AS unpriced_requests",
-            *(f"COALESCE({name}, 0) AS {name}" for name in TOKENS),
-            *dialect.money("cost_usd", "CASE WHEN cost_source = 'authoritative' THEN cost_usd END"),
-        ]
-    )
     keys = [f"g{index}" for index in range(len(query.group_by))]
-    sums = ", ".join(
-        [
-            *keys,
-            "SUM(requests)",
-            "SUM(CASE WHEN status = 'error' THEN requests ELSE 0 END)",
-            "SUM(CASE WHEN status = 'cancelled' THEN requests ELSE 0 END)",
-            "SUM(unpriced_requests)",
-            *(f"SUM({name})" for name in TOKENS),
-            *dialect.money_sums(),
-        ]
-    )
-    sql = (
-        f"SELECT {sums} FROM ("  # noqa: S608
-        f"SELECT {rolled} FROM usage_hourly WHERE hour >= :first AND hour < :last{where} "
-        f"UNION ALL SELECT {raw} FROM ledger WHERE ((started_at >= :start AND started_at < :first) "
-        f"OR (started_at >= :last AND started_at < :end)){where}) AS u"
-        + (f" GROUP BY {', '.join(keys)}" if keys else "")
-    )
-    return text(sql).bindparams(*_times("start", "end", "first", "last"), *params)
+    figures = ", ".join([*keys, *(f"SUM({name})" for name in _FIGURES), *dialect.money_sums()])
+    union = " UNION ALL ".join(_summed(dialect, query.group_by, source, where) for source in _SOURCES)
+    sql = f"SELECT {figures} FROM ({union}) AS u" + (f" GROUP BY {', '.join(keys)}" if keys else "")  # noqa: S608
+    return text(sql).bindparams(*_times("start", "end", "first", "last", "day_first", "day_last"), *params)
 
 
-def _latency_statement(query: UsageQuery, groups: Sequence[str]) -> Any:
+def _latency_statement(dialect: Dialect, query: UsageQuery, groups: Sequence[str]) -> Any:
     """Nearest-rank p50 and p95 of `latency_ms` per group, over the raw rows of the period."""
     where, params = _filters(query)
-    columns = _group_columns(_NO_TIME, groups, "started_at")
+    columns = _group_columns(dialect, groups, "started_at")
     keys = [f"g{index}" for index in range(len(groups))]
-    partition = f"PARTITION BY {', '.join(keys)} " if keys else ""
-    ranked = ", ".join([*keys, "latency_ms", "ROW_NUMBER() OVER (w ORDER BY latency_ms) AS rn", "COUNT(*) OVER w AS n"])
-    sql = (
-        f"SELECT {', '.join([*keys, ''])}"  # noqa: S608
-        "MAX(CASE WHEN rn = (n + 1) / 2 THEN latency_ms END), "
-        "MAX(CASE WHEN rn = (95 * n + 99) / 100 THEN latency_ms END) "
-        f"FROM (SELECT {ranked} FROM (SELECT {', '.join([*columns, 'latency_ms'])} FROM ledger "
-        f"WHERE started_at >= :start AND started_at < :end{where}) AS s WINDOW w AS ({partition.strip()})) AS r"
-        + (f" GROUP BY {', '.join(keys)}" if keys else "")
-    )
-    return text(sql).bindparams(*_times("start", "end"), *params)
-
-
-class _NoTime(Dialect):
-    """Percentiles are never grouped by time; their group columns need no time buckets."""
-
-    def bucket(self, moment: str, group: str) -> str:
-        raise AssertionError("latency percentiles are not grouped by time")
-
-
-_NO_TIME = _NoTime()
+    period = f"started_at >= :start AND started_at < :end{where}"
+    source = f"SELECT {', '.join([*columns, 'latency_ms'])} FROM ledger WHERE {period}"  # noqa: S608
+    return text(dialect.percentiles(keys, source)).bindparams(*_times("start", "end"), *params)
 
 
 def _row(

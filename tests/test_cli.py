@@ -33,7 +33,17 @@ from tests.support.ports import free_port, occupied_port
 
 SECRET = "sk-test-SECRET-123"
 PROMPT = "PROMPT-MARKER-quetzal-7f3a"
-SCHEMA = {"alembic_version", "models", "model_aliases", "deployments", "prices", "ledger", "api_keys", "usage_hourly"}
+SCHEMA = {
+    "alembic_version",
+    "models",
+    "model_aliases",
+    "deployments",
+    "prices",
+    "ledger",
+    "api_keys",
+    "usage_hourly",
+    "usage_daily",
+}
 PRICES = "SELECT provider, model_id, effective_from, input, output, cache_read FROM prices ORDER BY id"
 
 

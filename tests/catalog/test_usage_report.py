@@ -1,6 +1,7 @@
 """The usage report (cost.md "Reporting") against the same aggregate computed directly over the
 ledger rows, on SQLite and PostgreSQL: every group_by, every filter, periods with partial hours at
-both edges, inside one hour and on whole hours — to the last decimal place.
+both edges, inside one hour, on whole hours and on whole days — to the last decimal place
+(tests/catalog/test_usage_daily.py has more periods made of days, hours and partial hours).
 
 The ledger is written through the real stores (`write_records`), part of it twice and in batches
 holding a request id twice, so the roll-ups the report reads must have counted each row once.
@@ -23,7 +24,7 @@ from catalog.migrate import upgrade_async
 from catalog.report_period import QueryError
 from catalog.usage_query import GROUPS, parse_query
 from catalog.usage_report import usage_report
-from tests.catalog.usage_oracle import TOKENS, expected, ledger_rows, seeded_records
+from tests.catalog.usage_oracle import TOKENS, expected, expected_rollup, ledger_rows, rollup_rows, seeded_records
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
 EDGES = {"from": "2026-11-28T03:17:42.5Z", "to": "2026-11-30T18:45:00+02:00"}
@@ -96,11 +97,15 @@ async def test_each_filter(engine: AsyncEngine, seeded: list[dict[str, Any]], fi
         {"from": "2026-11-28T05:00:00Z", "to": "2026-11-29T07:00:00Z"},  # whole hours only
         {"from": "2026-11-28T05:10:00Z", "to": "2026-11-28T05:50:00Z"},  # inside one hour
         {"from": "2026-11-28T05:10:00Z", "to": "2026-11-28T06:20:00Z"},  # two partial hours, none whole
-        {"from": "2026-11-28", "to": "2026-11-29"},
+        {"from": "2026-11-28", "to": "2026-11-29"},  # one whole day
+        {"from": "2026-11-28", "to": "2026-11-30"},  # whole days only
+        {"from": "2026-11-27T22:00:00Z", "to": "2026-11-30T05:00:00Z"},  # whole hours around whole days
+        {"from": "2026-11-27T21:59:59.999Z", "to": "2026-11-30T05:00:00.001Z"},  # and partial hours
     ],
 )
 async def test_periods(engine: AsyncEngine, seeded: list[dict[str, Any]], period: dict[str, str]) -> None:
     await check(engine, seeded, {**period, "group_by": "hour,model"})
+    await check(engine, seeded, {**period, "group_by": "day,status"})
     await check(engine, seeded, {**period, "group_by": "provider"})
 
 
@@ -128,6 +133,9 @@ async def test_the_roll_up_holds_exactly_the_ledgers_sums(engine: AsyncEngine, s
             money = "SELECT SUM(cost_usd), SUM(cost_usd) FILTER (WHERE cost_source = 'authoritative') FROM ledger"
             rolled_money = "SELECT SUM(cost_usd), SUM(authoritative_cost_usd) FROM usage_hourly"
             assert (await connection.execute(text(rolled_money))).one() == (await connection.execute(text(money))).one()
+    # every group of both levels, every column, money included, on both databases
+    assert await rollup_rows(engine, "hour") == expected_rollup(seeded, "hour")
+    assert await rollup_rows(engine, "day") == expected_rollup(seeded, "day")
 
 
 async def test_an_empty_period(engine: AsyncEngine, seeded: list[dict[str, Any]]) -> None:

@@ -1,5 +1,6 @@
-"""Migration 0005 on a ledger that already has rows: the roll-up it builds holds exactly their sums,
-so reports over the old rows are right from the first request after the upgrade."""
+"""Migrations 0005 (hourly roll-up) and 0006 (daily roll-up) on a ledger that already has rows:
+the roll-ups they build hold exactly the rows' sums, so reports over the old rows are right from
+the first request after the upgrade."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from catalog import migrate
-from catalog.tables import LedgerRow
+from catalog.rollup import KEY, SUMS
+from catalog.tables import LedgerRow, UsageHourly
 from catalog.usage_query import parse_query
 from catalog.usage_report import usage_report
-from tests.catalog.usage_oracle import expected, ledger_rows, seeded_records
+from tests.catalog.usage_oracle import expected, expected_rollup, ledger_rows, rollup_rows, seeded_records
 
 
 async def test_the_upgrade_rolls_up_the_existing_rows(fresh_url: Callable[[], Awaitable[str]]) -> None:
@@ -29,10 +31,44 @@ async def test_the_upgrade_rolls_up_the_existing_rows(fresh_url: Callable[[], Aw
             await connection.execute(insert(LedgerRow.__table__), rows)
         await migrate.upgrade_async(url)
         ledger = await ledger_rows(engine)
+        assert await rollup_rows(engine, "hour") == expected_rollup(ledger, "hour")
+        assert await rollup_rows(engine, "day") == expected_rollup(ledger, "day")
         for params in ({"group_by": "hour,model"}, {"group_by": "key,status"}, {"group_by": "owner,api"}):
             query = parse_query({"from": "2026-11-27T21:00:00Z", "to": "2026-12-01", **params}, datetime.now(UTC))
             answer = msgspec.to_builtins(await usage_report(engine, query))
             assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(ledger, query)
             assert answer["totals"]["requests"] == 300
+    finally:
+        await engine.dispose()
+
+
+async def test_the_daily_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[], Awaitable[str]]) -> None:
+    """A database at 0005 whose ledger and hourly roll-up the stores kept (owners included): after
+    0006, every day group of `usage_daily` is the sum of the ledger rows of that UTC day."""
+    url = await fresh_url()
+    await migrate.upgrade_async(url, "0005")
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as connection:
+            records = seeded_records(400, seed=11)
+            busy = {"model": "gemma", "provider": "local", "api_key_id": "key-a", "owner": "team-x", "api": "unified"}
+            records[::2] = [msgspec.structs.replace(record, **busy) for record in records[::2]]  # groups of many rows
+            await connection.execute(insert(LedgerRow.__table__), [msgspec.structs.asdict(r) for r in records])
+        ledger = await ledger_rows(engine)
+        hourly = [
+            dict(zip((*KEY, *SUMS), (*key, *sums), strict=True))
+            for key, sums in expected_rollup(ledger, "hour").items()
+        ]
+        async with engine.begin() as connection:
+            await connection.execute(insert(UsageHourly.__table__), hourly)
+        await migrate.upgrade_async(url)
+        daily = await rollup_rows(engine, "day")
+        assert daily == expected_rollup(ledger, "day")
+        assert sum(sums[0] for sums in daily.values()) == 400
+        assert max(sums[0] for sums in daily.values()) > 20
+        for group_by in ("", "day,owner", "key,api,status"):
+            query = parse_query({"from": "2026-11-28", "to": "2026-11-30", "group_by": group_by}, datetime.now(UTC))
+            answer = msgspec.to_builtins(await usage_report(engine, query))
+            assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(ledger, query)
     finally:
         await engine.dispose()

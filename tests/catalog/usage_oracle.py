@@ -4,6 +4,8 @@
 included), unknown token buckets, exact 18-decimal costs, authoritative and unpriced rows, and
 several rows in most hours. `expected(rows, query)` aggregates the raw ledger rows (read back with
 plain SQL, `ledger_rows`) in Python with exact integers: no roll-up, no report code.
+`expected_rollup(rows, level)` is what `usage_hourly` or `usage_daily` must hold for those rows,
+and `rollup_rows(engine, level)` what it does hold, both as {key: sums} with exact Decimals.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.records import LedgerRecord
+from catalog.tables import UsageDaily, UsageHourly
 from catalog.usage_query import UsageQuery
 
 START = datetime(2026, 11, 27, 21, 0, tzinfo=UTC)
@@ -164,3 +167,42 @@ def expected(rows: Sequence[dict[str, Any]], query: UsageQuery) -> dict[str, Any
         "rows": sorted(answer, key=order),
         "totals": _figures(chosen, query.percentiles),
     }
+
+
+RollupKey = tuple[datetime, str, str, str, str, str, str]
+
+
+def _bucket(moment: datetime, level: str) -> datetime:
+    hour = moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    return hour.replace(hour=0) if level == "day" else hour
+
+
+def expected_rollup(rows: Sequence[dict[str, Any]], level: str) -> dict[RollupKey, tuple[Any, ...]]:
+    """Per (UTC hour or day of `started_at`, model, provider, key, owner, api, status; '' for a
+    null): requests, unpriced, the five token sums, the cost and its authoritative part (exact
+    Decimals; None when no row had one) — summed here, from the ledger rows alone."""
+    groups: dict[RollupKey, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        dims = tuple(row[name] or "" for name in ("model", "provider", "api_key_id", "owner", "api"))
+        groups[(_bucket(row["started_at"], level), *dims, row["status"])].append(row)
+    answer = {}
+    for key, members in groups.items():
+        figures = _figures(members, percentiles=False)
+        costs = [row["cost_usd"] for row in members if row["cost_usd"] is not None]
+        billed = [row["cost_usd"] for row in members if row["cost_source"] == "authoritative"]
+        answer[key] = (
+            len(members),
+            figures["unpriced_requests"],
+            *(figures[name] for name in TOKENS),
+            _exact_sum(costs) if costs else None,
+            _exact_sum(billed) if billed else None,
+        )
+    return answer
+
+
+async def rollup_rows(engine: AsyncEngine, level: str) -> dict[RollupKey, tuple[Any, ...]]:
+    """The rows of `usage_hourly` (`level` 'hour') or `usage_daily` ('day'), as stored."""
+    table = (UsageDaily if level == "day" else UsageHourly).__table__
+    async with engine.connect() as connection:
+        result = await connection.execute(select(table))
+        return {tuple(row[:7]): tuple(row[7:]) for row in result}
