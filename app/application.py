@@ -22,6 +22,7 @@ from litestar.response import Response
 
 from app.edge import anthropic, handlers, keys_api, usage
 from app.edge.cost_reports import catalog_drift, catalog_gpu_cost
+from app.edge.direct import direct_routes
 from app.edge.openai_chat import chat_completions, openai_models
 from app.edge.openai_completions import text_completions
 from app.edge.rejection import as_gateway_error
@@ -45,7 +46,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
         finally:
             await service.stop()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             completions,
             chat_completions,
@@ -70,6 +71,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
         logging_config=None,  # structlog owns logging; Litestar's default would print httpx's per-request lines
         debug=False,
     )
+    return direct_routes(app, (completions, chat_completions, text_completions, anthropic.messages))
 
 
 def create_app_from_env() -> Litestar:

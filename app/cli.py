@@ -140,6 +140,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     # response header against two regular expressions (≈ 2 % of the instructions per request).
     # No uvicorn access log: the canonical `request` line is the access log. `http`: uvicorn's
     # httptools protocol with head/body deadlines and header limits (app/edge/connection.py).
+    # `proxy_headers=False`: uvicorn's middleware rewrites the scope's client and scheme from
+    # `X-Forwarded-*`, which nothing here reads; it was one more ASGI layer per request.
     config = uvicorn.Config(
         create_app(settings, prepare=False) if workers == 1 else "app.application:create_app_from_env",
         factory=workers > 1,
@@ -149,6 +151,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         log_level="warning",
         access_log=False,
         server_header=False,
+        proxy_headers=False,
         http=protocol_factory(settings.server),  # type: ignore[arg-type]  # a factory works as the class would
     )
     with _StartGuard(settings.database.url) as guard:

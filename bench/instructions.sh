@@ -2,58 +2,90 @@
 # Instructions per request of the gateway, counted by valgrind's callgrind: deterministic where
 # timing on this shared 2-core machine is not (±10 % between identical runs). Not part of run.py.
 #
-#   bash bench/instructions.sh [sqlite|off] [SECONDS]      (from the repository root)
+#   bash bench/instructions.sh [sqlite|off] [SECONDS] [native|chat] [json|stream]
+#                                                                 (from the repository root)
 #
 # Starts the mock upstream and `switchyard serve` under callgrind, warms up for 10 s, zeroes the
 # counters, sends requests for SECONDS (default 20) at 4 connections with wrk (a few thousand
 # requests: valgrind runs the gateway ~50x slower), dumps, and prints the instructions per request
-# summed over all threads.
+# summed over all threads. The door is the native `/api/v1/completions` (default) or the OpenAI
+# `/v1/chat/completions` (`chat`); `stream` asks for the 64-chunk SSE answer instead of JSON. The
+# bodies are bench/run.py's (bench/peers.py). Any non-2xx answer fails the run.
 # The dump stays in the work directory for `callgrind_annotate --tree=caller`.
+#
+# The machine is shared: the ports come from $INSTRUCTIONS_PORT (the gateway's; the mock's is the
+# next one), and valgrind's control pipes live in the work directory (`--vgdb-prefix`), so another
+# session's `callgrind_control -z`/`-d` (which address every callgrind they can find in /tmp)
+# cannot zero or split this count.
 set -euo pipefail
 
 LEDGER=${1:-sqlite}
 SECONDS_MEASURED=${2:-20}
+DOOR=${3:-native}
+KIND=${4:-json}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d /tmp/switchyard-instructions.XXXXXX)
-GATEWAY_PORT=47100
-MOCK_PORT=47101
+GATEWAY_PORT=${INSTRUCTIONS_PORT:-47100}
+MOCK_PORT=$((GATEWAY_PORT + 1))
+VGDB="$WORK/vgdb-pipe"
 cd "$WORK"
 
 cleanup() { fuser -k "$GATEWAY_PORT/tcp" "$MOCK_PORT/tcp" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 
-# The same config and catalog as bench/run.py's Switchyard (bench/peers.py), pointed at our ports.
-CONFIG=$(cd "$REPO/bench" && ../.venv/bin/python - "$WORK" "$LEDGER" "$GATEWAY_PORT" "$MOCK_PORT" <<'PY'
+# The same config, catalog and bodies as bench/run.py's Switchyard (bench/peers.py), pointed at our ports.
+CONFIG=$(cd "$REPO/bench" && ../.venv/bin/python - "$WORK" "$LEDGER" "$GATEWAY_PORT" "$MOCK_PORT" "$DOOR" "$KIND" <<'PY'
 import sys
 from pathlib import Path
-from peers import Mocks, Switchyard, SwitchyardOptions
+from peers import MODEL, Mocks, Switchyard, SwitchyardOptions, openai_body, switchyard_body
 work, ledger, gateway, mock = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+door, stream = sys.argv[5], sys.argv[6] == "stream"
+if door not in ("native", "chat") or sys.argv[6] not in ("json", "stream"):
+    sys.exit(f"door must be native or chat, kind json or stream: {door} {sys.argv[6]}")
+body = switchyard_body(MODEL, stream) if door == "native" else openai_body(MODEL, stream)
+(work / "body.json").write_bytes(body)
 mocks = Mocks.create(work, "0", mock, mock)
 options = SwitchyardOptions(database_url="", ledger_enabled=ledger != "off")
 print(Switchyard(mocks, gateway, options).write_config(work))
 PY
 )
-printf '%s' '{"model":"bench-model","messages":[{"role":"user","content":[{"kind":"text","data":"hi"}]}],"max_tokens":16}' > body.json
+case "$DOOR" in
+    native) REQUEST_PATH=/api/v1/completions ;;
+    chat) REQUEST_PATH=/v1/chat/completions ;;
+esac
 
-(cd "$REPO" && exec .venv/bin/python -m app.mock_upstream --chunks 64 --port "$MOCK_PORT") > mock.log 2>&1 &
-(cd "$REPO" && exec valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.out" \
+for port in "$GATEWAY_PORT" "$MOCK_PORT"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        trap - EXIT  # not ours to stop
+        echo "instructions.sh: port $port is in use (set INSTRUCTIONS_PORT)" >&2
+        exit 1
+    fi
+done
+(cd "$REPO" && exec .venv/bin/python -m devtools.mock_upstream --chunks 64 --port "$MOCK_PORT") > mock.log 2>&1 &
+(cd "$REPO" && exec valgrind --tool=callgrind --vgdb-prefix="$VGDB" --callgrind-out-file="$WORK/callgrind.out" \
     .venv/bin/python -m app.cli serve --config "$CONFIG") > gateway.log 2>&1 &
+GATEWAY_PID=$!
 for _ in $(seq 1200); do
     curl -s -o /dev/null "http://127.0.0.1:$GATEWAY_PORT/healthz" && break
     sleep 0.5
 done
 
-export BENCH_BODY_FILE="$WORK/body.json" BENCH_PATH=/api/v1/completions
+export BENCH_BODY_FILE="$WORK/body.json" BENCH_PATH=$REQUEST_PATH
 load() { wrk -t1 -c4 -d"$1" -s "$REPO/bench/lua/request.lua" "http://127.0.0.1:$GATEWAY_PORT"; }
 load 10 > /dev/null
-callgrind_control -z > /dev/null
+callgrind_control --vgdb-prefix="$VGDB" -z "$GATEWAY_PID" > /dev/null
 load "$SECONDS_MEASURED" > wrk.out
-callgrind_control -d > /dev/null
+callgrind_control --vgdb-prefix="$VGDB" -d "$GATEWAY_PID" > /dev/null
 sleep 2
 
 served=$(grep -o '"requests":[0-9]*' wrk.out | cut -d: -f2)
+failed=$(grep -o '"non2xx":[0-9]*' wrk.out | cut -d: -f2)
+if [ "$failed" != 0 ]; then
+    echo "instructions.sh: $failed of $served answers were not 2xx (see $WORK/gateway.log)" >&2
+    exit 1
+fi
 total=0
 for dump in "$WORK"/callgrind.out.*; do
     total=$((total + $(grep -m1 '^summary:' "$dump" | awk '{print $2}')))
 done
-echo "ledger=$LEDGER requests=$served instructions/request=$((total / served)) dumps: $WORK"
+echo "ledger=$LEDGER door=$DOOR kind=$KIND requests=$served instructions/request=$((total / served)) dumps: $WORK"

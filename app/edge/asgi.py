@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from litestar.types import Receive, Scope, Send
 
 from app.context import ANONYMOUS, Ingress, RequestContext, new_context
+from app.edge.direct import RESPONSE_STARTED
 from app.edge.guards import check_json_headers
 from app.edge.relay import Relay, StreamRenderer
 from app.errors import MethodNotAllowed, PayloadTooLarge, UsageNotRecordable
@@ -97,12 +98,14 @@ async def serve(
         if not ctx.stream:
             outcome = await service.pipeline.complete(ctx, door.request)
             watch.stop()
-            await send_json(send, door.answer(ctx, outcome), request_id, extra=outcome.headers)
+            payload = door.answer(ctx, outcome)
+            scope["state"][RESPONSE_STARTED] = True
+            await send_json(send, payload, request_id, extra=outcome.headers)
             return
         events = service.pipeline.stream(ctx, door.request)
         tap = _HeaderTap(events) if tapped else None
         relay = Relay(events if tap is None else tap.events(), door.renderer(ctx), server.sse_keepalive_s)
-        await send_stream(relay, send, request_id, watch, tap)
+        await send_stream(relay, send, request_id, watch, tap, scope["state"])
 
 
 class _HeaderTap:
@@ -241,11 +244,19 @@ async def send_json(
 
 
 async def send_stream(
-    relay: Relay, send: Send, request_id: str, watch: DisconnectWatch, tap: _HeaderTap | None = None
+    relay: Relay,
+    send: Send,
+    request_id: str,
+    watch: DisconnectWatch,
+    tap: _HeaderTap | None = None,
+    state: dict[str, Any] | None = None,
 ) -> None:
     """The SSE response: started with the relay's first item (an error before it is raised, for
-    the ingress's error renderer), then every frame as it comes."""
+    the ingress's error renderer), then every frame as it comes. The response is marked started
+    in the scope's `state` (`app.edge.direct`)."""
     first = await relay.first()
+    if state is not None:
+        state[RESPONSE_STARTED] = True
     headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
     if tap is not None:
         headers += tap.headers
