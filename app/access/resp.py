@@ -9,7 +9,7 @@ concurrent requests share the connection without a pool or a lock. Commands issu
 the event loop leave in one `send`, and one timer per connection (not one per call) enforces the
 timeout: the oldest unanswered command older than `timeout` drops the connection.
 
-Commands nobody waits for (the limiter's settlements: `post(..., lazy=True)`) do not cause a
+Commands nobody waits for (the limiter's settlements: `post_to`) do not cause a
 `send` of their own: they leave with the next command someone awaits, or after `LAZY_S` at the
 latest. On loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU, so
 one fewer per request is worth having; a settlement arriving 2 ms later only holds its
@@ -57,9 +57,9 @@ class _Protocol(asyncio.Protocol):
         self.flush_soon = False
         self.flush_later = False
 
-    def send(self, command: bytes, lazy: bool = False) -> asyncio.Future[Reply]:
+    def send(self, command: bytes) -> asyncio.Future[Reply]:
         future: asyncio.Future[Reply] = self.loop.create_future()
-        self.queue(command, future, lazy)
+        self.queue(command, future, lazy=False)
         return future
 
     def queue(self, command: bytes, waiter: asyncio.Future[Reply] | Handler, lazy: bool) -> None:
@@ -197,13 +197,13 @@ class RespClient:
             raise reply
         return reply
 
-    def post(self, command: bytes, lazy: bool = False) -> asyncio.Future[Reply]:
+    def post(self, command: bytes) -> asyncio.Future[Reply]:
         """Send an encoded command; its future holds the reply, an error reply as a `RespError`
         value (not raised), and fails with `RespError` when the connection does."""
         protocol = self._protocol
         if protocol is None or protocol.lost is not None:
             return asyncio.ensure_future(self._post_connected(command))
-        return protocol.send(command, lazy)
+        return protocol.send(command)
 
     def post_to(self, command: bytes, handler: Handler) -> None:
         """Send an encoded command nobody awaits, lazily (module doc): `handler` gets its reply, or
@@ -222,7 +222,10 @@ class RespClient:
             handler(RespError("cancelled"))
             return
         error = done.exception()
-        handler(error if isinstance(error, RespError) else RespError(str(error)) if error else done.result())
+        if error is None:
+            handler(done.result())
+        else:
+            handler(error if isinstance(error, RespError) else RespError(str(error)))
 
     async def _post_connected(self, command: bytes) -> Reply:
         return await (await self._connected()).send(command)
