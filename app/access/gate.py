@@ -124,9 +124,7 @@ class AccessGate:
         ask = self._ask(entry.record, ctx, request, model, providers, snapshot)
         try:
             limiter = self._limiter()
-            verdict = await limiter.admit(ask)
-            if verdict.refused == "budget_missing":
-                verdict = await self._decide(limiter, ask, ctx.started_at)
+            verdict = await self._decide(limiter, ask, ctx.started_at)
             self._outage = False
         except LimiterDown as exc:
             if not self._fail_open:

@@ -137,14 +137,7 @@ class RedisLimiter:
             fixed = self._limits[limits] = b"".join(bulk(b"%d" % limit) for limit in limits)
         keys = self._keys(ask.key_id, ask.period)[0]
         args = (ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost)
-        try:
-            reply = await self.redis.post(self._admit.command(keys, args, fixed, _LIMITS))
-        except RespError as exc:
-            raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
-        if type(reply) is RespError:
-            if not str(reply).startswith("NOSCRIPT"):
-                raise LimiterDown(f"RespError: {reply}")
-            reply = await self._call(self._admit, keys, args, fixed)  # loads the script, then runs it
+        reply = await self._call(self._admit, keys, args, fixed)
         if type(reply) is bytes:  # admitted: "second remaining-requests reset remaining-tokens reset"
             second, left_r, reset_r, left_t, reset_t = map(int, reply.split())
             return Verdict(
