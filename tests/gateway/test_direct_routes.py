@@ -13,7 +13,9 @@ from litestar.response import Response
 from litestar.testing import AsyncTestClient
 from litestar.types import Receive, Scope, Send
 
+from app.application import create_app
 from app.edge.direct import RESPONSE_STARTED, DirectRoutes, direct_routes
+from app.settings import Settings
 
 calls: list[str] = []
 
@@ -78,3 +80,14 @@ async def test_an_error_after_the_head_is_litestars() -> None:
     with pytest.raises(LitestarException, match="after response started"):
         async with AsyncTestClient(_app(direct=True), raise_server_exceptions=True) as client:
             await client.put("/door")
+
+
+def test_the_service_takes_its_four_completion_doors_directly() -> None:
+    app = create_app(Settings(), prepare=False)
+    assert isinstance(app.asgi_handler, DirectRoutes)
+    assert sorted(app.asgi_handler._routes) == [
+        "/api/v1/completions",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+    ]
