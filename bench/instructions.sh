@@ -2,15 +2,19 @@
 # Instructions per request of the gateway, counted by valgrind's callgrind: deterministic where
 # timing on this shared 2-core machine is not (±10 % between identical runs). Not part of run.py.
 #
-#   bash bench/instructions.sh [sqlite|off] [SECONDS] [native|chat] [json|stream]
+#   bash bench/instructions.sh [sqlite|off] [SECONDS] [native|chat|anthropic|completions] [json|stream] [none|keys]
 #                                                                 (from the repository root)
 #
 # Starts the mock upstream and `switchyard serve` under callgrind, warms up for 10 s, zeroes the
 # counters, sends requests for SECONDS (default 20) at 4 connections with wrk (a few thousand
 # requests: valgrind runs the gateway ~50x slower), dumps, and prints the instructions per request
-# summed over all threads. The door is the native `/api/v1/completions` (default) or the OpenAI
-# `/v1/chat/completions` (`chat`); `stream` asks for the 64-chunk SSE answer instead of JSON. The
-# bodies are bench/run.py's (bench/peers.py). Any non-2xx answer fails the run.
+# summed over all threads. The door is the native `/api/v1/completions` (default), the OpenAI
+# `/v1/chat/completions` (`chat`), Anthropic's `/v1/messages` (`anthropic`) or the legacy
+# `/v1/completions` (`completions`); `stream` asks for the 64-chunk SSE answer instead of JSON. The
+# bodies are bench/run.py's (bench/peers.py). Any non-2xx answer fails the run. `keys` runs the
+# gateway in `[auth] mode = "keys"` with Redis on 127.0.0.1:6379 (a key prefix of its own) and one
+# key with a budget, rpm and tpm that nothing reaches, made by `switchyard keys create` before it
+# starts (bench/keyed.py's limits); `none` (default) is the same config without keys or Redis.
 # The dump stays in the work directory for `callgrind_annotate --tree=caller`.
 #
 # The machine is shared: the ports come from $INSTRUCTIONS_PORT (the gateway's; the mock's is the
@@ -23,6 +27,7 @@ LEDGER=${1:-sqlite}
 SECONDS_MEASURED=${2:-20}
 DOOR=${3:-native}
 KIND=${4:-json}
+AUTH=${5:-none}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d /tmp/switchyard-instructions.XXXXXX)
 GATEWAY_PORT=${INSTRUCTIONS_PORT:-47100}
@@ -34,25 +39,43 @@ cleanup() { fuser -k "$GATEWAY_PORT/tcp" "$MOCK_PORT/tcp" >/dev/null 2>&1 || tru
 trap cleanup EXIT
 
 # The same config, catalog and bodies as bench/run.py's Switchyard (bench/peers.py), pointed at our ports.
-CONFIG=$(cd "$REPO/bench" && ../.venv/bin/python - "$WORK" "$LEDGER" "$GATEWAY_PORT" "$MOCK_PORT" "$DOOR" "$KIND" <<'PY'
+CONFIG=$(cd "$REPO/bench" && ../.venv/bin/python - "$WORK" "$LEDGER" "$GATEWAY_PORT" "$MOCK_PORT" "$DOOR" "$KIND" "$AUTH" <<'PY'
 import sys
 from pathlib import Path
-from peers import MODEL, Mocks, Switchyard, SwitchyardOptions, openai_body, switchyard_body
+from keyed import BUDGET_USD, RPM, TPM
+from peers import MODEL, Mocks, Switchyard, SwitchyardIngress, SwitchyardOptions
 work, ledger, gateway, mock = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-door, stream = sys.argv[5], sys.argv[6] == "stream"
-if door not in ("native", "chat") or sys.argv[6] not in ("json", "stream"):
-    sys.exit(f"door must be native or chat, kind json or stream: {door} {sys.argv[6]}")
-body = switchyard_body(MODEL, stream) if door == "native" else openai_body(MODEL, stream)
-(work / "body.json").write_bytes(body)
+door, kind, auth = sys.argv[5], sys.argv[6], sys.argv[7]
+doors = {"chat": "openai_chat", "anthropic": "anthropic_messages", "completions": "openai_completions"}
+if door not in ("native", *doors) or kind not in ("json", "stream") or auth not in ("none", "keys"):
+    sys.exit(f"door must be native, chat, anthropic or completions, kind json or stream, auth none or keys: {sys.argv[5:]}")
 mocks = Mocks.create(work, "0", mock, mock)
 options = SwitchyardOptions(database_url="", ledger_enabled=ledger != "off")
-print(Switchyard(mocks, gateway, options).write_config(work))
+target = Switchyard(mocks, gateway, options) if door == "native" else SwitchyardIngress(mocks, gateway, options, doors[door])
+request = target.request("stream" if kind == "stream" else "fast")
+(work / "body.json").write_bytes(request.body)
+(work / "path").write_text(request.path)
+config = target.write_config(work)
+if auth == "keys":
+    prefix = f"instructions-{work.name}"
+    with config.open("a") as out:
+        out.write(f'\n[auth]\nmode = "keys"\n\n[redis]\nurl = "redis://127.0.0.1:6379/0"\nkey_prefix = "{prefix}"\n')
+    limits = f"--budget-usd {BUDGET_USD} --budget-period month --rpm {RPM} --tpm {TPM}"
+    (work / "limits").write_text(limits)
+print(config)
 PY
 )
-case "$DOOR" in
-    native) REQUEST_PATH=/api/v1/completions ;;
-    chat) REQUEST_PATH=/v1/chat/completions ;;
-esac
+REQUEST_PATH=$(cat "$WORK/path")
+export BENCH_HEADERS=""
+if [ "$AUTH" = keys ]; then
+    (cd "$REPO" && .venv/bin/python -m app.cli db upgrade --config "$CONFIG") > /dev/null
+    # shellcheck disable=SC2046  # the limits are words
+    SECRET=$(cd "$REPO" && .venv/bin/python -m app.cli keys create --name instructions $(cat "$WORK/limits") \
+        --format json --config "$CONFIG" | .venv/bin/python -c 'import json, sys; print(json.load(sys.stdin)["secret"])')
+    BENCH_HEADERS="Authorization: Bearer $SECRET"
+    SWITCHYARD_ADMIN_KEY="sy-$("$REPO/.venv/bin/python" -c "import secrets; print(secrets.token_urlsafe(32))")"
+    export SWITCHYARD_ADMIN_KEY
+fi
 
 for port in "$GATEWAY_PORT" "$MOCK_PORT"; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
@@ -88,4 +111,4 @@ total=0
 for dump in "$WORK"/callgrind.out.*; do
     total=$((total + $(grep -m1 '^summary:' "$dump" | awk '{print $2}')))
 done
-echo "ledger=$LEDGER door=$DOOR kind=$KIND requests=$served instructions/request=$((total / served)) dumps: $WORK"
+echo "ledger=$LEDGER door=$DOOR kind=$KIND auth=$AUTH requests=$served instructions/request=$((total / served)) dumps: $WORK"
