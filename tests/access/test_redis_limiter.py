@@ -66,7 +66,7 @@ async def test_admissions_and_settlements_go_through_a_script_flush(
             break
         await asyncio.sleep(0.01)
     assert await _spend(redis) == (2000, 0)
-    rate = await redis.redis.post(encode(("HGET", f"{prefix}:lim:{{k1}}:rate", f"t{first.second}")))
+    rate = await redis.redis.post(encode(("HGET", f"{prefix}:lim:{{k1}}:window", f"t{first.second}")))
     assert int(rate) == 100 if first.second == second.second else int(rate) in (40, 60)
     assert failures == []
 
