@@ -63,6 +63,11 @@ class _PriceSeries:
         index = bisect_right(self.starts, when) - 1
         return self.rows[index] if index >= 0 else None
 
+    def until(self, when: datetime) -> datetime | None:
+        """When the row in effect at `when` stops being it: the next row's start (None: never)."""
+        index = bisect_right(self.starts, when)
+        return self.starts[index] if index < len(self.starts) else None
+
 
 class CatalogSnapshot:
     """Models by id and alias, and prices by (provider, model) and time. Read-only."""
@@ -112,6 +117,11 @@ class CatalogSnapshot:
             raise ValueError("price_at needs a timezone-aware datetime")
         series = self._prices.get((provider, model))
         return series.at(when) if series is not None else None
+
+    def price_until(self, provider: str, model: str, when: datetime) -> datetime | None:
+        """When `price_at(provider, model, when)` changes next: the next row's start, None if never."""
+        series = self._prices.get((provider, model))
+        return series.until(when) if series is not None else None
 
     def prices_for(self, model: str, when: datetime | None = None) -> dict[str, PriceRow]:
         """Per provider, the row in effect at `when` (default: now) for `model`."""

@@ -26,6 +26,7 @@ Response headers (OpenAI's): `x-ratelimit-{limit,remaining,reset}-requests` when
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 from functools import lru_cache
@@ -37,6 +38,7 @@ from app.access.keyring import Entry, KeyRing
 from app.access.limiter import Ask, Limiter, LimiterDown, LocalLimiter, Verdict
 from app.access.redis_limiter import RedisLimiter
 from app.access.worstcase import (
+    WorstRates,
     from_nano,
     input_bound,
     output_bound,
@@ -86,6 +88,8 @@ class AccessGate:
         self._outage = False
         timeouts = [p.timeouts.total for p in settings.providers.values()] or [600.0]
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
+        self._rates_of: CatalogSnapshot | None = None
+        self._worst: dict[tuple[str, ...], WorstRates] = {}
 
     async def close(self) -> None:
         if self._shared is not None:
@@ -112,16 +116,16 @@ class AccessGate:
         ctx: RequestContext,
         request: AnyRequest,
         model: ModelEntry,
-        providers: list[str],
+        providers: Sequence[str],
         snapshot: CatalogSnapshot,
     ) -> Ticket | None:
         key_id = ctx.principal.key_id
         if key_id is None:
             return None
         entry = self.check(key_id, model)
-        if entry is None or not entry.record.limited:
+        if entry is None or not entry.limited:
             return None
-        ask = self._ask(entry.record, ctx, request, model, providers, snapshot)
+        ask = self._ask(entry, ctx, request, model, providers, snapshot)
         try:
             limiter = self._limiter()
             verdict = await self._decide(limiter, ask, ctx.started_at)
@@ -146,32 +150,46 @@ class AccessGate:
 
     def _ask(
         self,
-        record: KeyRecord,
+        entry: Entry,
         ctx: RequestContext,
         request: AnyRequest,
         model: ModelEntry,
-        providers: list[str],
+        providers: Sequence[str],
         snapshot: CatalogSnapshot,
     ) -> Ask:
-        cost, budget, period = 0, -1, "total"
+        cost, budget, period = 0, entry.budget_nano, "total"
         tokens_in = input_bound(request)
-        tokens_out = output_bound(request, model) if record.budget_usd is not None or record.tpm is not None else 0
-        if record.budget_usd is not None:
-            rates = worst_rates(snapshot, model, providers, ctx.started_at)
-            cost, budget = worst_cost_nano(tokens_in, tokens_out, rates), to_nano(record.budget_usd)
-            period = period_bounds(record.budget_period or "total", ctx.started_at)[0]
+        tokens_out = output_bound(request, model) if budget >= 0 or entry.tpm >= 0 else 0
+        if budget >= 0:
+            cost = worst_cost_nano(tokens_in, tokens_out, self._rates(snapshot, model, providers, ctx.started_at))
+            period = period_bounds(entry.record.budget_period or "total", ctx.started_at)[0]
         return Ask(
-            key_id=record.id,
+            key_id=entry.record.id,
             request_id=ctx.request_id,
             period=period,
-            rpm=record.rpm if record.rpm is not None else -1,
-            tpm=record.tpm if record.tpm is not None else -1,
-            tokens=tokens_in + tokens_out if record.tpm is not None else 0,
-            max_concurrency=record.max_concurrency if record.max_concurrency is not None else -1,
+            rpm=entry.rpm,
+            tpm=entry.tpm,
+            tokens=tokens_in + tokens_out if entry.tpm >= 0 else 0,
+            max_concurrency=entry.concurrency,
             hold_ms=self._hold_ms,
             budget=budget,
             cost=cost,
         )
+
+    def _rates(
+        self, snapshot: CatalogSnapshot, model: ModelEntry, providers: Sequence[str], when: datetime
+    ) -> WorstRates:
+        """The route's worst-case rates, kept per (model, backends) while the prices they come
+        from are in effect (`WorstRates.start`/`end`) and the catalog snapshot is the same."""
+        if snapshot is not self._rates_of:
+            self._rates_of, self._worst = snapshot, {}
+        key = (model.id, *providers)
+        rates = self._worst.get(key)
+        if rates is None or (rates.end is not None and when >= rates.end) or (rates.start or when) > when:
+            if len(self._worst) > 4096:
+                self._worst.clear()
+            rates = self._worst[key] = worst_rates(snapshot, model, providers, when)
+        return rates
 
     async def _decide(self, limiter: Limiter, ask: Ask, now: datetime) -> Verdict:
         verdict = await limiter.admit(ask)

@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.access.worstcase import to_nano
 from app.context import Principal
 from app.errors import AuthenticationFailed
 from app.settings import AuthSettings, RedisSettings
@@ -55,15 +56,34 @@ def _basic_password(token: bytes) -> bytes | None:
 
 
 class Entry:
-    """A usable key as the edge needs it: the record, its principal, its expiry as a timestamp."""
+    """A usable key as the edge needs it: the record, its principal, its expiry as a timestamp, and
+    its limits as an admission reads them (-1 where the key has none; the budget in nano-dollars),
+    computed once per version of the key rather than per request."""
 
-    __slots__ = ("admin", "expires", "principal", "record")
+    __slots__ = (
+        "admin",
+        "budget_nano",
+        "concurrency",
+        "expires",
+        "limited",
+        "principal",
+        "record",
+        "rpm",
+        "tapped",
+        "tpm",
+    )
 
     def __init__(self, record: KeyRecord, admin: bool = False) -> None:
         self.record = record
         self.principal = Principal(record.id, record.owner)
         self.expires = record.expires_at.timestamp() if record.expires_at is not None else None
         self.admin = admin
+        self.limited = record.limited
+        self.budget_nano = to_nano(record.budget_usd) if record.budget_usd is not None else -1
+        self.rpm = record.rpm if record.rpm is not None else -1
+        self.tpm = record.tpm if record.tpm is not None else -1
+        self.concurrency = record.max_concurrency if record.max_concurrency is not None else -1
+        self.tapped = record.rpm is not None or record.tpm is not None  # its answers carry x-ratelimit-*
 
 
 class KeyRing:

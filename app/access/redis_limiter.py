@@ -137,8 +137,26 @@ end
 return 0
 """
 
-_LIMITS = 5  # the admission's last arguments: rpm, tpm, max_concurrency, hold, budget
 _REFUSALS: dict[int, Refusal] = {1: "budget", 2: "rpm", 3: "tpm", 4: "max_concurrency", 5: "budget_missing"}
+_THREE = b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"  # three arguments, each `bulk`
+
+
+class _Commands:
+    """One key's commands in one budget period, encoded but for their per-request arguments: the
+    admission's head (`EVALSHA`, its keys) and tail (the key's limits, the clock), the settlement's
+    head. Made once per key, period and limits, so a request only formats its own arguments."""
+
+    __slots__ = ("admit_head", "admit_tail", "settle_head", "spend_key", "spend_keys")
+
+    def __init__(self, limiter: RedisLimiter, key_id: str, period: str, limits: tuple[int, ...]) -> None:
+        base = f"{limiter.prefix}:lim:{{{key_id}}}"
+        self.spend_key = f"{base}:spend:{period}"
+        three = Script.keys(f"{base}:window", f"{base}:flight", self.spend_key)
+        self.spend_keys = Script.keys(self.spend_key)
+        tail = b"".join(bulk(b"%d" % limit) for limit in limits)  # ARGV[4..8]
+        count = 3 + len(limits) + (limiter.clock is not None)  # ARGV[9]: the test's clock
+        self.admit_head, self.admit_tail = limiter.admit_script.head(count) + three, tail
+        self.settle_head = limiter.settle_script.head(5) + three
 
 
 class RedisLimiter:
@@ -149,40 +167,29 @@ class RedisLimiter:
         `clock` (microseconds since the epoch) replaces Redis's `TIME` in admissions (tests)."""
         self.prefix = settings.key_prefix
         self.redis = RespClient(settings.url, timeout=1.0)
-        self._admit = Script(_ADMIT, 3)
-        self._settle = Script(_SETTLE, 3)
+        self.admit_script = Script(_ADMIT, 3)
+        self.settle_script = Script(_SETTLE, 3)
         self._load = Script(_LOAD, 1)
         self.failed = failed
-        self._clock = clock
+        self.clock = clock
         self.retries: set[asyncio.Future[Any]] = set()
-        self._names: dict[tuple[str, str], tuple[bytes, bytes, str]] = {}
-        self._limits: dict[tuple[int, ...], bytes] = {}  # a key's limits as the admission's last arguments
+        self._commands: dict[tuple[str, str, int, int, int, int, int], _Commands] = {}
 
-    def _keys(self, key_id: str, period: str) -> tuple[bytes, bytes, str]:
-        """(the three keys encoded, the spend key encoded, the spend key): made once per key and period."""
-        names = self._names.get((key_id, period))
-        if names is None:
-            if len(self._names) > 10_000:
-                self._names.clear()
-            base = f"{self.prefix}:lim:{{{key_id}}}"
-            spend = f"{base}:spend:{period}"
-            three = Script.keys(f"{base}:window", f"{base}:flight", spend)
-            names = self._names[(key_id, period)] = (three, Script.keys(spend), spend)
-        return names
+    def _of(self, ask: Ask) -> _Commands:
+        key = (ask.key_id, ask.period, ask.rpm, ask.tpm, ask.max_concurrency, ask.hold_ms, ask.budget)
+        commands = self._commands.get(key)
+        if commands is None:
+            if len(self._commands) > 10_000:
+                self._commands.clear()
+            commands = self._commands[key] = _Commands(self, ask.key_id, ask.period, key[2:])
+        return commands
 
     async def admit(self, ask: Ask) -> Verdict:
-        limits = (ask.rpm, ask.tpm, ask.max_concurrency, ask.hold_ms, ask.budget)
-        fixed = self._limits.get(limits)
-        if fixed is None:
-            if len(self._limits) > 10_000:
-                self._limits.clear()
-            fixed = self._limits[limits] = b"".join(bulk(b"%d" % limit) for limit in limits)
-        keys = self._keys(ask.key_id, ask.period)[0]
-        args = (ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost)
-        count = _LIMITS
-        if self._clock is not None:
-            fixed, count = fixed + bulk(b"%d" % self._clock()), _LIMITS + 1
-        reply = await self._call(self._admit, keys, args, fixed, count)
+        commands = self._of(ask)
+        rid, tokens, cost = ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost
+        own = _THREE % (len(rid), rid, len(tokens), tokens, len(cost), cost)
+        tail = commands.admit_tail if self.clock is None else commands.admit_tail + bulk(b"%d" % self.clock())
+        reply = await self._call(self.admit_script, b"".join((commands.admit_head, own, tail)))
         if type(reply) is bytes:  # admitted: "second remaining-requests reset remaining-tokens reset"
             second, left_r, reset_r, left_t, reset_t = map(int, reply.split())
             return Verdict(
@@ -199,27 +206,26 @@ class RedisLimiter:
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         args = (b"%d" % spent, b"%d" % ttl_s)
-        await self._call(self._load, self._keys(ask.key_id, ask.period)[1], args)
+        await self._call(self._load, self._load.command(self._of(ask).spend_keys, args))
 
     def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
         """Sent without waiting (no future, no task), leaving with the next admission's write."""
-        reserved = b"%d" % ask.cost if ask.budget >= 0 else b"-1"
-        args = (ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens), reserved, b"%d" % cost)
-        keys = self._keys(ask.key_id, ask.period)[0]
-        self.redis.post_to(self._settle.command(keys, args), _Settlement(self, ask.key_id, keys, args))
+        rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
+        reserved, spent = (b"%d" % ask.cost if ask.budget >= 0 else b"-1"), b"%d" % cost
+        own = _THREE % (len(rid), rid, len(at), at, len(delta), delta)
+        command = b"".join((self._of(ask).settle_head, own, bulk(reserved), bulk(spent)))
+        self.redis.post_to(command, _Settlement(self, ask.key_id, command))
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
-            spent, reserved = await self.redis.call("HMGET", self._keys(key_id, period)[2], "s", "r")
+            spent, reserved = await self.redis.call("HMGET", f"{self.prefix}:lim:{{{key_id}}}:spend:{period}", "s", "r")
         except RespError as exc:
             raise LimiterDown(str(exc)) from None
         return None if spent is None else (int(spent), int(reserved or 0))
 
-    async def _call(
-        self, script: Script, keys: bytes, args: tuple[bytes, ...], fixed: bytes = b"", fixed_count: int = 0
-    ) -> Any:
+    async def _call(self, script: Script, command: bytes) -> Any:
         try:
-            return await self.redis.evalsha(script, keys, args, fixed, fixed_count)
+            return await self.redis.evalsha(script, command)
         except RespError as exc:
             raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
 
@@ -237,17 +243,17 @@ class _Settlement:
     """A settlement's answer: nothing to do when it went through; the script loaded again and the
     settlement resent on NOSCRIPT (Redis restarted); reported to the gate otherwise."""
 
-    __slots__ = ("args", "key_id", "keys", "limiter")
+    __slots__ = ("command", "key_id", "limiter")
 
-    def __init__(self, limiter: RedisLimiter, key_id: str, keys: bytes, args: tuple[bytes, ...]) -> None:
-        self.limiter, self.key_id, self.keys, self.args = limiter, key_id, keys, args
+    def __init__(self, limiter: RedisLimiter, key_id: str, command: bytes) -> None:
+        self.limiter, self.key_id, self.command = limiter, key_id, command
 
     def __call__(self, reply: Any) -> None:
         if not isinstance(reply, RespError):
             return
         limiter = self.limiter
         if str(reply).startswith("NOSCRIPT"):
-            retry = asyncio.ensure_future(limiter.redis.evalsha(limiter._settle, self.keys, self.args))
+            retry = asyncio.ensure_future(limiter.redis.evalsha(limiter.settle_script, self.command))
             limiter.retries.add(retry)
             retry.add_done_callback(self._retried)
         else:

@@ -230,14 +230,13 @@ class RespClient:
     async def _post_connected(self, command: bytes) -> Reply:
         return await (await self._connected()).send(command)
 
-    async def evalsha(
-        self, script: Script, keys: bytes, args: tuple[bytes, ...], fixed: bytes = b"", fixed_count: int = 0
-    ) -> Reply:
-        """`EVALSHA` of a script (`keys` and `fixed` as in `Script.command`), loading it on `NOSCRIPT`."""
-        reply = await self.post(script.command(keys, args, fixed, fixed_count))
+    async def evalsha(self, script: Script, command: bytes) -> Reply:
+        """`command`, an `EVALSHA` of `script` (`Script.command`), sent again once the script is
+        loaded when Redis answers `NOSCRIPT` (the same bytes: the command names the script's SHA)."""
+        reply = await self.post(command)
         if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT"):
             await self.call("SCRIPT", "LOAD", script.source)
-            reply = await self.post(script.command(keys, args, fixed, fixed_count))
+            reply = await self.post(command)
         if isinstance(reply, RespError):
             raise reply
         return reply
@@ -306,12 +305,15 @@ class Script:
         """The keys' part of a command, made once per set of keys by the caller."""
         return b"".join(bulk(name.encode()) for name in names)
 
-    def command(self, keys: bytes, args: tuple[bytes, ...], fixed: bytes = b"", fixed_count: int = 0) -> bytes:
-        """The command with `args` and then `fixed`: `fixed_count` further arguments already encoded
-        (`bulk`), which the caller keeps (a key's limits, the same in every admission)."""
-        count = len(args) + fixed_count
+    def head(self, count: int) -> bytes:
+        """`EVALSHA <sha> <number of keys>` as the start of a command with `count` arguments
+        (the keys' part, `keys`, follows it, then the arguments)."""
         head = self._heads.get(count)
         if head is None:
             total = 3 + self.key_count + count
             head = self._heads[count] = b"*%d\r\n" % total + encode(("EVALSHA", self.sha, self.key_count))[4:]
-        return b"".join((head, keys, *[b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args], fixed))
+        return head
+
+    def command(self, keys: bytes, args: tuple[bytes, ...]) -> bytes:
+        """The whole command: `keys` (from `Script.keys`), then `args`."""
+        return b"".join((self.head(len(args)), keys, *[bulk(arg) for arg in args]))

@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 from functools import lru_cache
+from typing import NamedTuple
 
 import msgspec
 
@@ -70,40 +71,53 @@ def output_bound(request: AnyRequest, model: ModelEntry) -> int:
     return bound
 
 
-def worst_rates(
-    snapshot: CatalogSnapshot, model: ModelEntry, providers: Iterable[str], when: datetime
-) -> tuple[Decimal, Decimal]:
-    """(input-side, output-side) USD per million tokens: the highest over `providers`."""
+class WorstRates(NamedTuple):
+    """The worst-case rates of a route as integers over one power of ten (rate = R / `scale` USD per
+    million tokens), and the span of time in which the prices they come from are the ones in effect
+    (`start` inclusive, `end` exclusive; None: unbounded): the gate keeps them that long."""
+
+    rate_in: int
+    rate_out: int
+    scale: int
+    start: datetime | None
+    end: datetime | None
+
+
+def worst_rates(snapshot: CatalogSnapshot, model: ModelEntry, providers: Iterable[str], when: datetime) -> WorstRates:
+    """The highest input-side and output-side rates over `providers` at `when` (module doc)."""
     top_in, top_out = Decimal(0), Decimal(0)
+    start: datetime | None = None
+    end: datetime | None = None
     for provider in providers:
         row = snapshot.price_at(provider, model.id, when)
         if row is None or row.input is None or row.output is None:
             raise PermissionDenied(NO_PRICE)
         top_in = max(top_in, row.input, row.cache_read or top_in, row.cache_write or top_in)
         top_out = max(top_out, row.output, row.reasoning or top_out)
-    return top_in, top_out
+        start = row.effective_from if start is None else max(start, row.effective_from)
+        until = snapshot.price_until(provider, model.id, when)
+        end = until if end is None or (until is not None and until < end) else end
+    return WorstRates(*scaled((top_in, top_out)), start, end)
 
 
-def worst_cost_nano(input_tokens: int, output_tokens: int, rates: tuple[Decimal, Decimal]) -> int:
-    """(in x rate_in + out x rate_out) / 10^6 USD in nano-dollars, rounded up: in integers (the
-    rates scaled once to whole numbers), exact, without Decimal arithmetic per request."""
-    rate_in, rate_out, scale = _scaled(rates)
-    return max(0, -(-(input_tokens * rate_in + output_tokens * rate_out) * 1000 // scale))
-
-
-@lru_cache(maxsize=256)
-def _scaled(rates: tuple[Decimal, Decimal]) -> tuple[int, int, int]:
+def scaled(rates: tuple[Decimal, Decimal]) -> tuple[int, int, int]:
     """Both rates as integers over one power of ten: (R_in, R_out, 10^k) with rate = R / 10^k."""
     digits = max(0, *(-int(rate.as_tuple().exponent) for rate in rates))
-    scale = 10**digits
-    return int(rates[0].scaleb(digits)), int(rates[1].scaleb(digits)), scale
+    return int(rates[0].scaleb(digits)), int(rates[1].scaleb(digits)), 10**digits
+
+
+def worst_cost_nano(input_tokens: int, output_tokens: int, rates: WorstRates) -> int:
+    """(in x rate_in + out x rate_out) / 10^6 USD in nano-dollars, rounded up: in integers (the
+    rates scaled once to whole numbers), exact, without Decimal arithmetic per request."""
+    total = input_tokens * rates.rate_in + output_tokens * rates.rate_out
+    return max(0, -(-total * 1000 // rates.scale))
 
 
 def to_nano(usd: Decimal | None) -> int:
     """USD as whole nano-dollars, rounded up; None (unpriced) is 0."""
     if usd is None or usd <= 0:
         return 0
-    return int((usd * NANO).to_integral_value(rounding=ROUND_CEILING))
+    return math.ceil(usd * NANO)
 
 
 def from_nano(nano: int) -> Decimal:

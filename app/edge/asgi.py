@@ -87,7 +87,7 @@ async def serve(
     principal, tapped = ANONYMOUS, False
     if service.access is not None:
         key = service.access.keyring.authenticate(scope["headers"])
-        principal, tapped = key.principal, key.record.rpm is not None or key.record.tpm is not None
+        principal, tapped = key.principal, key.tapped
     door = translate(body, service)
     if not service.recording:
         raise UsageNotRecordable("usage cannot be recorded")

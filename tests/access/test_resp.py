@@ -36,10 +36,11 @@ async def test_a_script_is_loaded_on_noscript_and_returns_nested_replies() -> No
     script = Script(f"-- {uuid.uuid4().hex}\nreturn {{1, ARGV[1], {{KEYS[1], 2}}, redis.status_reply('OK')}}", 1)
     try:
         for _ in range(2):  # the first call meets NOSCRIPT and loads it; the second runs it by SHA
-            reply = await client.evalsha(script, Script.keys("k"), (b"x" * 70_000,))
+            reply = await client.evalsha(script, script.command(Script.keys("k"), (b"x" * 70_000,)))
             assert reply == [1, b"x" * 70_000, [b"k", 2], b"OK"]
+        failing = Script("return redis.error_reply('ERR nope')", 0)
         with pytest.raises(RespError, match="ERR"):
-            await client.evalsha(Script("return redis.error_reply('ERR nope')", 0), b"", ())
+            await client.evalsha(failing, failing.command(b"", ()))
     finally:
         await client.close()
 
@@ -82,10 +83,8 @@ def test_a_script_command_is_the_generic_encoding_of_evalsha() -> None:
     for args in [(), (b"1",), (b"", b"22", b"x" * 1000)]:
         expected = encode(("EVALSHA", script.sha, 3, "a", "{k}:b", "c" * 300, *args))
         assert script.command(keys, args) == expected
-    fixed = b"".join(bulk(value) for value in (b"7", b"-1"))
-    assert script.command(keys, (b"x",), fixed, 2) == encode(
-        ("EVALSHA", script.sha, 3, "a", "{k}:b", "c" * 300, "x", "7", "-1")
-    )
+    tail = b"".join(bulk(value) for value in (b"x", b"7", b"-1"))  # arguments encoded apart, as the limiter does
+    assert script.head(3) + keys + tail == encode(("EVALSHA", script.sha, 3, "a", "{k}:b", "c" * 300, "x", "7", "-1"))
 
 
 class _Recorder:

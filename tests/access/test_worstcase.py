@@ -3,11 +3,19 @@ against the same arithmetic done by hand in `Decimal`."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
 
 import pytest
+import structlog
 
-from app.access.worstcase import worst_cost_nano
+from app.access.gate import AccessGate
+from app.access.keyring import KeyRing
+from app.access.worstcase import WorstRates, scaled, to_nano, worst_cost_nano, worst_rates
+from app.metrics import Counter
+from app.settings import Settings
+from catalog.database import open_engine
+from catalog.snapshot import CatalogSnapshot, ModelEntry, PriceRow
 
 
 @pytest.mark.parametrize(
@@ -27,4 +35,66 @@ def test_worst_cost_is_the_exact_sum_rounded_up_to_a_nano_dollar(
     rate_in, rate_out = Decimal(rates[0]), Decimal(rates[1])
     usd = (tokens_in * rate_in + tokens_out * rate_out) / Decimal(1_000_000)
     assert int((usd * Decimal(10**9)).to_integral_value(rounding=ROUND_CEILING)) == nano  # the hand sum
-    assert worst_cost_nano(tokens_in, tokens_out, (rate_in, rate_out)) == nano
+    assert worst_cost_nano(tokens_in, tokens_out, WorstRates(*scaled((rate_in, rate_out)), None, None)) == nano
+
+
+@pytest.mark.parametrize(
+    ("usd", "nano"),
+    [
+        (None, 0),
+        (Decimal(-1), 0),
+        (Decimal(0), 0),
+        (Decimal("0.000000000000000001"), 1),  # the ledger's smallest cost still reserves a nano-dollar
+        (Decimal("0.0000000015"), 2),
+        (Decimal("0.000000002"), 2),
+        (Decimal("12.5"), 12_500_000_000),
+        (Decimal("1234567.123456789000000001"), 1_234_567_123_456_790),
+    ],
+)
+def test_to_nano_rounds_up(usd: Decimal | None, nano: int) -> None:
+    assert to_nano(usd) == nano
+
+
+def _snapshot(*prices: tuple[str, str, str, str]) -> tuple[CatalogSnapshot, ModelEntry]:
+    model = ModelEntry("m", (), 1000, 100, frozenset(), True, ())
+    rows = [
+        PriceRow(index, provider, "m", datetime.fromisoformat(start), input=Decimal(rate_in), output=Decimal(rate_out))
+        for index, (provider, start, rate_in, rate_out) in enumerate(prices)
+    ]
+    return CatalogSnapshot([model], rows), model
+
+
+def test_worst_rates_hold_until_a_price_of_the_route_changes() -> None:
+    snapshot, model = _snapshot(
+        ("a", "2026-01-01T00:00:00+00:00", "1", "4"),
+        ("a", "2026-06-01T00:00:00+00:00", "1.5", "4"),
+        ("b", "2026-03-01T00:00:00+00:00", "0.25", "8"),
+        ("b", "2026-09-01T00:00:00+00:00", "0.25", "2"),
+    )
+    when = datetime(2026, 4, 1, tzinfo=UTC)
+    rates = worst_rates(snapshot, model, ["a", "b"], when)
+    assert rates == WorstRates(
+        1, 8, 1, datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 6, 1, tzinfo=UTC)
+    )  # a in, b out
+    assert worst_rates(snapshot, model, ["a"], when).end == datetime(2026, 6, 1, tzinfo=UTC)
+    late = worst_rates(snapshot, model, ["a", "b"], datetime(2026, 10, 1, tzinfo=UTC))
+    assert late == WorstRates(15, 40, 10, datetime(2026, 9, 1, tzinfo=UTC), None)  # no later price: for ever
+
+
+async def test_the_gate_keeps_rates_only_while_their_prices_are_in_effect() -> None:
+    snapshot, model = _snapshot(
+        ("a", "2026-01-01T00:00:00+00:00", "1", "4"), ("a", "2026-06-01T00:00:00+00:00", "2", "4")
+    )
+    settings = Settings()
+    engine = open_engine("sqlite+aiosqlite://")  # never connected: the rates need no database
+    log = structlog.get_logger("test")
+    gate = AccessGate(settings, engine, KeyRing(engine, settings.auth, None, log), log, Counter("c", "c", ()))
+    before = gate._rates(snapshot, model, ["a"], datetime(2026, 5, 31, 23, 59, 59, tzinfo=UTC))
+    assert (before.rate_in, before.rate_out) == (1, 4)
+    assert gate._rates(snapshot, model, ["a"], datetime(2026, 5, 1, tzinfo=UTC)) is before  # kept
+    after = gate._rates(snapshot, model, ["a"], datetime(2026, 6, 1, tzinfo=UTC))
+    assert (after.rate_in, after.rate_out) == (2, 4)  # the new price, from its first microsecond
+    assert gate._rates(snapshot, model, ["a"], datetime(2026, 5, 1, tzinfo=UTC)).rate_in == 1  # and back
+    other, _model = _snapshot(("a", "2026-01-01T00:00:00+00:00", "3", "4"))
+    assert gate._rates(other, model, ["a"], datetime(2026, 7, 1, tzinfo=UTC)).rate_in == 3  # a new catalog
+    await engine.dispose()
