@@ -26,9 +26,6 @@ first head deadline aside). The headers are counted once they are complete (`len
 only when the reads that carried them were larger than the limit. Measured: about 1 µs per request
 over uvicorn's own protocol.
 
-Each request's cycle is uvicorn's with a shorter way through the response head
-(`app.edge.response_head`).
-
 `protocol_factory(server_settings)` is what `app.cli` (and the tests' server) pass to uvicorn as
 `http=`: a `functools.partial` of the class with the limits, picklable for `--workers N`.
 """
@@ -44,10 +41,9 @@ from typing import Any
 import httptools
 from msgspec import Struct
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from app.edge.response_head import FastHeadCycle
 from app.errors import GatewayError, HeadersTooLarge, RequestTimeout, error_body
 from app.ids import uuid7
 from app.settings import ServerSettings
@@ -148,8 +144,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refused
         self._phase = _BODY
         super().on_headers_complete()
-        if type(self.cycle) is RequestResponseCycle:  # the one uvicorn just made
-            self.cycle.__class__ = FastHeadCycle
 
     def on_message_complete(self) -> None:
         if self._deadline is not None:
