@@ -2,27 +2,28 @@
 rows is added to them.
 
 Three levels, each the sums of the ledger rows per group: per UTC hour x model x provider x key x
-owner x api x status (`KEY`), per hour without the key and its owner (`MODEL_KEY`: reports that
-neither group by nor filter on them read 5 times fewer rows there) and per UTC day with every
-dimension (`DAY_KEY`). Reports read whole days from the daily roll-up and whole hours from the
-smallest hourly level that holds their dimensions (`catalog.usage_report`), so all three must
-hold exactly the sums of the ledger rows, no more: only rows actually inserted are counted (a
-replayed request id, skipped by `ON CONFLICT (request_id) DO NOTHING`, is not counted again),
-and all change in the transaction that inserts the rows, so a report never sees one without the
-others. A row belongs to the hour and the day of its `started_at` (UTC): a request started at
-23:59 and finished after midnight is the earlier day's.
+owner x api x status (`KEY`), per hour x model x provider x status — without the caller's
+dimensions, key, owner and api (`MODEL_KEY`: reports that neither group by nor filter on them read
+5 times fewer rows there) — and per UTC day with every dimension (`DAY_KEY`). Reports read whole
+days from the daily roll-up and whole hours from the smallest hourly level that holds their
+dimensions (`catalog.usage_report`), so all three must hold exactly the sums of the ledger rows,
+no more: only rows actually inserted are counted (a replayed request id, skipped by `ON CONFLICT
+(request_id) DO NOTHING`, is not counted again), and all change in the transaction that inserts
+the rows, so a report never sees one without the others. A row belongs to the hour and the day of
+its `started_at` (UTC): a request started at 23:59 and finished after midnight is the earlier
+day's.
 
 - PostgreSQL (`postgres_statement`): one statement per batch. The ledger INSERT sits in a CTE whose
   `RETURNING` yields only the rows it inserted; they are grouped by hour and dimensions inside the
-  database, the hour groups are upserted into `usage_hourly`, summed per hour without the key and
-  owner into `usage_hourly_models`, and summed per day into `usage_daily`. The gateway sends the
+  database, the hour groups are upserted into `usage_hourly`, summed per hour without the caller's
+  dimensions into `usage_hourly_models`, and summed per day into `usage_daily`. The gateway sends the
   batch as before and reads nothing back: the roll-ups cost it no work per row.
 - SQLite (`SQLiteRollup`): the store inserts the batch with `executemany` and compares the rows it
   changed with the batch's length. Equal (every row is new, the normal case): the batch is summed
   per hour group here, on the store's thread — one tuple and a few integer additions per row,
   money as integer units of 1e-18 USD, which is the ledger's scale, so the sums are exact — the
-  hour groups summed again per hour without the key and per day (a few additions per group, not
-  per row), and each level upserted one row per group. Fewer (a replay, or one request id twice
+  hour groups summed again per hour without the caller's dimensions and per day (a few additions
+  per group, not per row), and each level upserted one row per group. Fewer (a replay, or one request id twice
   in a batch): the transaction is rolled back and the batch inserted row by row, counting only the
   rows whose INSERT changed something. SQLite has no exact decimal arithmetic (cost columns hold
   decimal text), so the upsert adds two texts with `decimal_add`, a function registered on the
@@ -41,7 +42,7 @@ from typing import Any
 from catalog.tables import COST_SCALE
 
 DIMENSIONS = ("model", "provider", "api_key_id", "owner", "api")
-MODEL_DIMENSIONS = ("model", "provider", "api")  # `usage_hourly_models`: DIMENSIONS less key and owner
+MODEL_DIMENSIONS = ("model", "provider")  # `usage_hourly_models`: DIMENSIONS less key, owner and api
 TOKENS = ("input_tokens", "output_tokens", "reasoning_tokens", "cache_read_tokens", "cache_write_tokens")
 KEY = ("hour", *DIMENSIONS, "status")
 MODEL_KEY = ("hour", *MODEL_DIMENSIONS, "status")
@@ -119,12 +120,12 @@ def postgres_statement(insert_rows: str) -> str:
     """`insert_rows` (an INSERT INTO ledger … ON CONFLICT DO NOTHING) with the upserts of the rows
     it inserted into the three roll-ups, in one statement.
 
-    The rows are grouped per hour once (`hourly`, materialized: three readers); the key-less hours
+    The rows are grouped per hour once (`hourly`, materialized: three readers); the model hours
     and the days are summed from those groups. The daily upsert is the main statement and runs
     first; the two upserts in CTEs nothing reads run after it, to completion, the later one in the
     WITH list first (PostgreSQL runs such CTEs after the main query, last-written first:
     `ExecPostprocessPlan`; checked on 15 with triggers logging each insert). So every writer takes
-    the same locks in the same order — its day groups in key order, then its key-less hour groups,
+    the same locks in the same order — its day groups in key order, then its model hour groups,
     then its hour groups, each in key order — and two writers adding to the same groups wait for
     each other and never deadlock."""
     returning = ", ".join(SOURCE)
@@ -149,7 +150,7 @@ def postgres_daily_backfill() -> str:
 
 
 def postgres_models_backfill() -> str:
-    """Migration 0007: the key-less hourly roll-up, summed from the hourly one."""
+    """Migration 0007: the hourly roll-up per model, summed from the hourly one."""
     columns = f"{', '.join(MODEL_KEY)}, {', '.join(SUMS)}"
     return f"INSERT INTO usage_hourly_models ({columns}) {_models_select('usage_hourly')}"
 
@@ -174,9 +175,9 @@ class SQLiteRollup:
         self.daily = sqlite_upsert("usage_daily", DAY_KEY)
 
     def add(self, cursor: Any, rows: Iterable[Sequence[Any]]) -> None:
-        """Upsert the sums of `rows` (each a full encoded ledger row) per hour, per key-less hour
-        and per day, on `cursor`, inside the caller's transaction (in PostgreSQL's order, days
-        first). The key-less hours and the days are summed from the hour groups."""
+        """Upsert the sums of `rows` (each a full encoded ledger row) per hour, per model hour and
+        per day, on `cursor`, inside the caller's transaction (in PostgreSQL's order, days first).
+        The model hours and the days are summed from the hour groups."""
         hours = _hour_sums(self.pick(row) for row in rows)
         cursor.executemany(self.daily, _upsert_rows(_regrouped(hours.items(), _day_group)))
         cursor.executemany(self.models, _upsert_rows(_regrouped(hours.items(), _model_group)))
@@ -239,9 +240,9 @@ def _day_group(hour_group: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _model_group(hour_group: tuple[str, ...]) -> tuple[str, ...]:
-    """An hour group (`KEY`) without its key and owner (`MODEL_KEY`)."""
-    hour, model, provider, _key, _owner, api, status = hour_group
-    return (hour, model, provider, api, status)
+    """An hour group (`KEY`) without its key, owner and api (`MODEL_KEY`)."""
+    hour, model, provider, _key, _owner, _api, status = hour_group
+    return (hour, model, provider, status)
 
 
 def _regrouped(

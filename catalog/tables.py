@@ -298,8 +298,8 @@ class UsageHourly(_RolledUp, Base):
     """The ledger summed per UTC hour x model x provider x key x owner x api x status (migration 0005).
 
     Kept by the ledger stores in the transaction that inserts the rows (`catalog.rollup`); reports
-    read the whole hours outside whole days here when they group by or filter on the key or the
-    owner (`catalog.usage_report`; whole days come from `UsageDaily`, other hours from
+    read the whole hours outside whole days here when they group by or filter on the key, the
+    owner or the api (`catalog.usage_report`; whole days come from `UsageDaily`, other hours from
     `UsageHourlyModels`). A NULL dimension of a ledger row is '' here, so that the primary key (also the
     upsert's conflict target and the reports' range index, led by the hour) can hold it on both
     databases; reports turn '' back into null. Errors and cancellations are the `requests` of rows
@@ -313,17 +313,16 @@ class UsageHourly(_RolledUp, Base):
 
 
 class UsageHourlyModels(_Sums, Base):
-    """`UsageHourly` without the key and owner: the same sums per UTC hour x model x provider x api
-    x status (migration 0007), for reports that neither group by nor filter on a key or an owner
-    (5 times fewer rows with 50 keys: bench/RESULTS.md). Kept with the other levels, in the rows'
-    transaction."""
+    """`UsageHourly` without the caller's dimensions (key, owner, api): the same sums per UTC hour x
+    model x provider x status (migration 0007), for reports that neither group by nor filter on
+    those (5 times fewer rows with 50 keys: bench/RESULTS.md). Kept with the other levels, in the
+    rows' transaction."""
 
     __tablename__ = "usage_hourly_models"
 
     hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True, sort_order=-2)
     model: Mapped[str] = mapped_column(String(200), primary_key=True, sort_order=-1)
     provider: Mapped[str] = mapped_column(String(100), primary_key=True, sort_order=-1)
-    api: Mapped[str] = mapped_column(String(32), primary_key=True, sort_order=-1)
     status: Mapped[str] = mapped_column(String(16), primary_key=True, sort_order=-1)
 
 

@@ -12,9 +12,9 @@ Grouped by `hour`, no day is read whole (a day row has no hours): such a report 
 hourly rows, grouped by `hour` itself — no function per row — which PostgreSQL does in parallel.
 
 The hours come from the smallest level that holds every dimension the report groups by or
-filters on (`_hourly`): `usage_hourly_models` (no key, no owner: 5 times fewer rows in the bench)
-unless the report groups by or filters on `key` or `owner`, or is restricted to one key
-(`only_key`), which need `usage_hourly`. Days have one level, with the key: a 30-day report reads
+filters on (`_hourly`): `usage_hourly_models` (model, provider and status: 5 times fewer rows in
+the bench) unless the report groups by or filters on `key`, `owner` or `api`, or is restricted to
+one key (`only_key`), which need `usage_hourly`. Days have one level, with the key: a 30-day report reads
 about 7,700 day rows, which is not where its time goes (bench/RESULTS.md).
 
 Money is exact on both databases. PostgreSQL sums NUMERIC. SQLite keeps costs as decimal text
@@ -146,9 +146,9 @@ def _rolled(table: str, moment: str, period: str) -> _Source:
 _ROLLED_MONEY = ("cost_usd", "authoritative_cost_usd")
 _HOURS = "((hour >= :first AND hour < :day_first) OR (hour >= :day_last AND hour < :last))"
 _DAILY = _rolled("usage_daily", "day", "day >= :day_first AND day < :day_last")
-_KEYED = frozenset({"key", "owner"})  # the dimensions `usage_hourly_models` does not hold
+_CALLER = frozenset({"key", "owner", "api"})  # the dimensions `usage_hourly_models` does not hold
 _HOURLY_LEVELS: tuple[tuple[frozenset[str], _Source], ...] = (
-    (_KEYED, _rolled("usage_hourly_models", "hour", _HOURS)),  # (what it lacks, the level)
+    (_CALLER, _rolled("usage_hourly_models", "hour", _HOURS)),  # (what it lacks, the level)
     (frozenset(), _rolled("usage_hourly", "hour", _HOURS)),
 )
 _RAW = _Source(

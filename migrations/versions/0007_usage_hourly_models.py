@@ -1,17 +1,21 @@
-"""A key-less hourly roll-up of the ledger, so an hour-grouped report sums models, not keys.
+"""An hourly roll-up per model, without the caller's dimensions, so an hour-grouped report sums
+models, not keys.
 
 `usage_hourly_models` (see `catalog.tables.UsageHourlyModels`): the sums of `usage_hourly` per UTC
-hour x model x provider x api x status — the hourly roll-up without the key and its owner. A
-30-day report grouped by hour read the 178,808 hourly rows of the period (bench/RESULTS.md: 90 to
-118 ms, most of it the aggregate over those rows); reports that neither group by nor filter on a key or
-an owner now read their hours here. Which dimensions go: the key is the one that multiplies rows
-(50 keys in the bench, and as many as a deployment hands out), and the owner follows the key
-(a key has one owner at a time), so dropping both leaves 34,560 rows for the bench's month (5.2
-times fewer). The api stays: it is one of four doors, so it costs at most 4 times the rows of a
-level without it (13,680 rows in the bench), and with it reports grouped or filtered by api read
-this level too. Model and provider stay for the same reason (a provider mostly follows its model).
-The ledger stores keep it in the rows' transaction, with the other two levels (`catalog.rollup`);
-here it is filled once from `usage_hourly`, which already holds every existing row exactly.
+hour x model x provider x status — the hourly roll-up without the key, its owner and the api (the
+door the request came in by). A 30-day report grouped by hour read the 178,808 hourly rows of the
+bench's month (bench/RESULTS.md: 90 to 118 ms, most of it the aggregate over those rows, ≈ 0.4 µs
+a row); reports that neither group by nor filter on a key, an owner or an api now read their hours
+here. Which dimensions go, by the bench's row counts for its month (50 keys, 10 owners, 4 apis, 8
+models on 3 providers): without key and owner, 92,288 rows (1.9 times fewer: each key's requests
+come through 2 apis, and every model is served by every provider), and an hour-grouped report
+still took 89 to 102 ms; without the api too, 36,771 (4.9 times fewer). The api goes with the key:
+both say who called and how, and a caller's door multiplies rows as its key does; the model, the
+provider and the status say what was served and what it cost, which is what the time-grouped and
+untimed reports break down. A report grouped or filtered by api reads `usage_hourly`, as before.
+The ledger stores keep this level in the rows' transaction, with the other two
+(`catalog.rollup`); here it is filled once from `usage_hourly`, which already holds every
+existing row exactly.
 
 Revision ID: 0007
 Revises: 0006
@@ -34,7 +38,7 @@ down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_LENGTHS = {"model": 200, "provider": 100, "api": 32}
+_LENGTHS = {"model": 200, "provider": 100}
 _BACKFILL_CHUNK = 10_000
 
 
@@ -55,7 +59,7 @@ def upgrade() -> None:
 
 
 def _backfill() -> None:
-    """The key-less sums of the hourly roll-up: grouped by PostgreSQL itself; on SQLite (whose
+    """The hourly roll-up summed per model: grouped by PostgreSQL itself; on SQLite (whose
     costs are decimal text) read in chunks and summed exactly in Python, one entry per group."""
     bind = op.get_bind()
     if bind.dialect.name == "postgresql":

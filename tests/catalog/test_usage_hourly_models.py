@@ -1,8 +1,8 @@
-"""The key-less hourly roll-up (`usage_hourly_models`, migration 0007), on SQLite and PostgreSQL:
+"""The hourly roll-up per model (`usage_hourly_models`, migration 0007), on SQLite and PostgreSQL:
 the ledger stores keep it exactly equal to the sums of the ledger rows per hour x model x provider
-x api x status — after replays, batches holding a request id twice and concurrent writers — and
-a report reads its hours there unless it groups by, filters on or is restricted to a key or an
-owner, where it reads `usage_hourly`.
+x status — after replays, batches holding a request id twice and concurrent writers — and a
+report reads its hours there unless it groups by, filters on or is restricted to a key, an owner
+or an api, where it reads `usage_hourly`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ async def _levels_match_the_ledger(engine: AsyncEngine, count: int) -> dict[Any,
     return models
 
 
-async def test_the_key_less_level_holds_exactly_the_ledgers_sums(engine: AsyncEngine) -> None:
+async def test_the_model_level_holds_exactly_the_ledgers_sums(engine: AsyncEngine) -> None:
     """Every group, every column, money to the last decimal, after replays and a request id twice."""
     records = seeded_records()
     await write_records(engine, records[:250])
@@ -66,7 +66,7 @@ async def test_concurrent_writers_keep_every_level_exact(engine: AsyncEngine) ->
     await _levels_match_the_ledger(engine, 720)
 
 
-async def test_sqlite_through_the_engine_keeps_the_key_less_level(tmp_path: Path) -> None:
+async def test_sqlite_through_the_engine_keeps_the_model_level(tmp_path: Path) -> None:
     """A SQLite URI filename is written through the engine's own connection (`EngineStore`)."""
     url = f"sqlite+aiosqlite:///file:{tmp_path / 'uri.db'}?uri=true"
     await upgrade_async(url)
@@ -80,20 +80,22 @@ async def test_sqlite_through_the_engine_keeps_the_key_less_level(tmp_path: Path
         await engine.dispose()
 
 
-# Reports of hours without a key or owner: they read `usage_hourly_models`.
-KEY_LESS = [
+# Reports of hours without a key, owner or api: they read `usage_hourly_models`.
+MODELS = [
     {"group_by": "hour"},
-    {"group_by": "hour,model,api,status"},
+    {"group_by": "hour,model,status"},
     {"group_by": "hour,provider", "model": "{model}"},
-    {"group_by": "model", "api": "{api}"},
+    {"group_by": "model,day", "status": "{status}"},
     {"status": "{status}", "provider": "{provider}"},
     {},
 ]
-# Reports that need the key or its owner: they read `usage_hourly`.
-KEYED = [
+# Reports that need the key, its owner or the api: they read `usage_hourly`.
+CALLERS = [
     {"group_by": "hour,key"},
     {"group_by": "hour", "owner": "{owner}"},
     {"group_by": "hour,model", "key": "{key}"},
+    {"group_by": "hour,api"},
+    {"group_by": "model", "api": "{api}"},
     {"group_by": "owner"},
     {"key": "{key}", "api": "{api}"},
 ]
@@ -104,7 +106,7 @@ async def _tamper(engine: AsyncEngine, table: Any) -> dict[str, str]:
     known), in no other table; its dimension values, named as the report's parameters."""
     level = "hour" if table is UsageHourly else "hour_models"
     groups = [key for key in await rollup_rows(engine, level) if key[0] == TAMPERED_HOUR and "" not in key]
-    names = ("model", "provider", "key", "owner", "api") if level == "hour" else ("model", "provider", "api")
+    names = ("model", "provider", "key", "owner", "api") if level == "hour" else ("model", "provider")
     values = dict(zip(("hour", *names, "status"), groups[0], strict=True))
     columns = table.__table__.c
     where = [columns[{"key": "api_key_id"}.get(name, name)] == value for name, value in values.items()]
@@ -134,14 +136,14 @@ async def test_a_report_reads_hours_from_the_smallest_level_holding_its_dimensio
     engine: AsyncEngine, table: Any
 ) -> None:
     """One request added to one group of one hourly level only: exactly the reports that should
-    read that level see it — the key-less ones `usage_hourly_models`, those that group by, filter
-    on or are restricted to a key or an owner `usage_hourly`."""
+    read that level see it — `usage_hourly_models` those without a caller's dimension, and
+    `usage_hourly` those that group by, filter on or are restricted to a key, owner or api."""
     await write_records(engine, seeded_records())
     rows = await ledger_rows(engine)
-    values = {"key": "key-a", "owner": "team-x", **await _tamper(engine, table)}
-    key_less = 1 if table is UsageHourlyModels else 0
-    for params in KEY_LESS:
-        assert await _requests(engine, rows, _filled(params, values)) == key_less, params
-    for params in KEYED:
-        assert await _requests(engine, rows, _filled(params, values)) == 1 - key_less, params
-    assert await _requests(engine, rows, {"group_by": "hour"}, only_key=values["key"]) == 1 - key_less
+    values = {"key": "key-a", "owner": "team-x", "api": "unified", **await _tamper(engine, table)}
+    models = 1 if table is UsageHourlyModels else 0
+    for params in MODELS:
+        assert await _requests(engine, rows, _filled(params, values)) == models, params
+    for params in CALLERS:
+        assert await _requests(engine, rows, _filled(params, values)) == 1 - models, params
+    assert await _requests(engine, rows, {"group_by": "hour"}, only_key=values["key"]) == 1 - models

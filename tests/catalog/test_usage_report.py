@@ -85,8 +85,8 @@ async def test_several_groups_at_once_and_none(engine: AsyncEngine, seeded: list
         {"status": "error,cancelled", "group_by": "status"},
         {"model": "llama", "provider": "local", "key": "key-a", "owner": "team-x", "status": "ok"},
         {"model": "no-such-model", "group_by": "model"},
-        # grouped by hour: every whole hour from an hourly level, the key-less one unless a key or
-        # owner is grouped by or filtered on
+        # grouped by hour: every whole hour from an hourly level, the one per model unless a key or
+        # owner or api is grouped by or filtered on
         {"model": "gemma", "group_by": "hour"},
         {"api": "openai_chat,unified", "status": "ok", "group_by": "hour,model"},
         {"provider": "local", "group_by": "hour,api,status"},

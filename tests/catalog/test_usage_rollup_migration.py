@@ -1,4 +1,4 @@
-"""Migrations 0005 (hourly roll-up), 0006 (daily roll-up) and 0007 (key-less hourly roll-up) on a
+"""Migrations 0005 (hourly roll-up), 0006 (daily roll-up) and 0007 (hourly roll-up per model) on a
 ledger that already has rows: the roll-ups they build hold exactly the rows' sums, so reports over
 the old rows are right from the first request after the upgrade."""
 
@@ -74,10 +74,10 @@ async def test_the_daily_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[],
         await engine.dispose()
 
 
-async def test_the_key_less_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[], Awaitable[str]]) -> None:
+async def test_the_model_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[], Awaitable[str]]) -> None:
     """A database at 0006 whose ledger and roll-ups the stores kept: after 0007, every group of
-    `usage_hourly_models` is the sum of the ledger rows of that hour, model, provider, api and
-    status, over all keys and owners; reports grouped by hour read it at once."""
+    `usage_hourly_models` is the sum of the ledger rows of that hour, model, provider and status,
+    over all keys, owners and apis; reports grouped by hour read it at once."""
     url = await fresh_url()
     await migrate.upgrade_async(url, "0006")
     engine = create_async_engine(url)

@@ -5,7 +5,7 @@ included), unknown token buckets, exact 18-decimal costs, authoritative and unpr
 several rows in most hours. `expected(rows, query)` aggregates the raw ledger rows (read back with
 plain SQL, `ledger_rows`) in Python with exact integers: no roll-up, no report code.
 `expected_rollup(rows, level)` is what a roll-up level must hold for those rows — `usage_hourly`
-('hour'), `usage_hourly_models` ('hour_models': no key, no owner) or `usage_daily` ('day') — and
+('hour'), `usage_hourly_models` ('hour_models': no key, owner, api) or `usage_daily` ('day') — and
 `rollup_rows(engine, level)` what it does hold, both as {key: sums} with exact Decimals.
 """
 
@@ -175,7 +175,7 @@ _KEYED = ("model", "provider", "api_key_id", "owner", "api")
 _LEVELS = {
     "hour": (UsageHourly, _KEYED),
     "day": (UsageDaily, _KEYED),
-    "hour_models": (UsageHourlyModels, ("model", "provider", "api")),
+    "hour_models": (UsageHourlyModels, ("model", "provider")),
 }
 
 
@@ -186,7 +186,7 @@ def _bucket(moment: datetime, level: str) -> datetime:
 
 def expected_rollup(rows: Sequence[dict[str, Any]], level: str) -> dict[RollupKey, tuple[Any, ...]]:
     """Per (UTC hour or day of `started_at`, model, provider, key, owner, api — 'hour_models':
-    model, provider, api —, status; '' for a null): requests, unpriced, the five token sums, the
+    model, provider —, status; '' for a null): requests, unpriced, the five token sums, the
     cost and its authoritative part (exact Decimals; None when no row had one) — summed here, from
     the ledger rows alone."""
     groups: dict[RollupKey, list[dict[str, Any]]] = defaultdict(list)
