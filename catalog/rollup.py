@@ -4,30 +4,30 @@ rows is added to them.
 Three levels, each the sums of the ledger rows per group: per UTC hour x model x provider x key x
 owner x api x status (`KEY`), per hour x model x provider x status — without the caller's
 dimensions, key, owner and api (`MODEL_KEY`: reports that neither group by nor filter on them read
-5 times fewer rows there) — and per UTC day with every dimension (`DAY_KEY`). Reports read whole
-days from the daily roll-up and whole hours from the smallest hourly level that holds their
-dimensions (`catalog.usage_report`), so all three must hold exactly the sums of the ledger rows,
-no more: only rows actually inserted are counted (a replayed request id, skipped by `ON CONFLICT
-(request_id) DO NOTHING`, is not counted again), and all change in the transaction that inserts
-the rows, so a report never sees one without the others. A row belongs to the hour and the day of
-its `started_at` (UTC): a request started at 23:59 and finished after midnight is the earlier
-day's.
+4.9 times fewer rows there in the bench) — and per UTC day with every dimension (`DAY_KEY`).
+Reports read whole days from the daily roll-up and whole hours from the smallest hourly level that
+holds their dimensions (`catalog.usage_report`), so all three must hold exactly the sums of the
+ledger rows, no more: only rows actually inserted are counted (a replayed request id, skipped by
+`ON CONFLICT (request_id) DO NOTHING`, is not counted again), and all change in the transaction
+that inserts the rows, so a report never sees one without the others. A row belongs to the hour
+and the day of its `started_at` (UTC): a request started at 23:59 and finished after midnight is
+the earlier day's.
 
 - PostgreSQL (`postgres_statement`): one statement per batch. The ledger INSERT sits in a CTE whose
   `RETURNING` yields only the rows it inserted; they are grouped by hour and dimensions inside the
-  database, the hour groups are upserted into `usage_hourly`, summed per hour without the caller's
-  dimensions into `usage_hourly_models`, and summed per day into `usage_daily`. The gateway sends the
-  batch as before and reads nothing back: the roll-ups cost it no work per row.
+  database, the hour groups are upserted into `usage_hourly`, summed per hour without the
+  caller's dimensions into `usage_hourly_models`, and summed per day into `usage_daily`. The
+  gateway sends the batch as before and reads nothing back: the roll-ups cost it no work per row.
 - SQLite (`SQLiteRollup`): the store inserts the batch with `executemany` and compares the rows it
   changed with the batch's length. Equal (every row is new, the normal case): the batch is summed
   per hour group here, on the store's thread — one tuple and a few integer additions per row,
   money as integer units of 1e-18 USD, which is the ledger's scale, so the sums are exact — the
   hour groups summed again per hour without the caller's dimensions and per day (a few additions
-  per group, not per row), and each level upserted one row per group. Fewer (a replay, or one request id twice
-  in a batch): the transaction is rolled back and the batch inserted row by row, counting only the
-  rows whose INSERT changed something. SQLite has no exact decimal arithmetic (cost columns hold
-  decimal text), so the upsert adds two texts with `decimal_add`, a function registered on the
-  connection.
+  per group, not per row), and each level upserted one row per group. Fewer (a replay, or one
+  request id twice in a batch): the transaction is rolled back and the batch inserted row by row,
+  counting only the rows whose INSERT changed something. SQLite has no exact decimal arithmetic
+  (cost columns hold decimal text), so the upsert adds two texts with `decimal_add`, a function
+  registered on the connection.
 
 Unpriced (`UNPRICED`): a request with no cost though it was served or used tokens; a failed
 request that reported no usage cost nothing we know of and counts as an error only.

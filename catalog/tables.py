@@ -300,9 +300,9 @@ class UsageHourly(_RolledUp, Base):
     Kept by the ledger stores in the transaction that inserts the rows (`catalog.rollup`); reports
     read the whole hours outside whole days here when they group by or filter on the key, the
     owner or the api (`catalog.usage_report`; whole days come from `UsageDaily`, other hours from
-    `UsageHourlyModels`). A NULL dimension of a ledger row is '' here, so that the primary key (also the
-    upsert's conflict target and the reports' range index, led by the hour) can hold it on both
-    databases; reports turn '' back into null. Errors and cancellations are the `requests` of rows
+    `UsageHourlyModels`). A NULL dimension of a ledger row is '' here, so that the primary key
+    (also the upsert's conflict target and the reports' range index, led by the hour) can hold it
+    on both databases; reports turn '' back into null. Errors and cancellations are the `requests` of rows
     whose `status` says so. Token sums count known buckets only (NULL is unknown, summed as
     nothing); `cost_usd` is NULL while no row of the group had a cost, like SQL's SUM.
     """
@@ -315,7 +315,7 @@ class UsageHourly(_RolledUp, Base):
 class UsageHourlyModels(_Sums, Base):
     """`UsageHourly` without the caller's dimensions (key, owner, api): the same sums per UTC hour x
     model x provider x status (migration 0007), for reports that neither group by nor filter on
-    those (5 times fewer rows with 50 keys: bench/RESULTS.md). Kept with the other levels, in the
+    those (4.9 times fewer rows in the bench: bench/RESULTS.md). Kept with the other levels, in the
     rows' transaction."""
 
     __tablename__ = "usage_hourly_models"
