@@ -2,25 +2,31 @@
 PostgreSQL, with memory that does not grow with the row count.
 
     .venv/bin/python bench/usage_report.py [--rows 10000000] [--runs 5] [--keep]
+    .venv/bin/python bench/usage_report.py --database NAME --now ISO [--runs 5]
 
 Creates a database (`switchyard_bench_usage_<pid>` on 127.0.0.1:5432, user postgres, trust; dropped
 afterwards unless --keep), migrates it, and seeds N ledger rows spread evenly over the 30 days before
-now in one `INSERT … SELECT … FROM generate_series`: 50 keys (each with its owner, of 10, and its
-API, of 4), each using 2 of 8 models on that model's provider (of 3); ~4 % errors, 4 % cancelled;
-exact 18-decimal costs, a quarter authoritative. So an hour has up to 50 × 2 × 3 = 300 roll-up rows
-and 30 days about 180,000 hourly rows, a day about as many daily ones (≈ 7,700 for 30 days),
+now in one `INSERT … SELECT … FROM generate_series`: 50 keys (each with its owner, of 10, and 2
+of the 4 APIs), each using 2 of 8 models, each request on one of 3 providers (which follows the key
+and the model's slot, so every model is served by every provider); ~4 % errors, 4 % cancelled;
+exact 18-decimal costs, a quarter authoritative. So 30 days hold about 180,000 hourly rows (≈ 250 an
+hour), ≈ 36,800 hourly rows per model (model × provider × status, ≈ 51 an hour) and ≈ 7,700 daily ones,
 whatever N is. The roll-ups are then built by the migrations' own aggregates
-(`catalog.rollup.postgres_backfill`, then `postgres_daily_backfill` from the hourly rows), which are
-the sums the ledger stores keep batch by batch: seeding 10M rows through the writer would take
-minutes and measure the writer, not the report (bench/ledger_batch.py measures the writer).
+(`catalog.rollup.postgres_backfill`, then `postgres_models_backfill` and `postgres_daily_backfill`
+from the hourly rows), which are the sums the ledger stores keep batch by batch: seeding 10M rows
+through the writer would take minutes and measure the writer, not the report (bench/ledger_batch.py
+measures the writer).
 
 Each report runs `--runs` times over [now − 30 days, now), `now` at minute 37 of the current hour:
 29 whole days from `usage_daily`, the other whole hours (of the first day and of today) from
-`usage_hourly`, and raw rows for the two partial hours at the edges (an hour of rows in all). The best and median wall
-times are printed with the peak RSS. Grouped by hour, a report reads the period's hourly rows (a
-day row has no hours). Reports grouped by a non-time dimension also compute latency percentiles,
-which read and sort the period's raw rows (catalog/usage_report.py says why); they are timed both
-ways.
+`usage_hourly_models`, or `usage_hourly` when the report needs the key or owner, and raw rows for
+the two partial hours at the edges (an hour of rows in all). The best and median wall times are
+printed with the peak RSS. Grouped by hour, a report reads the period's hourly rows (a day row has
+no hours). Reports grouped by a non-time dimension also compute latency percentiles, which read and
+sort the period's raw rows (catalog/usage_report.py says why); they are timed both ways.
+
+`--database NAME --now ISO` measures a database kept by an earlier `--keep` run (the `now` it
+printed), seeding nothing: so another commit's report code can be timed on the same rows.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -41,19 +48,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catalog.database import open_engine
 from catalog.migrate import upgrade_async
-from catalog.rollup import postgres_backfill, postgres_daily_backfill
+from catalog.rollup import postgres_backfill, postgres_daily_backfill, postgres_models_backfill
 from catalog.usage_query import UsageQuery
 from catalog.usage_report import usage_report
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
-REPORTS = (
-    ("totals", (), True),
-    ("day,model", ("day", "model"), True),
-    ("hour", ("hour",), True),
-    ("model (no percentiles)", ("model",), False),
-    ("key (no percentiles)", ("key",), False),
-    ("model, with p50/p95", ("model",), True),
+REPORTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("totals", {}),
+    ("day,model", {"group_by": ("day", "model")}),
+    ("hour", {"group_by": ("hour",)}),
+    ("hour,model", {"group_by": ("hour", "model")}),
+    ("hour, one key", {"group_by": ("hour",), "key": ("key-7",)}),
+    ("model (no percentiles)", {"group_by": ("model",), "latency": False}),
+    ("key (no percentiles)", {"group_by": ("key",), "latency": False}),
+    ("model, with p50/p95", {"group_by": ("model",)}),
 )
 
 SEED = """
@@ -85,16 +94,17 @@ async def seed(name: str, rows: int, now: datetime) -> None:
         step_us = timedelta(days=30) / timedelta(microseconds=1) / (rows + 1)
         began = time.perf_counter()
         await connection.execute(SEED, start, step_us, rows)
-        await connection.execute("TRUNCATE usage_hourly, usage_daily")
+        await connection.execute("TRUNCATE usage_hourly, usage_hourly_models, usage_daily")
         await connection.execute(postgres_backfill())
+        await connection.execute(postgres_models_backfill())
         await connection.execute(postgres_daily_backfill())
-        for table in ("ledger", "usage_hourly", "usage_daily"):
+        counts = {}
+        for table in ("ledger", "usage_hourly", "usage_hourly_models", "usage_daily"):
             await connection.execute(f"VACUUM ANALYZE {table}")
-        hourly = await connection.fetchval("SELECT count(*) FROM usage_hourly")
-        daily = await connection.fetchval("SELECT count(*) FROM usage_daily")
+            counts[table] = await connection.fetchval(f"SELECT count(*) FROM {table}")  # noqa: S608
         print(
-            f"seeded {rows:,} rows ({hourly:,} hourly, {daily:,} daily roll-up rows) "
-            f"in {time.perf_counter() - began:.1f} s"
+            f"seeded {rows:,} rows ({counts['usage_hourly']:,} hourly, {counts['usage_hourly_models']:,} "
+            f"hourly per model, {counts['usage_daily']:,} daily roll-up rows) in {time.perf_counter() - began:.1f} s"
         )
     finally:
         await connection.close()
@@ -104,8 +114,8 @@ async def measure(url: str, now: datetime, runs: int) -> None:
     engine = open_engine(url)
     start = now - timedelta(days=30)
     try:
-        for label, groups, latency in REPORTS:
-            query = UsageQuery(start=start, end=now, group_by=groups, latency=latency)
+        for label, fields in REPORTS:
+            query = UsageQuery(start=start, end=now, **fields)
             times = []
             for _ in range(runs):
                 began = time.perf_counter()
@@ -125,7 +135,13 @@ async def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="keep the database")
+    parser.add_argument("--database", help="measure this kept database (seeding nothing); needs --now")
+    parser.add_argument("--now", type=datetime.fromisoformat, help="the `now` the kept database was seeded for")
     args = parser.parse_args()
+    if args.database:
+        print(f"measuring {args.database} at now = {args.now.isoformat()}")
+        await measure(URL.format(name=args.database), args.now, args.runs)
+        return
     name = f"switchyard_bench_usage_{os.getpid()}"
     admin = await asyncpg.connect(ADMIN)
     await admin.execute(f'CREATE DATABASE "{name}"')
@@ -133,6 +149,7 @@ async def main() -> None:
     try:
         await upgrade_async(URL.format(name=name))
         await seed(name, args.rows, now)
+        print(f"database {name}, now = {now.isoformat()}")
         print(f"peak RSS before the reports: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
         await measure(URL.format(name=name), now, args.runs)
     finally:

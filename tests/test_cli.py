@@ -43,6 +43,7 @@ SCHEMA = {
     "api_keys",
     "usage_hourly",
     "usage_daily",
+    "usage_hourly_models",
 }
 PRICES = "SELECT provider, model_id, effective_from, input, output, cache_read FROM prices ORDER BY id"
 

@@ -20,7 +20,17 @@ from catalog.migrate import upgrade_async
 
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
-TABLES = ("ledger", "usage_hourly", "usage_daily", "prices", "deployments", "model_aliases", "models", "api_keys")
+TABLES = (
+    "ledger",
+    "usage_hourly",
+    "usage_hourly_models",
+    "usage_daily",
+    "prices",
+    "deployments",
+    "model_aliases",
+    "models",
+    "api_keys",
+)
 
 
 class PgDatabases:

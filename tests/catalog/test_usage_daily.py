@@ -73,6 +73,7 @@ async def test_rows_around_midnight_are_counted_in_their_utc_day(engine: AsyncEn
     daily = await rollup_rows(engine, "day")
     assert daily == expected_rollup(rows, "day")
     assert await rollup_rows(engine, "hour") == expected_rollup(rows, "hour")
+    assert await rollup_rows(engine, "hour_models") == expected_rollup(rows, "hour_models")
     nov28 = daily[(MIDNIGHT - timedelta(days=1), "gemma", "local", "key-n", "", "", "ok")]
     nov29 = daily[(MIDNIGHT, "gemma", "local", "key-n", "", "", "ok")]
     # requests, unpriced, input … cache_write, cost, authoritative (rows 1 and 5 of the night)
@@ -81,7 +82,7 @@ async def test_rows_around_midnight_are_counted_in_their_utc_day(engine: AsyncEn
 
 
 async def test_both_roll_ups_hold_exactly_the_ledgers_sums(engine: AsyncEngine) -> None:
-    """Every group of both levels, every column, after replays and batches holding an id twice."""
+    """Every group of every level, every column, after replays and batches holding an id twice."""
     records = seeded_records()
     await write_records(engine, records[:250])
     await write_records(engine, records[200:450])
@@ -94,6 +95,7 @@ async def test_both_roll_ups_hold_exactly_the_ledgers_sums(engine: AsyncEngine) 
     assert len({key[0] for key in daily}) == 4  # Nov 27 … Nov 30
     assert sum(sums[0] for sums in daily.values()) == 600
     assert len(daily) < len(hourly)  # some day groups sum rows of several hours
+    assert await rollup_rows(engine, "hour_models") == expected_rollup(rows, "hour_models")
 
 
 async def test_a_report_reads_whole_days_from_the_daily_roll_up(engine: AsyncEngine) -> None:
@@ -157,7 +159,8 @@ async def test_buckets_are_utc_whatever_the_sessions_time_zone(fresh_url: NewDat
         rows = await ledger_rows(engine)
         assert await rollup_rows(engine, "day") == expected_rollup(rows, "day")
         assert await rollup_rows(engine, "hour") == expected_rollup(rows, "hour")
-        for group_by in ("day,model", "hour", "provider"):
+        assert await rollup_rows(engine, "hour_models") == expected_rollup(rows, "hour_models")
+        for group_by in ("day,model", "hour", "provider", "hour,key"):
             query = parse_query(
                 {"from": "2026-11-27T21:40:00Z", "to": "2026-11-30T20:20:00Z", "group_by": group_by}, NOW
             )

@@ -85,6 +85,15 @@ async def test_several_groups_at_once_and_none(engine: AsyncEngine, seeded: list
         {"status": "error,cancelled", "group_by": "status"},
         {"model": "llama", "provider": "local", "key": "key-a", "owner": "team-x", "status": "ok"},
         {"model": "no-such-model", "group_by": "model"},
+        # grouped by hour: every whole hour from an hourly level, the one per model unless a key or
+        # owner or api is grouped by or filtered on
+        {"model": "gemma", "group_by": "hour"},
+        {"api": "openai_chat,unified", "status": "ok", "group_by": "hour,model"},
+        {"provider": "local", "group_by": "hour,api,status"},
+        {"key": "key-b", "group_by": "hour"},
+        {"owner": "team-x", "group_by": "hour,api"},
+        {"provider": "primalabs", "group_by": "hour,key"},
+        {"model": "qwen", "owner": "team-y", "group_by": "hour,owner"},
     ],
 )
 async def test_each_filter(engine: AsyncEngine, seeded: list[dict[str, Any]], filters: dict[str, str]) -> None:
@@ -114,6 +123,13 @@ async def test_a_restricted_key_sees_only_its_rows(engine: AsyncEngine, seeded: 
     answer = msgspec.to_builtins(await usage_report(engine, query))
     assert [row["key"] for row in answer["rows"]] == ["key-c"]
     assert answer["rows"] == expected(seeded, query)["rows"]
+    for params in ({"group_by": "hour"}, {"group_by": "model"}, {"model": "gemma"}):  # no key named, still one key
+        query = parse_query({**EDGES, **params}, NOW, only_key="key-c")
+        answer = msgspec.to_builtins(await usage_report(engine, query))
+        assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(seeded, query), params
+        assert (
+            answer["totals"]["requests"] < expected(seeded, parse_query({**EDGES, **params}, NOW))["totals"]["requests"]
+        )
 
 
 async def test_the_roll_up_holds_exactly_the_ledgers_sums(engine: AsyncEngine, seeded: list[dict[str, Any]]) -> None:
@@ -133,9 +149,9 @@ async def test_the_roll_up_holds_exactly_the_ledgers_sums(engine: AsyncEngine, s
             money = "SELECT SUM(cost_usd), SUM(cost_usd) FILTER (WHERE cost_source = 'authoritative') FROM ledger"
             rolled_money = "SELECT SUM(cost_usd), SUM(authoritative_cost_usd) FROM usage_hourly"
             assert (await connection.execute(text(rolled_money))).one() == (await connection.execute(text(money))).one()
-    # every group of both levels, every column, money included, on both databases
-    assert await rollup_rows(engine, "hour") == expected_rollup(seeded, "hour")
-    assert await rollup_rows(engine, "day") == expected_rollup(seeded, "day")
+    # every group of every level, every column, money included, on both databases
+    for level in ("hour", "hour_models", "day"):
+        assert await rollup_rows(engine, level) == expected_rollup(seeded, level), level
 
 
 async def test_an_empty_period(engine: AsyncEngine, seeded: list[dict[str, Any]]) -> None:
@@ -180,6 +196,7 @@ async def test_sqlite_through_the_engine_counts_each_row_once(tmp_path: Path) ->
         rows = await ledger_rows(engine)
         assert len(rows) == 200
         await check(engine, rows, {**EDGES, "group_by": "hour,owner"})
+        await check(engine, rows, {**EDGES, "group_by": "hour,model"})
         await check(engine, rows, {"from": "2026-11-27", "to": "2026-12-01", "group_by": "model"})
     finally:
         await engine.dispose()

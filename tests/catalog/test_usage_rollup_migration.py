@@ -1,6 +1,6 @@
-"""Migrations 0005 (hourly roll-up) and 0006 (daily roll-up) on a ledger that already has rows:
-the roll-ups they build hold exactly the rows' sums, so reports over the old rows are right from
-the first request after the upgrade."""
+"""Migrations 0005 (hourly roll-up), 0006 (daily roll-up) and 0007 (hourly roll-up per model) on a
+ledger that already has rows: the roll-ups they build hold exactly the rows' sums, so reports over
+the old rows are right from the first request after the upgrade."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from catalog import migrate
 from catalog.rollup import KEY, SUMS
-from catalog.tables import LedgerRow, UsageHourly
+from catalog.tables import LedgerRow, UsageDaily, UsageHourly
 from catalog.usage_query import parse_query
 from catalog.usage_report import usage_report
 from tests.catalog.usage_oracle import expected, expected_rollup, ledger_rows, rollup_rows, seeded_records
@@ -31,8 +31,8 @@ async def test_the_upgrade_rolls_up_the_existing_rows(fresh_url: Callable[[], Aw
             await connection.execute(insert(LedgerRow.__table__), rows)
         await migrate.upgrade_async(url)
         ledger = await ledger_rows(engine)
-        assert await rollup_rows(engine, "hour") == expected_rollup(ledger, "hour")
-        assert await rollup_rows(engine, "day") == expected_rollup(ledger, "day")
+        for level in ("hour", "hour_models", "day"):
+            assert await rollup_rows(engine, level) == expected_rollup(ledger, level), level
         for params in ({"group_by": "hour,model"}, {"group_by": "key,status"}, {"group_by": "owner,api"}):
             query = parse_query({"from": "2026-11-27T21:00:00Z", "to": "2026-12-01", **params}, datetime.now(UTC))
             answer = msgspec.to_builtins(await usage_report(engine, query))
@@ -70,5 +70,41 @@ async def test_the_daily_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[],
             query = parse_query({"from": "2026-11-28", "to": "2026-11-30", "group_by": group_by}, datetime.now(UTC))
             answer = msgspec.to_builtins(await usage_report(engine, query))
             assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(ledger, query)
+    finally:
+        await engine.dispose()
+
+
+async def test_the_model_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[], Awaitable[str]]) -> None:
+    """A database at 0006 whose ledger and roll-ups the stores kept: after 0007, every group of
+    `usage_hourly_models` is the sum of the ledger rows of that hour, model, provider and status,
+    over all keys, owners and apis; reports grouped by hour read it at once."""
+    url = await fresh_url()
+    await migrate.upgrade_async(url, "0006")
+    engine = create_async_engine(url)
+    try:
+        records = seeded_records(400, seed=13)
+        busy = {"model": "llama", "provider": "fastrun", "api": "openai_chat", "status": "ok"}
+        records[::2] = [msgspec.structs.replace(record, **busy) for record in records[::2]]  # many keys a group
+        async with engine.begin() as connection:
+            await connection.execute(insert(LedgerRow.__table__), [msgspec.structs.asdict(r) for r in records])
+        ledger = await ledger_rows(engine)
+        for table, level in ((UsageHourly, "hour"), (UsageDaily, "day")):
+            rolled = [
+                dict(zip(table.__table__.c.keys(), (*k, *s), strict=True))
+                for k, s in expected_rollup(ledger, level).items()
+            ]
+            async with engine.begin() as connection:
+                await connection.execute(insert(table.__table__), rolled)
+        await migrate.upgrade_async(url)
+        models = await rollup_rows(engine, "hour_models")
+        assert models == expected_rollup(ledger, "hour_models")
+        assert sum(sums[0] for sums in models.values()) == 400
+        assert len(models) < len(expected_rollup(ledger, "hour"))
+        for group_by in ("hour", "hour,model,api", "hour,key", ""):
+            query = parse_query(
+                {"from": "2026-11-28T01:30:00Z", "to": "2026-11-30", "group_by": group_by}, datetime.now(UTC)
+            )
+            answer = msgspec.to_builtins(await usage_report(engine, query))
+            assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(ledger, query), group_by
     finally:
         await engine.dispose()

@@ -4,8 +4,9 @@
 included), unknown token buckets, exact 18-decimal costs, authoritative and unpriced rows, and
 several rows in most hours. `expected(rows, query)` aggregates the raw ledger rows (read back with
 plain SQL, `ledger_rows`) in Python with exact integers: no roll-up, no report code.
-`expected_rollup(rows, level)` is what `usage_hourly` or `usage_daily` must hold for those rows,
-and `rollup_rows(engine, level)` what it does hold, both as {key: sums} with exact Decimals.
+`expected_rollup(rows, level)` is what a roll-up level must hold for those rows — `usage_hourly`
+('hour'), `usage_hourly_models` ('hour_models': no key, owner, api) or `usage_daily` ('day') — and
+`rollup_rows(engine, level)` what it does hold, both as {key: sums} with exact Decimals.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.records import LedgerRecord
-from catalog.tables import UsageDaily, UsageHourly
+from catalog.tables import UsageDaily, UsageHourly, UsageHourlyModels
 from catalog.usage_query import UsageQuery
 
 START = datetime(2026, 11, 27, 21, 0, tzinfo=UTC)
@@ -169,7 +170,13 @@ def expected(rows: Sequence[dict[str, Any]], query: UsageQuery) -> dict[str, Any
     }
 
 
-RollupKey = tuple[datetime, str, str, str, str, str, str]
+RollupKey = tuple[Any, ...]  # (hour or day, the level's dimensions …, status)
+_KEYED = ("model", "provider", "api_key_id", "owner", "api")
+_LEVELS = {
+    "hour": (UsageHourly, _KEYED),
+    "day": (UsageDaily, _KEYED),
+    "hour_models": (UsageHourlyModels, ("model", "provider")),
+}
 
 
 def _bucket(moment: datetime, level: str) -> datetime:
@@ -178,12 +185,13 @@ def _bucket(moment: datetime, level: str) -> datetime:
 
 
 def expected_rollup(rows: Sequence[dict[str, Any]], level: str) -> dict[RollupKey, tuple[Any, ...]]:
-    """Per (UTC hour or day of `started_at`, model, provider, key, owner, api, status; '' for a
-    null): requests, unpriced, the five token sums, the cost and its authoritative part (exact
-    Decimals; None when no row had one) — summed here, from the ledger rows alone."""
+    """Per (UTC hour or day of `started_at`, model, provider, key, owner, api — 'hour_models':
+    model, provider —, status; '' for a null): requests, unpriced, the five token sums, the
+    cost and its authoritative part (exact Decimals; None when no row had one) — summed here, from
+    the ledger rows alone."""
     groups: dict[RollupKey, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        dims = tuple(row[name] or "" for name in ("model", "provider", "api_key_id", "owner", "api"))
+        dims = tuple(row[name] or "" for name in _LEVELS[level][1])
         groups[(_bucket(row["started_at"], level), *dims, row["status"])].append(row)
     answer = {}
     for key, members in groups.items():
@@ -201,8 +209,9 @@ def expected_rollup(rows: Sequence[dict[str, Any]], level: str) -> dict[RollupKe
 
 
 async def rollup_rows(engine: AsyncEngine, level: str) -> dict[RollupKey, tuple[Any, ...]]:
-    """The rows of `usage_hourly` (`level` 'hour') or `usage_daily` ('day'), as stored."""
-    table = (UsageDaily if level == "day" else UsageHourly).__table__
+    """The rows of the roll-up `level` ('hour', 'hour_models', 'day'), as stored."""
+    table, dimensions = _LEVELS[level]
+    width = len(dimensions) + 2
     async with engine.connect() as connection:
-        result = await connection.execute(select(table))
-        return {tuple(row[:7]): tuple(row[7:]) for row in result}
+        result = await connection.execute(select(table.__table__))
+        return {tuple(row[:width]): tuple(row[width:]) for row in result}
