@@ -26,6 +26,9 @@ first head deadline aside). The headers are counted once they are complete (`len
 only when the reads that carried them were larger than the limit. Measured: about 1 µs per request
 over uvicorn's own protocol.
 
+Each request's cycle is uvicorn's, but for its head, which leaves in one write with the first body
+bytes (`app.edge.cycle`).
+
 `protocol_factory(server_settings)` is what `app.cli` (and the tests' server) pass to uvicorn as
 `http=`: a `functools.partial` of the class with the limits, picklable for `--workers N`.
 """
@@ -41,9 +44,10 @@ from typing import Any
 import httptools
 from msgspec import Struct
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
+from app.edge.cycle import HeldHeadCycle
 from app.errors import GatewayError, HeadersTooLarge, RequestTimeout, error_body
 from app.ids import uuid7
 from app.settings import ServerSettings
@@ -144,6 +148,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refused
         self._phase = _BODY
         super().on_headers_complete()
+        if type(self.cycle) is RequestResponseCycle:  # the one uvicorn just made
+            self.cycle.__class__ = HeldHeadCycle
 
     def on_message_complete(self) -> None:
         if self._deadline is not None:
