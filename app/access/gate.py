@@ -98,14 +98,10 @@ class AccessGate:
 
     # -- permission ----------------------------------------------------------------------------
 
-    @staticmethod
-    def allows(record: KeyRecord, model_id: str) -> bool:
-        return record.models is None or model_id in record.models
-
     def check(self, key_id: str, model: ModelEntry) -> Entry | None:
         """The key's entry (None: revoked meanwhile, so no limits apply); 403 for a model it may not use."""
         entry = self.keyring.by_id.get(key_id)
-        if entry is not None and not self.allows(entry.record, model.id):
+        if entry is not None and entry.record.models is not None and model.id not in entry.record.models:
             raise PermissionDenied(f"this API key may not use model '{clip(model.id)}'")
         return entry
 
@@ -128,14 +124,18 @@ class AccessGate:
         ask = self._ask(entry, ctx, request, model, providers, snapshot)
         try:
             limiter = self._limiter()
-            verdict = await self._decide(limiter, ask, ctx.started_at)
+            verdict = await limiter.admit(ask)
+            if verdict.refused == "budget_missing":
+                verdict = await self._load_spend(limiter, ask, ctx.started_at)
             self._outage = False
         except LimiterDown as exc:
             if not self._fail_open:
                 raise LimitsUnavailable("limits cannot be checked") from None
             self._note_outage(exc)
             limiter = self._local
-            verdict = await self._decide(limiter, ask, ctx.started_at)
+            verdict = await limiter.admit(ask)
+            if verdict.refused == "budget_missing":
+                verdict = await self._load_spend(limiter, ask, ctx.started_at)
         headers = rate_headers(entry.record, verdict)
         if verdict.refused is not None:
             raise _refusal(entry.record, verdict, headers, ctx.started_at)
@@ -191,15 +191,13 @@ class AccessGate:
             rates = self._worst[key] = worst_rates(snapshot, model, providers, when)
         return rates
 
-    async def _decide(self, limiter: Limiter, ask: Ask, now: datetime) -> Verdict:
-        verdict = await limiter.admit(ask)
-        if verdict.refused == "budget_missing":
-            record = self.keyring.by_id[ask.key_id].record
-            _tag, start, end = period_bounds(record.budget_period or "total", now)
-            ttl = int(seconds_until(end, now) or 0) + DAY_S if end is not None else 0  # kept a day after
-            await limiter.load_spend(ask, to_nano(await spent_since(self._engine, ask.key_id, start)), ttl)
-            verdict = await limiter.admit(ask)
-        return verdict
+    async def _load_spend(self, limiter: Limiter, ask: Ask, now: datetime) -> Verdict:
+        """The period's spend loaded from the ledger (the limiter had none), and the admission again."""
+        record = self.keyring.by_id[ask.key_id].record
+        _tag, start, end = period_bounds(record.budget_period or "total", now)
+        ttl = int(seconds_until(end, now) or 0) + DAY_S if end is not None else 0  # kept a day after
+        await limiter.load_spend(ask, to_nano(await spent_since(self._engine, ask.key_id, start)), ttl)
+        return await limiter.admit(ask)
 
     def _note_outage(self, exc: LimiterDown) -> None:
         self._counter.inc(())

@@ -189,7 +189,13 @@ class RedisLimiter:
         rid, tokens, cost = ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost
         own = _THREE % (len(rid), rid, len(tokens), tokens, len(cost), cost)
         tail = commands.admit_tail if self.clock is None else commands.admit_tail + bulk(b"%d" % self.clock())
-        reply = await self._call(self.admit_script, b"".join((commands.admit_head, own, tail)))
+        command = b"".join((commands.admit_head, own, tail))
+        try:
+            reply = await self.redis.post(command)
+        except RespError as exc:
+            raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
+        if isinstance(reply, RespError):
+            reply = await self._again(self.admit_script, command, reply)
         if type(reply) is bytes:  # admitted: "second remaining-requests reset remaining-tokens reset"
             second, left_r, reset_r, left_t, reset_t = map(int, reply.split())
             return Verdict(
@@ -222,6 +228,13 @@ class RedisLimiter:
         except RespError as exc:
             raise LimiterDown(str(exc)) from None
         return None if spent is None else (int(spent), int(reserved or 0))
+
+    async def _again(self, script: Script, command: bytes, error: RespError) -> Any:
+        """After an error reply: on NOSCRIPT (Redis lost its scripts) the script is loaded and the
+        command sent again; any other error is `LimiterDown`."""
+        if not str(error).startswith("NOSCRIPT"):
+            raise LimiterDown(f"{type(error).__name__}: {error}")
+        return await self._call(script, command)
 
     async def _call(self, script: Script, command: bytes) -> Any:
         try:
