@@ -26,8 +26,8 @@ first head deadline aside). The headers are counted once they are complete (`len
 only when the reads that carried them were larger than the limit. Measured: about 1 µs per request
 over uvicorn's own protocol.
 
-Each request's cycle is uvicorn's, but for its head, which leaves in one write with the first body
-bytes (`app.edge.cycle`).
+Each request's cycle writes to a `HeldHead` (`app.edge.cycle`): its head leaves in one write with
+the first body bytes.
 
 `protocol_factory(server_settings)` is what `app.cli` (and the tests' server) pass to uvicorn as
 `http=`: a `functools.partial` of the class with the limits, picklable for `--workers N`.
@@ -44,10 +44,10 @@ from typing import Any
 import httptools
 from msgspec import Struct
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from app.edge.cycle import HeldHeadCycle
+from app.edge.cycle import hold_head
 from app.errors import GatewayError, HeadersTooLarge, RequestTimeout, error_body
 from app.ids import uuid7
 from app.settings import ServerSettings
@@ -148,8 +148,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refused
         self._phase = _BODY
         super().on_headers_complete()
-        if type(self.cycle) is RequestResponseCycle:  # the one uvicorn just made
-            self.cycle.__class__ = HeldHeadCycle
+        hold_head(self.cycle)  # the one uvicorn just made
 
     def on_message_complete(self) -> None:
         if self._deadline is not None:

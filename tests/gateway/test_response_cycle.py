@@ -1,11 +1,11 @@
-"""The held head (`app.edge.cycle.HeldHeadCycle`) against uvicorn's own `RequestResponseCycle` as
+"""The held head (`app.edge.cycle.HeldHead`, as `hold_head` wires it) against uvicorn's own `RequestResponseCycle` as
 the oracle: for every head — statuses with and without a body, HEAD requests, keep-alive or not,
 with and without a content length, eleven `x-ratelimit-*` headers, heads uvicorn lowercases,
 refuses or handles specially (`connection`, `transfer-encoding`) — and every body sequence (one
 body, an empty one, a chunked stream), both put the same bytes on the wire, end in the same state
 and refuse the same heads with the same error; the held cycle in one write fewer whenever a body
-message follows the head. And the server really uses it: its connections' cycles are
-`HeldHeadCycle`s."""
+message follows the head. And the server really uses it: its connections' cycles write to
+a `HeldHead`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from app.edge.connection import GuardedHttpToolsProtocol
-from app.edge.cycle import HeldHeadCycle
+from app.edge.cycle import HeldHead, hold_head
 from tests.support.gateway import GatewayHandle
 
 DEFAULTS = [(b"date", b"Tue, 01 Dec 2026 19:00:00 GMT"), (b"server", b"uvicorn")]
@@ -75,11 +75,10 @@ BODIES: list[list[tuple[bytes, bool]]] = [
 ]
 
 
-async def _run(
-    cls: type[RequestResponseCycle], method: str, keep_alive: bool, status: int, headers: Any, bodies: Any
-) -> Any:
+async def _run(held: bool, method: str, keep_alive: bool, status: int, headers: Any, bodies: Any) -> Any:
     transport = _Transport()
-    cycle = cls(
+    completed: list[bool] = []
+    cycle = RequestResponseCycle(
         scope={"type": "http", "method": method},  # type: ignore[typeddict-item]
         transport=transport,  # type: ignore[arg-type]
         flow=FlowControl(transport),  # type: ignore[arg-type]
@@ -90,16 +89,20 @@ async def _run(
         message_event=asyncio.Event(),
         expect_100_continue=False,
         keep_alive=keep_alive,
-        on_response=lambda: None,
+        on_response=lambda: completed.append(True),
     )
+    if held:
+        hold_head(cycle)
     try:
         await cycle.send({"type": "http.response.start", "status": status, "headers": headers})
         for body, more in bodies:
             await cycle.send({"type": "http.response.body", "body": body, "more_body": more})
     except RuntimeError as exc:
-        return ("refused", str(exc), b"".join(transport.written)), len(transport.written)
+        cycle.transport.close()  # as uvicorn's run_asgi does when the application fails after its start
+        return ("refused", str(exc), b"".join(transport.written), transport.closed), len(transport.written)
     state = (cycle.response_started, cycle.chunked_encoding, cycle.expected_content_length, cycle.keep_alive)
-    return (state, b"".join(transport.written), transport.closed, cycle.response_complete), len(transport.written)
+    written = (state, b"".join(transport.written), transport.closed, cycle.response_complete, completed)
+    return written, len(transport.written)
 
 
 CASES = list(itertools.product(("POST", "HEAD"), (True, False), (200, 204, 304, 429)))
@@ -109,8 +112,8 @@ CASES = list(itertools.product(("POST", "HEAD"), (True, False), (200, 204, 304, 
 async def test_every_answer_is_the_same_bytes_in_one_write_fewer(method: str, keep_alive: bool, status: int) -> None:
     for headers, bodies in itertools.product(HEADS, BODIES):
         for shape in (headers, [list(header) for header in headers]):  # ASGI allows lists for pairs
-            expected, writes = await _run(RequestResponseCycle, method, keep_alive, status, shape, bodies)
-            held, held_writes = await _run(HeldHeadCycle, method, keep_alive, status, shape, bodies)
+            expected, writes = await _run(False, method, keep_alive, status, shape, bodies)
+            held, held_writes = await _run(True, method, keep_alive, status, shape, bodies)
             assert held == expected, (headers, bodies)
             assert held_writes == max(1, writes - 1) if writes else held_writes == 0, (headers, bodies, writes)
 
@@ -121,11 +124,11 @@ async def test_the_server_holds_each_head_for_its_body(gw: GatewayHandle) -> Non
 
     def spy(self: GuardedHttpToolsProtocol) -> None:
         original(self)
-        seen.append(type(self.cycle))
+        seen.append(type(self.cycle.transport))
 
     GuardedHttpToolsProtocol.on_headers_complete = spy  # type: ignore[method-assign]
     try:
         assert (await gw.client.get("/healthz")).status_code == 200
     finally:
         GuardedHttpToolsProtocol.on_headers_complete = original  # type: ignore[method-assign]
-    assert seen == [HeldHeadCycle]
+    assert seen == [HeldHead]
