@@ -137,17 +137,16 @@ class LogprobTextStream(TextStream):
         self._held: str | None = None
 
     def render(self, event: ev.Event) -> bytes:
-        kind = type(event)
-        if kind is ev.TextDelta:
+        if isinstance(event, ev.TextDelta):
             flushed = self._flush()
-            self._held = event.text  # type: ignore[union-attr]
+            self._held = event.text
             return flushed
-        if kind is ev.Logprobs:
+        if isinstance(event, ev.Logprobs):
             held, self._held = self._held, None
-            return self._logprobs(event, held or "")  # type: ignore[arg-type]
-        if kind is ev.Outcome:
-            return self._flush() + self._outcome(event)  # type: ignore[arg-type]
-        return _RENDERERS.get(kind, _nothing)(self, event)
+            return self._logprobs(event, held or "")
+        if isinstance(event, ev.Outcome):
+            return self._flush() + self._outcome(event)
+        return super().render(event)
 
     def _flush(self) -> bytes:
         if self._held is None:
