@@ -159,7 +159,9 @@ _EMPTY_THINKING = fmt.ThinkingBlock("", "")
 
 
 class AnthropicStream:
-    """Canonical events → Anthropic's SSE events, block indexes counted here."""
+    """Canonical events → Anthropic's SSE events, block indexes counted here. A text or thinking
+    delta, the per-chunk case, is rendered inline (its block's delta head, the encoded text, the
+    constant end); every other event goes through the class's table of plain functions."""
 
     ping = fmt.PING_FRAME
 
@@ -170,23 +172,12 @@ class AnthropicStream:
         self._prefix = b""  # the delta head of the open text or thinking block
         self._calls: dict[int, tuple[int, bytes]] = {}  # a started call's index → (block index, delta head)
         self._live_call: int | None = None  # the call whose block is open now
-        self._renderers: dict[type, Callable[[Any], bytes]] = {
-            ev.TextDelta: self._delta,
-            ev.ReasoningDelta: self._delta,
-            ev.ToolCallDelta: self._tool_call_delta,
-            ev.Started: self._started,
-            ev.TextStart: self._text_start,
-            ev.TextEnd: self._block_end,
-            ev.ReasoningStart: self._reasoning_start,
-            ev.ReasoningEnd: self._block_end,
-            ev.ToolCallStart: self._tool_call_start,
-            ev.ToolCallEnd: self._tool_call_end,
-            ev.Logprobs: _nothing,  # Anthropic's stream has no log probabilities
-            ev.Outcome: self._outcome,
-        }
 
     def render(self, event: ev.Event) -> bytes:
-        return self._renderers[type(event)](event)
+        kind = type(event)
+        if kind is ev.TextDelta or kind is ev.ReasoningDelta:  # the per-chunk case, inline
+            return b"".join((self._prefix, _encode(event.text), _DELTA_END))  # type: ignore[union-attr]
+        return _RENDERERS[kind](self, event)
 
     def error(self, error: GatewayError) -> bytes:
         detail = fmt.ErrorDetail(type=error_type(error.status_code), message=error.message)
@@ -262,8 +253,28 @@ class AnthropicStream:
         return self._close() + fmt.frame("message_delta", delta) + fmt.MESSAGE_STOP_FRAME
 
 
-def _nothing(_event: ev.Logprobs) -> bytes:
+_encode = fmt.encode
+_DELTA_END = fmt.DELTA_END
+
+
+def _nothing(_stream: AnthropicStream, _event: ev.Logprobs) -> bytes:
     return b""
+
+
+_RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {
+    ev.TextDelta: AnthropicStream._delta,
+    ev.ReasoningDelta: AnthropicStream._delta,
+    ev.ToolCallDelta: AnthropicStream._tool_call_delta,
+    ev.Started: AnthropicStream._started,
+    ev.TextStart: AnthropicStream._text_start,
+    ev.TextEnd: AnthropicStream._block_end,
+    ev.ReasoningStart: AnthropicStream._reasoning_start,
+    ev.ReasoningEnd: AnthropicStream._block_end,
+    ev.ToolCallStart: AnthropicStream._tool_call_start,
+    ev.ToolCallEnd: AnthropicStream._tool_call_end,
+    ev.Logprobs: _nothing,  # Anthropic's stream has no log probabilities
+    ev.Outcome: AnthropicStream._outcome,
+}
 
 
 def error_type(status: int) -> str:

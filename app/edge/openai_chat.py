@@ -128,7 +128,11 @@ def logprobs_of(tokens: list[TokenLogprob]) -> fmt.ChoiceLogprobs:
 
 
 class ChatStream:
-    """Canonical events → `chat.completion.chunk` lines (block starts and ends say nothing here)."""
+    """Canonical events → `chat.completion.chunk` lines (block starts and ends say nothing here).
+
+    A text delta, the per-chunk case, is rendered inline: the answer's content head (built once on
+    `Started`), the encoded text and the constant tail. Every other event goes through the class's
+    table of plain functions (no bound methods or dict built per request)."""
 
     ping = fmt.KEEPALIVE
 
@@ -136,30 +140,22 @@ class ChatStream:
         self._ctx = ctx
         self._include_usage = include_usage
         self._chunks = _NOT_STARTED
-        self._renderers: dict[type, Callable[[Any], bytes]] = {
-            ev.TextDelta: self._text_delta,
-            ev.ReasoningDelta: self._reasoning_delta,
-            ev.ToolCallDelta: self._tool_call_delta,
-            ev.ToolCallStart: self._tool_call_start,
-            ev.Started: self._started,
-            ev.TextStart: _nothing,
-            ev.TextEnd: _nothing,
-            ev.ReasoningStart: _nothing,
-            ev.ReasoningEnd: _nothing,
-            ev.ToolCallEnd: _nothing,
-            ev.Logprobs: self._logprobs,
-            ev.Outcome: self._outcome,
-        }
+        self._content = _NOT_STARTED.content_head
+        self._created = 0
 
     def render(self, event: ev.Event) -> bytes:
-        return self._renderers[type(event)](event)
+        if type(event) is ev.TextDelta:
+            return b"".join((self._content, _encode(event.text), _TAIL))
+        return _RENDERERS[type(event)](self, event)
 
     def error(self, error: GatewayError) -> bytes:
         return fmt.data_line(fmt.ErrorChunk(stream_error_view(error)))
 
     def _started(self, event: ev.Started) -> bytes:
-        self._chunks = fmt.ChunkBytes(self._ctx.request_id, created_of(self._ctx), event.model)
-        return self._chunks.role()
+        self._created = created_of(self._ctx)
+        self._chunks = chunks = fmt.ChunkBytes(self._ctx.request_id, self._created, event.model)
+        self._content = chunks.content_head
+        return chunks.role()
 
     def _text_delta(self, event: ev.TextDelta) -> bytes:
         return self._chunks.content(event.text)
@@ -181,9 +177,8 @@ class ChatStream:
             return self.error(outcome.error)
         last = self._chunks.finish(outcome.finish_reason or "stop")
         if self._include_usage and outcome.usage is not None:
-            ctx = self._ctx
-            usage = usage_of(outcome)
-            chunk = fmt.UsageChunk(id=ctx.request_id, created=created_of(ctx), model=outcome.model or "", usage=usage)
+            model, usage = outcome.model or "", usage_of(outcome)
+            chunk = fmt.UsageChunk(id=self._ctx.request_id, created=self._created, model=model, usage=usage)
             last += fmt.data_line(chunk)
         return last + fmt.DONE
 
@@ -204,7 +199,7 @@ class LogprobChatStream(ChatStream):
         if isinstance(event, ev.Logprobs):
             text, self._held = self._held, None
             return self._chunks.logprobs(text, logprobs_of(event.tokens))
-        return self._flush() + self._renderers[type(event)](event)
+        return self._flush() + _RENDERERS[type(event)](self, event)
 
     def _flush(self) -> bytes:
         if self._held is None:
@@ -214,7 +209,25 @@ class LogprobChatStream(ChatStream):
 
 
 _NOT_STARTED = fmt.ChunkBytes("", 0, "")  # replaced on `Started`, which comes before any content
+_TAIL = fmt.CHUNK_TAIL
+_encode = fmt.encoder.encode
 
 
-def _nothing(_event: object) -> bytes:
+def _nothing(_stream: ChatStream, _event: object) -> bytes:
     return b""
+
+
+_RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {
+    ev.TextDelta: ChatStream._text_delta,
+    ev.ReasoningDelta: ChatStream._reasoning_delta,
+    ev.ToolCallDelta: ChatStream._tool_call_delta,
+    ev.ToolCallStart: ChatStream._tool_call_start,
+    ev.Started: ChatStream._started,
+    ev.TextStart: _nothing,
+    ev.TextEnd: _nothing,
+    ev.ReasoningStart: _nothing,
+    ev.ReasoningEnd: _nothing,
+    ev.ToolCallEnd: _nothing,
+    ev.Logprobs: ChatStream._logprobs,
+    ev.Outcome: ChatStream._outcome,
+}

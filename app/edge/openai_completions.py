@@ -23,6 +23,9 @@ Rendering decisions (the chat door's, where the formats share them):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from litestar import asgi
 from litestar.types import Receive, Scope, Send
 from msgspec import UNSET
@@ -56,7 +59,8 @@ class _Text:
         return fmt.encoder.encode(text_completion_of(ctx, outcome))
 
     def renderer(self, ctx: RequestContext) -> TextStream:
-        return TextStream(ctx, self.include_usage, logprobs=self.request.logprobs is not None)
+        stream = TextStream if self.request.logprobs is None else LogprobTextStream
+        return stream(ctx, self.include_usage)
 
 
 def _translate(body: bytes, _service: Service) -> _Text:
@@ -79,45 +83,38 @@ def text_completion_of(ctx: RequestContext, outcome: ev.Outcome) -> text_fmt.Tex
 
 class TextStream:
     """Canonical events → `text_completion` chunk lines. Only text, log probabilities and the end
-    say anything here (a raw completion has no blocks, reasoning or tool calls)."""
+    say anything here (a raw completion has no blocks, reasoning or tool calls). A text delta, the
+    per-chunk case, is rendered inline (the answer's text head, built once on `Started`, the
+    encoded text and the constant tail); the rest goes through the module's table."""
 
     ping = fmt.KEEPALIVE
 
-    def __init__(self, ctx: RequestContext, include_usage: bool, *, logprobs: bool) -> None:
+    def __init__(self, ctx: RequestContext, include_usage: bool) -> None:
         self._ctx = ctx
         self._include_usage = include_usage
-        self._hold = logprobs
-        self._held: str | None = None
         self._offset = 0
+        self._created = 0
         self._chunks = _NOT_STARTED
+        self._text = _NOT_STARTED.text_head
 
     def render(self, event: ev.Event) -> bytes:
-        if isinstance(event, ev.TextDelta):
-            if not self._hold:
-                return self._chunks.text(event.text)
-            flushed = self._flush()
-            self._held = event.text
-            return flushed
-        if isinstance(event, ev.Logprobs):
-            held, self._held = self._held, None
-            logprobs, self._offset = text_fmt.text_logprobs_of(event.tokens, self._offset)
-            return self._chunks.logprobs(held or "", logprobs)
-        if isinstance(event, ev.Started):
-            ctx = self._ctx
-            self._chunks = text_fmt.TextChunkBytes(ctx.request_id, fmt.created_of(ctx), event.model)
-            return b""
-        if isinstance(event, ev.Outcome):
-            return self._flush() + self._outcome(event)
-        return b""
+        if type(event) is ev.TextDelta:
+            return b"".join((self._text, _encode(event.text), _TAIL))
+        return _RENDERERS.get(type(event), _nothing)(self, event)
 
     def error(self, error: GatewayError) -> bytes:
         return fmt.data_line(fmt.ErrorChunk(stream_error_view(error)))
 
-    def _flush(self) -> bytes:
-        if self._held is None:
-            return b""
-        text, self._held = self._held, None
-        return self._chunks.text(text)
+    def _started(self, event: ev.Started) -> bytes:
+        ctx = self._ctx
+        self._created = fmt.created_of(ctx)
+        self._chunks = chunks = text_fmt.TextChunkBytes(ctx.request_id, self._created, event.model)
+        self._text = chunks.text_head
+        return b""
+
+    def _logprobs(self, event: ev.Logprobs, text: str = "") -> bytes:
+        logprobs, self._offset = text_fmt.text_logprobs_of(event.tokens, self._offset)
+        return self._chunks.logprobs(text, logprobs)
 
     def _outcome(self, outcome: ev.Outcome) -> bytes:
         if outcome.error is not None:
@@ -125,11 +122,49 @@ class TextStream:
         last = self._chunks.finish(outcome.finish_reason or "stop")
         if self._include_usage and outcome.usage is not None:
             ctx = self._ctx
-            created, model, usage = fmt.created_of(ctx), outcome.model or "", fmt.usage_of(outcome)
-            chunk = fmt.UsageChunk(id=ctx.request_id, object=_OBJECT, created=created, model=model, usage=usage)
+            model, usage = outcome.model or "", fmt.usage_of(outcome)
+            chunk = fmt.UsageChunk(id=ctx.request_id, object=_OBJECT, created=self._created, model=model, usage=usage)
             last += fmt.data_line(chunk)
         return last + fmt.DONE
 
 
+class LogprobTextStream(TextStream):
+    """`TextStream` for a request that asked for log probabilities: a text delta waits for the
+    `Logprobs` event that follows it, so both leave in one chunk."""
+
+    def __init__(self, ctx: RequestContext, include_usage: bool) -> None:
+        super().__init__(ctx, include_usage)
+        self._held: str | None = None
+
+    def render(self, event: ev.Event) -> bytes:
+        if isinstance(event, ev.TextDelta):
+            flushed = self._flush()
+            self._held = event.text
+            return flushed
+        if isinstance(event, ev.Logprobs):
+            held, self._held = self._held, None
+            return self._logprobs(event, held or "")
+        if isinstance(event, ev.Outcome):
+            return self._flush() + self._outcome(event)
+        return super().render(event)
+
+    def _flush(self) -> bytes:
+        if self._held is None:
+            return b""
+        text, self._held = self._held, None
+        return self._chunks.text(text)
+
+
+def _nothing(_stream: TextStream, _event: ev.Event) -> bytes:
+    return b""
+
+
 _OBJECT = "text_completion"
 _NOT_STARTED = text_fmt.TextChunkBytes("", 0, "")  # replaced on `Started`, which comes before any content
+_TAIL = text_fmt.CHUNK_TAIL
+_encode = fmt.encoder.encode
+_RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {
+    ev.Started: TextStream._started,
+    ev.Logprobs: TextStream._logprobs,
+    ev.Outcome: TextStream._outcome,
+}

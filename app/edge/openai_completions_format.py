@@ -164,17 +164,19 @@ def text_logprobs_of(tokens: list[TokenLogprob], offset: int = 0) -> tuple[TextL
 # --- stream lines -------------------------------------------------------------------------------
 
 _encode = encoder.encode
-_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
+CHUNK_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'  # after the choice's text
+_TAIL = CHUNK_TAIL
 
 
 class TextChunkBytes:
-    """The chunk lines of one answer. `_head` is everything before the choice's text:
-    `data: {"id":…,"object":"text_completion","created":…,"model":…,"choices":[{"index":0,"text":`."""
+    """The chunk lines of one answer. `text_head` is everything before the choice's text:
+    `data: {"id":…,"object":"text_completion","created":…,"model":…,"choices":[{"index":0,"text":`;
+    a text chunk is it, the encoded text and `CHUNK_TAIL`."""
 
-    __slots__ = ("_head",)
+    __slots__ = ("text_head",)
 
     def __init__(self, request_id: str, created: int, model: str) -> None:
-        self._head = b"".join(
+        self.text_head = b"".join(
             (
                 b'data: {"id":',
                 _encode(request_id),
@@ -185,10 +187,10 @@ class TextChunkBytes:
         )
 
     def text(self, text: str) -> bytes:
-        return self._head + _encode(text) + _TAIL
+        return self.text_head + _encode(text) + _TAIL
 
     def logprobs(self, text: str, logprobs: TextLogprobs) -> bytes:
-        return self._head + _encode(text) + b',"logprobs":' + _encode(logprobs) + b',"finish_reason":null}]}\n\n'
+        return self.text_head + _encode(text) + b',"logprobs":' + _encode(logprobs) + b',"finish_reason":null}]}\n\n'
 
     def finish(self, reason: str) -> bytes:
-        return self._head + b'"","logprobs":null,"finish_reason":' + _encode(reason) + b"}]}\n\n"
+        return self.text_head + b'"","logprobs":null,"finish_reason":' + _encode(reason) + b"}]}\n\n"

@@ -313,7 +313,8 @@ _encode = encoder.encode
 
 KEEPALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
-_TAIL = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+CHUNK_TAIL = b'},"logprobs":null,"finish_reason":null}]}\n\n'  # after a delta object
+_TAIL = CHUNK_TAIL
 _NO_ARGUMENTS = b',"arguments":""}}]' + _TAIL
 
 
@@ -323,9 +324,10 @@ def data_line(payload: Struct) -> bytes:
 
 class ChunkBytes:
     """The chunk lines of one answer. `_head` is everything before the delta object:
-    `data: {"id":…,"object":"chat.completion.chunk","created":…,"model":…,"choices":[{"index":0,"delta":`."""
+    `data: {"id":…,"object":"chat.completion.chunk","created":…,"model":…,"choices":[{"index":0,"delta":`;
+    `content_head` goes on to `{"content":`, so a content chunk is it, the encoded text and `CHUNK_TAIL`."""
 
-    __slots__ = ("_head",)
+    __slots__ = ("_head", "content_head")
 
     def __init__(self, request_id: str, created: int, model: str) -> None:
         self._head = b"".join(
@@ -337,12 +339,13 @@ class ChunkBytes:
                 b',"choices":[{"index":0,"delta":',
             )
         )
+        self.content_head = self._head + b'{"content":'
 
     def role(self) -> bytes:
         return self._head + b'{"role":"assistant"' + _TAIL
 
     def content(self, text: str) -> bytes:
-        return self._head + b'{"content":' + _encode(text) + _TAIL
+        return self.content_head + _encode(text) + _TAIL
 
     def reasoning(self, text: str) -> bytes:
         return self._head + b'{"reasoning_content":' + _encode(text) + _TAIL
