@@ -124,18 +124,14 @@ class AccessGate:
         ask = self._ask(entry, ctx, request, model, providers, snapshot)
         try:
             limiter = self._limiter()
-            verdict = await limiter.admit(ask)
-            if verdict.refused == "budget_missing":
-                verdict = await self._load_spend(limiter, ask, ctx.started_at)
+            verdict = await self._decide(limiter, ask, ctx.started_at)
             self._outage = False
         except LimiterDown as exc:
             if not self._fail_open:
                 raise LimitsUnavailable("limits cannot be checked") from None
             self._note_outage(exc)
             limiter = self._local
-            verdict = await limiter.admit(ask)
-            if verdict.refused == "budget_missing":
-                verdict = await self._load_spend(limiter, ask, ctx.started_at)
+            verdict = await self._decide(limiter, ask, ctx.started_at)
         headers = rate_headers(entry.record, verdict)
         if verdict.refused is not None:
             raise _refusal(entry.record, verdict, headers, ctx.started_at)
@@ -185,19 +181,23 @@ class AccessGate:
             self._rates_of, self._worst = snapshot, {}
         key = (model.id, *providers)
         rates = self._worst.get(key)
-        if rates is None or (rates.end is not None and when >= rates.end) or (rates.start or when) > when:
+        if rates is None or not rates.hold_at(when):
             if len(self._worst) > 4096:
                 self._worst.clear()
             rates = self._worst[key] = worst_rates(snapshot, model, providers, when)
         return rates
 
-    async def _load_spend(self, limiter: Limiter, ask: Ask, now: datetime) -> Verdict:
-        """The period's spend loaded from the ledger (the limiter had none), and the admission again."""
-        record = self.keyring.by_id[ask.key_id].record
-        _tag, start, end = period_bounds(record.budget_period or "total", now)
-        ttl = int(seconds_until(end, now) or 0) + DAY_S if end is not None else 0  # kept a day after
-        await limiter.load_spend(ask, to_nano(await spent_since(self._engine, ask.key_id, start)), ttl)
-        return await limiter.admit(ask)
+    async def _decide(self, limiter: Limiter, ask: Ask, now: datetime) -> Verdict:
+        """The limiter's verdict; when it has no spend for the period yet, the ledger's is loaded
+        and the admission asked again."""
+        verdict = await limiter.admit(ask)
+        if verdict.refused == "budget_missing":
+            record = self.keyring.by_id[ask.key_id].record
+            _tag, start, end = period_bounds(record.budget_period or "total", now)
+            ttl = int(seconds_until(end, now) or 0) + DAY_S if end is not None else 0  # kept a day after
+            await limiter.load_spend(ask, to_nano(await spent_since(self._engine, ask.key_id, start)), ttl)
+            verdict = await limiter.admit(ask)
+        return verdict
 
     def _note_outage(self, exc: LimiterDown) -> None:
         self._counter.inc(())

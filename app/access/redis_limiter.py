@@ -141,18 +141,27 @@ _REFUSALS: dict[int, Refusal] = {1: "budget", 2: "rpm", 3: "tpm", 4: "max_concur
 _THREE = b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"  # three arguments, each `bulk`
 
 
+def _base(prefix: str, key_id: str) -> str:
+    """The start of every Redis key of one API key (its id is the hash tag: module doc)."""
+    return f"{prefix}:lim:{{{key_id}}}"
+
+
+def _spend_key(prefix: str, key_id: str, period: str) -> str:
+    return f"{_base(prefix, key_id)}:spend:{period}"
+
+
 class _Commands:
     """One key's commands in one budget period, encoded but for their per-request arguments: the
     admission's head (`EVALSHA`, its keys) and tail (the key's limits, the clock), the settlement's
     head. Made once per key, period and limits, so a request only formats its own arguments."""
 
-    __slots__ = ("admit_head", "admit_tail", "settle_head", "spend_key", "spend_keys")
+    __slots__ = ("admit_head", "admit_tail", "settle_head", "spend_keys")
 
     def __init__(self, limiter: RedisLimiter, key_id: str, period: str, limits: tuple[int, ...]) -> None:
-        base = f"{limiter.prefix}:lim:{{{key_id}}}"
-        self.spend_key = f"{base}:spend:{period}"
-        three = Script.keys(f"{base}:window", f"{base}:flight", self.spend_key)
-        self.spend_keys = Script.keys(self.spend_key)
+        base = _base(limiter.prefix, key_id)
+        spend = _spend_key(limiter.prefix, key_id, period)
+        three = Script.keys(f"{base}:window", f"{base}:flight", spend)
+        self.spend_keys = Script.keys(spend)
         tail = b"".join(bulk(b"%d" % limit) for limit in limits)  # ARGV[4..8]
         count = 3 + len(limits) + (limiter.clock is not None)  # ARGV[9]: the test's clock
         self.admit_head, self.admit_tail = limiter.admit_script.head(count) + three, tail
@@ -189,13 +198,7 @@ class RedisLimiter:
         rid, tokens, cost = ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost
         own = _THREE % (len(rid), rid, len(tokens), tokens, len(cost), cost)
         tail = commands.admit_tail if self.clock is None else commands.admit_tail + bulk(b"%d" % self.clock())
-        command = b"".join((commands.admit_head, own, tail))
-        try:
-            reply = await self.redis.post(command)
-        except RespError as exc:
-            raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
-        if isinstance(reply, RespError):
-            reply = await self._again(self.admit_script, command, reply)
+        reply = await self._call(self.admit_script, b"".join((commands.admit_head, own, tail)))
         if type(reply) is bytes:  # admitted: "second remaining-requests reset remaining-tokens reset"
             second, left_r, reset_r, left_t, reset_t = map(int, reply.split())
             return Verdict(
@@ -224,17 +227,10 @@ class RedisLimiter:
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
-            spent, reserved = await self.redis.call("HMGET", f"{self.prefix}:lim:{{{key_id}}}:spend:{period}", "s", "r")
+            spent, reserved = await self.redis.call("HMGET", _spend_key(self.prefix, key_id, period), "s", "r")
         except RespError as exc:
             raise LimiterDown(str(exc)) from None
         return None if spent is None else (int(spent), int(reserved or 0))
-
-    async def _again(self, script: Script, command: bytes, error: RespError) -> Any:
-        """After an error reply: on NOSCRIPT (Redis lost its scripts) the script is loaded and the
-        command sent again; any other error is `LimiterDown`."""
-        if not str(error).startswith("NOSCRIPT"):
-            raise LimiterDown(f"{type(error).__name__}: {error}")
-        return await self._call(script, command)
 
     async def _call(self, script: Script, command: bytes) -> Any:
         try:
