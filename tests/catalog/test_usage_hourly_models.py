@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -17,9 +16,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from catalog.database import open_engine
 from catalog.ledger import write_records
-from catalog.migrate import upgrade_async
 from catalog.tables import UsageHourly, UsageHourlyModels
 from catalog.usage_query import parse_query
 from catalog.usage_report import usage_report
@@ -64,20 +61,6 @@ async def test_concurrent_writers_keep_every_level_exact(engine: AsyncEngine) ->
         *(write_records(engine, [*batch[:40], *batches[-1 - n][:40]]) for n, batch in enumerate(batches))
     )
     await _levels_match_the_ledger(engine, 720)
-
-
-async def test_sqlite_through_the_engine_keeps_the_model_level(tmp_path: Path) -> None:
-    """A SQLite URI filename is written through the engine's own connection (`EngineStore`)."""
-    url = f"sqlite+aiosqlite:///file:{tmp_path / 'uri.db'}?uri=true"
-    await upgrade_async(url)
-    engine = open_engine(url)
-    try:
-        records = seeded_records(200, seed=3)
-        await write_records(engine, records[:120])
-        await write_records(engine, [records[100], *records[100:]])
-        await _levels_match_the_ledger(engine, 200)
-    finally:
-        await engine.dispose()
 
 
 # Reports of hours without a key, owner or api: they read `usage_hourly_models`.

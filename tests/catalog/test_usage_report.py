@@ -195,6 +195,8 @@ async def test_sqlite_through_the_engine_counts_each_row_once(tmp_path: Path) ->
         await write_records(engine, [records[100], *records[100:]])
         rows = await ledger_rows(engine)
         assert len(rows) == 200
+        for level in ("hour", "hour_models", "day"):  # every roll-up level, kept through the engine too
+            assert await rollup_rows(engine, level) == expected_rollup(rows, level)
         await check(engine, rows, {**EDGES, "group_by": "hour,owner"})
         await check(engine, rows, {**EDGES, "group_by": "hour,model"})
         await check(engine, rows, {"from": "2026-11-27", "to": "2026-12-01", "group_by": "model"})
