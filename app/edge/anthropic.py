@@ -183,9 +183,6 @@ class AnthropicStream:
         detail = fmt.ErrorDetail(type=error_type(error.status_code), message=error.message)
         return fmt.frame("error", fmt.ErrorBody(error=detail))
 
-    def _delta(self, event: ev.TextDelta | ev.ReasoningDelta) -> bytes:
-        return self._prefix + fmt.encode(event.text) + fmt.DELTA_END
-
     def _started(self, event: ev.Started) -> bytes:
         shell = fmt.Message(self._ctx.request_id, "assistant", event.model, [], None, None, usage_of(None), None, None)
         return fmt.frame("message_start", fmt.MessageStart(shell))
@@ -261,9 +258,7 @@ def _nothing(_stream: AnthropicStream, _event: ev.Logprobs) -> bytes:
     return b""
 
 
-_RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {
-    ev.TextDelta: AnthropicStream._delta,
-    ev.ReasoningDelta: AnthropicStream._delta,
+_RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {  # every event but the text deltas, which `render` writes itself
     ev.ToolCallDelta: AnthropicStream._tool_call_delta,
     ev.Started: AnthropicStream._started,
     ev.TextStart: AnthropicStream._text_start,

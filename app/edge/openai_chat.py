@@ -157,9 +157,6 @@ class ChatStream:
         self._content = chunks.content_head
         return chunks.role()
 
-    def _text_delta(self, event: ev.TextDelta) -> bytes:
-        return self._chunks.content(event.text)
-
     def _reasoning_delta(self, event: ev.ReasoningDelta) -> bytes:
         return self._chunks.reasoning(event.text)
 
@@ -217,8 +214,7 @@ def _nothing(_stream: ChatStream, _event: object) -> bytes:
     return b""
 
 
-_RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {
-    ev.TextDelta: ChatStream._text_delta,
+_RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {  # every event but the text deltas, which `render` writes itself
     ev.ReasoningDelta: ChatStream._reasoning_delta,
     ev.ToolCallDelta: ChatStream._tool_call_delta,
     ev.ToolCallStart: ChatStream._tool_call_start,
