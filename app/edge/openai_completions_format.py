@@ -165,7 +165,6 @@ def text_logprobs_of(tokens: list[TokenLogprob], offset: int = 0) -> tuple[TextL
 
 _encode = encoder.encode
 CHUNK_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'  # after the choice's text
-_TAIL = CHUNK_TAIL
 
 
 class TextChunkBytes:
@@ -187,7 +186,7 @@ class TextChunkBytes:
         )
 
     def text(self, text: str) -> bytes:
-        return self.text_head + _encode(text) + _TAIL
+        return self.text_head + _encode(text) + CHUNK_TAIL
 
     def logprobs(self, text: str, logprobs: TextLogprobs) -> bytes:
         return self.text_head + _encode(text) + b',"logprobs":' + _encode(logprobs) + b',"finish_reason":null}]}\n\n'

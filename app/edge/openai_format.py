@@ -314,8 +314,7 @@ _encode = encoder.encode
 KEEPALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
 CHUNK_TAIL = b'},"logprobs":null,"finish_reason":null}]}\n\n'  # after a delta object
-_TAIL = CHUNK_TAIL
-_NO_ARGUMENTS = b',"arguments":""}}]' + _TAIL
+_NO_ARGUMENTS = b',"arguments":""}}]' + CHUNK_TAIL
 
 
 def data_line(payload: Struct) -> bytes:
@@ -342,13 +341,13 @@ class ChunkBytes:
         self.content_head = self._head + b'{"content":'
 
     def role(self) -> bytes:
-        return self._head + b'{"role":"assistant"' + _TAIL
+        return self._head + b'{"role":"assistant"' + CHUNK_TAIL
 
     def content(self, text: str) -> bytes:
-        return self.content_head + _encode(text) + _TAIL
+        return self.content_head + _encode(text) + CHUNK_TAIL
 
     def reasoning(self, text: str) -> bytes:
-        return self._head + b'{"reasoning_content":' + _encode(text) + _TAIL
+        return self._head + b'{"reasoning_content":' + _encode(text) + CHUNK_TAIL
 
     def tool_call_start(self, index: int, call_id: str, name: str) -> bytes:
         start = b'{"tool_calls":[{"index":%d,"id":' % index + _encode(call_id)
@@ -356,7 +355,7 @@ class ChunkBytes:
 
     def tool_call_args(self, index: int, fragment: str) -> bytes:
         start = b'{"tool_calls":[{"index":%d,"function":{"arguments":' % index
-        return self._head + start + _encode(fragment) + b"}}]" + _TAIL
+        return self._head + start + _encode(fragment) + b"}}]" + CHUNK_TAIL
 
     def logprobs(self, text: str | None, tokens: ChoiceLogprobs) -> bytes:
         delta = b"{" if text is None else b'{"content":' + _encode(text)
