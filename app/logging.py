@@ -1,10 +1,11 @@
 """Structured logging: JSON lines through structlog, one canonical line per request.
 
 Configured once by `create_app` from `Settings` (nothing at import time). The canonical line
-(`event="request"`, written by `app.pipeline.accounting.log_line` for every routed request and by
-the error renderer for one rejected before routing) carries the request id, ingress, model,
-provider, status, the five token buckets, cost, latency, time to first token and attempts —
-never prompts, request bodies or keys. Hot paths (per streamed chunk) do not log.
+(`event="request"`) of a routed request is its ledger row (`LineWriter.request_line`: request id,
+start and finish, key id and owner, ingress, model, provider, upstream model and request id,
+status and error, the five token buckets, cost, its source and price row, latency, time to first
+token, attempts); one rejected before routing gets a shorter line from the error renderer. Never
+prompts, request bodies or secrets. Hot paths (per streamed chunk) do not log.
 
 The processor chain is kept short because it runs on every request: msgspec encodes the line
 (stdlib `json` plus structlog's ISO timestamper cost about a sixth of a proxied request's CPU,
@@ -25,6 +26,7 @@ import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _encoder = msgspec.json.Encoder()
+_REQUEST_LINE = b'{"event":"request","level":"info","timestamp":"%b",%b'
 
 
 class _Timestamp:
@@ -34,13 +36,16 @@ class _Timestamp:
         self._second = -1
         self._prefix = ""
 
-    def __call__(self, _logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    def text(self) -> str:
         now = time.time()
         second = int(now)
         if second != self._second:
             self._second = second
             self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        event_dict["timestamp"] = f"{self._prefix}.{int((now - second) * 1000):03d}Z"
+        return f"{self._prefix}.{int((now - second) * 1000):03d}Z"
+
+    def __call__(self, _logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        event_dict["timestamp"] = self.text()
         return event_dict
 
 
@@ -57,11 +62,22 @@ class LineWriter:
 
     _LIMIT = 64 * 1024
 
-    def __init__(self, file: BinaryIO) -> None:
+    def __init__(self, file: BinaryIO, *, level: str = "info") -> None:
         self._file = file
         self._pending: list[bytes] = []
         self._size = 0
         self._timer: asyncio.TimerHandle | None = None
+        self.stamp = _Timestamp()
+        self.info_enabled = _LEVELS[level] <= logging.INFO
+
+    def request_line(self, record_json: bytes) -> None:
+        """The canonical `request` line of a routed request: the ledger row's own JSON (the bytes
+        the journal writes, encoded once per request) behind the `event`, `level` and `timestamp`
+        every line carries. Through structlog's chain (a bound method, the processors, a dict per
+        line) the same line cost about 6 µs a request, a fortieth of a proxied request's CPU; this
+        costs a concatenation. Nothing when the level is above `info`."""
+        if self.info_enabled:
+            self.msg(_REQUEST_LINE % (self.stamp.text().encode(), record_json[1:]))
 
     def msg(self, message: bytes) -> None:
         self._pending.append(message)
@@ -103,11 +119,11 @@ class LineWriter:
 
 
 def configure_logging(level: str) -> LineWriter:
-    writer = LineWriter(sys.stdout.buffer)
+    writer = LineWriter(sys.stdout.buffer, level=level)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
-            _Timestamp(),
+            writer.stamp,
             structlog.processors.format_exc_info,
             _render,
         ],

@@ -127,6 +127,7 @@ class Service:
             routing.probe_interval_s,
             GpuTime(gpu_hour_rates(settings)),
             self.access,
+            self.log_writer,
         )
         self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log, routing.quota_recheck_s)
         self.health.start()
@@ -268,5 +269,5 @@ async def prepare_database(settings: Settings, engine: AsyncEngine) -> bool:
     return True
 
 
-def _discard(_record: LedgerRecord) -> None:
+def _discard(_record: LedgerRecord, _encoded: bytes) -> None:
     """The ledger switched off (`[ledger] enabled = false`, for benchmarks only)."""

@@ -134,14 +134,18 @@ class Journal:
             self._broken_by(exc)
         return sum(segment.rows for segment in self.segments)
 
-    def append(self, record: LedgerRecord) -> bool:
+    def append(self, record: LedgerRecord, encoded: bytes | None = None) -> bool:
         """Write `record` as one line with one `os.write`; False (and the journal broken) when the
-        operating system refused it."""
+        operating system refused it. `encoded`: the record's msgspec JSON when the caller has it
+        already (the pipeline encodes each record once, for this line and the log's)."""
         if self.error is not None:
             return False
         segment = self.segments[-1]
         line = self._line  # reused: encoded in place, one allocation fewer per row
-        self._encoder.encode_into(record, line)
+        if encoded is None:
+            self._encoder.encode_into(record, line)
+        else:
+            line[:] = encoded
         line.append(0x0A)
         try:
             written = os.write(segment.fd, line)

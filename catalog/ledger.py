@@ -162,14 +162,15 @@ class LedgerWriter:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="ledger-writer")
         return self._task
 
-    def submit(self, record: LedgerRecord) -> None:
-        """Journal `record` and queue it for writing. Never blocks, never raises for a full queue
-        or a failed journal write (the row is then kept in memory)."""
+    def submit(self, record: LedgerRecord, encoded: bytes | None = None) -> None:
+        """Journal `record` (`encoded`: its msgspec JSON, when the caller has it) and queue it for
+        writing. Never blocks, never raises for a full queue or a failed journal write (the row is
+        then kept in memory)."""
         if self._closing:
             raise RuntimeError("the ledger writer is closed")
         self._submitted += 1
         journal = self._journal
-        if journal is not None and journal.append(record):
+        if journal is not None and journal.append(record, encoded):
             if not self._behind:
                 if len(self._queue) < self._max_queue:
                     self._queue.append(record)

@@ -9,7 +9,8 @@ The estimate is computed whenever there is usage — once per request, into a `C
 the ledger beside an authoritative (or amortized) cost. Unknown usage stays NULL in the ledger,
 never 0.
 
-`ledger_record` and `log_line` are functions of the request's context and its outcome only.
+`ledger_record` is a function of the request's context and its outcome only; the canonical log
+line is that record (`log_line`, or `app.logging.LineWriter.request_line` from its JSON).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
+
+import msgspec
 
 from app.context import RequestContext
 from app.pipeline.events import UNPRICED, Cost, Outcome
@@ -94,23 +97,6 @@ def ledger_record(ctx: RequestContext, outcome: Outcome) -> LedgerRecord:
 
 
 def log_line(log: Any, record: LedgerRecord) -> None:
-    log.info(
-        "request",
-        request_id=record.request_id,
-        api=record.api,
-        model=record.model,
-        provider=record.provider,
-        status=record.status,
-        error_status=record.error_status,
-        streamed=record.streamed,
-        input_tokens=record.input_tokens,
-        output_tokens=record.output_tokens,
-        reasoning_tokens=record.reasoning_tokens,
-        cache_read_tokens=record.cache_read_tokens,
-        cache_write_tokens=record.cache_write_tokens,
-        usage_estimated=record.usage_estimated,
-        cost_usd=str(record.cost_usd) if record.cost_usd is not None else None,
-        latency_ms=record.latency_ms,
-        ttft_ms=record.ttft_ms,
-        attempts=record.attempts,
-    )
+    """The canonical line through structlog's chain, for a pipeline without the service's
+    `LineWriter` (which writes the same fields from the record's JSON: `LineWriter.request_line`)."""
+    log.info("request", **msgspec.to_builtins(record))

@@ -42,9 +42,12 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+import msgspec
+
 from app.access.gate import AccessGate, Ticket
 from app.context import RequestContext
 from app.errors import AllBackendsFailed, GatewayError, InvalidRequest, UpstreamTimeout
+from app.logging import LineWriter
 from app.metrics import Metrics
 from app.pipeline.accounting import ledger_record, log_line, price
 from app.pipeline.admission import admit
@@ -106,17 +109,20 @@ class Pipeline:
     def __init__(
         self,
         router: Router,
-        record: Callable[[LedgerRecord], None],
+        record: Callable[[LedgerRecord, bytes], None],
         log: Any,
         metrics: Metrics,
         probe_interval_s: float = 10.0,
         gpu_time: GpuTime | None = None,
         access: AccessGate | None = None,
+        lines: LineWriter | None = None,
     ) -> None:
         self.router = router
         self.access = access
         self._record = record
         self._log = log
+        self._lines = lines  # the canonical lines' writer; None: through `log` (an embedding app's logging)
+        self._encode = msgspec.json.Encoder().encode
         self.metrics = metrics
         self._probe_interval_s = probe_interval_s
         self._gpu_time = gpu_time or GpuTime({})
@@ -265,9 +271,13 @@ class Pipeline:
             if run.ticket is not None and self.access is not None:
                 self.access.settle(run.ticket, outcome.cost.usd, _tokens(outcome))
             record = ledger_record(run.ctx, outcome)
-            self._record(record)
+            encoded = self._encode(record)  # once, for the journal's line and the log's
+            self._record(record, encoded)
             self.metrics.request_done(run.ctx, outcome)
-            log_line(self._log, record)
+            if self._lines is not None:
+                self._lines.request_line(encoded)
+            else:
+                log_line(self._log, record)
         except Exception:
             self._log.exception("ledger_record_failed", request_id=run.ctx.request_id)
         return outcome

@@ -3,8 +3,14 @@ rejected before routing (bad body, unknown path, wrong method, too large) from t
 
 from __future__ import annotations
 
+import io
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
+from app.logging import LineWriter
+from catalog.records import LedgerRecord
 from tests.gateway.conftest import CATALOG, providers_for
 from tests.support.client import USER, post
 from tests.support.gateway import GatewayHandle, StartGateway
@@ -58,3 +64,37 @@ async def test_a_routed_request_gets_exactly_one_line_from_the_pipeline(
         ("unified", "chat-1", "ok", None),
     ]
     assert [line["request_id"] for line in lines] == [unknown_model.headers["x-request-id"], ok.headers["x-request-id"]]
+
+
+async def test_a_routed_request_line_is_its_ledger_row(
+    logs: Logs, start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    """The line is written from the ledger record's JSON (encoded once for the journal and the log):
+    every ledger column, with the row's values, and nothing of the request's content."""
+    gw = await started(start_gateway, primary, secondary)
+    primary.enqueue(answer("hi"))
+    assert (await post(gw, {"messages": [USER]})).status_code == 200
+    [line] = logs.lines("request", gw)
+    [row] = await gw.ledger_rows()
+    assert set(line) == {"event", "level", *LedgerRecord.__struct_fields__}
+    assert line["level"] == "info"
+    for name in ("started_at", "finished_at"):
+        assert datetime.fromisoformat(line[name]) == datetime.fromisoformat(row[name]).replace(tzinfo=UTC)
+    assert Decimal(line["cost_usd"]) == Decimal(row["cost_usd"]) > 0
+    assert Decimal(line["estimated_cost_usd"]) == Decimal(row["estimated_cost_usd"])
+    plain = set(LedgerRecord.__struct_fields__) - {"started_at", "finished_at", "cost_usd", "estimated_cost_usd"}
+    assert {name: line[name] for name in plain} == {name: row[name] for name in plain}
+    assert "hi" not in json.dumps(line)
+
+
+def test_request_lines_follow_the_log_level() -> None:
+    quiet, chatty = io.BytesIO(), io.BytesIO()
+    for out, level in ((quiet, "warning"), (chatty, "info")):
+        writer = LineWriter(out, level=level)
+        writer.request_line(b'{"request_id":"r-1","status":"ok"}')
+        writer.flush()
+    assert quiet.getvalue() == b""
+    line = json.loads(chatty.getvalue())
+    assert chatty.getvalue().endswith(b"}\n")
+    assert line.pop("timestamp").endswith("Z")
+    assert line == {"event": "request", "level": "info", "request_id": "r-1", "status": "ok"}
