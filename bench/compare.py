@@ -64,6 +64,7 @@ class Job:
     plan: Plan  # run.py's: CPUs, durations, run directory, results file, command
     trees: dict[str, Path]  # "base" / "new" -> checkout
     pairs: int
+    ledger: bool = True  # False: `[ledger] enabled = false` in both trees (what the rest of the path costs)
     imports: dict[str, str] = field(default_factory=dict)  # side -> what its last process imported
     described: dict[str, str] = field(default_factory=dict)  # side -> `git describe` at the start
     cells: dict[str, list[dict[str, Cell]]] = field(default_factory=dict)  # scenario -> per pair, side -> cell
@@ -78,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--pairs", type=int, default=3, help="base/new pairs per scenario, order alternating (default 3)")
     add("--duration", type=float, default=10.0, help="measured seconds per scenario and tree (default 10)")
     add("--warmup", type=float, default=2.0, help="warm-up seconds before each measure (default 2)")
+    add("--ledger", choices=("sqlite", "off"), default="sqlite", help="the gateways' ledger (default sqlite)")
     add("--gateway-cpus", default="0", help="taskset list for the gateway under test (default 0)")
     add("--load-cpus", default="1" if (os.cpu_count() or 1) > 1 else "0", help="for wrk and the mock (default 1)")
     add("--results", default=str(Path(__file__).with_name("RESULTS.md")), help="file to append tables to")
@@ -116,7 +118,7 @@ def _job(argv: list[str]) -> Job:
         results,
         shlex.join(sys.orig_argv),
     )
-    return Job(plan, trees, max(1, ns.pairs))
+    return Job(plan, trees, max(1, ns.pairs), ns.ledger == "sqlite")
 
 
 # --- measuring -------------------------------------------------------------------------------------
@@ -134,14 +136,15 @@ def imported_from(server: Server, tree: Path) -> str:
 
 def measure_side(job: Job, mocks: Mocks, side: str, label: str, scenario: str) -> Cell:
     """One fresh gateway from `side`'s tree: start, check the imports, curl check, warm up, measure, stop."""
-    target = TreeSwitchyard(mocks, SwitchyardOptions("", label=label), job.trees[side])
+    options = SwitchyardOptions("", ledger_enabled=job.ledger, label=label)
+    target = TreeSwitchyard(mocks, options, job.trees[side])
     server = target.server(job.plan.run_dir, job.plan.gateway_cpus)
     note = start(server)
     if note:
         return Cell(note=note)
     try:
         job.imports[side] = imported_from(server, job.trees[side])
-        cell = measure(job.plan, target, scenario, Tally(), server.log)
+        cell = measure(job.plan, target, scenario, Tally(), server.log, server.cpu_s)
         return Cell(note=f"crashed (exit {server.exit_code})") if server.exit_code is not None else cell
     finally:
         server.stop()
@@ -200,7 +203,8 @@ def scenario_table(scenario: str, rows: list[dict[str, Cell]]) -> list[str]:
     title, unit, higher = METRICS[scenario]
     header = ["pair", "order", f"base {unit}", f"new {unit}", "new/base"]
     header += ["direct p50 ms", "base added ms", "new added ms"] if scenario == "latency" else []
-    body, ratios = [], []
+    header += ["base CPU µs/req", "new CPU µs/req", "CPU new/base"]
+    body, ratios, cpu_ratios = [], [], []
     for pair, row in enumerate(rows):
         base, new = value(scenario, row["base"]), value(scenario, row["new"])
         ratio = new / base if base and new else None
@@ -211,10 +215,22 @@ def scenario_table(scenario: str, rows: list[dict[str, Cell]]) -> list[str]:
             floor = value(scenario, row.get("direct"))
             added = [None if x is None or floor is None else x - floor for x in (base, new)]
             line += [_fmt(floor, 3), *(_fmt(x, 3) for x in added)]
-        body.append(line)
+        cpu_base, cpu_new = row["base"].cpu_us, row["new"].cpu_us
+        cpu_ratio = cpu_new / cpu_base if cpu_base and cpu_new else None
+        cpu_ratios += [cpu_ratio] if cpu_ratio else []
+        body.append([*line, _fmt(cpu_base, 1), _fmt(cpu_new, 1), _fmt(cpu_ratio, 3)])
     spread, met = verdict(ratios, higher)
-    body.append(["mean (min..max)", "", "", "", spread, *([""] * (len(header) - 5))])
-    return [f"### {title}", "", *_table(header, body), "", f"Within the {BAR * 100:g} % bar: {met}."]
+    cpu_spread = verdict(cpu_ratios, higher=False)[0]
+    body.append(["mean (min..max)", "", "", "", spread, *([""] * (len(header) - 6)), cpu_spread])
+    return [
+        f"### {title}",
+        "",
+        *_table(header, body),
+        "",
+        f"Within the {BAR * 100:g} % bar: {met}. CPU µs/req: the gateway's user + system time over the measured "
+        "run divided by its requests (lower is better). It leaves out time the gateway's CPU went to something "
+        "else (another process, the hypervisor), so it drifts less than throughput; it is not the bar.",
+    ]
 
 
 def describe(tree: Path, before: str | None = None) -> str:
@@ -231,7 +247,8 @@ def render(job: Job, machine: list[str]) -> str:
     lines += [f"- {s}: {trees[s]}; its gateways imported {job.imports.get(s, 'nothing (none started)')}" for s in SIDES]
     lines += [
         f"- {job.pairs} pair(s), base first in odd pairs and new first in even ones; {plan.warmup:g} s warm-up and "
-        f"{plan.duration:g} s measured per tree and scenario, each on a fresh gateway (SQLite ledger on)",
+        f"{plan.duration:g} s measured per tree and scenario, each on a fresh gateway "
+        f"({'SQLite ledger on' if job.ledger else 'ledger off in both trees: `[ledger] enabled = false`'})",
         f"- mock upstream: the new tree's `devtools.mock_upstream --chunks 64`; python: {repo_python()} "
         f"({platform.python_version()})",
         *[f"- {line}" for line in machine],

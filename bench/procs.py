@@ -88,6 +88,12 @@ class Server:
             return 0.0
         return sum(_rss_kb(pid) for pid in _tree(self.proc.pid)) / 1024
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) used so far by the process and all its descendants."""
+        if self.proc is None:
+            return 0.0
+        return sum(_cpu_ticks(pid) for pid in _tree(self.proc.pid)) / _TICKS
+
     def stop(self) -> None:
         proc = self.proc
         if proc is None or proc.poll() is not None:
@@ -134,3 +140,15 @@ def _rss_kb(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of `pid` (all its threads), in clock ticks; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted after the name

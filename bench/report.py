@@ -24,6 +24,7 @@ class Cell:
     check: Check | None = None
     note: str = ""  # why there is no usable measure (shown instead of numbers)
     detail: str = ""  # extra facts shown next to the numbers (ledger rows written)
+    cpu_us: float | None = None  # the gateway's CPU time per measured request (user + system), when read
 
     @property
     def usable(self) -> bool:

@@ -21,7 +21,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,7 +228,16 @@ def error_hint(path: Path | None) -> str:
     return ""
 
 
-def measure(plan: Plan, target: Target, scenario: str, tally: Tally, server_log: Path | None = None) -> Cell:
+def measure(
+    plan: Plan,
+    target: Target,
+    scenario: str,
+    tally: Tally,
+    server_log: Path | None = None,
+    cpu: Callable[[], float] | None = None,
+) -> Cell:
+    """Check, warm up, measure. `cpu` (the gateway's CPU seconds so far) read around the measured
+    run gives its CPU time per request, a steadier figure than throughput on a drifting machine."""
     kind, connections = SCENARIOS[scenario]
     request = target.request(kind)
     sample: Check = check(request, target.shape, stream=kind == "stream")
@@ -237,12 +246,14 @@ def measure(plan: Plan, target: Target, scenario: str, tally: Tally, server_log:
         log(f"  {target.name} {scenario}: check failed: {sample.problem}")
         return Cell(check=sample, detail=error_hint(server_log))
     tally.add(run_wrk(request, connections, plan.warmup, plan.load_cpus, plan.run_dir))
+    used = cpu() if cpu is not None else 0.0
     result = tally.add(run_wrk(request, connections, plan.duration, plan.load_cpus, plan.run_dir))
+    cpu_us = (cpu() - used) * 1e6 / result.requests if cpu is not None and result.requests else None
     log(
         f"  {target.name} {scenario}: {result.rps:,.0f}/s p50 {result.p50_ms:.2f} ms p99 {result.p99_ms:.2f} ms "
         f"errors {result.failures}"
     )
-    return Cell(measure=result, check=sample)
+    return Cell(measure=result, check=sample, cpu_us=cpu_us)
 
 
 def start(server: Server | None) -> str | None:
