@@ -17,9 +17,9 @@ Timeouts. httpx-aiohttp hands httpx's `read` timeout to aiohttp as one socket-re
 covers the header wait and every body read, fixed when the request is sent. A whole answer comes
 after the generation, so its read timeout is `first_byte`; a streamed answer's headers come at once
 and what matters is the gap between chunks, so its read timeout is `idle`. On the https path the
-header wait is also bounded by one asyncio deadline (`first_byte`, never spanning a `yield`); the
-plain-HTTP transport keeps the same bounds with its own timers. `total` is checked at every read
-(no timer per chunk: a per-read asyncio timeout costs ~5 µs).
+header wait is also bounded by one deadline (`first_byte`, never spanning a `yield`); the
+plain-HTTP transport keeps the same bounds with its own; both on coarse timers (`providers.timers`).
+`total` is checked at every read (no timer per chunk: a per-read asyncio timeout costs ~5 µs).
 
 Closing the `events` generator (`aclose`, or a client that went away) closes the upstream response
 at once, and with it the connection: neither transport returns a half-read connection to its pool,
@@ -50,6 +50,7 @@ from providers.events import Event
 from providers.openai_stream import OpenAIStreamParser
 from providers.server_metrics import queue_depth as server_queue_depth
 from providers.sse import SSEParser
+from providers.timers import deadline_at
 from providers.transport import H1Transport, RawResponse
 from providers.types import AnyRequest
 
@@ -159,7 +160,7 @@ class Provider:
             headers=self._stream_headers if stream else self._json_headers,
             extensions={"timeout": self._stream_timeout if stream else self._json_timeout},
         )
-        async with asyncio.timeout(self._head_s):
+        async with deadline_at(asyncio.get_running_loop().time() + self._head_s):
             return await self._client.send_direct(request)
 
     async def probe(self) -> bool:

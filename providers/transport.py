@@ -21,7 +21,7 @@ Interim `1xx` heads are skipped (a `101` is malformed). A chunk-size line is one
 expression match, which also checks the CRLF that ends the chunk before it.
 
 Errors are httpx's: `ConnectError`/`ConnectTimeout` before the request is sent, `ReadTimeout` when
-the upstream is silent past the read timeout (headers or the gap between body reads),
+the upstream is silent past the read timeout (headers, or between body reads: `providers.timers`),
 `ReadError` when the connection breaks, `RemoteProtocolError` for a malformed answer; the adapter
 maps them in one place (`providers.errors.upstream_errors`). A connection that raised is closed,
 never pooled, and so is one whose body was not read to its end (a client that went away
@@ -41,6 +41,8 @@ from typing import Any
 import httptools
 import httpx
 
+from providers.timers import timers_of
+
 _MAX_HEAD = 64 * 1024
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")  # size, then extensions
 _NEXT_CHUNK_LINE = re.compile(rb"\r\n" + _CHUNK_LINE.pattern)  # after the CRLF that ends a chunk
@@ -52,10 +54,11 @@ _Key = tuple[str, int]
 
 
 class _Connection(asyncio.Protocol):
-    __slots__ = ("buffer", "closed", "eof", "error", "loop", "transport", "waiter")
+    __slots__ = ("buffer", "closed", "eof", "error", "loop", "timers", "transport", "waiter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self.timers = timers_of(loop)
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.waiter: asyncio.Future[None] | None = None
@@ -86,13 +89,11 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     async def more(self, read_s: float | None) -> None:
-        """Wait for more bytes (or the end); raises httpx.ReadTimeout after `read_s` seconds.
-
-        One timer handle per wait, not `asyncio.timeout`: this runs for every body read."""
+        """Wait for more bytes (or the end); raises httpx.ReadTimeout after `read_s` seconds."""
         if self.closed or self.eof:
             raise httpx.ReadError("upstream closed the connection") from self.error
         waiter = self.waiter = self.loop.create_future()
-        timer = self.loop.call_later(read_s, _expire, waiter) if read_s is not None else None
+        timer = self.timers.call_later(read_s, _expire, waiter) if read_s is not None else None
         try:
             await waiter
         finally:

@@ -61,6 +61,7 @@ from catalog.records import LedgerRecord, LedgerStatus
 from catalog.snapshot import ModelEntry
 from providers import events as ev
 from providers.errors import Failure, UpstreamError
+from providers.timers import deadline_at
 from providers.types import AnyRequest, Message
 
 _CONTENT = (ev.TextDelta, ev.ReasoningDelta, ev.ToolCallStart, ev.ToolCallArgs, ev.Finish)
@@ -217,7 +218,7 @@ class Pipeline:
             run.fold = Fold(emit=emit)
             upstream = backend.provider.adapter.events(request, backend.upstream_model, stream=run.ctx.stream)
             try:
-                async with asyncio.timeout_at(deadline):
+                async with deadline_at(deadline):
                     await _until_content(upstream, run)
             except TimeoutError:
                 # The request's own deadline ran out: not the backend's fault, so no cool-down.
