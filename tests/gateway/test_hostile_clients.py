@@ -142,3 +142,25 @@ async def test_a_body_in_pieces_within_the_deadline_is_served(guarded: GatewayHa
     answer = await exchange(guarded, head, BODY[:10], BODY[10:], pause=0.1)
     assert answer.status == 200, answer
     assert msgspec.json.decode(answer.body)["message"]["content"] == [{"kind": "text", "data": "ok"}]
+
+
+async def test_an_idle_kept_alive_connection_is_closed_at_the_keep_alive_timeout(guarded: GatewayHandle) -> None:
+    """uvicorn's keep-alive timeout (5 s by default), armed after each response on a coarse timer."""
+    keep_alive = guarded.server.config.timeout_keep_alive
+    host, port = guarded.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        for _ in range(2):  # the timer is re-armed after every response and cancelled by the next request
+            writer.write(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            length = int(parse(head, 0.0).headers["content-length"])
+            await reader.readexactly(length)
+            answered = time.monotonic()
+            await asyncio.sleep(keep_alive / 2)
+        rest = await asyncio.wait_for(reader.read(), keep_alive + SLACK)
+        closed_after = time.monotonic() - answered
+    finally:
+        writer.close()
+    assert rest == b""
+    assert keep_alive * 0.99 <= closed_after < keep_alive + SLACK
