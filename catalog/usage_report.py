@@ -60,8 +60,9 @@ async def usage_report(engine: AsyncEngine, query: UsageQuery) -> UsageReport:
     async with engine.connect() as connection:
         result = await connection.execute(_sums_statement(dialect, query), _bounds(query))
         printed = dialect.printed(result.all(), len(query.group_by))
-        latency: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        latency: dict[tuple[Any, ...], tuple[Any, Any]] | None = None
         if query.percentiles:
+            latency = {}
             for groups in (query.group_by, ()):
                 statement = _latency_statement(dialect, query, groups)
                 result = await connection.execute(statement, {"start": query.start, "end": query.end})
@@ -72,7 +73,7 @@ async def usage_report(engine: AsyncEngine, query: UsageQuery) -> UsageReport:
         end=iso(query.end),
         group_by=list(query.group_by),
         rows=rows,
-        totals=_totals(printed, len(query.group_by), latency.get(()) if query.percentiles else None),
+        totals=_totals(printed, len(query.group_by), None if latency is None else latency.get(())),
     )
 
 
@@ -214,9 +215,10 @@ def _latency_statement(dialect: Dialect, query: UsageQuery, groups: Sequence[str
     return text(dialect.percentiles(keys, source)).bindparams(*_times("start", "end"), *params)
 
 
-def _row(query: UsageQuery, values: Sequence[Any], latency: dict[tuple[Any, ...], tuple[Any, Any]]) -> UsageRow:
-    """A printed row (`Dialect.printed`) as the report's row; built with the fields named, not
-    from a mapping, as a report may have thousands (hour x model: 5,768 in the bench)."""
+def _row(query: UsageQuery, values: Sequence[Any], latency: dict[tuple[Any, ...], tuple[Any, Any]] | None) -> UsageRow:
+    """A printed row (`Dialect.printed`) as the report's row, with its percentiles when `latency`
+    holds them; built with the fields named, not from a mapping, as a report may have thousands
+    of rows (hour x model: 5,768 in the bench)."""
     width = len(query.group_by)
     requests, errors, cancelled, unpriced, input_, output, reasoning, read, write, cost, paid = values[width:]
     row = UsageRow(
@@ -235,7 +237,7 @@ def _row(query: UsageQuery, values: Sequence[Any], latency: dict[tuple[Any, ...]
     group = tuple(values[:width])
     for name, value in zip(query.group_by, group, strict=True):
         setattr(row, name, value)
-    if query.percentiles:
+    if latency is not None:
         row.p50_ms, row.p95_ms = latency.get(group, (None, None))
     return row
 
