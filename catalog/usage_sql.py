@@ -1,17 +1,21 @@
-"""The SQL a usage report writes differently on PostgreSQL and SQLite: time buckets, money sums
-and latency percentiles.
+"""The SQL a usage report writes differently on PostgreSQL and SQLite: time buckets, money sums,
+the final statement that prints and orders the groups, and latency percentiles.
 
-`Dialect.money(cost, authoritative)` is one source's money as (expression, name) pairs,
-`money_sums()` the outer sums of those names and `money_values(sums)` the two sums as integers of
-1e-18 USD (None: no value).
-PostgreSQL sums NUMERIC and hands back a `Decimal`; SQLite's costs are decimal text with exactly
-`COST_SCALE` decimals, cut here in SQL into whole nano-dollars and the remaining 1e-18 dollars,
-two integers that SQLite sums exactly (its integer SUM raises on overflow instead of rounding:
-nano-dollars overflow only past 9.2 billion USD).
+`Dialect.money(cost, authoritative)` is one source's money as (expression, name) pairs, `final`
+the statement over the sources' sums and `printed(rows)` its rows as the report prints them
+(group values, the `COUNTS` as integers, the two money sums as exact decimal text) in cost.md's
+order. PostgreSQL sums NUMERIC, and its final statement does the printing and the sorting
+(`Postgres`): the Python work left per group is building its row, which matters at thousands of
+groups (hour x model: 5,768 in the bench; the same work in Python — `Decimal` decoding, 1e-18
+integers, text, a sort key — cost more than the statement, bench/RESULTS.md). SQLite's costs
+are decimal text with exactly `COST_SCALE` decimals, cut here in SQL into whole nano-dollars and
+the remaining 1e-18 dollars, two integers that SQLite sums exactly (its integer SUM raises on
+overflow instead of rounding: nano-dollars overflow only past 9.2 billion USD); they are joined,
+printed and sorted in Python (`SQLite.printed`), as SQLite has no exact decimal to do it with.
 
 Time buckets are UTC: `day` is `YYYY-MM-DD`, `hour` is `YYYY-MM-DDTHH:00Z` (cost.md). SQLite
 stores times as UTC text (`2026-11-30 09:15:00.000000`), so a bucket is a slice of it; PostgreSQL
-groups by `date_trunc(…, 'UTC')` and `bucket_text` prints each group's bucket; a roll-up's own
+groups by `date_trunc(…, 'UTC')` and prints each group's bucket with `to_char`; a roll-up's own
 time column is already its bucket when the report groups by that level (`bucket(hour, "hour")`
 on `usage_hourly` is `hour`: no function call per row).
 
