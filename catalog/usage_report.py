@@ -83,12 +83,13 @@ async def usage_report(engine: AsyncEngine, query: UsageQuery) -> UsageReport:
 
 
 def _bounds(query: UsageQuery) -> dict[str, Any]:
-    """The period cut into its sources: raw rows in [start, first) and [last, end), hourly roll-ups
-    (`_hourly`'s level) in [first, day_first) and [day_last, last), daily roll-ups in
-    [day_first, day_last). An empty piece has equal bounds. Grouped by hour, no day is read whole."""
+    """The period cut into its sources: raw rows in [start, first) and [last, end), each inside one
+    hour (that of `start`, that of `last`), hourly roll-ups (`_hourly`'s level) in
+    [first, day_first) and [day_last, last), daily roll-ups in [day_first, day_last). An empty
+    piece has equal bounds. Grouped by hour, no day is read whole."""
     first, last = hour_ceiling(query.start), hour_floor(query.end)
-    if first >= last:  # no whole hour inside: every row is read raw
-        first = last = query.end
+    if first >= last:  # no whole hour inside: every row is read raw, cut at the hour between
+        first = last = min(first, query.end)
     day_first, day_last = day_ceiling(first), day_floor(last)
     if day_first >= day_last or "hour" in query.group_by:
         day_first = day_last = last
@@ -135,8 +136,9 @@ def _group_columns(dialect: Dialect, groups: Sequence[str], moment: str, grain: 
 
 
 class _Source(NamedTuple):
-    """One table a report sums: its time column and level, which of its rows are in the period,
-    and what one of its rows counts (a roll-up row: its sums; a ledger row: one request)."""
+    """One table a report sums: its time column and level (ledger rows: a bound in their one
+    hour, `_RAW`), which of its rows are in the period, and what one of its rows counts (a
+    roll-up row: its sums; a ledger row: one request)."""
 
     table: str
     moment: str
@@ -161,16 +163,22 @@ _HOURLY_LEVELS: tuple[tuple[frozenset[str], _Source], ...] = (
     (_CALLER, _rolled("usage_hourly_models", "hour", _HOURS)),  # (what it lacks, the level)
     (frozenset(), _rolled("usage_hourly", "hour", _HOURS)),
 )
-_RAW = _Source(
-    table="ledger",
-    moment="started_at",
-    grain=None,
-    period="((started_at >= :start AND started_at < :first) OR (started_at >= :last AND started_at < :end))",
-    requests="1",
-    unpriced=f"CASE WHEN {UNPRICED} THEN 1 ELSE 0 END",
-    tokens=tuple(f"COALESCE({name}, 0)" for name in TOKENS),
-    cost="cost_usd",
-    authoritative="CASE WHEN cost_source = 'authoritative' THEN cost_usd END",
+
+
+def _raw(moment: str, period: str) -> _Source:
+    unpriced = f"CASE WHEN {UNPRICED} THEN 1 ELSE 0 END"
+    tokens = tuple(f"COALESCE({name}, 0)" for name in TOKENS)
+    authoritative = "CASE WHEN cost_source = 'authoritative' THEN cost_usd END"
+    return _Source("ledger", moment, None, period, "1", unpriced, tokens, "cost_usd", authoritative)
+
+
+# The raw rows of the two partial hours, each piece a source of its own whose time buckets are
+# those of a bound inside its hour (`_bounds`): one value per piece, no function per row, so
+# PostgreSQL hashes each piece's few groups instead of sorting its rows by a bucket whose groups
+# it cannot estimate (it assumed one per row).
+_RAW = (
+    _raw(":start", "started_at >= :start AND started_at < :first"),
+    _raw(":last", "started_at >= :last AND started_at < :end"),
 )
 
 
@@ -204,7 +212,7 @@ def _sums_statement(dialect: Dialect, query: UsageQuery) -> Any:
     """Each source summed per group, then summed again per group — unless the report groups by
     hour: no hour is in two sources (`_bounds`), so each source's groups are already the report's."""
     where, params = _filters(query)
-    sources = (_DAILY, _hourly(query), _RAW)
+    sources = (_DAILY, _hourly(query), *_RAW)
     union = " UNION ALL ".join(_summed(dialect, query.group_by, source, where) for source in sources)
     sql = dialect.final(query.group_by, union, regroup="hour" not in query.group_by)
     return text(sql).bindparams(*_times("start", "end", "first", "last", "day_first", "day_last"), *params)
