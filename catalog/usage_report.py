@@ -4,10 +4,11 @@ roll-ups.
 A report over [from, to) is cut at whole UTC hours and, inside those, at whole UTC days
 (`_bounds`): the days wholly inside it are read from `usage_daily`, the remaining whole hours at
 its edges from an hourly level (all three levels kept by the ledger stores, `catalog.rollup`),
-and the raw ledger rows only for the partial hours at its edges. Each source is summed per group
-by the database, and one `UNION ALL` of the three is summed again per group. So the rows a report
-touches grow with days x groups (plus at most 46 hours and 2 partial hours at the edges), not
-with requests, and its memory with the number of groups only: no Python loop over ledger rows.
+and the raw ledger rows only for the partial hours at its edges (each its own source, `_RAW`).
+Each source is summed per group by the database, and one `UNION ALL` of them is summed again per
+group (not when grouped by hour, below). So the rows a report touches grow with days x groups
+(plus at most 46 hours and 2 partial hours at the edges), not with requests, and its memory
+with the number of groups only: no Python loop over ledger rows.
 Grouped by `hour`, no day is read whole (a day row has no hours): such a report sums the period's
 hourly rows, grouped by `hour` itself — no function per row — which PostgreSQL does in parallel.
 
