@@ -4,10 +4,11 @@ roll-ups.
 A report over [from, to) is cut at whole UTC hours and, inside those, at whole UTC days
 (`_bounds`): the days wholly inside it are read from `usage_daily`, the remaining whole hours at
 its edges from an hourly level (all three levels kept by the ledger stores, `catalog.rollup`),
-and the raw ledger rows only for the partial hours at its edges. Each source is summed per group
-by the database, and one `UNION ALL` of the three is summed again per group. So the rows a report
-touches grow with days x groups (plus at most 46 hours and 2 partial hours at the edges), not
-with requests, and its memory with the number of groups only: no Python loop over ledger rows.
+and the raw ledger rows only for the partial hours at its edges (each its own source, `_RAW`).
+Each source is summed per group by the database, and one `UNION ALL` of them is summed again per
+group (not when grouped by hour, below). So the rows a report touches grow with days x groups
+(plus at most 46 hours and 2 partial hours at the edges), not with requests, and its memory
+with the number of groups only: no Python loop over ledger rows.
 Grouped by `hour`, no day is read whole (a day row has no hours): such a report sums the period's
 hourly rows, grouped by `hour` itself — no function per row — which PostgreSQL does in parallel.
 
@@ -19,11 +20,16 @@ Days have one level, with every dimension: a 30-day day x model report spends 5 
 the server on the month's 7,200 day rows, most of the rest on the raw rows of the partial hours
 (bench/RESULTS.md), so a day level without the key would save little.
 
+Grouped by hour, the sources' groups are already the report's (no hour is in two sources), so
+they are not summed again: hour x model in the bench, one hash aggregate of 5,768 groups less.
+
 Money is exact on both databases. PostgreSQL sums NUMERIC. SQLite keeps costs as decimal text
 (`catalog.tables.ExactDecimal`) and has no exact decimal SUM, so each cost is cut in SQL into two
 integers — whole nano-dollars and the remaining 1e-18 dollars (the ledger's scale) — summed
-exactly as integers and joined again here. Sums travel as integers of 1e-18 USD and are printed
-as the exact decimal, without trailing zeros (`0.0000166`).
+exactly as integers and joined again (`catalog.usage_sql`). Each group's sums are printed as the
+exact decimal without trailing zeros (`0.0000166`) — by PostgreSQL itself, which also sorts the
+groups, or in Python for SQLite (`Dialect.printed`) — and the totals are the printed rows'
+sums, money added as `Decimal`s in a context that cannot round (`_totals`).
 
 Latency percentiles (`p50_ms`, `p95_ms`, only when grouped by something other than time): the
 nearest-rank percentile of `latency_ms` — the ⌈p·n⌉-th smallest of the group's n values, a value
@@ -38,49 +44,53 @@ help: the sort, not the read, is most of it). Reports grouped by time, or not gr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from decimal import Context, Decimal, Inexact, Rounded, localcontext
 from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from catalog.rollup import TOKENS, UNPRICED, atto_text
-from catalog.tables import COST_SCALE, UTCDateTime
+from catalog.exact_sum import decimal_text
+from catalog.rollup import TOKENS, UNPRICED
+from catalog.tables import UTCDateTime
 from catalog.usage_query import FILTERS, UsageFigures, UsageQuery, UsageReport, UsageRow, iso
-from catalog.usage_sql import Dialect, day_ceiling, day_floor, dialect_for, hour_ceiling, hour_floor
+from catalog.usage_sql import COUNTS, Dialect, day_ceiling, day_floor, dialect_for, hour_ceiling, hour_floor
 
 COLUMNS = {"model": "model", "provider": "provider", "key": "api_key_id", "owner": "owner", "api": "api"}
-_FIGURES = ("requests", "errors", "cancelled", "unpriced_requests", *TOKENS)  # the order of the sums
+_EXACT = Context(prec=80, traps=[Inexact, Rounded])  # a total of costs is exact or an error
 
 
 async def usage_report(engine: AsyncEngine, query: UsageQuery) -> UsageReport:
     dialect = dialect_for(engine.dialect.name)
     async with engine.connect() as connection:
         result = await connection.execute(_sums_statement(dialect, query), _bounds(query))
-        sums = [tuple(row) for row in result]
-        latency: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        printed = dialect.printed(result.all(), len(query.group_by))
+        latency: dict[tuple[Any, ...], tuple[Any, Any]] | None = None
         if query.percentiles:
+            latency = {}
             for groups in (query.group_by, ()):
                 statement = _latency_statement(dialect, query, groups)
                 result = await connection.execute(statement, {"start": query.start, "end": query.end})
                 latency.update((tuple(row[:-2]), (row[-2], row[-1])) for row in result)
-    rows = sorted((_row(dialect, query, values, latency) for values in sums), key=_order(query))
+    rows = [_row(query, values, latency) for values in printed]
     return UsageReport(
         start=iso(query.start),
         end=iso(query.end),
         group_by=list(query.group_by),
         rows=rows,
-        totals=_totals(rows, latency.get(()) if query.percentiles else None),
+        totals=_totals(printed, len(query.group_by), None if latency is None else latency.get(())),
     )
 
 
 def _bounds(query: UsageQuery) -> dict[str, Any]:
-    """The period cut into its sources: raw rows in [start, first) and [last, end), hourly roll-ups
-    (`_hourly`'s level) in [first, day_first) and [day_last, last), daily roll-ups in
-    [day_first, day_last). An empty piece has equal bounds. Grouped by hour, no day is read whole."""
+    """The period cut into its sources: raw rows in [start, first) and [last, end), each inside one
+    hour (that of `start`, that of `last`), hourly roll-ups (`_hourly`'s level) in
+    [first, day_first) and [day_last, last), daily roll-ups in [day_first, day_last). An empty
+    piece has equal bounds. Grouped by hour, no day is read whole."""
     first, last = hour_ceiling(query.start), hour_floor(query.end)
-    if first >= last:  # no whole hour inside: every row is read raw
-        first = last = query.end
+    if first >= last:  # no whole hour inside: every row is read raw, cut at the hour between
+        first = last = min(first, query.end)
     day_first, day_last = day_ceiling(first), day_floor(last)
     if day_first >= day_last or "hour" in query.group_by:
         day_first = day_last = last
@@ -127,8 +137,9 @@ def _group_columns(dialect: Dialect, groups: Sequence[str], moment: str, grain: 
 
 
 class _Source(NamedTuple):
-    """One table a report sums: its time column and level, which of its rows are in the period,
-    and what one of its rows counts (a roll-up row: its sums; a ledger row: one request)."""
+    """One table a report sums: its time column and level (ledger rows: a bound in their one
+    hour, `_RAW`), which of its rows are in the period, and what one of its rows counts (a
+    roll-up row: its sums; a ledger row: one request)."""
 
     table: str
     moment: str
@@ -153,16 +164,22 @@ _HOURLY_LEVELS: tuple[tuple[frozenset[str], _Source], ...] = (
     (_CALLER, _rolled("usage_hourly_models", "hour", _HOURS)),  # (what it lacks, the level)
     (frozenset(), _rolled("usage_hourly", "hour", _HOURS)),
 )
-_RAW = _Source(
-    table="ledger",
-    moment="started_at",
-    grain=None,
-    period="((started_at >= :start AND started_at < :first) OR (started_at >= :last AND started_at < :end))",
-    requests="1",
-    unpriced=f"CASE WHEN {UNPRICED} THEN 1 ELSE 0 END",
-    tokens=tuple(f"COALESCE({name}, 0)" for name in TOKENS),
-    cost="cost_usd",
-    authoritative="CASE WHEN cost_source = 'authoritative' THEN cost_usd END",
+
+
+def _raw(moment: str, period: str) -> _Source:
+    unpriced = f"CASE WHEN {UNPRICED} THEN 1 ELSE 0 END"
+    tokens = tuple(f"COALESCE({name}, 0)" for name in TOKENS)
+    authoritative = "CASE WHEN cost_source = 'authoritative' THEN cost_usd END"
+    return _Source("ledger", moment, None, period, "1", unpriced, tokens, "cost_usd", authoritative)
+
+
+# The raw rows of the two partial hours, each piece a source of its own whose time buckets are
+# those of a bound inside its hour (`_bounds`): one value per piece, no function per row, so
+# PostgreSQL hashes each piece's few groups instead of sorting its rows by a bucket whose groups
+# it cannot estimate (it assumed one per row).
+_RAW = (
+    _raw(":start", "started_at >= :start AND started_at < :first"),
+    _raw(":last", "started_at >= :last AND started_at < :end"),
 )
 
 
@@ -193,12 +210,12 @@ def _summed(dialect: Dialect, groups: Sequence[str], source: _Source, where: str
 
 
 def _sums_statement(dialect: Dialect, query: UsageQuery) -> Any:
+    """Each source summed per group, then summed again per group — unless the report groups by
+    hour: no hour is in two sources (`_bounds`), so each source's groups are already the report's."""
     where, params = _filters(query)
-    keys = [f"g{index}" for index in range(len(query.group_by))]
-    figures = ", ".join([*keys, *(f"SUM({name})" for name in _FIGURES), *dialect.money_sums()])
-    sources = (_DAILY, _hourly(query), _RAW)
+    sources = (_DAILY, _hourly(query), *_RAW)
     union = " UNION ALL ".join(_summed(dialect, query.group_by, source, where) for source in sources)
-    sql = f"SELECT {figures} FROM ({union}) AS u" + (f" GROUP BY {', '.join(keys)}" if keys else "")  # noqa: S608
+    sql = dialect.final(query.group_by, union, regroup="hour" not in query.group_by)
     return text(sql).bindparams(*_times("start", "end", "first", "last", "day_first", "day_last"), *params)
 
 
@@ -212,68 +229,42 @@ def _latency_statement(dialect: Dialect, query: UsageQuery, groups: Sequence[str
     return text(dialect.percentiles(keys, source)).bindparams(*_times("start", "end"), *params)
 
 
-def _row(
-    dialect: Dialect, query: UsageQuery, values: Sequence[Any], latency: dict[tuple[Any, ...], tuple[Any, Any]]
-) -> UsageRow:
+def _row(query: UsageQuery, values: Sequence[Any], latency: dict[tuple[Any, ...], tuple[Any, Any]] | None) -> UsageRow:
+    """A printed row (`Dialect.printed`) as the report's row, with its percentiles when `latency`
+    holds them; built with the fields named, not from a mapping, as a report may have thousands
+    of rows (hour x model: 5,768 in the bench)."""
     width = len(query.group_by)
-    group, figures = tuple(values[:width]), values[width:]
-    counts: dict[str, Any] = dict(zip(_FIGURES, (int(value or 0) for value in figures[: len(_FIGURES)]), strict=True))
-    texts = (_text(dialect, value, name) for name, value in zip(query.group_by, group, strict=True))
-    groups: dict[str, Any] = dict(zip(query.group_by, texts, strict=True))
-    cost, authoritative = dialect.money_values(figures[len(_FIGURES) :])
+    requests, errors, cancelled, unpriced, input_, output, reasoning, read, write, cost, paid = values[width:]
     row = UsageRow(
-        **counts,
-        cost_usd=_money(cost),
-        authoritative_cost_usd=_money(authoritative or 0) or "0",
-        **groups,
+        requests=requests,
+        errors=errors,
+        cancelled=cancelled,
+        unpriced_requests=unpriced,
+        input_tokens=input_,
+        output_tokens=output,
+        reasoning_tokens=reasoning,
+        cache_read_tokens=read,
+        cache_write_tokens=write,
+        cost_usd=cost,
+        authoritative_cost_usd=paid,
     )
-    if query.percentiles:
+    group = tuple(values[:width])
+    for name, value in zip(query.group_by, group, strict=True):
+        setattr(row, name, value)
+    if latency is not None:
         row.p50_ms, row.p95_ms = latency.get(group, (None, None))
     return row
 
 
-def _text(dialect: Dialect, value: Any, group: str) -> str | None:
-    if value is None:
-        return None
-    return dialect.bucket_text(value, group) if group in ("day", "hour") else str(value)
-
-
-def _money(value: int | None) -> str | None:
-    """1e-18 USD as the exact decimal string, without trailing zeros."""
-    if value is None:
-        return None
-    text = atto_text(value).rstrip("0").rstrip(".")
-    return text if text not in ("", "-") else "0"
-
-
-def _atto(value: str | None) -> int | None:
-    if value is None:
-        return None
-    whole, _, fraction = value.partition(".")
-    return int(whole + fraction.ljust(COST_SCALE, "0"))
-
-
-def _order(query: UsageQuery) -> Any:
-    """Cost descending (a null cost last), then the group values ascending (nulls last)."""
-
-    def key(row: UsageRow) -> tuple[Any, ...]:
-        cost = _atto(row.cost_usd)
-        groups = tuple((value is None, value or "") for value in (getattr(row, name) for name in query.group_by))
-        return (cost is None, -(cost or 0), *groups)
-
-    return key
-
-
-def _totals(rows: Iterable[UsageRow], latency: tuple[Any, Any] | None) -> UsageFigures:
-    rows = list(rows)
-    counts: dict[str, Any] = {name: sum(getattr(row, name) for row in rows) for name in _FIGURES}
-    costs = [value for row in rows if (value := _atto(row.cost_usd)) is not None]
-    authoritative = sum(_atto(row.authoritative_cost_usd) or 0 for row in rows)
-    totals = UsageFigures(
-        **counts,
-        cost_usd=_money(sum(costs)) if costs else None,
-        authoritative_cost_usd=_money(authoritative) or "0",
-    )
+def _totals(printed: Sequence[Sequence[Any]], width: int, latency: tuple[Any, Any] | None) -> UsageFigures:
+    """The figures of every printed row summed: integers, and money exactly (`_EXACT` rounds nothing)."""
+    columns = list(zip(*printed, strict=True)) or [()] * (width + len(COUNTS) + 2)
+    counts: dict[str, Any] = dict(zip(COUNTS, map(sum, columns[width:-2]), strict=True))
+    costs = [Decimal(value) for value in columns[-2] if value is not None]
+    with localcontext(_EXACT):
+        cost = decimal_text(sum(costs, Decimal(0))) if costs else None
+        authoritative = decimal_text(sum(map(Decimal, columns[-1]), Decimal(0)))
+    totals = UsageFigures(**counts, cost_usd=cost, authoritative_cost_usd=authoritative)
     if latency is not None:
         totals.p50_ms, totals.p95_ms = latency
     return totals

@@ -1,17 +1,21 @@
-"""The SQL a usage report writes differently on PostgreSQL and SQLite: time buckets, money sums
-and latency percentiles.
+"""The SQL a usage report writes differently on PostgreSQL and SQLite: time buckets, money sums,
+the final statement that prints and orders the groups, and latency percentiles.
 
-`Dialect.money(cost, authoritative)` is one source's money as (expression, name) pairs,
-`money_sums()` the outer sums of those names and `money_values(sums)` the two sums as integers of
-1e-18 USD (None: no value).
-PostgreSQL sums NUMERIC and hands back a `Decimal`; SQLite's costs are decimal text with exactly
-`COST_SCALE` decimals, cut here in SQL into whole nano-dollars and the remaining 1e-18 dollars,
-two integers that SQLite sums exactly (its integer SUM raises on overflow instead of rounding:
-nano-dollars overflow only past 9.2 billion USD).
+`Dialect.money(cost, authoritative)` is one source's money as (expression, name) pairs, `final`
+the statement over the sources' sums and `printed(rows)` its rows as the report prints them
+(group values, the `COUNTS` as integers, the two money sums as exact decimal text) in cost.md's
+order. PostgreSQL sums NUMERIC, and its final statement does the printing and the sorting
+(`Postgres`): the Python work left per group is building its row, which matters at thousands of
+groups (hour x model: 5,768 in the bench; the same work in Python — `Decimal` decoding, 1e-18
+integers, text, a sort key — cost more than the statement, bench/RESULTS.md). SQLite's costs
+are decimal text with exactly `COST_SCALE` decimals, cut here in SQL into whole nano-dollars and
+the remaining 1e-18 dollars, two integers that SQLite sums exactly (its integer SUM raises on
+overflow instead of rounding: nano-dollars overflow only past 9.2 billion USD); they are joined,
+printed and sorted in Python (`SQLite.printed`), as SQLite has no exact decimal to do it with.
 
 Time buckets are UTC: `day` is `YYYY-MM-DD`, `hour` is `YYYY-MM-DDTHH:00Z` (cost.md). SQLite
 stores times as UTC text (`2026-11-30 09:15:00.000000`), so a bucket is a slice of it; PostgreSQL
-groups by `date_trunc(…, 'UTC')` and `bucket_text` prints each group's bucket; a roll-up's own
+groups by `date_trunc(…, 'UTC')` and prints each group's bucket with `to_char`; a roll-up's own
 time column is already its bucket when the report groups by that level (`bucket(hour, "hour")`
 on `usage_hourly` is `hour`: no function call per row).
 
@@ -30,12 +34,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
-from decimal import Decimal
+from datetime import datetime, timedelta
 from typing import Any
 
+from catalog.rollup import TOKENS, atto_text
 from catalog.tables import COST_SCALE
 
+COUNTS = ("requests", "errors", "cancelled", "unpriced_requests", *TOKENS)  # a report row's integer sums, in order
 _NANO = 10**9
 
 
@@ -66,15 +71,20 @@ class Dialect(ABC):
         """The SQL expression of `moment`'s `day` or `hour` bucket; `grain` is the level `moment`
         is already truncated to (a roll-up's `hour` or `day`), None for a raw timestamp."""
 
-    def bucket_text(self, value: Any, group: str) -> str:
-        """A bucket as the report prints it (`YYYY-MM-DD`, `YYYY-MM-DDTHH:00Z`)."""
-        return str(value)
+    @abstractmethod
+    def final(self, groups: Sequence[str], union: str, regroup: bool) -> str:
+        """The report's statement over `union` (each source's sums per group `g0`, `g1` …, as
+        `_summed` selects them), summed again per group unless `regroup` is False (no group is in
+        two sources): one row per group, `printed` turns its rows into the report's."""
+
+    @abstractmethod
+    def printed(self, rows: Sequence[Sequence[Any]], width: int) -> Sequence[Sequence[Any]]:
+        """The rows of `final` (`width` group values first) as the report prints them, in its
+        order: the group values (text or None), the `COUNTS` (int), `cost_usd` (text or None)
+        and `authoritative_cost_usd` (text)."""
 
     def money(self, cost: str, authoritative: str) -> list[tuple[str, str]]:
         return [(cost, "cost_usd"), (authoritative, "authoritative_cost_usd")]
-
-    def money_sums(self) -> list[str]:
-        return [f"SUM({name})" for _, name in self.money("", "")]
 
     def percentiles(self, keys: Sequence[str], source: str) -> str:
         """p50 and p95 of `latency_ms` per group `keys` of `source` (a subquery selecting the keys
@@ -91,19 +101,40 @@ class Dialect(ABC):
             + (f" GROUP BY {', '.join(keys)}" if keys else "")
         )
 
-    def money_values(self, sums: Sequence[Any]) -> tuple[int | None, int | None]:
-        cost, authoritative = sums
-        return _atto(cost), _atto(authoritative)
-
 
 class Postgres(Dialect):
-    """Buckets are truncated timestamps, grouped as such and printed here, once per group (a
-    `to_char` per row cost more than the rest of a roll-up row's aggregation)."""
+    """Buckets are truncated timestamps, grouped as such. The final statement prints each group's
+    figures and sorts the groups (`final`), so no Python work per group is left but building its
+    row: buckets by `to_char` (once per group, not per row), the integer sums as `bigint`
+    (asyncpg decodes a NUMERIC into a `Decimal`), money as `trim_scale(SUM(…))::text` — the exact
+    sum without trailing zeros, PostgreSQL 13 and later — and the order of cost.md: cost
+    descending (nulls last), then the group values ascending (nulls last), compared as Python
+    compares the printed values (text by code point, `COLLATE "C"`; a bucket by its time)."""
 
-    _FORMATS = {"day": "%Y-%m-%d", "hour": "%Y-%m-%dT%H:00Z"}
+    _FORMATS = {"day": "YYYY-MM-DD", "hour": 'YYYY-MM-DD"T"HH24"\\:00Z"'}  # `\:`: not a bind
 
     def bucket(self, moment: str, group: str, grain: str | None = None) -> str:
         return moment if grain == group else f"date_trunc('{group}', {moment}, 'UTC')"
+
+    def final(self, groups: Sequence[str], union: str, regroup: bool) -> str:
+        keys = [f"u.g{index}" for index in range(len(groups))]
+        printed = [self._printed(key, group) for key, group in zip(keys, groups, strict=True)]
+        counts = [f"COALESCE({_again(f'u.{name}', regroup)}, 0)::bigint" for name in COUNTS]
+        cost, authoritative = (_again(f"u.{name}", regroup) for _, name in self.money("", ""))
+        money = [f"trim_scale({cost})::text", f"COALESCE(trim_scale({authoritative})::text, '0')"]
+        sql = f"SELECT {', '.join([*printed, *counts, *money])} FROM ({union}) AS u"  # noqa: S608
+        if not keys:
+            return sql
+        pairs = zip(keys, groups, strict=True)
+        order = (key if group in self._FORMATS else f'{key} COLLATE "C"' for key, group in pairs)
+        grouped = f" GROUP BY {', '.join(keys)}" if regroup else ""
+        return f"{sql}{grouped} ORDER BY {cost} DESC NULLS LAST, {', '.join(order)}"
+
+    def _printed(self, key: str, group: str) -> str:
+        return f"to_char({key} AT TIME ZONE 'UTC', '{self._FORMATS[group]}')" if group in self._FORMATS else key
+
+    def printed(self, rows: Sequence[Sequence[Any]], width: int) -> Sequence[Sequence[Any]]:
+        return rows
 
     def percentiles(self, keys: Sequence[str], source: str) -> str:
         """`percentile_disc`: the same nearest rank (module docstring), one sort per group."""
@@ -113,13 +144,11 @@ class Postgres(Dialect):
             f"FROM ({source}) AS s" + (f" GROUP BY {', '.join(keys)}" if keys else "") + ") AS r"
         )
 
-    def bucket_text(self, value: Any, group: str) -> str:
-        moment: datetime = value
-        return moment.astimezone(UTC).strftime(self._FORMATS[group])
-
 
 class SQLite(Dialect):
-    """Times are UTC text, roll-ups' included: a bucket is always a slice of it."""
+    """Times are UTC text, roll-ups' included: a bucket is always a slice of it. Money is summed
+    in pieces (`money`), joined and printed here, and the groups sorted here (by the exact
+    integer cost, then the group values, nulls last): SQLite has no exact decimal to sort by."""
 
     def bucket(self, moment: str, group: str, grain: str | None = None) -> str:
         if group == "day":
@@ -129,9 +158,27 @@ class SQLite(Dialect):
     def money(self, cost: str, authoritative: str) -> list[tuple[str, str]]:
         return [*_split(cost, "cost"), *_split(authoritative, "authoritative")]
 
-    def money_values(self, sums: Sequence[Any]) -> tuple[int | None, int | None]:
-        cost_nano, cost_atto, auth_nano, auth_atto = sums
-        return _join(cost_nano, cost_atto), _join(auth_nano, auth_atto)
+    def final(self, groups: Sequence[str], union: str, regroup: bool) -> str:
+        keys = [f"g{index}" for index in range(len(groups))]
+        sums = (_again(name, regroup) for name in (*COUNTS, *(name for _, name in self.money("", ""))))
+        sql = f"SELECT {', '.join([*keys, *sums])} FROM ({union}) AS u"  # noqa: S608
+        return sql + (f" GROUP BY {', '.join(keys)}" if keys and regroup else "")
+
+    def printed(self, rows: Sequence[Sequence[Any]], width: int) -> Sequence[Sequence[Any]]:
+        money = width + len(COUNTS)
+        sums = [
+            (tuple(values[:width]), [int(value or 0) for value in values[width:money]], *_joined(values[money:]))
+            for values in rows
+        ]
+        sums.sort(key=lambda row: (row[2] is None, -(row[2] or 0), *((v is None, v or "") for v in row[0])))
+        return [
+            (*groups, *counts, _money(cost), _money(authoritative or 0) or "0")
+            for groups, counts, cost, authoritative in sums
+        ]
+
+
+def _again(column: str, regroup: bool) -> str:
+    return f"SUM({column})" if regroup else column
 
 
 def _split(value: str, name: str) -> list[tuple[str, str]]:
@@ -146,18 +193,22 @@ def _split(value: str, name: str) -> list[tuple[str, str]]:
     return [(f"{sign} * ({whole} * {_NANO} + {nano})", f"{name}_nano"), (f"{sign} * {atto}", f"{name}_atto")]
 
 
+def _joined(pieces: Sequence[Any]) -> tuple[int | None, int | None]:
+    """The cost and authoritative sums, in 1e-18 USD, from their SQLite pieces (`_split`)."""
+    cost_nano, cost_atto, auth_nano, auth_atto = pieces
+    return _join(cost_nano, cost_atto), _join(auth_nano, auth_atto)
+
+
 def _join(nano: int | None, atto: int | None) -> int | None:
     return None if nano is None else int(nano) * _NANO + int(atto or 0)
 
 
-def _atto(value: Decimal | None) -> int | None:
-    """A NUMERIC sum (scale ≤ `COST_SCALE`) in 1e-18 USD, exactly (no decimal context involved)."""
+def _money(value: int | None) -> str | None:
+    """1e-18 USD as the exact decimal string, without trailing zeros."""
     if value is None:
         return None
-    sign, digits, exponent = value.as_tuple()
-    assert isinstance(exponent, int)
-    number = int("".join(map(str, digits)) or "0") * int(10 ** (exponent + COST_SCALE))
-    return -number if sign else number
+    text = atto_text(value).rstrip("0").rstrip(".")
+    return text if text not in ("", "-") else "0"
 
 
 def dialect_for(name: str) -> Dialect:
