@@ -229,13 +229,27 @@ def streaming(results: Results) -> list[str]:
 def ledger(results: Results, baseline: str) -> list[str]:
     base = results.measure("ledger", baseline)
 
+    base_cpu = results.get("ledger", baseline)
+
     def row(system: str, cell: Cell) -> list[str]:
         m = cell.measure
         assert m is not None
         change = None if base is None else 100 * (m.rps / base.rps - 1)
-        return [_fmt(m.rps, 0), _fmt(m.p50_ms, 2), _fmt(m.p99_ms, 2), _fmt(change, 1, " %"), cell.detail, _errors(m)]
+        cpu = _ratio(cell.cpu_us, base_cpu.cpu_us if base_cpu else None)
+        cpu_change = None if cpu is None else 100 * (cpu - 1)
+        return [
+            _fmt(m.rps, 0),
+            _fmt(m.p50_ms, 2),
+            _fmt(m.p99_ms, 2),
+            _fmt(change, 1, " %"),
+            _fmt(cell.cpu_us, 1),
+            _fmt(cpu_change, 1, " %"),
+            cell.detail,
+            _errors(m),
+        ]
 
-    header = ["system", "req/s", "p50 ms", "p99 ms", f"req/s vs {baseline}", "ledger rows", "errors"]
+    header = ["system", "req/s", "p50 ms", "p99 ms", f"req/s vs {baseline}", "CPU µs/req", "CPU vs it"]
+    header += ["ledger rows", "errors"]
     title = "### 5. The price of accounting (Switchyard, 32 connections, non-streaming)"
     return [title, "", *_table(header, _rows(results, "ledger", len(header), row))]
 
@@ -293,6 +307,8 @@ def keys(results: Results, names: Names) -> list[str]:
     assert k is not None
     runs = [m.rps for m in (results.measure("keys", k.none), results.measure("keys", k.none_again)) if m]
     none_rps = sum(runs) / len(runs) if runs else None
+    cpus = [c.cpu_us for c in (results.get("keys", k.none), results.get("keys", k.none_again)) if c and c.cpu_us]
+    none_cpu = sum(cpus) / len(cpus) if cpus else None
     lite = (
         results.measure("keys", k.litellm_keys)
         or results.measure("keys", k.litellm_limits)
@@ -308,11 +324,14 @@ def keys(results: Results, names: Names) -> list[str]:
             _fmt(m.p99_ms, 2),
             _fmt(None if none_rps is None else 100 * m.rps / none_rps, 1, " %"),
             _fmt(_ratio(m.rps, lite.rps if lite else None), 1, "×"),
+            _fmt(cell.cpu_us, 1),
+            _fmt(None if none_cpu is None or cell.cpu_us is None else 100 * none_cpu / cell.cpu_us, 1, " %"),
             cell.detail,
             _errors(m),
         ]
 
-    header = ["system", "req/s", "p50 ms", "p99 ms", "of auth none (mean)", "vs LiteLLM", "detail", "errors"]
+    header = ["system", "req/s", "p50 ms", "p99 ms", "of auth none (mean)", "vs LiteLLM", "CPU µs/req"]
+    header += ["auth none's CPU/req ÷ its", "detail", "errors"]
     title = "### 7. Keys, budgets and rate limits (PostgreSQL + Redis), 32 connections, non-streaming"
     note = (
         '\n\n"vs LiteLLM" divides by LiteLLM with a virtual key when it ran, else by LiteLLM with its master'

@@ -283,7 +283,8 @@ def bench_target(plan: Plan, results: Results, target: Target, scenarios: list[s
     try:
         before = server.rss_mb() if server else 0.0
         for scenario in scenarios:
-            cell = measure(plan, target, scenario, tally, server.log if server else None)
+            log_file, cpu = (server.log, server.cpu_s) if server else (None, None)
+            cell = measure(plan, target, scenario, tally, log_file, cpu)
             if server is not None and server.exit_code is not None:
                 cell = Cell(note=f"crashed (exit {server.exit_code}) during {scenario}")
             results.put(scenario, target.name, cell)
