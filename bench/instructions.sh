@@ -17,6 +17,10 @@
 # starts (bench/keyed.py's limits); `none` (default) is the same config without keys or Redis.
 # The dump stays in the work directory for `callgrind_annotate --tree=caller`.
 #
+# INSTRUCTIONS_TREE=DIR measures the gateway of another checkout (an older commit, for an A/B) with
+# this checkout's config, bodies, mock upstream and virtualenv: DIR's packages come first on the
+# path (cwd and PYTHONPATH), the config must be one DIR's settings accept.
+#
 # The machine is shared: the ports come from $INSTRUCTIONS_PORT (the gateway's; the mock's is the
 # next one), and valgrind's control pipes live in the work directory (`--vgdb-prefix`), so another
 # session's `callgrind_control -z`/`-d` (which address every callgrind they can find in /tmp)
@@ -29,6 +33,7 @@ DOOR=${3:-native}
 KIND=${4:-json}
 AUTH=${5:-none}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+TREE=${INSTRUCTIONS_TREE:-$REPO}  # the checkout whose gateway is measured (config, mock and venv: this one's)
 WORK=$(mktemp -d /tmp/switchyard-instructions.XXXXXX)
 GATEWAY_PORT=${INSTRUCTIONS_PORT:-47100}
 MOCK_PORT=$((GATEWAY_PORT + 1))
@@ -85,8 +90,8 @@ for port in "$GATEWAY_PORT" "$MOCK_PORT"; do
     fi
 done
 (cd "$REPO" && exec .venv/bin/python -m devtools.mock_upstream --chunks 64 --port "$MOCK_PORT") > mock.log 2>&1 &
-(cd "$REPO" && exec valgrind --tool=callgrind --vgdb-prefix="$VGDB" --callgrind-out-file="$WORK/callgrind.out" \
-    .venv/bin/python -m app.cli serve --config "$CONFIG") > gateway.log 2>&1 &
+(cd "$TREE" && PYTHONPATH="$TREE" exec valgrind --tool=callgrind --vgdb-prefix="$VGDB" --callgrind-out-file="$WORK/callgrind.out" \
+    "$REPO/.venv/bin/python" -m app.cli serve --config "$CONFIG") > gateway.log 2>&1 &
 GATEWAY_PID=$!
 for _ in $(seq 1200); do
     curl -s -o /dev/null "http://127.0.0.1:$GATEWAY_PORT/healthz" && break
