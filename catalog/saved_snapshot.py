@@ -29,7 +29,9 @@ class SavedSnapshot(msgspec.Struct, frozen=True):
 
 
 def save_snapshot(snapshot: CatalogSnapshot, directory: Path) -> None:
-    """Write `snapshot` to `directory` atomically; raises OSError when it cannot."""
+    """Write `snapshot` to `directory` (made when missing: with `[ledger] enabled = false` no
+    journal made it) atomically; raises OSError when it cannot."""
+    directory.mkdir(parents=True, exist_ok=True)
     saved = SavedSnapshot(FORMAT_VERSION, list(snapshot.models), list(snapshot.prices))
     target = directory / SNAPSHOT_FILE
     temporary = directory / f".{SNAPSHOT_FILE}.{os.getpid()}"

@@ -45,3 +45,12 @@ def test_no_saved_snapshot_or_a_damaged_one_reads_as_none(tmp_path: Path) -> Non
     assert read_saved_snapshot(tmp_path) is None
     (tmp_path / SNAPSHOT_FILE).write_text('{"version": 1, "models": [')
     assert read_saved_snapshot(tmp_path) is None
+
+
+def test_a_snapshot_is_saved_into_a_directory_not_made_yet(tmp_path: Path) -> None:
+    """With the ledger off no journal makes the directory; the catalog's copy still lands there."""
+    directory = tmp_path / "journal" / "nested"
+    save_snapshot(CatalogSnapshot([MODEL], PRICES), directory)
+    saved = read_saved_snapshot(directory)
+    assert saved is not None
+    assert saved.models == (MODEL,)
