@@ -2,7 +2,7 @@
 # Instructions per request of the gateway, counted by valgrind's callgrind: deterministic where
 # timing on this shared 2-core machine is not (±10 % between identical runs). Not part of run.py.
 #
-#   bash bench/instructions.sh [sqlite|off] [SECONDS] [native|chat|anthropic|completions] [json|stream] [none|keys]
+#   bash bench/instructions.sh [sqlite|postgres|off] [SECONDS] [native|chat|anthropic|completions] [json|stream] [none|keys]
 #                                                                 (from the repository root)
 #
 # Starts the mock upstream and `switchyard serve` under callgrind, warms up for 10 s, zeroes the
@@ -43,19 +43,32 @@ cd "$WORK"
 cleanup() { fuser -k "$GATEWAY_PORT/tcp" "$MOCK_PORT/tcp" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 
+# `postgres`: the ledger in a fresh database of its own on 127.0.0.1:5432 (user postgres, trust),
+# migrated before the gateway starts and dropped at the end (PostgreSQL's own work is not counted).
+DATABASE_URL=""
+if [ "$LEDGER" = postgres ]; then
+    PG_DB="switchyard_instructions_$$"
+    psql -h 127.0.0.1 -U postgres -d postgres -qc "CREATE DATABASE $PG_DB" >/dev/null
+    DATABASE_URL="postgresql+asyncpg://postgres@127.0.0.1:5432/$PG_DB"
+    cleanup() {
+        fuser -k "$GATEWAY_PORT/tcp" "$MOCK_PORT/tcp" >/dev/null 2>&1 || true
+        psql -h 127.0.0.1 -U postgres -d postgres -qc "DROP DATABASE IF EXISTS $PG_DB WITH (FORCE)" >/dev/null 2>&1 || true
+    }
+fi
+
 # The same config, catalog and bodies as bench/run.py's Switchyard (bench/peers.py), pointed at our ports.
-CONFIG=$(cd "$REPO/bench" && ../.venv/bin/python - "$WORK" "$LEDGER" "$GATEWAY_PORT" "$MOCK_PORT" "$DOOR" "$KIND" "$AUTH" <<'PY'
+CONFIG=$(cd "$REPO/bench" && ../.venv/bin/python - "$WORK" "$LEDGER" "$GATEWAY_PORT" "$MOCK_PORT" "$DOOR" "$KIND" "$AUTH" "$DATABASE_URL" <<'PY'
 import sys
 from pathlib import Path
 from keyed import BUDGET_USD, RPM, TPM
 from peers import MODEL, Mocks, Switchyard, SwitchyardIngress, SwitchyardOptions
 work, ledger, gateway, mock = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-door, kind, auth = sys.argv[5], sys.argv[6], sys.argv[7]
+door, kind, auth, database_url = sys.argv[5], sys.argv[6], sys.argv[7], sys.argv[8]
 doors = {"chat": "openai_chat", "anthropic": "anthropic_messages", "completions": "openai_completions"}
 if door not in ("native", *doors) or kind not in ("json", "stream") or auth not in ("none", "keys"):
     sys.exit(f"door must be native, chat, anthropic or completions, kind json or stream, auth none or keys: {sys.argv[5:]}")
 mocks = Mocks.create(work, "0", mock, mock)
-options = SwitchyardOptions(database_url="", ledger_enabled=ledger != "off")
+options = SwitchyardOptions(database_url=database_url, ledger_enabled=ledger != "off")
 target = Switchyard(mocks, gateway, options) if door == "native" else SwitchyardIngress(mocks, gateway, options, doors[door])
 request = target.request("stream" if kind == "stream" else "fast")
 (work / "body.json").write_bytes(request.body)
@@ -72,8 +85,10 @@ PY
 )
 REQUEST_PATH=$(cat "$WORK/path")
 export BENCH_HEADERS=""
-if [ "$AUTH" = keys ]; then
+if [ "$AUTH" = keys ] || [ "$LEDGER" = postgres ]; then
     (cd "$REPO" && .venv/bin/python -m app.cli db upgrade --config "$CONFIG") > /dev/null
+fi
+if [ "$AUTH" = keys ]; then
     # shellcheck disable=SC2046  # the limits are words
     SECRET=$(cd "$REPO" && .venv/bin/python -m app.cli keys create --name instructions $(cat "$WORK/limits") \
         --format json --config "$CONFIG" | .venv/bin/python -c 'import json, sys; print(json.load(sys.stdin)["secret"])')
