@@ -10,20 +10,21 @@ now in one `INSERT … SELECT … FROM generate_series`: 50 keys (each with its 
 of the 4 APIs), each using 2 of 8 models, each request on one of 3 providers (which follows the key
 and the model's slot, so every model is served by every provider); ~4 % errors, 4 % cancelled;
 exact 18-decimal costs, a quarter authoritative. So 30 days hold about 180,000 hourly rows (≈ 250 an
-hour), ≈ 36,800 hourly rows per model (model × provider × status, ≈ 51 an hour) and ≈ 7,700 daily ones,
-whatever N is. The roll-ups are then built by the migrations' own aggregates
-(`catalog.rollup.postgres_backfill`, then `postgres_models_backfill` and `postgres_daily_backfill`
-from the hourly rows), which are the sums the ledger stores keep batch by batch: seeding 10M rows
-through the writer would take minutes and measure the writer, not the report (bench/ledger_batch.py
-measures the writer).
+hour), ≈ 36,800 hourly rows per model (model × provider × status, ≈ 51 an hour), ≈ 13,700 per model and
+status (≈ 19 an hour) and ≈ 7,700 daily ones, whatever N is. The roll-ups are then built by the
+migrations' aggregates (`catalog.rollup.postgres_backfill`, then `postgres_models_backfill`,
+`postgres_model_status_backfill` and `postgres_daily_backfill` from the hourly rows), which are the
+sums the ledger stores keep batch by batch: seeding 10M rows through the writer would take minutes
+and measure the writer, not the report (bench/ledger_batch.py measures the writer).
 
 Each report runs `--runs` times over [now − 30 days, now), `now` at minute 37 of the current hour:
 29 whole days from `usage_daily`, the other whole hours (of the first day and of today) from
-`usage_hourly_models`, or `usage_hourly` when the report needs the key or owner, and raw rows for
-the two partial hours at the edges (an hour of rows in all). The best and median wall times are
-printed with the peak RSS. Grouped by hour, a report reads the period's hourly rows (a day row has
-no hours). Reports grouped by a non-time dimension also compute latency percentiles, which read and
-sort the period's raw rows (catalog/usage_report.py says why); they are timed both ways.
+`usage_hourly_model_status`, or `usage_hourly_models` when the report needs the provider, or
+`usage_hourly` when it needs the key, owner or api, and raw rows for the two partial hours at the
+edges (an hour of rows in all). The best and median wall times are printed with the peak RSS.
+Grouped by hour, a report reads the period's hourly rows (a day row has no hours). Reports grouped
+by a non-time dimension also compute latency percentiles, which read and sort the period's raw rows
+(catalog/usage_report.py says why); they are timed both ways.
 
 `--database NAME --now ISO` measures a database kept by an earlier `--keep` run (the `now` it
 printed), seeding nothing: so another commit's report code can be timed on the same rows.
@@ -48,7 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catalog.database import open_engine
 from catalog.migrate import upgrade_async
-from catalog.rollup import postgres_backfill, postgres_daily_backfill, postgres_models_backfill
+from catalog.rollup import (
+    postgres_backfill,
+    postgres_daily_backfill,
+    postgres_model_status_backfill,
+    postgres_models_backfill,
+)
 from catalog.usage_query import UsageQuery
 from catalog.usage_report import usage_report
 
@@ -59,6 +65,7 @@ REPORTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("day,model", {"group_by": ("day", "model")}),
     ("hour", {"group_by": ("hour",)}),
     ("hour,model", {"group_by": ("hour", "model")}),
+    ("hour,provider", {"group_by": ("hour", "provider")}),
     ("hour, one key", {"group_by": ("hour",), "key": ("key-7",)}),
     ("model (no percentiles)", {"group_by": ("model",), "latency": False}),
     ("key (no percentiles)", {"group_by": ("key",), "latency": False}),
@@ -94,17 +101,19 @@ async def seed(name: str, rows: int, now: datetime) -> None:
         step_us = timedelta(days=30) / timedelta(microseconds=1) / (rows + 1)
         began = time.perf_counter()
         await connection.execute(SEED, start, step_us, rows)
-        await connection.execute("TRUNCATE usage_hourly, usage_hourly_models, usage_daily")
+        await connection.execute("TRUNCATE usage_hourly, usage_hourly_models, usage_hourly_model_status, usage_daily")
         await connection.execute(postgres_backfill())
         await connection.execute(postgres_models_backfill())
+        await connection.execute(postgres_model_status_backfill())
         await connection.execute(postgres_daily_backfill())
         counts = {}
-        for table in ("ledger", "usage_hourly", "usage_hourly_models", "usage_daily"):
+        for table in ("ledger", "usage_hourly", "usage_hourly_models", "usage_hourly_model_status", "usage_daily"):
             await connection.execute(f"VACUUM ANALYZE {table}")
             counts[table] = await connection.fetchval(f"SELECT count(*) FROM {table}")  # noqa: S608
         print(
             f"seeded {rows:,} rows ({counts['usage_hourly']:,} hourly, {counts['usage_hourly_models']:,} "
-            f"hourly per model, {counts['usage_daily']:,} daily roll-up rows) in {time.perf_counter() - began:.1f} s"
+            f"hourly per model, {counts['usage_hourly_model_status']:,} hourly per model and status, "
+            f"{counts['usage_daily']:,} daily roll-up rows) in {time.perf_counter() - began:.1f} s"
         )
     finally:
         await connection.close()

@@ -19,9 +19,10 @@ batch over once:
 
 All three store exactly what the table's types store (tests/catalog compare every column with a
 SQLAlchemy Core insert of the same record) and skip a request id that is already there, so
-replaying a batch is harmless. Each also adds the rows it inserted, and only those, to the three
-roll-up levels (hourly, hourly per model, daily) in the same transaction (`catalog.rollup`:
-in the statement itself on PostgreSQL, summed per batch on the store's thread on SQLite).
+replaying a batch is harmless. Each also adds the rows it inserted, and only those, to the four
+roll-up levels (hourly, hourly per model, hourly per model and status, daily) in the same
+transaction (`catalog.rollup`: in the statement itself on PostgreSQL, summed per batch on the
+store's thread on SQLite).
 """
 
 from __future__ import annotations

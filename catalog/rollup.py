@@ -1,29 +1,33 @@
-"""The roll-ups (`usage_hourly`, `usage_hourly_models`, `usage_daily`): how a batch of new ledger
-rows is added to them.
+"""The roll-ups (`usage_hourly`, `usage_hourly_models`, `usage_hourly_model_status`,
+`usage_daily`): how a batch of new ledger rows is added to them.
 
-Three levels, each the sums of the ledger rows per group: per UTC hour x model x provider x key x
+Four levels, each the sums of the ledger rows per group: per UTC hour x model x provider x key x
 owner x api x status (`KEY`), per hour x model x provider x status — without the caller's
 dimensions, key, owner and api (`MODEL_KEY`: reports that neither group by nor filter on them read
-4.9 times fewer rows there in the bench) — and per UTC day with every dimension (`DAY_KEY`).
-Reports read whole days from the daily roll-up and whole hours from the smallest hourly level that
-holds their dimensions (`catalog.usage_report`), so all three must hold exactly the sums of the
-ledger rows, no more: only rows actually inserted are counted (a replayed request id, skipped by
-`ON CONFLICT (request_id) DO NOTHING`, is not counted again), and all change in the transaction
-that inserts the rows, so a report never sees one without the others. A row belongs to the hour
-and the day of its `started_at` (UTC): a request started at 23:59 and finished after midnight is
-the earlier day's.
+4.9 times fewer rows there in the bench) —, per hour x model x status — without the provider too
+(`MODEL_STATUS_KEY`: 2.7 times fewer again, for reports that do not need the provider either) —
+and per UTC day with every dimension (`DAY_KEY`). Reports read whole days from the daily roll-up
+and whole hours from the smallest hourly level that holds their dimensions
+(`catalog.usage_report`), so all four must hold exactly the sums of the ledger rows, no more:
+only rows actually inserted are counted (a replayed request id, skipped by `ON CONFLICT
+(request_id) DO NOTHING`, is not counted again), and all change in the transaction that inserts
+the rows, so a report never sees one without the others. A row belongs to the hour and the day of
+its `started_at` (UTC): a request started at 23:59 and finished after midnight is the earlier
+day's.
 
 - PostgreSQL (`postgres_statement`): one statement per batch. The ledger INSERT sits in a CTE whose
   `RETURNING` yields only the rows it inserted; they are grouped by hour and dimensions inside the
   database, the hour groups are upserted into `usage_hourly`, summed per hour without the
-  caller's dimensions into `usage_hourly_models`, and summed per day into `usage_daily`. The
+  caller's dimensions into `usage_hourly_models`, without the provider too into
+  `usage_hourly_model_status`, and summed per day into `usage_daily`. The
   gateway sends the batch as before and reads nothing back: the roll-ups cost it no work per row.
 - SQLite (`SQLiteRollup`): the store inserts the batch with `executemany` and compares the rows it
   changed with the batch's length. Equal (every row is new, the normal case): the batch is summed
   per hour group here, on the store's thread — one tuple and a few integer additions per row,
   money as integer units of 1e-18 USD, which is the ledger's scale, so the sums are exact — the
-  hour groups summed again per hour without the caller's dimensions and per day (a few additions
-  per group, not per row), and each level upserted one row per group. Fewer (a replay, or one
+  hour groups summed again per hour without the caller's dimensions, per hour without the
+  provider too and per day (a few additions per group, not per row), and each level upserted one
+  row per group. Fewer (a replay, or one
   request id twice in a batch): the transaction is rolled back and the batch inserted row by row,
   counting only the rows whose INSERT changed something. SQLite has no exact decimal arithmetic
   (cost columns hold decimal text), so the upsert adds two texts with `decimal_add`, a function
@@ -43,9 +47,11 @@ from catalog.tables import COST_SCALE
 
 DIMENSIONS = ("model", "provider", "api_key_id", "owner", "api")
 MODEL_DIMENSIONS = ("model", "provider")  # `usage_hourly_models`: DIMENSIONS less key, owner and api
+MODEL_STATUS_DIMENSIONS = ("model",)  # `usage_hourly_model_status`: MODEL_DIMENSIONS less the provider
 TOKENS = ("input_tokens", "output_tokens", "reasoning_tokens", "cache_read_tokens", "cache_write_tokens")
 KEY = ("hour", *DIMENSIONS, "status")
 MODEL_KEY = ("hour", *MODEL_DIMENSIONS, "status")
+MODEL_STATUS_KEY = ("hour", *MODEL_STATUS_DIMENSIONS, "status")
 DAY_KEY = ("day", *DIMENSIONS, "status")
 SUMS = ("requests", "unpriced_requests", *TOKENS, "cost_usd", "authoritative_cost_usd")
 UNPRICED = "cost_usd IS NULL AND (status <> 'error' OR input_tokens IS NOT NULL)"
@@ -102,6 +108,10 @@ def _models_select(source: str) -> str:
     return _resummed_select(source, "hour", MODEL_DIMENSIONS)
 
 
+def _model_status_select(source: str) -> str:
+    return _resummed_select(source, "hour", MODEL_STATUS_DIMENSIONS)
+
+
 def _positions(count: int) -> str:
     return ", ".join(str(position) for position in range(1, count + 1))
 
@@ -118,24 +128,25 @@ def _postgres_upsert(table: str, key: Sequence[str], select: str) -> str:
 
 def postgres_statement(insert_rows: str) -> str:
     """`insert_rows` (an INSERT INTO ledger … ON CONFLICT DO NOTHING) with the upserts of the rows
-    it inserted into the three roll-ups, in one statement.
+    it inserted into the four roll-ups, in one statement.
 
-    The rows are grouped per hour once (`hourly`, materialized: three readers); the model hours
-    and the days are summed from those groups. The daily upsert is the main statement and runs
-    first; the two upserts in CTEs nothing reads run after it, to completion, the later one in the
-    WITH list first (PostgreSQL runs such CTEs after the main query, last-written first:
-    `ExecPostprocessPlan`; checked on 15 with triggers logging each insert). So every writer takes
-    the same locks in the same order — its day groups in key order, then its model hour groups,
-    then its hour groups, each in key order — and two writers adding to the same groups wait for
-    each other and never deadlock."""
+    The rows are grouped per hour once (`hourly`, materialized: four readers); the model hours,
+    the model-status hours and the days are summed from those groups. The daily upsert is the
+    main statement and runs first; the three upserts in CTEs nothing reads run after it, to
+    completion, the later ones in the WITH list first (PostgreSQL runs such CTEs after the main
+    query, last-written first: `ExecPostprocessPlan`; checked on 15 with triggers logging each
+    insert). So every writer takes the same locks in the same order — its day groups, then its
+    model-status hour groups, then its model hour groups, then its hour groups, each in key
+    order — and two writers adding to the same groups wait for each other and never deadlock."""
     returning = ", ".join(SOURCE)
     hourly = _postgres_upsert("usage_hourly", KEY, "SELECT * FROM hourly")
     models = _postgres_upsert("usage_hourly_models", MODEL_KEY, _models_select("hourly"))
+    statuses = _postgres_upsert("usage_hourly_model_status", MODEL_STATUS_KEY, _model_status_select("hourly"))
     daily = _postgres_upsert("usage_daily", DAY_KEY, _daily_select("hourly"))
     return (
         f"WITH inserted AS ({insert_rows} RETURNING {returning}), "
         f"hourly AS MATERIALIZED ({_grouped_select('inserted')}), "
-        f"rolled AS ({hourly}), rolled_models AS ({models}) {daily}"
+        f"rolled AS ({hourly}), rolled_models AS ({models}), rolled_statuses AS ({statuses}) {daily}"
     )
 
 
@@ -155,6 +166,13 @@ def postgres_models_backfill() -> str:
     return f"INSERT INTO usage_hourly_models ({columns}) {_models_select('usage_hourly')}"
 
 
+def postgres_model_status_backfill() -> str:
+    """The hourly roll-up per model and status, summed from the hourly one, as migration 0008
+    fills it (the migration keeps its own copy of the statement): for bench/usage_report.py."""
+    columns = f"{', '.join(MODEL_STATUS_KEY)}, {', '.join(SUMS)}"
+    return f"INSERT INTO usage_hourly_model_status ({columns}) {_model_status_select('usage_hourly')}"
+
+
 def sqlite_upsert(table: str = "usage_hourly", key: Sequence[str] = KEY) -> str:
     marks = ", ".join("?" * (len(key) + len(SUMS)))
     added = ", ".join(f"{name} = {name} + excluded.{name}" for name in SUMS[:-2])
@@ -166,20 +184,22 @@ def sqlite_upsert(table: str = "usage_hourly", key: Sequence[str] = KEY) -> str:
 
 
 class SQLiteRollup:
-    """Sums SQLite-encoded ledger rows (lists in `columns` order) into the three roll-up levels."""
+    """Sums SQLite-encoded ledger rows (lists in `columns` order) into the four roll-up levels."""
 
     def __init__(self, columns: Sequence[str]) -> None:
         self.pick = itemgetter(*(columns.index(name) for name in SOURCE))
         self.hourly = sqlite_upsert("usage_hourly", KEY)
         self.models = sqlite_upsert("usage_hourly_models", MODEL_KEY)
+        self.statuses = sqlite_upsert("usage_hourly_model_status", MODEL_STATUS_KEY)
         self.daily = sqlite_upsert("usage_daily", DAY_KEY)
 
     def add(self, cursor: Any, rows: Iterable[Sequence[Any]]) -> None:
-        """Upsert the sums of `rows` (each a full encoded ledger row) per hour, per model hour and
-        per day, on `cursor`, inside the caller's transaction (in PostgreSQL's order, days first).
-        The model hours and the days are summed from the hour groups."""
+        """Upsert the sums of `rows` (each a full encoded ledger row) per hour, per model hour, per
+        model-status hour and per day, on `cursor`, inside the caller's transaction (in
+        PostgreSQL's order, days first). The other levels are summed from the hour groups."""
         hours = _hour_sums(self.pick(row) for row in rows)
         cursor.executemany(self.daily, _upsert_rows(_regrouped(hours.items(), _day_group)))
+        cursor.executemany(self.statuses, _upsert_rows(_regrouped(hours.items(), _model_status_group)))
         cursor.executemany(self.models, _upsert_rows(_regrouped(hours.items(), _model_group)))
         cursor.executemany(self.hourly, _upsert_rows(hours))
 
@@ -243,6 +263,12 @@ def _model_group(hour_group: tuple[str, ...]) -> tuple[str, ...]:
     """An hour group (`KEY`) without its key, owner and api (`MODEL_KEY`)."""
     hour, model, provider, _key, _owner, _api, status = hour_group
     return (hour, model, provider, status)
+
+
+def _model_status_group(hour_group: tuple[str, ...]) -> tuple[str, ...]:
+    """An hour group (`KEY`) without its provider, key, owner and api (`MODEL_STATUS_KEY`)."""
+    hour, model, _provider, _key, _owner, _api, status = hour_group
+    return (hour, model, status)
 
 
 def _regrouped(

@@ -300,11 +300,12 @@ class UsageHourly(_RolledUp, Base):
     Kept by the ledger stores in the transaction that inserts the rows (`catalog.rollup`); reports
     read the whole hours outside whole days here when they group by or filter on the key, the
     owner or the api (`catalog.usage_report`; whole days come from `UsageDaily`, other hours from
-    `UsageHourlyModels`). A NULL dimension of a ledger row is '' here, so that the primary key
-    (also the upsert's conflict target and the reports' range index, led by the hour) can hold it
-    on both databases; reports turn '' back into null. Errors and cancellations are the `requests` of rows
-    whose `status` says so. Token sums count known buckets only (NULL is unknown, summed as
-    nothing); `cost_usd` is NULL while no row of the group had a cost, like SQL's SUM.
+    `UsageHourlyModels` or `UsageHourlyModelStatus`). A NULL dimension of a ledger row is '' here,
+    so that the primary key (also the upsert's conflict target and the reports' range index, led
+    by the hour) can hold it on both databases; reports turn '' back into null. Errors and
+    cancellations are the `requests` of rows whose `status` says so. Token sums count known
+    buckets only (NULL is unknown, summed as nothing); `cost_usd` is NULL while no row of the group
+    had a cost, like SQL's SUM.
     """
 
     __tablename__ = "usage_hourly"
@@ -323,6 +324,20 @@ class UsageHourlyModels(_Sums, Base):
     hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True, sort_order=-2)
     model: Mapped[str] = mapped_column(String(200), primary_key=True, sort_order=-1)
     provider: Mapped[str] = mapped_column(String(100), primary_key=True, sort_order=-1)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True, sort_order=-1)
+
+
+class UsageHourlyModelStatus(_Sums, Base):
+    """`UsageHourlyModels` without the provider: the same sums per UTC hour x model x status
+    (migration 0008), for reports that neither group by nor filter on the provider, the key, the
+    owner or the api (2.7 times fewer rows than `UsageHourlyModels` in the bench, whose every
+    model is served by every provider: bench/RESULTS.md). Kept with the other levels, in the
+    rows' transaction."""
+
+    __tablename__ = "usage_hourly_model_status"
+
+    hour: Mapped[datetime] = mapped_column(UTCDateTime(), primary_key=True, sort_order=-2)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True, sort_order=-1)
     status: Mapped[str] = mapped_column(String(16), primary_key=True, sort_order=-1)
 
 

@@ -44,6 +44,7 @@ SCHEMA = {
     "usage_hourly",
     "usage_daily",
     "usage_hourly_models",
+    "usage_hourly_model_status",
 }
 PRICES = "SELECT provider, model_id, effective_from, input, output, cache_read FROM prices ORDER BY id"
 

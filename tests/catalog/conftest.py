@@ -24,6 +24,7 @@ TABLES = (
     "ledger",
     "usage_hourly",
     "usage_hourly_models",
+    "usage_hourly_model_status",
     "usage_daily",
     "prices",
     "deployments",

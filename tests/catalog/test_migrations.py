@@ -24,8 +24,9 @@ TABLES = {
     "usage_hourly",
     "usage_daily",
     "usage_hourly_models",
+    "usage_hourly_model_status",
 }
-FIRST_TABLES = TABLES - {"api_keys", "usage_hourly", "usage_daily", "usage_hourly_models"}
+FIRST_TABLES = TABLES - {"api_keys", "usage_hourly", "usage_daily", "usage_hourly_models", "usage_hourly_model_status"}
 LEDGER_INDEXES = {"ix_ledger_reporting": ["started_at", "model", "provider", "api_key_id", "status"]}
 FIRST_LEDGER_INDEXES = {
     "ix_ledger_started_at": ["started_at"],
@@ -61,10 +62,13 @@ async def test_upgrade_downgrade_upgrade(fresh_url: Callable[[], Awaitable[str]]
     url = await fresh_url()
     assert await migrate.current_async(url) is None
     await migrate.upgrade_async(url)
-    assert await migrate.current_async(url) == migrate.head() == "0007"
+    assert await migrate.current_async(url) == migrate.head() == "0008"
     assert await inspect_db(url, _schema) == {"tables": TABLES, "indexes": LEDGER_INDEXES}
+    await migrate.downgrade_async(url, "0007")
+    without = TABLES - {"usage_hourly_model_status"}
+    assert await inspect_db(url, _schema) == {"tables": without, "indexes": LEDGER_INDEXES}
     await migrate.downgrade_async(url, "0006")
-    assert await inspect_db(url, _schema) == {"tables": TABLES - {"usage_hourly_models"}, "indexes": LEDGER_INDEXES}
+    assert await inspect_db(url, _schema) == {"tables": without - {"usage_hourly_models"}, "indexes": LEDGER_INDEXES}
     await migrate.downgrade_async(url, "0003")
     assert await inspect_db(url, _schema) == {"tables": FIRST_TABLES, "indexes": LEDGER_INDEXES}
     await migrate.downgrade_async(url, "0001")
@@ -73,7 +77,7 @@ async def test_upgrade_downgrade_upgrade(fresh_url: Callable[[], Awaitable[str]]
     assert await migrate.current_async(url) is None
     assert await inspect_db(url, _schema) == {"tables": set(), "indexes": {}}
     await migrate.upgrade_async(url)
-    assert await migrate.current_async(url) == "0007"
+    assert await migrate.current_async(url) == "0008"
     assert await inspect_db(url, _schema) == {"tables": TABLES, "indexes": LEDGER_INDEXES}
 
 
@@ -86,7 +90,7 @@ async def test_the_migrated_schema_matches_the_models(fresh_url: Callable[[], Aw
 async def test_the_sync_api_works_outside_an_event_loop(fresh_url: Callable[[], Awaitable[str]]) -> None:
     url = await fresh_url()
     await asyncio.to_thread(migrate.upgrade, url)
-    assert await asyncio.to_thread(migrate.current, url) == "0007"
+    assert await asyncio.to_thread(migrate.current, url) == "0008"
     await asyncio.to_thread(migrate.downgrade, url, "base")
     assert await asyncio.to_thread(migrate.current, url) is None
 

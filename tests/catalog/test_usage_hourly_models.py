@@ -1,8 +1,10 @@
-"""The hourly roll-up per model (`usage_hourly_models`, migration 0007), on SQLite and PostgreSQL:
-the ledger stores keep it exactly equal to the sums of the ledger rows per hour x model x provider
-x status — after replays, batches holding a request id twice and concurrent writers — and a
-report reads its hours there unless it groups by, filters on or is restricted to a key, an owner
-or an api, where it reads `usage_hourly`.
+"""The hourly roll-ups per model (`usage_hourly_models`, migration 0007, and
+`usage_hourly_model_status`, migration 0008), on SQLite and PostgreSQL: the ledger stores keep
+them exactly equal to the sums of the ledger rows per hour x model x provider x status and per
+hour x model x status — after replays, batches holding a request id twice and concurrent writers
+— and a report reads its hours from the smallest of them holding what it groups by and filters
+on: `usage_hourly_model_status` unless it needs the provider, `usage_hourly_models` unless it
+needs a key, an owner or an api (or is restricted to a key), else `usage_hourly`.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.ledger import write_records
-from catalog.tables import UsageHourly, UsageHourlyModels
+from catalog.tables import UsageHourly, UsageHourlyModels, UsageHourlyModelStatus
 from catalog.usage_query import parse_query
 from catalog.usage_report import usage_report
-from tests.catalog.usage_oracle import expected, expected_rollup, ledger_rows, rollup_rows, seeded_records
+from tests.catalog.usage_oracle import LEVELS, expected, expected_rollup, ledger_rows, rollup_rows, seeded_records
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 # Whole hours of Nov 28 (read from an hourly level), Nov 29 whole (daily), partial hours at both ends.
@@ -28,27 +30,28 @@ PERIOD = {"from": "2026-11-28T03:17:42.5Z", "to": "2026-11-30T16:45:00Z"}
 TAMPERED_HOUR = datetime(2026, 11, 28, 10, tzinfo=UTC)
 
 
-async def _levels_match_the_ledger(engine: AsyncEngine, count: int) -> dict[Any, tuple[Any, ...]]:
+async def _levels_match_the_ledger(engine: AsyncEngine, count: int) -> dict[str, dict[Any, tuple[Any, ...]]]:
     rows = await ledger_rows(engine)
     assert len(rows) == count
-    models = await rollup_rows(engine, "hour_models")
-    assert models == expected_rollup(rows, "hour_models")
-    assert await rollup_rows(engine, "hour") == expected_rollup(rows, "hour")
-    assert await rollup_rows(engine, "day") == expected_rollup(rows, "day")
-    assert sum(sums[0] for sums in models.values()) == count
-    return models
+    levels = {level: await rollup_rows(engine, level) for level in LEVELS}
+    for level, held in levels.items():
+        assert held == expected_rollup(rows, level), level
+        assert sum(sums[0] for sums in held.values()) == count, level
+    return levels
 
 
-async def test_the_model_level_holds_exactly_the_ledgers_sums(engine: AsyncEngine) -> None:
+async def test_the_model_levels_hold_exactly_the_ledgers_sums(engine: AsyncEngine) -> None:
     """Every group, every column, money to the last decimal, after replays and a request id twice."""
     records = seeded_records()
     await write_records(engine, records[:250])
     await write_records(engine, records[200:450])
     await write_records(engine, [records[450], *records[450:]])
     await write_records(engine, records)
-    models = await _levels_match_the_ledger(engine, 600)
-    assert len(models) < len(await rollup_rows(engine, "hour"))  # groups of several keys' rows
+    levels = await _levels_match_the_ledger(engine, 600)
+    models, statuses = levels["hour_models"], levels["hour_model_status"]
+    assert len(statuses) < len(models) < len(levels["hour"])  # groups of several providers', keys' rows
     assert max(sums[0] for sums in models.values()) > 1
+    assert max(sums[0] for sums in statuses.values()) > max(sums[0] for sums in models.values())
 
 
 async def test_concurrent_writers_keep_every_level_exact(engine: AsyncEngine) -> None:
@@ -63,14 +66,21 @@ async def test_concurrent_writers_keep_every_level_exact(engine: AsyncEngine) ->
     await _levels_match_the_ledger(engine, 720)
 
 
-# Reports of hours without a key, owner or api: they read `usage_hourly_models`.
-MODELS = [
+# Reports of hours without a provider, key, owner or api: they read `usage_hourly_model_status`.
+STATUSES = [
     {"group_by": "hour"},
     {"group_by": "hour,model,status"},
-    {"group_by": "hour,provider", "model": "{model}"},
+    {"group_by": "hour", "model": "{model}"},
     {"group_by": "model,day", "status": "{status}"},
-    {"status": "{status}", "provider": "{provider}"},
+    {"status": "{status}", "model": "{model}"},
     {},
+]
+# Reports that need the provider but no key, owner or api: they read `usage_hourly_models`.
+MODELS = [
+    {"group_by": "hour,provider", "model": "{model}"},
+    {"group_by": "hour,model", "provider": "{provider}"},
+    {"group_by": "provider,day"},
+    {"status": "{status}", "provider": "{provider}"},
 ]
 # Reports that need the key, its owner or the api: they read `usage_hourly`.
 CALLERS = [
@@ -81,16 +91,22 @@ CALLERS = [
     {"group_by": "model", "api": "{api}"},
     {"group_by": "owner"},
     {"key": "{key}", "api": "{api}"},
+    {"group_by": "hour,provider", "owner": "{owner}"},
 ]
+READS = {UsageHourlyModelStatus: STATUSES, UsageHourlyModels: MODELS, UsageHourly: CALLERS}
+_LEVEL = {UsageHourly: "hour", UsageHourlyModels: "hour_models", UsageHourlyModelStatus: "hour_model_status"}
+_NAMES = {
+    UsageHourly: ("model", "provider", "key", "owner", "api"),
+    UsageHourlyModels: ("model", "provider"),
+    UsageHourlyModelStatus: ("model",),
+}
 
 
 async def _tamper(engine: AsyncEngine, table: Any) -> dict[str, str]:
     """Add one request to one group of `table` in `TAMPERED_HOUR` (a group with every dimension
     known), in no other table; its dimension values, named as the report's parameters."""
-    level = "hour" if table is UsageHourly else "hour_models"
-    groups = [key for key in await rollup_rows(engine, level) if key[0] == TAMPERED_HOUR and "" not in key]
-    names = ("model", "provider", "key", "owner", "api") if level == "hour" else ("model", "provider")
-    values = dict(zip(("hour", *names, "status"), groups[0], strict=True))
+    groups = [key for key in await rollup_rows(engine, _LEVEL[table]) if key[0] == TAMPERED_HOUR and "" not in key]
+    values = dict(zip(("hour", *_NAMES[table], "status"), groups[0], strict=True))
     columns = table.__table__.c
     where = [columns[{"key": "api_key_id"}.get(name, name)] == value for name, value in values.items()]
     async with engine.begin() as connection:
@@ -114,19 +130,21 @@ def _filled(params: dict[str, str], values: dict[str, str]) -> dict[str, str]:
     return {name: value.format(**values) for name, value in params.items()}
 
 
-@pytest.mark.parametrize("table", [UsageHourlyModels, UsageHourly])
+@pytest.mark.parametrize("table", [UsageHourlyModelStatus, UsageHourlyModels, UsageHourly])
 async def test_a_report_reads_hours_from_the_smallest_level_holding_its_dimensions(
     engine: AsyncEngine, table: Any
 ) -> None:
     """One request added to one group of one hourly level only: exactly the reports that should
-    read that level see it — `usage_hourly_models` those without a caller's dimension, and
+    read that level see it — `usage_hourly_model_status` those without a provider or a caller's
+    dimension, `usage_hourly_models` those with a provider but no caller's dimension, and
     `usage_hourly` those that group by, filter on or are restricted to a key, owner or api."""
     await write_records(engine, seeded_records())
     rows = await ledger_rows(engine)
-    values = {"key": "key-a", "owner": "team-x", "api": "unified", **await _tamper(engine, table)}
-    models = 1 if table is UsageHourlyModels else 0
-    for params in MODELS:
-        assert await _requests(engine, rows, _filled(params, values)) == models, params
-    for params in CALLERS:
-        assert await _requests(engine, rows, _filled(params, values)) == 1 - models, params
-    assert await _requests(engine, rows, {"group_by": "hour"}, only_key=values["key"]) == 1 - models
+    defaults = {"provider": "local", "key": "key-a", "owner": "team-x", "api": "unified"}
+    values = {**defaults, **await _tamper(engine, table)}
+    for level, reports in READS.items():
+        for params in reports:
+            seen = await _requests(engine, rows, _filled(params, values))
+            assert seen == (1 if level is table else 0), (level.__tablename__, params)
+    hourly = 1 if table is UsageHourly else 0
+    assert await _requests(engine, rows, {"group_by": "hour"}, only_key=values["key"]) == hourly

@@ -24,7 +24,15 @@ from catalog.migrate import upgrade_async
 from catalog.report_period import QueryError
 from catalog.usage_query import GROUPS, parse_query
 from catalog.usage_report import usage_report
-from tests.catalog.usage_oracle import TOKENS, expected, expected_rollup, ledger_rows, rollup_rows, seeded_records
+from tests.catalog.usage_oracle import (
+    LEVELS,
+    TOKENS,
+    expected,
+    expected_rollup,
+    ledger_rows,
+    rollup_rows,
+    seeded_records,
+)
 
 NOW = datetime(2026, 12, 1, 0, 0, tzinfo=UTC)
 EDGES = {"from": "2026-11-28T03:17:42.5Z", "to": "2026-11-30T18:45:00+02:00"}
@@ -150,7 +158,7 @@ async def test_the_roll_up_holds_exactly_the_ledgers_sums(engine: AsyncEngine, s
             rolled_money = "SELECT SUM(cost_usd), SUM(authoritative_cost_usd) FROM usage_hourly"
             assert (await connection.execute(text(rolled_money))).one() == (await connection.execute(text(money))).one()
     # every group of every level, every column, money included, on both databases
-    for level in ("hour", "hour_models", "day"):
+    for level in LEVELS:
         assert await rollup_rows(engine, level) == expected_rollup(seeded, level), level
 
 
@@ -195,7 +203,7 @@ async def test_sqlite_through_the_engine_counts_each_row_once(tmp_path: Path) ->
         await write_records(engine, [records[100], *records[100:]])
         rows = await ledger_rows(engine)
         assert len(rows) == 200
-        for level in ("hour", "hour_models", "day"):  # every roll-up level, kept through the engine too
+        for level in LEVELS:  # every roll-up level, kept through the engine too
             assert await rollup_rows(engine, level) == expected_rollup(rows, level)
         await check(engine, rows, {**EDGES, "group_by": "hour,owner"})
         await check(engine, rows, {**EDGES, "group_by": "hour,model"})

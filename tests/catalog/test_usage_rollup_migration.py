@@ -1,11 +1,13 @@
-"""Migrations 0005 (hourly roll-up), 0006 (daily roll-up) and 0007 (hourly roll-up per model) on a
-ledger that already has rows: the roll-ups they build hold exactly the rows' sums, so reports over
-the old rows are right from the first request after the upgrade."""
+"""Migrations 0005 (hourly roll-up), 0006 (daily roll-up), 0007 (hourly roll-up per model) and 0008
+(hourly roll-up per model and status) on a ledger that already has rows: the roll-ups they build
+hold exactly the rows' sums, so reports over the old rows are right from the first request after
+the upgrade."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import msgspec
 from sqlalchemy import insert
@@ -13,10 +15,10 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from catalog import migrate
 from catalog.rollup import KEY, SUMS
-from catalog.tables import LedgerRow, UsageDaily, UsageHourly
+from catalog.tables import LedgerRow, UsageDaily, UsageHourly, UsageHourlyModels
 from catalog.usage_query import parse_query
 from catalog.usage_report import usage_report
-from tests.catalog.usage_oracle import expected, expected_rollup, ledger_rows, rollup_rows, seeded_records
+from tests.catalog.usage_oracle import LEVELS, expected, expected_rollup, ledger_rows, rollup_rows, seeded_records
 
 
 async def test_the_upgrade_rolls_up_the_existing_rows(fresh_url: Callable[[], Awaitable[str]]) -> None:
@@ -31,7 +33,7 @@ async def test_the_upgrade_rolls_up_the_existing_rows(fresh_url: Callable[[], Aw
             await connection.execute(insert(LedgerRow.__table__), rows)
         await migrate.upgrade_async(url)
         ledger = await ledger_rows(engine)
-        for level in ("hour", "hour_models", "day"):
+        for level in LEVELS:
             assert await rollup_rows(engine, level) == expected_rollup(ledger, level), level
         for params in ({"group_by": "hour,model"}, {"group_by": "key,status"}, {"group_by": "owner,api"}):
             query = parse_query({"from": "2026-11-27T21:00:00Z", "to": "2026-12-01", **params}, datetime.now(UTC))
@@ -101,6 +103,46 @@ async def test_the_model_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[],
         assert sum(sums[0] for sums in models.values()) == 400
         assert len(models) < len(expected_rollup(ledger, "hour"))
         for group_by in ("hour", "hour,model,api", "hour,key", ""):
+            query = parse_query(
+                {"from": "2026-11-28T01:30:00Z", "to": "2026-11-30", "group_by": group_by}, datetime.now(UTC)
+            )
+            answer = msgspec.to_builtins(await usage_report(engine, query))
+            assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(ledger, query), group_by
+    finally:
+        await engine.dispose()
+
+
+async def test_the_model_status_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[], Awaitable[str]]) -> None:
+    """A database at 0007 whose ledger and roll-ups the stores kept: after 0008, every group of
+    `usage_hourly_model_status` is the sum of the ledger rows of that hour, model and status, over
+    all providers, keys, owners and apis — negative and 18-decimal costs and groups without a cost
+    included, exactly —; reports that need no provider read it at once."""
+    url = await fresh_url()
+    await migrate.upgrade_async(url, "0007")
+    engine = create_async_engine(url)
+    try:
+        records = seeded_records(400, seed=17)
+        busy = {"model": "qwen", "api_key_id": "key-b", "status": "ok"}  # every provider, many a group
+        records[::2] = [msgspec.structs.replace(record, **busy) for record in records[::2]]
+        refunds = {"cost_usd": Decimal("-0.000000000000000007"), "cost_source": "authoritative"}
+        records[1::9] = [msgspec.structs.replace(record, **refunds) for record in records[1::9]]
+        async with engine.begin() as connection:
+            await connection.execute(insert(LedgerRow.__table__), [msgspec.structs.asdict(r) for r in records])
+        ledger = await ledger_rows(engine)
+        for table, level in ((UsageHourly, "hour"), (UsageHourlyModels, "hour_models"), (UsageDaily, "day")):
+            rolled = [
+                dict(zip(table.__table__.c.keys(), (*k, *s), strict=True))
+                for k, s in expected_rollup(ledger, level).items()
+            ]
+            async with engine.begin() as connection:
+                await connection.execute(insert(table.__table__), rolled)
+        await migrate.upgrade_async(url)
+        statuses = await rollup_rows(engine, "hour_model_status")
+        assert statuses == expected_rollup(ledger, "hour_model_status")
+        assert sum(sums[0] for sums in statuses.values()) == 400
+        assert len(statuses) < len(expected_rollup(ledger, "hour_models"))
+        assert any(sums[-1] is not None and sums[-1] < 0 for sums in statuses.values())  # refunds only
+        for group_by in ("hour", "hour,model,status", "hour,provider", "hour,key", ""):
             query = parse_query(
                 {"from": "2026-11-28T01:30:00Z", "to": "2026-11-30", "group_by": group_by}, datetime.now(UTC)
             )

@@ -4,9 +4,10 @@
 included), unknown token buckets, exact 18-decimal costs, authoritative and unpriced rows, and
 several rows in most hours. `expected(rows, query)` aggregates the raw ledger rows (read back with
 plain SQL, `ledger_rows`) in Python with exact integers: no roll-up, no report code.
-`expected_rollup(rows, level)` is what a roll-up level must hold for those rows — `usage_hourly`
-('hour'), `usage_hourly_models` ('hour_models': no key, owner, api) or `usage_daily` ('day') — and
-`rollup_rows(engine, level)` what it does hold, both as {key: sums} with exact Decimals.
+`expected_rollup(rows, level)` is what a roll-up level (`LEVELS`) must hold for those rows —
+`usage_hourly` ('hour'), `usage_hourly_models` ('hour_models': no key, owner, api),
+`usage_hourly_model_status` ('hour_model_status': no provider either) or `usage_daily` ('day') —
+and `rollup_rows(engine, level)` what it does hold, both as {key: sums} with exact Decimals.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.records import LedgerRecord
-from catalog.tables import UsageDaily, UsageHourly, UsageHourlyModels
+from catalog.tables import UsageDaily, UsageHourly, UsageHourlyModels, UsageHourlyModelStatus
 from catalog.usage_query import UsageQuery
 
 START = datetime(2026, 11, 27, 21, 0, tzinfo=UTC)
@@ -176,7 +177,9 @@ _LEVELS = {
     "hour": (UsageHourly, _KEYED),
     "day": (UsageDaily, _KEYED),
     "hour_models": (UsageHourlyModels, ("model", "provider")),
+    "hour_model_status": (UsageHourlyModelStatus, ("model",)),
 }
+LEVELS = tuple(_LEVELS)  # every roll-up level, by its name here
 
 
 def _bucket(moment: datetime, level: str) -> datetime:
@@ -186,7 +189,7 @@ def _bucket(moment: datetime, level: str) -> datetime:
 
 def expected_rollup(rows: Sequence[dict[str, Any]], level: str) -> dict[RollupKey, tuple[Any, ...]]:
     """Per (UTC hour or day of `started_at`, model, provider, key, owner, api — 'hour_models':
-    model, provider —, status; '' for a null): requests, unpriced, the five token sums, the
+    model, provider; 'hour_model_status': model —, status; '' for a null): requests, unpriced, the five token sums, the
     cost and its authoritative part (exact Decimals; None when no row had one) — summed here, from
     the ledger rows alone."""
     groups: dict[RollupKey, list[dict[str, Any]]] = defaultdict(list)
@@ -209,7 +212,7 @@ def expected_rollup(rows: Sequence[dict[str, Any]], level: str) -> dict[RollupKe
 
 
 async def rollup_rows(engine: AsyncEngine, level: str) -> dict[RollupKey, tuple[Any, ...]]:
-    """The rows of the roll-up `level` ('hour', 'hour_models', 'day'), as stored."""
+    """The rows of the roll-up `level` (one of `LEVELS`), as stored."""
     table, dimensions = _LEVELS[level]
     width = len(dimensions) + 2
     async with engine.connect() as connection:
