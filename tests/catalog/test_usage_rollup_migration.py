@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 import msgspec
 from sqlalchemy import insert
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from catalog import migrate
 from catalog.rollup import KEY, SUMS
@@ -90,24 +91,13 @@ async def test_the_model_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[],
         async with engine.begin() as connection:
             await connection.execute(insert(LedgerRow.__table__), [msgspec.structs.asdict(r) for r in records])
         ledger = await ledger_rows(engine)
-        for table, level in ((UsageHourly, "hour"), (UsageDaily, "day")):
-            rolled = [
-                dict(zip(table.__table__.c.keys(), (*k, *s), strict=True))
-                for k, s in expected_rollup(ledger, level).items()
-            ]
-            async with engine.begin() as connection:
-                await connection.execute(insert(table.__table__), rolled)
+        await seed_levels(engine, ledger, ((UsageHourly, "hour"), (UsageDaily, "day")))
         await migrate.upgrade_async(url)
         models = await rollup_rows(engine, "hour_models")
         assert models == expected_rollup(ledger, "hour_models")
         assert sum(sums[0] for sums in models.values()) == 400
         assert len(models) < len(expected_rollup(ledger, "hour"))
-        for group_by in ("hour", "hour,model,api", "hour,key", ""):
-            query = parse_query(
-                {"from": "2026-11-28T01:30:00Z", "to": "2026-11-30", "group_by": group_by}, datetime.now(UTC)
-            )
-            answer = msgspec.to_builtins(await usage_report(engine, query))
-            assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(ledger, query), group_by
+        await assert_reports(engine, ledger, ("hour", "hour,model,api", "hour,key", ""))
     finally:
         await engine.dispose()
 
@@ -129,24 +119,36 @@ async def test_the_model_status_upgrade_sums_the_hourly_roll_up(fresh_url: Calla
         async with engine.begin() as connection:
             await connection.execute(insert(LedgerRow.__table__), [msgspec.structs.asdict(r) for r in records])
         ledger = await ledger_rows(engine)
-        for table, level in ((UsageHourly, "hour"), (UsageHourlyModels, "hour_models"), (UsageDaily, "day")):
-            rolled = [
-                dict(zip(table.__table__.c.keys(), (*k, *s), strict=True))
-                for k, s in expected_rollup(ledger, level).items()
-            ]
-            async with engine.begin() as connection:
-                await connection.execute(insert(table.__table__), rolled)
+        await seed_levels(
+            engine, ledger, ((UsageHourly, "hour"), (UsageHourlyModels, "hour_models"), (UsageDaily, "day"))
+        )
         await migrate.upgrade_async(url)
         statuses = await rollup_rows(engine, "hour_model_status")
         assert statuses == expected_rollup(ledger, "hour_model_status")
         assert sum(sums[0] for sums in statuses.values()) == 400
         assert len(statuses) < len(expected_rollup(ledger, "hour_models"))
         assert any(sums[-1] is not None and sums[-1] < 0 for sums in statuses.values())  # refunds only
-        for group_by in ("hour", "hour,model,status", "hour,provider", "hour,key", ""):
-            query = parse_query(
-                {"from": "2026-11-28T01:30:00Z", "to": "2026-11-30", "group_by": group_by}, datetime.now(UTC)
-            )
-            answer = msgspec.to_builtins(await usage_report(engine, query))
-            assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(ledger, query), group_by
+        await assert_reports(engine, ledger, ("hour", "hour,model,status", "hour,provider", "hour,key", ""))
     finally:
         await engine.dispose()
+
+
+async def seed_levels(engine: AsyncEngine, ledger: list[dict[str, Any]], levels: tuple[tuple[Any, str], ...]) -> None:
+    """The roll-up levels as the stores kept them before the upgrade: each holds the oracle's sums."""
+    for table, level in levels:
+        rolled = [
+            dict(zip(table.__table__.c.keys(), (*k, *s), strict=True))
+            for k, s in expected_rollup(ledger, level).items()
+        ]
+        async with engine.begin() as connection:
+            await connection.execute(insert(table.__table__), rolled)
+
+
+async def assert_reports(engine: AsyncEngine, ledger: list[dict[str, Any]], group_bys: tuple[str, ...]) -> None:
+    """Each report over [2026-11-28T01:30Z, 2026-11-30) equals the oracle's aggregate of `ledger`."""
+    for group_by in group_bys:
+        query = parse_query(
+            {"from": "2026-11-28T01:30:00Z", "to": "2026-11-30", "group_by": group_by}, datetime.now(UTC)
+        )
+        answer = msgspec.to_builtins(await usage_report(engine, query))
+        assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(ledger, query), group_by
