@@ -51,7 +51,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from catalog.records import LedgerRecord
+from catalog.records import RECORD_JSON, LedgerRecord
 
 SEGMENT_GLOB = "ledger-*.jsonl"
 REJECTED = "rejected.jsonl"
@@ -106,7 +106,6 @@ class Journal:
         self.segments: list[Segment] = []
         self.appended = 0  # seq of the next row
         self.error: str | None = None  # why the journal is broken (None: writable)
-        self._encoder = msgspec.json.Encoder()
         self._line = bytearray()
         self._dirty = False
         self._syncing = False
@@ -143,7 +142,7 @@ class Journal:
         segment = self.segments[-1]
         line = self._line  # reused: encoded in place, one allocation fewer per row
         if encoded is None:
-            self._encoder.encode_into(record, line)
+            RECORD_JSON.encode_into(record, line)
         else:
             line[:] = encoded
         line.append(0x0A)
@@ -259,7 +258,7 @@ class Journal:
             log.error("ledger_reject_file_unwritable", error=type(exc).__name__)  # noqa: TRY400 (no traceback: an OS error)
 
     def encode(self, record: LedgerRecord) -> bytes:
-        return self._encoder.encode(record)
+        return RECORD_JSON.encode(record)
 
     async def run(self) -> None:
         """Every `fsync_interval`: fsync what was written since the last one, on the journal's

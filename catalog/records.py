@@ -47,3 +47,8 @@ class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
     cost_source: CostSource | None = None
     price_id: int | None = None
     ttft_ms: float | None = None
+
+
+RECORD_JSON = msgspec.json.Encoder()
+"""The one encoder of a record's JSON: the journal's line, and the canonical log line the pipeline
+writes from the same bytes (encoded once per request)."""

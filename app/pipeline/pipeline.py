@@ -42,8 +42,6 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-import msgspec
-
 from app.access.gate import AccessGate, Ticket
 from app.context import RequestContext
 from app.errors import AllBackendsFailed, GatewayError, InvalidRequest, UpstreamTimeout
@@ -57,7 +55,7 @@ from app.pipeline.fold import Fold
 from app.pipeline.gpu_time import GpuTicket, GpuTime
 from app.routing.failover import Candidates, apply_failure, exhausted
 from app.routing.router import Backend, Router
-from catalog.records import LedgerRecord, LedgerStatus
+from catalog.records import RECORD_JSON, LedgerRecord, LedgerStatus
 from catalog.snapshot import ModelEntry
 from providers import events as ev
 from providers.errors import Failure, UpstreamError
@@ -123,7 +121,6 @@ class Pipeline:
         self._record = record
         self._log = log
         self._lines = lines  # the canonical lines' writer; None: through `log` (an embedding app's logging)
-        self._encode = msgspec.json.Encoder().encode
         self.metrics = metrics
         self._probe_interval_s = probe_interval_s
         self._gpu_time = gpu_time or GpuTime({})
@@ -272,7 +269,7 @@ class Pipeline:
             if run.ticket is not None and self.access is not None:
                 self.access.settle(run.ticket, outcome.cost.usd, _tokens(outcome))
             record = ledger_record(run.ctx, outcome)
-            encoded = self._encode(record)  # once, for the journal's line and the log's
+            encoded = RECORD_JSON.encode(record)  # once, for the journal's line and the log's
             self._record(record, encoded)
             self.metrics.request_done(run.ctx, outcome)
             if self._lines is not None:
