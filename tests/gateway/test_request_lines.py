@@ -9,8 +9,11 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import structlog
+
 from app.logging import LineWriter
-from catalog.records import LedgerRecord
+from app.pipeline.accounting import log_line
+from catalog.records import RECORD_JSON, LedgerRecord
 from tests.gateway.conftest import CATALOG, providers_for
 from tests.support.client import USER, post
 from tests.support.gateway import GatewayHandle, StartGateway
@@ -98,3 +101,28 @@ def test_request_lines_follow_the_log_level() -> None:
     assert chatty.getvalue().endswith(b"}\n")
     assert line.pop("timestamp").endswith("Z")
     assert line == {"event": "request", "level": "info", "request_id": "r-1", "status": "ok"}
+
+
+def test_without_the_services_writer_the_line_goes_through_structlog_with_the_same_fields() -> None:
+    """An embedding application's pipeline (no `LineWriter`) logs the same fields as the direct line."""
+    record = LedgerRecord(
+        request_id="r-2",
+        started_at=datetime(2026, 12, 1, 10, tzinfo=UTC),
+        finished_at=datetime(2026, 12, 1, 10, 0, 1, tzinfo=UTC),
+        status="ok",
+        streamed=False,
+        latency_ms=12.5,
+        model="chat-1",
+        cost_usd=Decimal("0.000108"),
+    )
+    with structlog.testing.capture_logs() as captured:
+        log_line(structlog.get_logger(), record)
+    direct = io.BytesIO()
+    writer = LineWriter(direct)
+    writer.request_line(RECORD_JSON.encode(record))
+    writer.flush()
+    [event] = captured
+    assert event.pop("log_level") == "info"
+    expected = json.loads(direct.getvalue())
+    del expected["timestamp"], expected["level"]
+    assert event == expected
