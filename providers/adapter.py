@@ -1,8 +1,9 @@
 """One configured provider, reached over HTTP: request out, canonical events back.
 
-`Provider` is the only class here and `events` its one streaming method; every kind of provider
-is this class with different `ProviderConfig` data. It joins the pure pieces (`build_body` and
-the request's `Dialect`: chat or text completions, `SSEParser`, `classify_*`) to one HTTP exchange.
+`Provider` is the only class here and `batches` (or `events`, one at a time) its one streaming
+method; every kind of provider is this class with different `ProviderConfig` data. It joins the
+pure pieces (`build_body` and the request's `Dialect`: chat or text completions, `SSEParser`,
+`classify_*`) to one HTTP exchange.
 
 One path, one seam. Every completion goes out through `Provider._send`, which picks the
 transport once per provider: a plain-`http://` upstream (a local server, the mock) goes straight
@@ -115,8 +116,22 @@ class Provider:
         self._stream_timeout = {"connect": timeouts.connect, "read": timeouts.idle, "write": None, "pool": None}
 
     async def events(self, req: AnyRequest, upstream_model: str, *, stream: bool) -> AsyncGenerator[Event, None]:
-        """The events of one attempt; raises `UpstreamError` for every failure, including a
-        stream that ends without a finish reason."""
+        """The events of one attempt, one at a time (`batches`, flattened)."""
+        async with contextlib.aclosing(self.batches(req, upstream_model, stream=stream)) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
+    async def batches(self, req: AnyRequest, upstream_model: str, *, stream: bool) -> AsyncGenerator[list[Event], None]:
+        """The events of one attempt, in batches: a streamed answer's per body read (every event
+        that read completed, never an empty list), a whole answer's at once. Raises `UpstreamError`
+        for every failure, including a stream that ends without a finish reason; the events a read
+        completed before its failure come first, as a batch of their own.
+
+        Batches, not single events, because each event handed up through the async generators
+        between here and the response (this one, the pipeline's, the relay's pump) costs a
+        suspension and a resumption at every level: per read, a 64-chunk answer that arrives in
+        a few reads crosses them a few times instead of 70 (bench/RESULTS.md, 2026-12-02)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeouts.total
         dialect, body = build_body(req, upstream_model, self.config, stream=stream)
@@ -127,12 +142,11 @@ class Provider:
                     raise classify_response(response.status_code, response.headers, await _error_body(response))
                 if stream:
                     parser = dialect.stream_parser()
-                    async with contextlib.aclosing(_stream_events(response, loop, deadline, parser)) as events:
-                        async for event in events:
-                            yield event
+                    async with contextlib.aclosing(_stream_batches(response, loop, deadline, parser)) as batches:
+                        async for batch in batches:
+                            yield batch
                 else:
-                    for event in dialect.parse_answer(await response.aread()):
-                        yield event
+                    yield dialect.parse_answer(await response.aread())
             finally:
                 await response.aclose()
 
@@ -199,23 +213,29 @@ def _request_head(url: httpx.URL, headers: httpx.Headers) -> bytes:
     return b"".join(lines)
 
 
-async def _stream_events(
+async def _stream_batches(
     response: Answer, loop: asyncio.AbstractEventLoop, deadline: float, parser: OpenAIStreamParser[Any]
-) -> AsyncGenerator[Event, None]:
+) -> AsyncGenerator[list[Event], None]:
+    """One list of events per body read that completed any (`Provider.batches`)."""
     sse = SSEParser()
-    async for data in response.aiter_raw():
-        if loop.time() > deadline:
-            raise UpstreamError(Failure.TIMEOUT, "upstream timed out")
-        for payload in sse.feed(data):
-            for event in parser.feed(payload):
-                yield event
-            if payload == "[DONE]":
-                return
-    for payload in sse.finish():
-        for event in parser.feed(payload):
-            yield event
-    for event in parser.finish():
-        yield event
+    batch: list[Event] = []  # empty at every await: the events of one read are handed out first
+    try:
+        async for data in response.aiter_raw():
+            if loop.time() > deadline:
+                raise UpstreamError(Failure.TIMEOUT, "upstream timed out")
+            for payload in sse.feed(data):
+                batch += parser.feed(payload)
+                if payload == "[DONE]":
+                    return
+            if batch:
+                ready, batch = batch, []
+                yield ready
+        for payload in sse.finish():
+            batch += parser.feed(payload)
+        batch += parser.finish()
+    finally:
+        if batch:  # the last events, or those a read completed before its failure (raised next)
+            yield batch
 
 
 async def _error_body(response: Answer) -> bytes:

@@ -113,16 +113,16 @@ class _HeaderTap:
 
     __slots__ = ("headers", "source")
 
-    def __init__(self, source: AsyncGenerator[Event, None]) -> None:
+    def __init__(self, source: AsyncGenerator[list[Event], None]) -> None:
         self.source = source
         self.headers: tuple[tuple[bytes, bytes], ...] = ()
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncIterator[list[Event]]:
         async with contextlib.aclosing(self.source) as source:
-            async for event in source:
-                if type(event) is Started:
-                    self.headers = event.headers
-                yield event
+            async for batch in source:
+                if type(batch[0]) is Started:  # alone in the first batch
+                    self.headers = batch[0].headers
+                yield batch
 
 
 def begin(scope: Scope, methods: tuple[str, ...] = ("POST",)) -> str:

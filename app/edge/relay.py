@@ -1,7 +1,8 @@
 """Relaying the pipeline's events to an SSE response: rendering, keep-alive pings, prompt cancel.
 
-The pipeline's event generator runs in one pump task per request, which renders each event to
-bytes with the ingress's `StreamRenderer`; the response iterates the `Relay`. That split buys
+The pipeline's event generator runs in one pump task per request, which renders each batch of
+events (`Pipeline.stream`) to bytes with the ingress's `StreamRenderer`; the response iterates
+the `Relay`. That split buys
 three things without per-chunk timers:
 - keep-alive: one repeating timer per request pushes the renderer's `ping` when nothing was sent
   for `interval` seconds, before the first token too;
@@ -41,7 +42,7 @@ class StreamRenderer(Protocol):
 
 
 class Relay:
-    def __init__(self, source: AsyncIterator[Event], renderer: StreamRenderer, interval: float) -> None:
+    def __init__(self, source: AsyncIterator[list[Event]], renderer: StreamRenderer, interval: float) -> None:
         self._source = source
         self._renderer = renderer
         self._interval = interval
@@ -55,8 +56,8 @@ class Relay:
     async def _run(self) -> None:
         render = self._renderer.render
         try:
-            async for event in self._source:
-                data = render(event)
+            async for batch in self._source:
+                data = b"".join([render(event) for event in batch])
                 if data:
                     self._push(data)
         except asyncio.CancelledError:

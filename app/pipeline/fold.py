@@ -1,8 +1,8 @@
 """The fold of one attempt's upstream events into canonical events and the assistant message.
 
 One `Fold` per attempt. With `emit=True` (streaming) every upstream event also appends the
-canonical events it causes to `out` (`app.pipeline.events`), which the pipeline yields and clears
-after each upstream event; with `emit=False` (a JSON answer) only the message is built. Either
+canonical events it causes to `out` (`app.pipeline.events`), which the pipeline takes (`take`)
+after each batch of upstream events; with `emit=False` (a JSON answer) only the message is built. Either
 way the message and the usage come from the same fold, so there is one accounting path.
 
 Block rules (api.md): text and reasoning blocks open on their first non-empty delta and close when
@@ -132,6 +132,11 @@ class Fold:
             if self.emit:
                 self.out.append(out.ReasoningEnd(text))
         self._block = None
+
+    def take(self) -> list[out.Event]:
+        """The canonical events emitted since the last `take`; `out` starts over."""
+        taken, self.out = self.out, []
+        return taken
 
     def close(self) -> Message:
         """Close every open block (emitting the `*End` events) and return the assistant message."""

@@ -7,7 +7,7 @@ the request to admission and the adapter) and gives back canonical events (`app.
 that the ingress renders.
 
     complete(ctx, request) -> Outcome     a JSON answer: the fold of the whole event stream
-    stream(ctx, request)   -> events      Started, block events …, then the Outcome (last)
+    stream(ctx, request)   -> batches     lists of events: Started, block events …, the Outcome last
 
 The flow is one direction:
 
@@ -63,7 +63,7 @@ from providers.timers import deadline_at
 from providers.types import AnyRequest, Message
 
 _CONTENT = (ev.TextDelta, ev.ReasoningDelta, ev.ToolCallStart, ev.ToolCallArgs, ev.Finish)
-Upstream = AsyncGenerator[ev.Event, None]
+Upstream = AsyncGenerator[list[ev.Event], None]  # the adapter's batches (`Provider.batches`)
 
 
 class _Run:
@@ -133,8 +133,9 @@ class Pipeline:
             fold = run.fold
             assert fold is not None
             try:
-                async for event in upstream:
-                    fold.feed(event)
+                async for batch in upstream:
+                    for event in batch:
+                        fold.feed(event)
             except UpstreamError as exc:
                 self._attempt_failed(run, exc)
                 raise _mid_answer_error(exc) from None
@@ -152,9 +153,11 @@ class Pipeline:
         finally:
             self._close(run)
 
-    async def stream(self, ctx: RequestContext, request: AnyRequest) -> AsyncGenerator[Event, None]:
-        """Canonical events, the `Outcome` last. Raises `GatewayError` before the first event when
-        no backend produced content; afterwards a failure is an `Outcome` with its `error`."""
+    async def stream(self, ctx: RequestContext, request: AnyRequest) -> AsyncGenerator[list[Event], None]:
+        """Canonical events in batches (never an empty one): `Started` alone first, then the
+        events of each upstream read, the `Outcome` last. Raises `GatewayError` before the first
+        batch when no backend produced content; afterwards a failure is an `Outcome` with its
+        `error`."""
         run = _Run(ctx, request)
         try:
             upstream = await self._open(run, emit=True)
@@ -162,29 +165,26 @@ class Pipeline:
             assert fold is not None
             assert run.model is not None
             assert run.backend is not None
-            yield Started(run.model.id, run.backend.name, run.ticket.headers if run.ticket is not None else ())
+            yield [Started(run.model.id, run.backend.name, run.ticket.headers if run.ticket is not None else ())]
             try:
-                for item in fold.out:
-                    yield item
-                fold.out.clear()
-                async for event in upstream:
-                    fold.feed(event)
+                if fold.out:
+                    yield fold.take()
+                async for batch in upstream:
+                    for event in batch:
+                        fold.feed(event)
                     if fold.out:
-                        for item in fold.out:
-                            yield item
-                        fold.out.clear()
+                        yield fold.take()
             except UpstreamError as exc:
                 self._attempt_failed(run, exc)
                 run.error = _mid_answer_error(exc)
             finally:
                 await upstream.aclose()
             run.message = fold.close()  # every open block is closed, before the error too
-            for item in fold.out:
-                yield item
-            fold.out.clear()
             if run.error is None:
                 self._attempt_ok(run)
-            yield self._close(run)
+            last = fold.take()
+            last.append(self._close(run))
+            yield last
         except GatewayError as exc:
             run.error = _with_headers(exc, run.ticket)
             raise
@@ -213,7 +213,7 @@ class Pipeline:
             if run.attempts > 1:
                 self.metrics.retries.inc((model.id,))
             run.fold = Fold(emit=emit)
-            upstream = backend.provider.adapter.events(request, backend.upstream_model, stream=run.ctx.stream)
+            upstream = backend.provider.adapter.batches(request, backend.upstream_model, stream=run.ctx.stream)
             try:
                 async with deadline_at(deadline):
                     await _until_content(upstream, run)
@@ -312,13 +312,18 @@ class Pipeline:
 
 
 async def _until_content(upstream: Upstream, run: _Run) -> None:
-    """Pull events until the first content event (or the end of the answer)."""
+    """Pull batches until one holds the first content event (or the answer ends); every event of
+    that batch is folded."""
     fold = run.fold
     assert fold is not None
-    async for event in upstream:
-        fold.feed(event)
-        if isinstance(event, _CONTENT):
-            run.first_content = time.perf_counter()
+    async for batch in upstream:
+        content = False
+        for event in batch:
+            fold.feed(event)
+            if not content and isinstance(event, _CONTENT):
+                content = True
+                run.first_content = time.perf_counter()
+        if content:
             return
 
 
