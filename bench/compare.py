@@ -85,6 +85,7 @@ class Job:
     pairs: int
     ledger: bool = True  # False: `[ledger] enabled = false` in both trees (what the rest of the path costs)
     door: str = ""  # set: "base" is the native endpoint and "new" this front door, both from the new tree
+    interleave: bool = False  # both gateways up for the whole run, measured in turn (`run_interleaved`)
     imports: dict[str, str] = field(default_factory=dict)  # side -> what its last process imported
     described: dict[str, str] = field(default_factory=dict)  # side -> `git describe` at the start
     cells: dict[str, list[dict[str, Cell]]] = field(default_factory=dict)  # scenario -> per pair, side -> cell
@@ -101,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--duration", type=float, default=10.0, help="measured seconds per scenario and tree (default 10)")
     add("--warmup", type=float, default=2.0, help="warm-up seconds before each measure (default 2)")
     add("--ledger", choices=("sqlite", "off"), default="sqlite", help="the gateways' ledger (default sqlite)")
+    add(
+        "--interleave",
+        action="store_true",
+        help="start both gateways once (both on the gateway CPU) and alternate short measures between them, "
+        "instead of a fresh gateway per measure: for many short pairs, e.g. scenario 2 at 20 pairs of 2 s",
+    )
     add("--gateway-cpus", default="0", help="taskset list for the gateway under test (default 0)")
     add("--load-cpus", default="1" if (os.cpu_count() or 1) > 1 else "0", help="for wrk and the mock (default 1)")
     add("--results", default=str(Path(__file__).with_name("RESULTS.md")), help="file to append tables to")
@@ -141,7 +148,7 @@ def _job(argv: list[str]) -> Job:
         results,
         shlex.join(sys.orig_argv),
     )
-    return Job(plan, trees, max(1, ns.pairs), ns.ledger == "sqlite", ns.door or "")
+    return Job(plan, trees, max(1, ns.pairs), ns.ledger == "sqlite", ns.door or "", ns.interleave)
 
 
 # --- measuring -------------------------------------------------------------------------------------
@@ -157,12 +164,16 @@ def imported_from(server: Server, tree: Path) -> str:
     return ", ".join(str(f) for f in files)
 
 
+def side_target(job: Job, mocks: Mocks, side: str, label: str) -> Switchyard:
+    options = SwitchyardOptions("", ledger_enabled=job.ledger, label=label)
+    if job.door and side == "new":
+        return TreeIngress(mocks, options, job.trees[side], job.door)
+    return TreeSwitchyard(mocks, options, job.trees[side])
+
+
 def measure_side(job: Job, mocks: Mocks, side: str, label: str, scenario: str) -> Cell:
     """One fresh gateway from `side`'s tree: start, check the imports, curl check, warm up, measure, stop."""
-    options = SwitchyardOptions("", ledger_enabled=job.ledger, label=label)
-    target: Switchyard = TreeSwitchyard(mocks, options, job.trees[side])
-    if job.door and side == "new":
-        target = TreeIngress(mocks, options, job.trees[side], job.door)
+    target = side_target(job, mocks, side, label)
     server = target.server(job.plan.run_dir, job.plan.gateway_cpus)
     note = start(server)
     if note:
@@ -187,6 +198,35 @@ def run_pairs(job: Job, mocks: Mocks) -> None:
             for side in order:
                 row[side] = measure_side(job, mocks, side, f"{side} {pair + 1} {scenario}", scenario)
             job.cells[scenario].append(row)
+
+
+def run_interleaved(job: Job, mocks: Mocks) -> None:
+    """Both gateways started once, on the gateway CPU, and measured in turn (the order alternating
+    from pair to pair): no start-up between measures, so pairs can be short and many, and the one
+    not measured sits idle in its event loop. Each measure is run.py's (check, warm-up, measure)."""
+    job.cells = {scenario: [] for scenario in job.plan.scenarios}
+    targets = {side: side_target(job, mocks, side, f"{side} interleaved") for side in SIDES}
+    servers = {side: targets[side].server(job.plan.run_dir, job.plan.gateway_cpus) for side in SIDES}
+    try:
+        for side in SIDES:
+            note = start(servers[side])
+            if note:
+                raise SystemExit(f"compare: the {side} gateway {note}")
+            job.imports[side] = imported_from(servers[side], job.trees[side])
+        for pair in range(job.pairs):
+            order = SIDES if pair % 2 == 0 else SIDES[::-1]
+            log(f"pair {pair + 1}/{job.pairs}: {' then '.join(order)}")
+            for scenario in job.plan.scenarios:
+                row: dict[str, Cell] = {}
+                if scenario == "latency":
+                    row["direct"] = measure(job.plan, Direct(mocks, mocks.fast.port), scenario, Tally())
+                for side in order:
+                    server = servers[side]
+                    row[side] = measure(job.plan, targets[side], scenario, Tally(), server.log, server.cpu_s)
+                job.cells[scenario].append(row)
+    finally:
+        for server in servers.values():
+            server.stop()
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -216,12 +256,16 @@ def verdict(ratios: list[float], higher: bool, bar: float = BAR) -> tuple[str, s
     if not ratios:
         return "—", "n/a: no pair measured both trees"
     mean = sum(ratios) / len(ratios)
+    ordered = sorted(ratios)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
     limit = 1 - bar if higher else 1 + bar
     met = mean >= limit if higher else mean <= limit
     crossed = min(ratios) < limit <= max(ratios) if higher else min(ratios) <= limit < max(ratios)
     rule = f"mean new/base {'≥' if higher else '≤'} {limit:.2f}, {'higher' if higher else 'lower'} is better"
     note = "; single pairs fall on both sides of it" if crossed else ""
-    return f"{mean:.3f} ({min(ratios):.3f}..{max(ratios):.3f})", f"**{'yes' if met else 'NO'}** ({rule}{note})"
+    spread = f"{mean:.3f} ({min(ratios):.3f}..{max(ratios):.3f}; median {median:.3f})"
+    return spread, f"**{'yes' if met else 'NO'}** ({rule}{note})"
 
 
 def scenario_table(scenario: str, rows: list[dict[str, Cell]], bar: float = BAR) -> list[str]:
@@ -273,7 +317,8 @@ def render(job: Job, machine: list[str]) -> str:
     lines += [f"- {s}: {trees[s]}; its gateways imported {job.imports.get(s, 'nothing (none started)')}" for s in SIDES]
     lines += [
         f"- {job.pairs} pair(s), base first in odd pairs and new first in even ones; {plan.warmup:g} s warm-up and "
-        f"{plan.duration:g} s measured per tree and scenario, each on a fresh gateway "
+        f"{plan.duration:g} s measured per tree and scenario, "
+        f"{'both gateways up for the whole run, on one CPU' if job.interleave else 'each on a fresh gateway'} "
         f"({'SQLite ledger on' if job.ledger else 'ledger off in both trees: `[ledger] enabled = false`'})",
         f"- mock upstream: the new tree's `devtools.mock_upstream --chunks 64`; python: {repo_python()} "
         f"({platform.python_version()})",
@@ -303,7 +348,7 @@ def main(argv: list[str]) -> int:
     if start(mocks.fast):  # scenarios 1, 2 and 4 only use the fast mock
         raise SystemExit(f"compare: the mock upstream does not start; see {mocks.fast.log}")
     try:
-        run_pairs(job, mocks)
+        (run_interleaved if job.interleave else run_pairs)(job, mocks)
     finally:
         mocks.fast.stop()
     text = render(job, machine)
