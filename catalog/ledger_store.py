@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import msgspec
-from sqlalchemy import Boolean
+from sqlalchemy import Boolean, Double
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -74,6 +74,7 @@ class SQLiteRows:
         table, dialect = LedgerRow.__table__, sqlite_dialect.dialect()
         self._times: list[int] = []
         self._decimals: list[tuple[int, ExactDecimal]] = []
+        self._bools: list[int] = []
         self._others: list[tuple[int, Any]] = []
         for index, name in enumerate(columns):
             column_type = table.c[name].type
@@ -82,7 +83,9 @@ class SQLiteRows:
             elif isinstance(column_type, ExactDecimal):
                 self._decimals.append((index, column_type))
             elif isinstance(column_type, Boolean):
-                continue  # bound as 1 or 0 (`_bind_directly`), as SQLAlchemy's processor stores it
+                self._bools.append(index)  # stored as 1 or 0, as SQLAlchemy's processor stores it
+            elif isinstance(column_type, Double):
+                continue  # a float (or an int: the column's REAL affinity stores it as a float), bound as is
             elif (process := column_type.dialect_impl(dialect).bind_processor(dialect)) is not None:
                 self._others.append((index, process))
         marks = ", ".join("?" * len(columns))
@@ -123,6 +126,8 @@ class SQLiteRows:
                 # cost_usd and estimated_cost_usd are usually the same object: encode it once
                 row[index] = last[1] if last is not None and last[0] is value else column.sqlite_text(value)
                 last = (value, row[index])
+        for index in self._bools:  # an int binds directly; a bool would go through the adapter registry
+            row[index] = 1 if row[index] else 0
         for index, process in self._others:
             if (value := row[index]) is not None:
                 row[index] = process(value)
