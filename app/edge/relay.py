@@ -2,8 +2,7 @@
 
 The pipeline's event generator runs in one pump task per request, which renders each batch of
 events (`Pipeline.stream`) to bytes with the ingress's `StreamRenderer`; the response iterates
-the `Relay`. That split buys
-three things without per-chunk timers:
+the `Relay`. That split buys three things without per-chunk timers:
 - keep-alive: one repeating timer per request pushes the renderer's `ping` when nothing was sent
   for `interval` seconds, before the first token too;
 - the first item decides the response: an exception before any frame is an ordinary HTTP error

@@ -2,8 +2,9 @@
 
 One `Fold` per attempt. With `emit=True` (streaming) every upstream event also appends the
 canonical events it causes to `out` (`app.pipeline.events`), which the pipeline takes (`take`)
-after each batch of upstream events; with `emit=False` (a JSON answer) only the message is built. Either
-way the message and the usage come from the same fold, so there is one accounting path.
+after each batch of upstream events; with `emit=False` (a JSON answer) only the message is
+built. Either way the message and the usage come from the same fold, so there is one
+accounting path.
 
 Block rules (api.md): text and reasoning blocks open on their first non-empty delta and close when
 another kind of block starts or the answer ends; every tool call is its own block, correlated by

@@ -293,3 +293,43 @@ async def test_a_whole_body_shorter_than_its_length_is_transient(client: Any) ->
     assert events == []
     assert error is not None
     assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream connection failed")
+
+
+def _sse(*payloads: str) -> bytes:
+    """`payloads` as SSE `data` lines, in one HTTP/1.1 chunk."""
+    body = b"".join(b"data: %s\n\n" % payload.encode() for payload in payloads)
+    return b"%x\r\n%s\r\n" % (len(body), body)
+
+
+def _chunk(content: str) -> str:
+    return f'{{"id": "chatcmpl-b", "choices": [{{"index": 0, "delta": {{"content": "{content}"}}}}]}}'
+
+
+async def test_batches_are_one_per_read_and_a_failure_keeps_the_events_before_it(client: Any) -> None:
+    """`Provider.batches`: the events one body read completed come as one list; when a read ends
+    in an error chunk, the events that read completed before it come first, then the error."""
+    taken = asyncio.Event()  # set by the test once it holds the first batch: the second write is another read
+
+    async def two_reads(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(_sse(_chunk("a"), _chunk("b")))
+        await writer.drain()
+        await taken.wait()
+        error = '{"error": {"message": "overloaded", "type": "server_error", "code": 500}}'
+        writer.write(_sse(_chunk("c"), error, _chunk("never")) + b"0\r\n\r\n")
+        await writer.drain()
+
+    server, url = await raw_upstream(two_reads)
+    config = ProviderConfig(name="local", kind="local", base_url=url)
+    batches: list[list[Event]] = []
+    error: UpstreamError | None = None
+    try:
+        async for batch in Provider(config, client).batches(REQUEST, "m", stream=True):
+            batches.append(batch)
+            taken.set()
+    except UpstreamError as exc:
+        error = exc
+    server.close()
+    assert batches == [[UpstreamMeta("chatcmpl-b"), TextDelta("a"), TextDelta("b")], [TextDelta("c")]]
+    assert error is not None
+    assert (error.kind, error.status) == (Failure.TRANSIENT, 500)
