@@ -32,6 +32,7 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
+from msgspec import Struct
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.access.keyring import Entry, KeyRing
@@ -61,16 +62,14 @@ Headers = tuple[tuple[bytes, bytes], ...]
 DAY_S = 86_400
 
 
-class Ticket:
-    """One admitted request's reservation, until it is settled."""
+class Ticket(Struct):
+    """One admitted request's reservation, until it is settled (a Struct: made per request without
+    a Python `__init__`)."""
 
-    __slots__ = ("ask", "headers", "limiter", "second")
-
-    def __init__(self, ask: Ask, second: int, limiter: Limiter, headers: Headers) -> None:
-        self.ask = ask
-        self.second = second
-        self.limiter = limiter
-        self.headers = headers
+    ask: Ask
+    second: int
+    limiter: Limiter
+    headers: Headers
 
 
 class AccessGate:
@@ -123,7 +122,7 @@ class AccessGate:
             return None
         ask = self._ask(entry, ctx, request, model, providers, snapshot)
         try:
-            limiter = self._limiter()
+            limiter = self._shared if self._shared is not None else self._limiter()
             verdict = await self._decide(limiter, ask, ctx.started_at)
             self._outage = False
         except LimiterDown as exc:

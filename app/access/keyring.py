@@ -22,6 +22,7 @@ import contextlib
 import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from hashlib import sha256
 from typing import Any
 
 from redis.asyncio import Redis
@@ -69,7 +70,6 @@ class Entry:
         "principal",
         "record",
         "rpm",
-        "tapped",
         "tpm",
     )
 
@@ -83,7 +83,6 @@ class Entry:
         self.rpm = record.rpm if record.rpm is not None else -1
         self.tpm = record.tpm if record.tpm is not None else -1
         self.concurrency = record.max_concurrency if record.max_concurrency is not None else -1
-        self.tapped = record.rpm is not None or record.tpm is not None  # its answers carry x-ratelimit-*
 
 
 class KeyRing:
@@ -115,7 +114,10 @@ class KeyRing:
                     secret = _basic_password(value[6:].strip())
             elif name == b"x-api-key":
                 secret = value.strip()
-        entry = self._by_hash.get(hash_secret(secret.decode("latin-1"))) if secret else None
+        entry = None
+        if secret:  # an ASCII secret (every key's) hashes as its bytes: no text is made of it
+            digest = sha256(secret).hexdigest() if secret.isascii() else hash_secret(secret.decode("latin-1"))
+            entry = self._by_hash.get(digest)
         if entry is None or (entry.expires is not None and entry.expires <= datetime.now(UTC).timestamp()):
             raise AuthenticationFailed(INVALID)
         return entry

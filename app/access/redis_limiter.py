@@ -39,6 +39,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from msgspec import Struct
+
 from app.access.limiter import Ask, LimiterDown, Refusal, Verdict
 from app.access.resp import RespClient, RespError, Script, bulk
 from app.settings import RedisSettings
@@ -113,7 +115,7 @@ redis.call('HSET', w, 'R', string.format('%d', reqs), 'T', string.format('%d', t
 redis.call('EXPIRE', w, 61)
 if budget >= 0 then redis.call('HINCRBY', KEYS[3], 'r', ARGV[3]) end
 local reset = math.max(0, math.ceil((oldest + 60 - now) * 1000))
-return string.format('%d %d %d %d %d', sec, rpm - reqs, reset, tpm - toks, reset)
+return string.format('%d %d %d %d', sec, rpm - reqs, tpm - toks, reset)
 """
 
 _SETTLE = """
@@ -138,7 +140,8 @@ return 0
 """
 
 _REFUSALS: dict[int, Refusal] = {1: "budget", 2: "rpm", 3: "tpm", 4: "max_concurrency", 5: "budget_missing"}
-_THREE = b"$%d\r\n%s\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"  # three arguments, each `bulk`
+_THREE = b"$%d\r\n%s\r\n" * 3  # three arguments, each `bulk`
+_FIVE = b"$%d\r\n%s\r\n" * 5
 
 
 def _base(prefix: str, key_id: str) -> str:
@@ -198,15 +201,21 @@ class RedisLimiter:
         rid, tokens, cost = ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost
         own = _THREE % (len(rid), rid, len(tokens), tokens, len(cost), cost)
         tail = commands.admit_tail if self.clock is None else commands.admit_tail + bulk(b"%d" % self.clock())
-        reply = await self._call(self.admit_script, b"".join((commands.admit_head, own, tail)))
-        if type(reply) is bytes:  # admitted: "second remaining-requests reset remaining-tokens reset"
-            second, left_r, reset_r, left_t, reset_t = map(int, reply.split())
+        command = b"".join((commands.admit_head, own, tail))
+        try:  # `RespClient.evalsha`, unrolled: the reply is awaited here, one coroutine fewer
+            reply = await self.redis.post(command)
+            if isinstance(reply, RespError):
+                reply = await self.redis.after_error(self.admit_script, command, reply)
+        except RespError as exc:
+            raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
+        if type(reply) is bytes:  # admitted: "second remaining-requests remaining-tokens reset"
+            second, left_r, left_t, reset = map(int, reply.split())
             return Verdict(
                 second=second,
                 remaining_requests=max(0, left_r),
-                reset_requests_s=reset_r / 1000,
+                reset_requests_s=reset / 1000,
                 remaining_tokens=max(0, left_t),
-                reset_tokens_s=reset_t / 1000,
+                reset_tokens_s=reset / 1000,
             )
         code = reply[0]
         if code == 1:
@@ -221,8 +230,8 @@ class RedisLimiter:
         """Sent without waiting (no future, no task), leaving with the next admission's write."""
         rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
         reserved, spent = (b"%d" % ask.cost if ask.budget >= 0 else b"-1"), b"%d" % cost
-        own = _THREE % (len(rid), rid, len(at), at, len(delta), delta)
-        command = b"".join((self._of(ask).settle_head, own, bulk(reserved), bulk(spent)))
+        own = _FIVE % (len(rid), rid, len(at), at, len(delta), delta, len(reserved), reserved, len(spent), spent)
+        command = self._of(ask).settle_head + own
         self.redis.post_to(command, _Settlement(self, ask.key_id, command))
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
@@ -248,14 +257,14 @@ class RedisLimiter:
         await self.redis.close()
 
 
-class _Settlement:
+class _Settlement(Struct):
     """A settlement's answer: nothing to do when it went through; the script loaded again and the
-    settlement resent on NOSCRIPT (Redis restarted); reported to the gate otherwise."""
+    settlement resent on NOSCRIPT (Redis restarted); reported to the gate otherwise. A Struct: made
+    once per request, without a Python `__init__`."""
 
-    __slots__ = ("command", "key_id", "limiter")
-
-    def __init__(self, limiter: RedisLimiter, key_id: str, command: bytes) -> None:
-        self.limiter, self.key_id, self.command = limiter, key_id, command
+    limiter: RedisLimiter
+    key_id: str
+    command: bytes
 
     def __call__(self, reply: Any) -> None:
         if not isinstance(reply, RespError):

@@ -58,18 +58,22 @@ class _Protocol(asyncio.Protocol):
         self.flush_later = False
 
     def send(self, command: bytes) -> asyncio.Future[Reply]:
+        """Queue `command` to leave in this turn of the loop; its future gets the reply."""
         future: asyncio.Future[Reply] = self.loop.create_future()
-        self.queue(command, future, lazy=False)
+        if not self.flush_soon:
+            self.flush_soon = True
+            self.loop.call_soon(self._flush)
+        self._queue(command, future)
         return future
 
-    def queue(self, command: bytes, waiter: asyncio.Future[Reply] | Handler, lazy: bool) -> None:
-        if not lazy:
-            if not self.flush_soon:
-                self.flush_soon = True
-                self.loop.call_soon(self._flush)
-        elif not (self.flush_soon or self.flush_later):
+    def send_lazily(self, command: bytes, handler: Handler) -> None:
+        """Queue `command` to leave with the next one sent, or after `LAZY_S`; `handler` gets the reply."""
+        if not (self.flush_soon or self.flush_later):
             self.flush_later = True
             self.loop.call_later(LAZY_S, self._flush_late)
+        self._queue(command, handler)
+
+    def _queue(self, command: bytes, waiter: asyncio.Future[Reply] | Handler) -> None:
         self.outgoing.append(command)
         self.waiting.append(waiter)
         self.sent_at.append(self.loop.time())
@@ -210,7 +214,7 @@ class RespClient:
         the failure as a `RespError` — no future, no task."""
         protocol = self._protocol
         if protocol is not None and protocol.lost is None:
-            protocol.queue(command, handler, lazy=True)
+            protocol.send_lazily(command, handler)
             return
         task = asyncio.ensure_future(self._post_connected(command))
         self._connecting_posts.add(task)
@@ -234,12 +238,21 @@ class RespClient:
         """`command`, an `EVALSHA` of `script` (`Script.command`), sent again once the script is
         loaded when Redis answers `NOSCRIPT` (the same bytes: the command names the script's SHA)."""
         reply = await self.post(command)
-        if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT"):
+        if isinstance(reply, RespError):
+            reply = await self.after_error(script, command, reply)
+        return reply
+
+    async def after_error(self, script: Script, command: bytes, error: RespError) -> Reply:
+        """What `evalsha` does with an error reply to `command`, for a caller that posted it itself
+        (one coroutine fewer on the way to the reply): on `NOSCRIPT` the script is loaded and the
+        command sent again; any other error is raised."""
+        if str(error).startswith("NOSCRIPT"):
             await self.call("SCRIPT", "LOAD", script.source)
             reply = await self.post(command)
-        if isinstance(reply, RespError):
-            raise reply
-        return reply
+            if not isinstance(reply, RespError):
+                return reply
+            error = reply
+        raise error
 
     async def _connected(self) -> _Protocol:
         if self._connecting is None:

@@ -57,8 +57,11 @@ def input_bound(request: AnyRequest) -> int:
         size += len(_encode(request.tools)) + TOOL_ALLOWANCE * len(request.tools)
     if request.schema is not None:
         size += len(_encode(request.schema))
-    media = sum(isinstance(part, _MEDIA) for message in request.messages for part in message.content)
-    return size + MEDIA_ALLOWANCE * media
+    for message in request.messages:  # a loop, not a generator: this runs per request
+        for part in message.content:
+            if isinstance(part, _MEDIA):
+                size += MEDIA_ALLOWANCE
+    return size
 
 
 def output_bound(request: AnyRequest, model: ModelEntry) -> int:

@@ -24,14 +24,14 @@ once when it does).
 API keys. With `[auth] mode = "keys"` every door authenticates here, once its body is read (an
 unread body would keep the connection busy) and before it is translated: a 401 costs no parsing.
 The key becomes the context's `Principal`; its `x-ratelimit-*` headers come back from the pipeline
-on the `Outcome` (JSON) or the `Started` event (streams, `_HeaderTap`), and on errors.
+on the `Outcome` (JSON) or the `Started` event (streams, kept by the `Relay`), and on errors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -43,7 +43,7 @@ from app.edge.guards import check_json_headers
 from app.edge.relay import Relay, StreamRenderer
 from app.errors import MethodNotAllowed, PayloadTooLarge, UsageNotRecordable
 from app.ids import uuid7
-from app.pipeline.events import Event, Outcome, Started
+from app.pipeline.events import Outcome
 from app.service import Service
 from providers.types import AnyRequest
 
@@ -84,10 +84,9 @@ async def serve(
     body = await read_body(receive, server.max_body_bytes)
     if body is None:
         return  # the client went away before sending its body: nobody to answer
-    principal, tapped = ANONYMOUS, False
+    principal = ANONYMOUS
     if service.access is not None:
-        key = service.access.keyring.authenticate(scope["headers"])
-        principal, tapped = key.principal, key.tapped
+        principal = service.access.keyring.authenticate(scope["headers"]).principal
     door = translate(body, service)
     if not service.recording:
         raise UsageNotRecordable("usage cannot be recorded")
@@ -103,26 +102,8 @@ async def serve(
             await send_json(send, payload, request_id, extra=outcome.headers)
             return
         events = service.pipeline.stream(ctx, door.request)
-        tap = _HeaderTap(events) if tapped else None
-        relay = Relay(events if tap is None else tap.events(), door.renderer(ctx), server.sse_keepalive_s)
-        await send_stream(relay, send, request_id, watch, tap, scope["state"])
-
-
-class _HeaderTap:
-    """Keeps the `Started` event's headers for the response head (a key's `x-ratelimit-*`)."""
-
-    __slots__ = ("headers", "source")
-
-    def __init__(self, source: AsyncGenerator[list[Event], None]) -> None:
-        self.source = source
-        self.headers: tuple[tuple[bytes, bytes], ...] = ()
-
-    async def events(self) -> AsyncIterator[list[Event]]:
-        async with contextlib.aclosing(self.source) as source:
-            async for batch in source:
-                if type(batch[0]) is Started:  # alone in the first batch
-                    self.headers = batch[0].headers
-                yield batch
+        relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s)
+        await send_stream(relay, send, request_id, watch, scope["state"])
 
 
 def begin(scope: Scope, methods: tuple[str, ...] = ("POST",)) -> str:
@@ -244,22 +225,18 @@ async def send_json(
 
 
 async def send_stream(
-    relay: Relay,
-    send: Send,
-    request_id: str,
-    watch: DisconnectWatch,
-    tap: _HeaderTap | None = None,
-    state: dict[str, Any] | None = None,
+    relay: Relay, send: Send, request_id: str, watch: DisconnectWatch, state: dict[str, Any] | None = None
 ) -> None:
     """The SSE response: started with the relay's first item (an error before it is raised, for
-    the ingress's error renderer), then every frame as it comes. The response is marked started
-    in the scope's `state` (`app.edge.direct`)."""
+    the ingress's error renderer), then every frame as it comes; the head carries the `Started`
+    event's headers (`Relay.headers`). The response is marked started in the scope's `state`
+    (`app.edge.direct`)."""
     first = await relay.first()
     if state is not None:
         state[RESPONSE_STARTED] = True
     headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
-    if tap is not None:
-        headers += tap.headers
+    if relay.headers:
+        headers += relay.headers
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     async with contextlib.aclosing(relay.frames(first)) as frames:
         async for chunk in frames:

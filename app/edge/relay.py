@@ -12,6 +12,10 @@ the `Relay`. That split buys three things without per-chunk timers:
   the relay is closed, which cancels the pump, and the cancellation lands inside the pipeline's
   upstream read, which closes the upstream connection and records the request as `cancelled`.
 Frames that queue up while the client is slower than the upstream are sent joined, one write.
+
+The `Started` event's headers (an API key's `x-ratelimit-*`) are kept as `headers` when the pump
+meets it, before any frame: the response's head, sent with the first frame, carries them. (A
+generator between the pipeline and the relay that tapped them cost a layer per batch.)
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
 from app.errors import GatewayError, InternalError
-from app.pipeline.events import Event
+from app.pipeline.events import Event, Started
 
 _END = object()
 
@@ -44,6 +48,7 @@ class Relay:
     def __init__(self, source: AsyncIterator[list[Event]], renderer: StreamRenderer, interval: float) -> None:
         self._source = source
         self._renderer = renderer
+        self.headers: tuple[tuple[bytes, bytes], ...] = ()  # the `Started` event's (module doc)
         self._interval = interval
         self._items: deque[object] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -56,6 +61,8 @@ class Relay:
         render = self._renderer.render
         try:
             async for batch in self._source:
+                if type(batch[0]) is Started:  # alone in the first batch: its headers, for the head
+                    self.headers = batch[0].headers
                 data = b"".join([render(event) for event in batch])
                 if data:
                     self._push(data)

@@ -23,9 +23,11 @@ meanwhile stay local, and the listener reconnects in the background (then loads 
 Metrics: every second each worker writes its samples (`Metrics.series`: counters, histograms as
 their `_bucket`/`_sum` samples, and its in-flight/queued gauges) to the hash
 `{prefix}:metrics:{worker_id}` — field the JSON `[name, [label values]]`, value a number — expiring
-after `METRICS_TTL_S`, so a worker that went away drops out; `/metrics` adds the other live
-workers' hashes to its own numbers (`remote_series`). A worker of another version skips the names
-it does not know.
+after `METRICS_TTL_S`, so a worker that went away drops out. Only the fields that changed since the
+last write are sent (every one after a failed write, or when that write found the hash gone):
+packing every sample through redis-py each second was most of an idle gateway's CPU with Redis
+(callgrind). `/metrics` adds the other live workers' hashes to its own numbers (`remote_series`).
+A worker of another version skips the names it does not know.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class ClusterLink:
         self._pubsub: PubSub | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._writes: set[asyncio.Task[None]] = set()
+        self._written: dict[Series, float] = {}  # the metrics hash's fields as Redis last took them
+        self._names: dict[Series, bytes] = {}  # each series' field name, encoded once
 
     # -- life cycle ------------------------------------------------------------------------------
 
@@ -330,18 +334,34 @@ class ClusterLink:
                     self.log.exception("redis_metrics_failed", worker=self.worker_id)
 
     async def write_metrics(self) -> None:
-        """This worker's samples and summed gauges, as a hash that lives `METRICS_TTL_S`."""
+        """This worker's samples and summed gauges, as a hash that lives `METRICS_TTL_S`: only the
+        fields whose values changed since the last write Redis took (most of them do not, from one
+        second to the next), every field when that write failed or found the hash gone (expired,
+        or lost with Redis's data), so a lost hash is whole again one write later."""
         assert self._router is not None
-        mapping = {_encode(series): value for series, value in self.metrics.series(self._router).items()}
+        series = self.metrics.series(self._router)
+        written, names = self._written, self._names
+        mapping: dict[bytes, float] = {}
+        for one, value in series.items():
+            if written.get(one) != value:
+                name = names.get(one)
+                if name is None:
+                    name = names[one] = _encode(one)
+                mapping[name] = value
         key = self._metrics_key(self.worker_id)
+        self._written = {}  # until this write is known to have gone through
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.exists(key)
                 if mapping:
                     pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]  # redis's stubs want str keys
                 pipe.pexpire(key, _ms(METRICS_TTL_S))
-                await pipe.execute()
+                existed = (await pipe.execute())[0]
         except _ERRORS as exc:
             self._down(exc)
+            return
+        if existed or not written:  # a hash found gone got only the changed fields: all, next time
+            self._written = series
 
     async def remote_series(self) -> Mapping[Series, float] | None:
         """The sum of every other live worker's metrics; None when Redis does not answer."""

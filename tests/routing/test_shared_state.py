@@ -282,6 +282,48 @@ async def test_metrics_on_any_worker_sum_every_live_worker(
     assert len(await store.keys("metrics")) == 2
 
 
+async def test_a_metrics_hash_redis_lost_is_written_whole_again(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """A worker writes only the fields that changed since its last write; a hash that is gone
+    (expired, or lost with Redis's data) gets every field again at the next writes, not only the
+    few that changed, and a quiet worker keeps its hash alive."""
+    a, b = await _pair(start_gateway, store, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(answer(), repeat=2)
+    assert (await complete(a)).json()["provider"] == "alpha"
+    assert a.service.cluster is not None
+    key = f"{store.prefix}:metrics:{a.service.cluster.worker_id}"
+
+    async def fields() -> dict[bytes, bytes]:
+        found: dict[bytes, bytes] = await store.client.hgetall(key)
+        return found
+
+    async def shared_once() -> bool:
+        return b'["switchyard_requests_total",["chat-1","alpha","ok"]]' in await fields()
+
+    await wait_until(shared_once, within=3.0)
+    whole = await fields()
+    assert len(whole) > 20  # counters, every histogram bucket, gauges
+    await asyncio.sleep(2.5)  # quiet: nothing changes, yet the hash lives on
+    assert await fields() == whole
+    assert 0 < await store.client.pttl(key) <= 10_000
+
+    await store.client.delete(key)  # lost
+    assert (await complete(a)).json()["provider"] == "alpha"  # a few fields change meanwhile
+
+    async def whole_again() -> bool:
+        now = await fields()
+        return set(now) == set(whole) and float(now[b'["switchyard_requests_total",["chat-1","alpha","ok"]]']) == 2
+
+    await wait_until(whole_again, within=3.5)
+
+    async def summed() -> bool:
+        samples = await scrape(b)
+        return metric(samples, "switchyard_requests_total", model="chat-1", provider="alpha", status="ok") == 2
+
+    await wait_until(summed, within=3.0)
+
+
 async def test_histograms_tokens_and_cost_sum_over_workers(
     store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
 ) -> None:
