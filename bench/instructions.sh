@@ -2,7 +2,7 @@
 # Instructions per request of the gateway, counted by valgrind's callgrind: deterministic where
 # timing on this shared 2-core machine is not (±10 % between identical runs). Not part of run.py.
 #
-#   bash bench/instructions.sh [sqlite|postgres|off] [SECONDS] [native|chat|anthropic|completions] [json|stream] [none|keys]
+#   bash bench/instructions.sh [sqlite|postgres|off] [SECONDS] [native|chat|anthropic|completions] [json|stream] [none|keys|redis]
 #                                                                 (from the repository root)
 #
 # Starts the mock upstream and `switchyard serve` under callgrind, warms up for 10 s, zeroes the
@@ -14,7 +14,8 @@
 # bodies are bench/run.py's (bench/peers.py). Any non-2xx answer fails the run. `keys` runs the
 # gateway in `[auth] mode = "keys"` with Redis on 127.0.0.1:6379 (a key prefix of its own) and one
 # key with a budget, rpm and tpm that nothing reaches, made by `switchyard keys create` before it
-# starts (bench/keyed.py's limits); `none` (default) is the same config without keys or Redis.
+# starts (bench/keyed.py's limits); `none` (default) is the same config without keys or Redis;
+# `redis` is `none` with the same `[redis]` as `keys` (scenario 7's pair: the difference is the keys).
 # The dump stays in the work directory for `callgrind_annotate --tree=caller`.
 #
 # INSTRUCTIONS_TREE=DIR measures the gateway of another checkout (an older commit, for an A/B) with
@@ -65,7 +66,7 @@ from peers import MODEL, Mocks, Switchyard, SwitchyardIngress, SwitchyardOptions
 work, ledger, gateway, mock = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 door, kind, auth, database_url = sys.argv[5], sys.argv[6], sys.argv[7], sys.argv[8]
 doors = {"chat": "openai_chat", "anthropic": "anthropic_messages", "completions": "openai_completions"}
-if door not in ("native", *doors) or kind not in ("json", "stream") or auth not in ("none", "keys"):
+if door not in ("native", *doors) or kind not in ("json", "stream") or auth not in ("none", "keys", "redis"):
     sys.exit(f"door must be native, chat, anthropic or completions, kind json or stream, auth none or keys: {sys.argv[5:]}")
 mocks = Mocks.create(work, "0", mock, mock)
 options = SwitchyardOptions(database_url=database_url, ledger_enabled=ledger != "off")
@@ -74,6 +75,9 @@ request = target.request("stream" if kind == "stream" else "fast")
 (work / "body.json").write_bytes(request.body)
 (work / "path").write_text(request.path)
 config = target.write_config(work)
+if auth == "redis":  # `none` with scenario 7's `[redis]`: what keys mode adds, and nothing else
+    with config.open("a") as out:
+        out.write(f'\n[redis]\nurl = "redis://127.0.0.1:6379/0"\nkey_prefix = "instructions-{work.name}"\n')
 if auth == "keys":
     prefix = f"instructions-{work.name}"
     with config.open("a") as out:

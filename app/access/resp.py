@@ -9,11 +9,9 @@ concurrent requests share the connection without a pool or a lock. Commands issu
 the event loop leave in one `send`, and one timer per connection (not one per call) enforces the
 timeout: the oldest unanswered command older than `timeout` drops the connection.
 
-Commands nobody waits for (the limiter's settlements: `post_to`) do not cause a
-`send` of their own: they leave with the next command someone awaits, or after `LAZY_S` at the
-latest. On loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU, so
-one fewer per request is worth having; a settlement arriving 2 ms later only holds its
-reservation 2 ms longer (the limits err on the side of refusing).
+A command nobody waits for (the limiter's settlements: `post_to`) has a handler instead of a
+future; it leaves in the same `send` as the turn's other commands. When to post it is the caller's
+choice: the limiter keeps its settlements for the next admission (`app.access.redis_limiter`).
 
 What it speaks: RESP2 replies (simple strings, errors, integers, bulk strings, nested arrays),
 `AUTH` and `SELECT` from the URL (`redis://[[user]:password@]host[:port][/db]`; `rediss://` over
@@ -36,7 +34,6 @@ from urllib.parse import unquote, urlsplit
 
 Reply = Any  # bytes | int | None | list[Reply] | RespError
 Handler = Callable[[Reply], None]  # told the reply, an error reply, or the failure, as a RespError
-LAZY_S = 0.002
 
 
 class RespError(Exception):
@@ -55,7 +52,6 @@ class _Protocol(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.watchdog: asyncio.TimerHandle | None = None
         self.flush_soon = False
-        self.flush_later = False
 
     def send(self, command: bytes) -> asyncio.Future[Reply]:
         """Queue `command` to leave in this turn of the loop; its future gets the reply."""
@@ -66,11 +62,11 @@ class _Protocol(asyncio.Protocol):
         self._queue(command, future)
         return future
 
-    def send_lazily(self, command: bytes, handler: Handler) -> None:
-        """Queue `command` to leave with the next one sent, or after `LAZY_S`; `handler` gets the reply."""
-        if not (self.flush_soon or self.flush_later):
-            self.flush_later = True
-            self.loop.call_later(LAZY_S, self._flush_late)
+    def send_to(self, command: bytes, handler: Handler) -> None:
+        """Queue `command` to leave in this turn of the loop; `handler` gets the reply."""
+        if not self.flush_soon:
+            self.flush_soon = True
+            self.loop.call_soon(self._flush)
         self._queue(command, handler)
 
     def _queue(self, command: bytes, waiter: asyncio.Future[Reply] | Handler) -> None:
@@ -87,10 +83,6 @@ class _Protocol(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(self.outgoing))
         self.outgoing.clear()
-
-    def _flush_late(self) -> None:
-        self.flush_later = False
-        self._flush()
 
     def _watch(self) -> None:
         self.watchdog = None
@@ -210,11 +202,11 @@ class RespClient:
         return protocol.send(command)
 
     def post_to(self, command: bytes, handler: Handler) -> None:
-        """Send an encoded command nobody awaits, lazily (module doc): `handler` gets its reply, or
-        the failure as a `RespError` — no future, no task."""
+        """Send an encoded command nobody awaits, in this turn of the loop: `handler` gets its
+        reply, or the failure as a `RespError` — no future, no task."""
         protocol = self._protocol
         if protocol is not None and protocol.lost is None:
-            protocol.send_lazily(command, handler)
+            protocol.send_to(command, handler)
             return
         task = asyncio.ensure_future(self._post_connected(command))
         self._connecting_posts.add(task)

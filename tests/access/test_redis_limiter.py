@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from redis import Redis
 
 from app.access.limiter import Ask
-from app.access.redis_limiter import RedisLimiter
+from app.access.redis_limiter import LAZY_S, RedisLimiter
 from app.access.resp import encode
 from app.settings import RedisSettings
 
@@ -86,3 +86,79 @@ async def test_a_settlement_redis_cannot_take_is_reported(
         await asyncio.sleep(0.01)
     assert [key for key, _reason in failures] == ["k1"]
     assert "WRONGTYPE" in failures[0][1]
+
+
+class _Tap:
+    """A loopback proxy in front of the real Redis that keeps every chunk the client wrote."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", 6379)
+
+        async def answers() -> None:
+            while data := await upstream_reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+
+        relay = asyncio.create_task(answers())
+        try:
+            while data := await reader.read(65536):
+                self.writes.append(data)
+                upstream_writer.write(data)
+                await upstream_writer.drain()
+        finally:
+            relay.cancel()
+            upstream_writer.close()
+            writer.close()
+
+
+async def test_settlements_wait_for_the_next_admission_and_leave_before_it_as_one_command() -> None:
+    tap = _Tap()
+    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    port = server.sockets[0].getsockname()[1]
+    failures: list[tuple[str, str]] = []
+    limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), _failed(failures))
+    direct = Redis.from_url(URL)
+    spend_key = f"{prefix}:lim:{{k1}}:spend:total"
+
+    def ask(request_id: str) -> Ask:
+        return Ask(key_id="k1", request_id=request_id, period="total", max_concurrency=3, budget=10**9, cost=7000)
+
+    try:
+        await limiter.load_spend(ask("r0"), 0, 0)
+        for request_id in ("r1", "r2", "r3"):
+            assert (await limiter.admit(ask(request_id))).refused is None
+        assert (await limiter.admit(ask("r4"))).refused == "max_concurrency"
+        limiter.settle(ask("r1"), 0, tokens=0, cost=1000)
+        limiter.settle(ask("r2"), 0, tokens=0, cost=2000)
+        # The loop is blocked in this synchronous call: nothing has left yet.
+        assert direct.hmget(spend_key, "s", "r") == [b"0", b"21000"]
+
+        # Three in flight and a limit of three: admitted only because both settlements go first.
+        assert (await limiter.admit(ask("r4"))).refused is None
+        write = next(chunk for chunk in tap.writes if b"$2\r\nr4\r\n" in chunk and b"r1" in chunk)
+        settle = limiter.settle_script
+        assert write.startswith(settle.head(10)), "one settlement command for both, before the admission"
+        assert write.count(settle.sha.encode()) == 1
+        assert write.index(b"r2") < write.index(b"r4")
+        assert direct.hmget(spend_key, "s", "r") == [b"3000", b"14000"]
+
+        limiter.settle(ask("r3"), 0, tokens=0, cost=500)  # no admission follows: the timer sends it
+        await asyncio.sleep(LAZY_S * 10)
+        assert direct.hmget(spend_key, "s", "r") == [b"3500", b"7000"]
+        assert failures == []
+    finally:
+        await limiter.close()
+        server.close()
+        await server.wait_closed()
+        keys = list(direct.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            direct.delete(*keys)
+        direct.close()
+
+
+def _failed(failures: list[tuple[str, str]]) -> Callable[[str, str], None]:
+    return lambda key, reason: failures.append((key, reason))
