@@ -1,7 +1,10 @@
 """Two checkouts of Switchyard side by side (A/B): `python bench/compare.py --base DIR [--new DIR]`;
 or one checkout's native endpoint against another of its front doors: `--door openai_chat` (or
 `anthropic_messages`, `openai_completions`), where "base" is `/api/v1/completions` and "new" the
-door, both from `--new`'s tree, and the bar is issue 10's (within 10 %) instead of issue 9's (3 %).
+door, both from `--new`'s tree, and the bar is issue 10's (within 10 %) instead of issue 9's (3 %);
+or `--keys`: run.py's scenario 7 pair from `--new`'s tree, "base" `[auth] mode = "none"` and "new"
+`keys` with a key that has a budget, rpm and tpm (bench/keyed.py: both on PostgreSQL and Redis, pinned
+with the load), against issue 11's bar (keys keep ≥ 90 % of none's throughput).
 
 One run of bench/run.py drifts by several per cent over minutes on this machine, so a before/after
 comparison is a series of pairs instead: in each pair every scenario is measured on both trees back
@@ -23,10 +26,12 @@ import platform
 import shlex
 import subprocess
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import run
+from keyed import SwitchyardServices
 from peers import REPO, Direct, Mocks, Switchyard, SwitchyardIngress, SwitchyardOptions, repo_python
 from procs import Server, free_port
 from report import CHUNKS, Cell, _fmt, _table
@@ -35,6 +40,7 @@ from run import Plan, Tally, log, measure, start
 SIDES = ("base", "new")
 BAR = 0.03  # the largest slowdown the bar allows, as a fraction: issue 9's, tree against tree
 DOOR_BAR = 0.10  # issue 10's: a front door against the native endpoint
+KEYS_BAR = 0.10  # issue 11's: keys mode against `none`
 MARK = "bench-compare imports:"
 PROBE = (  # the gateway's entry point: `python -m app.cli …`, after printing where its packages come from
     "import runpy, sys\nimport app, catalog, providers\n"
@@ -86,6 +92,7 @@ class Job:
     ledger: bool = True  # False: `[ledger] enabled = false` in both trees (what the rest of the path costs)
     door: str = ""  # set: "base" is the native endpoint and "new" this front door, both from the new tree
     interleave: bool = False  # both gateways up for the whole run, measured in turn (`run_interleaved`)
+    keys: bool = False  # "base" is auth none and "new" keys mode, both from the new tree (bench/keyed.py)
     imports: dict[str, str] = field(default_factory=dict)  # side -> what its last process imported
     described: dict[str, str] = field(default_factory=dict)  # side -> `git describe` at the start
     cells: dict[str, list[dict[str, Cell]]] = field(default_factory=dict)  # scenario -> per pair, side -> cell
@@ -96,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--base", type=Path, help="checkout measured as the baseline (required without --door)")
     add("--door", choices=sorted(SwitchyardIngress.DOORS), help="native endpoint (base) against this door (new)")
+    add("--keys", action="store_true", help="auth none (base) against keys mode (new), PostgreSQL and Redis")
     add("--new", default=REPO, type=Path, help=f"checkout measured against it (default {REPO})")
     add("--scenarios", default="1,2,4", help="comma list of run.py's scenarios 1, 2, 4 (default all three)")
     add("--pairs", type=int, default=3, help="base/new pairs per scenario, order alternating (default 3)")
@@ -121,8 +129,13 @@ def _job(argv: list[str]) -> Job:
     if not picked or any(s not in METRICS for s in picked):
         raise SystemExit(f"compare: --scenarios takes 1, 2 and 4, not {ns.scenarios!r}")
     picked = sorted(set(picked), key=list(METRICS).index)
-    if (ns.base is None) == (ns.door is None):
-        raise SystemExit("compare: give --base (tree against tree) or --door (door against the native endpoint)")
+    if sum((ns.base is not None, ns.door is not None, ns.keys)) != 1:
+        raise SystemExit(
+            "compare: give one of --base (tree against tree), --door (door against the native endpoint) "
+            "and --keys (keys mode against none)"
+        )
+    if ns.keys and ns.new.resolve() != REPO:
+        raise SystemExit(f"compare: --keys measures this checkout ({REPO}); --new is not for it")
     trees = {"base": (ns.base or ns.new).resolve(), "new": ns.new.resolve()}
     for side, tree in trees.items():
         if not (tree / "app" / "cli.py").is_file():
@@ -148,14 +161,17 @@ def _job(argv: list[str]) -> Job:
         results,
         shlex.join(sys.orig_argv),
     )
-    return Job(plan, trees, max(1, ns.pairs), ns.ledger == "sqlite", ns.door or "", ns.interleave)
+    return Job(plan, trees, max(1, ns.pairs), ns.ledger == "sqlite", ns.door or "", ns.interleave, ns.keys)
 
 
 # --- measuring -------------------------------------------------------------------------------------
 
 
 def imported_from(server: Server, tree: Path) -> str:
-    """The package files PROBE printed, checked to lie in `tree`; stops the run when they do not."""
+    """The package files PROBE printed, checked to lie in `tree`; stops the run when they do not
+    (`--keys` starts bench/keyed.py's gateways from this checkout, without PROBE)."""
+    if MARK not in server.argv[-1] and "-c" not in server.argv:
+        return f"{REPO} (bench/keyed.py's gateway, started from this checkout)"
     lines = server.log.read_text(errors="replace").splitlines()
     line = next((ln for ln in lines if ln.startswith(MARK)), "")
     files = [Path(f).resolve() for f in line.removeprefix(MARK).split()]
@@ -165,6 +181,9 @@ def imported_from(server: Server, tree: Path) -> str:
 
 
 def side_target(job: Job, mocks: Mocks, side: str, label: str) -> Switchyard:
+    if job.keys:
+        stamp = f"{job.plan.run_dir.name.lower()}-{label.replace(' ', '-')}"
+        return SwitchyardServices(mocks, free_port(), label, side == "new", stamp)
     options = SwitchyardOptions("", ledger_enabled=job.ledger, label=label)
     if job.door and side == "new":
         return TreeIngress(mocks, options, job.trees[side], job.door)
@@ -174,6 +193,9 @@ def side_target(job: Job, mocks: Mocks, side: str, label: str) -> Switchyard:
 def measure_side(job: Job, mocks: Mocks, side: str, label: str, scenario: str) -> Cell:
     """One fresh gateway from `side`'s tree: start, check the imports, curl check, warm up, measure, stop."""
     target = side_target(job, mocks, side, label)
+    note = target.prepare(job.plan.run_dir)
+    if note:
+        return Cell(note=note)
     server = target.server(job.plan.run_dir, job.plan.gateway_cpus)
     note = start(server)
     if note:
@@ -206,6 +228,9 @@ def run_interleaved(job: Job, mocks: Mocks) -> None:
     not measured sits idle in its event loop. Each measure is run.py's (check, warm-up, measure)."""
     job.cells = {scenario: [] for scenario in job.plan.scenarios}
     targets = {side: side_target(job, mocks, side, f"{side} interleaved") for side in SIDES}
+    for side in SIDES:
+        if note := targets[side].prepare(job.plan.run_dir):
+            raise SystemExit(f"compare: the {side} gateway cannot be prepared: {note}")
     servers = {side: targets[side].server(job.plan.run_dir, job.plan.gateway_cpus) for side in SIDES}
     try:
         for side in SIDES:
@@ -313,13 +338,15 @@ def render(job: Job, machine: list[str]) -> str:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     base, new = (describe(trees[s], job.described[s]) for s in SIDES)
     title = f"native endpoint (base) vs {job.door} (new), both {new}" if job.door else f"base {base} vs new {new}"
+    if job.keys:
+        title = f"auth none (base) vs keys with budget, rpm and tpm (new), PostgreSQL and Redis, both {new}"
     lines = [f"## A/B comparison {now}: {title}", ""]
     lines += [f"- {s}: {trees[s]}; its gateways imported {job.imports.get(s, 'nothing (none started)')}" for s in SIDES]
     lines += [
         f"- {job.pairs} pair(s), base first in odd pairs and new first in even ones; {plan.warmup:g} s warm-up and "
         f"{plan.duration:g} s measured per tree and scenario, "
         f"{'both gateways up for the whole run, on one CPU' if job.interleave else 'each on a fresh gateway'} "
-        f"({'SQLite ledger on' if job.ledger else 'ledger off in both trees: `[ledger] enabled = false`'})",
+        f"({ledger_words(job)})",
         f"- mock upstream: the new tree's `devtools.mock_upstream --chunks 64`; python: {repo_python()} "
         f"({platform.python_version()})",
         *[f"- {line}" for line in machine],
@@ -332,9 +359,15 @@ def render(job: Job, machine: list[str]) -> str:
         "",
     ]
     for scenario, rows in job.cells.items():
-        lines += [*scenario_table(scenario, rows, DOOR_BAR if job.door else BAR), ""]
+        lines += [*scenario_table(scenario, rows, KEYS_BAR if job.keys else DOOR_BAR if job.door else BAR), ""]
     lines.append(f"Load average at the end: {run.load_average()}. Logs and configs of this run: {plan.run_dir}")
     return "\n".join(lines) + "\n"
+
+
+def ledger_words(job: Job) -> str:
+    if job.keys:
+        return "PostgreSQL ledger and Redis, their servers pinned to the load CPUs, as run.py's scenario 7"
+    return "SQLite ledger on" if job.ledger else "ledger off in both trees: `[ledger] enabled = false`"
 
 
 def main(argv: list[str]) -> int:
@@ -348,7 +381,8 @@ def main(argv: list[str]) -> int:
     if start(mocks.fast):  # scenarios 1, 2 and 4 only use the fast mock
         raise SystemExit(f"compare: the mock upstream does not start; see {mocks.fast.log}")
     try:
-        (run_interleaved if job.interleave else run_pairs)(job, mocks)
+        with run.postgres_on(job.plan.load_cpus, job.plan.all_cpus, redis=True) if job.keys else nullcontext():
+            (run_interleaved if job.interleave else run_pairs)(job, mocks)
     finally:
         mocks.fast.stop()
     text = render(job, machine)

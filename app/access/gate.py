@@ -123,7 +123,9 @@ class AccessGate:
         ask = self._ask(entry, ctx, request, model, providers, snapshot)
         try:
             limiter = self._shared if self._shared is not None else self._limiter()
-            verdict = await self._decide(limiter, ask, ctx.started_at)
+            verdict = await limiter.admit(ask)  # `_decide`'s first step, without its coroutine
+            if verdict.refused == "budget_missing":
+                verdict = await self._decide(limiter, ask, ctx.started_at, verdict)
             self._outage = False
         except LimiterDown as exc:
             if not self._fail_open:
@@ -131,7 +133,7 @@ class AccessGate:
             self._note_outage(exc)
             limiter = self._local
             verdict = await self._decide(limiter, ask, ctx.started_at)
-        headers = rate_headers(entry.record, verdict)
+        headers = rate_headers(entry, verdict)
         if verdict.refused is not None:
             raise _refusal(entry.record, verdict, headers, ctx.started_at)
         return Ticket(ask, verdict.second, limiter, headers)
@@ -186,10 +188,10 @@ class AccessGate:
             rates = self._worst[key] = worst_rates(snapshot, model, providers, when)
         return rates
 
-    async def _decide(self, limiter: Limiter, ask: Ask, now: datetime) -> Verdict:
-        """The limiter's verdict; when it has no spend for the period yet, the ledger's is loaded
-        and the admission asked again."""
-        verdict = await limiter.admit(ask)
+    async def _decide(self, limiter: Limiter, ask: Ask, now: datetime, first: Verdict | None = None) -> Verdict:
+        """The limiter's verdict (`first`, when the caller asked already); when it has no spend for
+        the period yet, the ledger's is loaded and the admission asked again."""
+        verdict = first if first is not None else await limiter.admit(ask)
         if verdict.refused == "budget_missing":
             record = self.keyring.by_id[ask.key_id].record
             _tag, start, end = period_bounds(record.budget_period or "total", now)
@@ -227,19 +229,19 @@ class AccessGate:
         return await spent_since(self._engine, record.id, start), start, end
 
 
-def rate_headers(record: KeyRecord, verdict: Verdict) -> Headers:
+def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
     headers: Headers = ()
-    if record.rpm is not None:
+    if entry.rpm >= 0:
         reset = _duration(verdict.retry_after or verdict.reset_requests_s)
         headers = (
-            (b"x-ratelimit-limit-requests", b"%d" % record.rpm),
+            entry.limit_headers[0],
             (b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests),
             (b"x-ratelimit-reset-requests", reset),
         )
-    if record.tpm is not None:
+    if entry.tpm >= 0:
         reset = _duration(verdict.retry_after or verdict.reset_tokens_s)
         headers += (
-            (b"x-ratelimit-limit-tokens", b"%d" % record.tpm),
+            entry.limit_headers[1],
             (b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens),
             (b"x-ratelimit-reset-tokens", reset),
         )

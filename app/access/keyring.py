@@ -66,6 +66,7 @@ class Entry:
         "budget_nano",
         "concurrency",
         "expires",
+        "limit_headers",
         "limited",
         "principal",
         "record",
@@ -83,6 +84,10 @@ class Entry:
         self.rpm = record.rpm if record.rpm is not None else -1
         self.tpm = record.tpm if record.tpm is not None else -1
         self.concurrency = record.max_concurrency if record.max_concurrency is not None else -1
+        self.limit_headers = (  # the constant ones of `app.access.gate.rate_headers`
+            (b"x-ratelimit-limit-requests", b"%d" % self.rpm),
+            (b"x-ratelimit-limit-tokens", b"%d" % self.tpm),
+        )
 
 
 class KeyRing:
