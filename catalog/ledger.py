@@ -59,7 +59,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.journal import Journal
-from catalog.ledger_store import is_sqlite_outage, store_for
+from catalog.ledger_store import LedgerUnavailable, is_sqlite_outage, store_for
 from catalog.records import LedgerRecord
 
 _MAX_BACKOFF = 5.0
@@ -366,6 +366,8 @@ def _is_outage(exc: Exception) -> bool:
     """
     if isinstance(exc, sqlite3.Error):
         return is_sqlite_outage(exc)
+    if isinstance(exc, LedgerUnavailable):  # the PostgreSQL store's driver errors, sorted where they happen
+        return True
     if isinstance(exc, DBAPIError):
         return exc.connection_invalidated or isinstance(exc, _OUTAGE_ERRORS)
     # Outside the driver, only a pool timeout or a lost connection is the database's doing; any

@@ -31,7 +31,8 @@ day's.
   request id twice in a batch): the transaction is rolled back and the batch inserted row by row,
   counting only the rows whose INSERT changed something. SQLite has no exact decimal arithmetic
   (cost columns hold decimal text), so the upsert adds two texts with `decimal_add`, a function
-  registered on the connection.
+  registered on the connection — and only when the batch adds a cost: a NULL sum (no
+  authoritative cost, the usual case) keeps the stored text without the call into Python.
 
 Unpriced (`UNPRICED`): a request with no cost though it was served or used tokens; a failed
 request that reported no usage cost nothing we know of and counts as an error only.
@@ -176,7 +177,10 @@ def postgres_model_status_backfill() -> str:
 def sqlite_upsert(table: str = "usage_hourly", key: Sequence[str] = KEY) -> str:
     marks = ", ".join("?" * (len(key) + len(SUMS)))
     added = ", ".join(f"{name} = {name} + excluded.{name}" for name in SUMS[:-2])
-    money = ", ".join(f"{name} = decimal_add({name}, excluded.{name})" for name in SUMS[-2:])
+    money = ", ".join(
+        f"{name} = CASE WHEN excluded.{name} IS NULL THEN {name} ELSE decimal_add({name}, excluded.{name}) END"
+        for name in SUMS[-2:]
+    )
     return (
         f"INSERT INTO {table} ({', '.join(key)}, {', '.join(SUMS)}) VALUES ({marks}) "  # noqa: S608
         f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {added}, {money}"

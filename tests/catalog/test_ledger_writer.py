@@ -9,9 +9,10 @@ from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
+import asyncpg
 import msgspec
 import pytest
-from sqlalchemy import event, insert, select
+from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from catalog.ledger import LedgerWriter, write_records
@@ -101,16 +102,19 @@ async def test_a_duplicate_request_id_is_written_once(engine: AsyncEngine) -> No
 @pytest.fixture
 def batches(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The size of every ledger INSERT transaction, as the database driver saw it: on PostgreSQL
-    the rows in the statement's JSON document, on SQLite the INSERTs between BEGIN and COMMIT
-    (traced on the connections `sqlite3.connect` opens, the ledger thread's included)."""
+    the rows in the statement's JSON document (asyncpg's `execute`, which the store calls), on
+    SQLite the INSERTs between BEGIN and COMMIT (traced on the connections `sqlite3.connect`
+    opens, the ledger thread's included)."""
     sizes: list[int] = []
     if engine.dialect.name == "postgresql":
+        execute = asyncpg.Connection.execute
 
-        def count(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
-            if "INSERT INTO ledger" in statement:  # the roll-up upsert wraps it (catalog.rollup)
-                sizes.append(len(msgspec.json.decode(params[0])))
+        async def count(self: asyncpg.Connection, query: str, *args: Any, **kwargs: Any) -> str:
+            if "INSERT INTO ledger" in query:  # the roll-up upsert wraps it (catalog.rollup)
+                sizes.append(len(msgspec.json.decode(args[0])))
+            return await execute(self, query, *args, **kwargs)
 
-        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        monkeypatch.setattr(asyncpg.Connection, "execute", count)
         return sizes
     connect = sqlite3.connect
 
@@ -295,3 +299,28 @@ async def test_a_database_only_the_engine_reaches_is_written_through_the_engine(
     await writer.close()
     assert await ledger(engine) == [FULL, FAILED]
     await engine.dispose()
+
+
+async def test_a_postgresql_connection_closed_by_the_server_is_replaced_not_blamed_on_the_rows(
+    engine: AsyncEngine,
+) -> None:
+    """The PostgreSQL store keeps one connection between batches; one the server ended meanwhile
+    (a restart, an idle timeout, an administrator) is a passing outage: the next batch goes
+    through a new connection, and no row is set aside."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("the SQLite store opens its file per thread, nothing to lose between batches")
+    writer = LedgerWriter(engine, flush_interval=0.01)
+    writer.start()
+    writer.submit(FULL)
+    await asyncio.wait_for(writer.flush(), timeout=10)
+    async with engine.connect() as connection:
+        ended = await connection.exec_driver_sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert ended.scalars().all() == [True]  # the writer's connection, the only other one
+    writer.submit(FAILED)
+    await asyncio.wait_for(writer.flush(), timeout=10)
+    assert await ledger(engine) == [FULL, FAILED]
+    assert writer.rejected == []
+    await writer.close()
