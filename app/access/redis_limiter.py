@@ -298,8 +298,8 @@ class RedisLimiter:
 
 class _Settlement(Struct):
     """A settlement's answer: nothing to do when it went through; the script loaded again and the
-    settlement resent on NOSCRIPT (Redis restarted); reported to the gate otherwise. A Struct: made
-    once per request, without a Python `__init__`."""
+    settlement resent on NOSCRIPT (Redis restarted); reported to the gate otherwise. One per
+    settlement command (the settlements of one key sent together)."""
 
     limiter: RedisLimiter
     key_id: str

@@ -56,20 +56,14 @@ class _Protocol(asyncio.Protocol):
     def send(self, command: bytes) -> asyncio.Future[Reply]:
         """Queue `command` to leave in this turn of the loop; its future gets the reply."""
         future: asyncio.Future[Reply] = self.loop.create_future()
-        if not self.flush_soon:
-            self.flush_soon = True
-            self.loop.call_soon(self._flush)
-        self._queue(command, future)
+        self.send_to(command, future)
         return future
 
-    def send_to(self, command: bytes, handler: Handler) -> None:
-        """Queue `command` to leave in this turn of the loop; `handler` gets the reply."""
+    def send_to(self, command: bytes, waiter: asyncio.Future[Reply] | Handler) -> None:
+        """Queue `command` to leave in this turn of the loop; `waiter` gets the reply."""
         if not self.flush_soon:
             self.flush_soon = True
             self.loop.call_soon(self._flush)
-        self._queue(command, handler)
-
-    def _queue(self, command: bytes, waiter: asyncio.Future[Reply] | Handler) -> None:
         self.outgoing.append(command)
         self.waiting.append(waiter)
         self.sent_at.append(self.loop.time())
