@@ -167,11 +167,12 @@ def _job(argv: list[str]) -> Job:
 # --- measuring -------------------------------------------------------------------------------------
 
 
-def imported_from(server: Server, tree: Path) -> str:
-    """The package files PROBE printed, checked to lie in `tree`; stops the run when they do not
-    (`--keys` starts bench/keyed.py's gateways from this checkout, without PROBE)."""
-    if MARK not in server.argv[-1] and "-c" not in server.argv:
+def imported_from(job: Job, server: Server, side: str) -> str:
+    """The package files PROBE printed, checked to lie in the side's tree; stops the run when they
+    do not. `--keys` starts bench/keyed.py's gateways from this checkout, without PROBE."""
+    if job.keys:
         return f"{REPO} (bench/keyed.py's gateway, started from this checkout)"
+    tree = job.trees[side]
     lines = server.log.read_text(errors="replace").splitlines()
     line = next((ln for ln in lines if ln.startswith(MARK)), "")
     files = [Path(f).resolve() for f in line.removeprefix(MARK).split()]
@@ -201,7 +202,7 @@ def measure_side(job: Job, mocks: Mocks, side: str, label: str, scenario: str) -
     if note:
         return Cell(note=note)
     try:
-        job.imports[side] = imported_from(server, job.trees[side])
+        job.imports[side] = imported_from(job, server, side)
         cell = measure(job.plan, target, scenario, Tally(), server.log, server.cpu_s)
         return Cell(note=f"crashed (exit {server.exit_code})") if server.exit_code is not None else cell
     finally:
@@ -237,7 +238,7 @@ def run_interleaved(job: Job, mocks: Mocks) -> None:
             note = start(servers[side])
             if note:
                 raise SystemExit(f"compare: the {side} gateway {note}")
-            job.imports[side] = imported_from(servers[side], job.trees[side])
+            job.imports[side] = imported_from(job, servers[side], side)
         for pair in range(job.pairs):
             order = SIDES if pair % 2 == 0 else SIDES[::-1]
             log(f"pair {pair + 1}/{job.pairs}: {' then '.join(order)}")
