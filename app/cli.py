@@ -136,8 +136,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if workers > 1:
         os.environ["SWITCHYARD_CONFIG"] = str(find_config(args.config).resolve())
         os.environ["SWITCHYARD_WORKERS"] = str(workers)  # each worker enforces its share of the limits
-    # No `server: uvicorn` header: it names our stack to every client, and uvicorn checks each
-    # response header against two regular expressions (≈ 2 % of the instructions per request).
+    # No `server: uvicorn` header: it names our stack to every client, and each header of a head
+    # costs (app/edge/cycle.py).
     # No uvicorn access log: the canonical `request` line is the access log. `http`: uvicorn's
     # httptools protocol with head/body deadlines and header limits (app/edge/connection.py).
     # `proxy_headers=False`: uvicorn's middleware rewrites the scope's client and scheme from

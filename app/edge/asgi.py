@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from litestar.types import Receive, Scope, Send
 
 from app.context import ANONYMOUS, Ingress, RequestContext, new_context
+from app.edge.cycle import write_head
 from app.edge.direct import RESPONSE_STARTED
 from app.edge.guards import check_json_headers
 from app.edge.relay import Relay, StreamRenderer
@@ -220,7 +221,8 @@ async def send_json(
     headers = [*JSON_HEADERS, (b"x-request-id", request_id.encode()), (b"content-length", b"%d" % len(payload))]
     if extra:
         headers += extra
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    if not write_head(send, status, headers):
+        await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
@@ -237,7 +239,8 @@ async def send_stream(
     headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
     if relay.headers:
         headers += relay.headers
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    if not write_head(send, 200, headers):
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
     async with contextlib.aclosing(relay.frames(first)) as frames:
         async for chunk in frames:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

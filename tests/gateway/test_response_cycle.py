@@ -1,25 +1,32 @@
-"""The held head (`app.edge.cycle.HeldHead`, as `hold_head` wires it) against uvicorn's own `RequestResponseCycle` as
-the oracle: for every head — statuses with and without a body, HEAD requests, keep-alive or not,
-with and without a content length, eleven `x-ratelimit-*` headers, heads uvicorn lowercases,
-refuses or handles specially (`connection`, `transfer-encoding`) — and every body sequence (one
-body, an empty one, a chunked stream), both put the same bytes on the wire, end in the same state
-and refuse the same heads with the same error; the held cycle in one write fewer whenever a body
-message follows the head. And the server really uses it: its connections' cycles write to
-a `HeldHead`."""
+"""The held head (`app.edge.cycle.HeldHead`, as `hold_head` wires it) and the head written in bulk
+(`app.edge.cycle.write_head`, as the completion doors call it) against uvicorn's own
+`RequestResponseCycle` as the oracle: for every head — statuses with and without a body, HEAD
+requests, keep-alive or not, with and without a content length (one or two), eleven `x-ratelimit-*`
+headers, heads uvicorn lowercases, refuses or handles specially (`connection`, `transfer-encoding`)
+— and every body sequence (one body, an empty one, a chunked stream), all put the same bytes on the
+wire, end in the same state and refuse the same heads with the same error; the held cycle in one
+write fewer whenever a body message follows the head. And the server really uses them: its
+connections' cycles write to a `HeldHead`, and the completion doors' heads (JSON and SSE) are
+written by `write_head`."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from typing import Any
 
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from app.edge import asgi
 from app.edge.connection import GuardedHttpToolsProtocol
-from app.edge.cycle import HeldHead, hold_head
+from app.edge.cycle import HeldHead, hold_head, write_head
+from tests.support.client import USER, post
 from tests.support.gateway import GatewayHandle
+from tests.support.replies import chunk
+from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
 
 DEFAULTS = [(b"date", b"Tue, 01 Dec 2026 19:00:00 GMT"), (b"server", b"uvicorn")]
 LIMITS = [
@@ -36,6 +43,9 @@ HEADS: list[list[tuple[bytes, bytes]]] = [
     [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *LIMITS],
     [(b"content-length", b"0"), *LIMITS, (b"retry-after", b"7")],
     [(b"x-tab", b"a\tb"), (b"x-empty", b"")],  # a tab is allowed in a value
+    [(b"x-case", b"Mixed Case \x80"), (b"content-length", b"3"), (b"content-length", b"17")],  # the first length counts
+    [(b"x-bad", b"a\x7fb")],  # refused: DEL in a value
+    [(b"x-at@", b"1")],  # refused: a separator in a name
     [(b"Content-Length", b"17")],  # a capital: uvicorn lowercases it
     [(b"set-cookie", b"a=1"), (b"set-cookie", b"b=2")],  # a repeated name
     [(b"connection", b"close"), (b"content-length", b"17")],
@@ -75,10 +85,10 @@ BODIES: list[list[tuple[bytes, bool]]] = [
 ]
 
 
-async def _run(held: bool, method: str, keep_alive: bool, status: int, headers: Any, bodies: Any) -> Any:
-    transport = _Transport()
-    completed: list[bool] = []
-    cycle = RequestResponseCycle(
+def _cycle(
+    transport: _Transport, method: str = "POST", keep_alive: bool = True, completed: list[bool] | None = None
+) -> Any:
+    return RequestResponseCycle(
         scope={"type": "http", "method": method},  # type: ignore[typeddict-item]
         transport=transport,  # type: ignore[arg-type]
         flow=FlowControl(transport),  # type: ignore[arg-type]
@@ -89,12 +99,21 @@ async def _run(held: bool, method: str, keep_alive: bool, status: int, headers: 
         message_event=asyncio.Event(),
         expect_100_continue=False,
         keep_alive=keep_alive,
-        on_response=lambda: completed.append(True),
+        on_response=lambda: (completed if completed is not None else []).append(True),
     )
+
+
+async def _run(
+    held: bool, method: str, keep_alive: bool, status: int, headers: Any, bodies: Any, bulk: bool = False
+) -> Any:
+    transport = _Transport()
+    completed: list[bool] = []
+    cycle = _cycle(transport, method, keep_alive, completed)
     if held:
         hold_head(cycle)
     try:
-        await cycle.send({"type": "http.response.start", "status": status, "headers": headers})
+        if not (bulk and write_head(cycle.send, status, headers)):
+            await cycle.send({"type": "http.response.start", "status": status, "headers": headers})
         for body, more in bodies:
             await cycle.send({"type": "http.response.body", "body": body, "more_body": more})
     except RuntimeError as exc:
@@ -116,6 +135,20 @@ async def test_every_answer_is_the_same_bytes_in_one_write_fewer(method: str, ke
             held, held_writes = await _run(True, method, keep_alive, status, shape, bodies)
             assert held == expected, (headers, bodies)
             assert held_writes == max(1, writes - 1) if writes else held_writes == 0, (headers, bodies, writes)
+            for hold in (False, True):
+                assert await _run(hold, method, keep_alive, status, shape, bodies, bulk=True) == (
+                    (held, held_writes) if hold else (expected, writes)
+                ), (headers, bodies, hold)
+
+
+async def test_write_head_leaves_other_servers_and_second_heads_to_send() -> None:
+    async def send(message: Any) -> None:
+        raise AssertionError("not called")
+
+    assert not write_head(send, 200, [(b"content-length", b"0")])  # not a uvicorn cycle's send
+    cycle = _cycle(_Transport())
+    assert write_head(cycle.send, 200, [(b"content-length", b"0")])
+    assert not write_head(cycle.send, 200, [(b"content-length", b"0")])  # started already: uvicorn's to refuse
 
 
 async def test_the_server_holds_each_head_for_its_body(gw: GatewayHandle) -> None:
@@ -132,3 +165,27 @@ async def test_the_server_holds_each_head_for_its_body(gw: GatewayHandle) -> Non
     finally:
         GuardedHttpToolsProtocol.on_headers_complete = original  # type: ignore[method-assign]
     assert seen == [HeldHead]
+
+
+async def test_the_completion_doors_write_their_heads_in_bulk(
+    gw: GatewayHandle, primary: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[bool] = []
+
+    def spy(send: Any, status: int, headers: Any) -> bool:
+        done = write_head(send, status, headers)
+        written.append(done)
+        return done
+
+    monkeypatch.setattr(asgi, "write_head", spy)
+    # As `switchyard serve` runs (`access_log=False`): no handler on uvicorn's access logger. pytest
+    # puts its capture handlers there, and uvicorn logs each response (its own `send`) when it has one.
+    monkeypatch.setattr(logging.getLogger("uvicorn.access"), "handlers", [])
+    message = {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}
+    primary.enqueue(reply_json(200, {"id": "c1", "object": "chat.completion", "model": "m", "choices": [message]}))
+    primary.enqueue(reply_sse([chunk({"content": "Hi"}), chunk({}, "stop")]))
+    assert (await post(gw, {"model": "chat", "messages": [USER]})).status_code == 200
+    streamed = await post(gw, {"model": "chat", "messages": [USER], "stream": True})
+    assert streamed.status_code == 200
+    assert streamed.headers["transfer-encoding"] == "chunked"
+    assert written == [True, True]
