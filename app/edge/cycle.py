@@ -24,19 +24,19 @@ it buys is in bench/RESULTS.md. `GuardedHttpToolsProtocol` (`app.edge.connection
 `HeldHead` once uvicorn has made the cycle (uvicorn builds it itself, in `on_headers_complete`).
 
 The completion doors' heads are also built faster (`write_head`). uvicorn checks each header on its
-own — two regular-expression searches (≈ 14 instructions a byte), a `lower()` and three
-comparisons in Python per header, ≈ 5,700 instructions each (callgrind; keys mode's six
-`x-ratelimit-*` headers cost 34k a response). A name (value) holds a byte uvicorn refuses exactly
-when the names (values) joined end to end do, so a common head — names already lowercase, no
-`connection` or `transfer-encoding`, a content length or none — is checked in two passes of
-`bytes.translate` over the joined names and values (the bytes uvicorn's patterns refuse, and the
-capitals it would lower, derived from those patterns), and written with the same bytes, into the same cycle state (`content-length`, chunked,
-keep-alive) as uvicorn's `send` would. Any other head (a capital, a forbidden byte, a special
-header, an access log, a paused or disconnected transport, a second start, a server that is not
-uvicorn) is left to the cycle's own `send`, which writes, rewrites or refuses it as before. It is
-a function the door calls with the cycle's `send`, not a subclass of the cycle: a cycle whose
-class is switched after uvicorn made it loses CPython's attribute caches on every access, which
-cost more than the headers saved.
+own — two regular-expression searches (≈ 14 instructions a byte), a `lower()` and three comparisons
+in Python per header, ≈ 5,700 instructions each (callgrind; keys mode's six `x-ratelimit-*` headers
+cost 34k a response). A name (value) holds a byte uvicorn refuses exactly when the names (values)
+joined end to end do, so a common head — names already lowercase, no `connection` or
+`transfer-encoding`, a content length or none — is checked in two passes of `bytes.translate` over
+the joined names and values (the bytes uvicorn's patterns refuse, and the capitals it would lower,
+derived from those patterns), and written with the same bytes, into the same cycle state
+(`content-length`, chunked, keep-alive) as uvicorn's `send` would. Any other head (a capital, a
+forbidden byte, a special header, an access log, a paused or disconnected transport, a second start,
+a server that is not uvicorn) is left to the cycle's own `send`, which writes, rewrites or refuses
+it as before. It is a function the door calls with the cycle's `send`, not a subclass of the cycle:
+a cycle whose class is switched after uvicorn made it loses CPython's attribute caches on every
+access, which cost more than the headers saved.
 """
 
 from __future__ import annotations
