@@ -60,7 +60,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.journal import Journal
 from catalog.ledger_store import LedgerUnavailable, is_sqlite_outage, store_for
-from catalog.records import LedgerRecord
+from catalog.records import RECORD_JSON, LedgerRecord
 
 _MAX_BACKOFF = 5.0
 _OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalError)
@@ -96,6 +96,7 @@ class LedgerWriter:
         self._journal = journal
         self._required = required
         self._queue: deque[LedgerRecord] = deque()  # journal rows `committed` … on, while not behind
+        self._lines: deque[bytes] = deque()  # their journal lines, the JSON the PostgreSQL store reuses
         self._loose: deque[LedgerRecord] = deque()  # rows in memory only (no journal to hold them)
         self._committed = 0  # journal rows written to the database (or set aside), in append order
         self._behind = journal is not None and journal.appended > 0  # adopted rows: replay first
@@ -163,17 +164,24 @@ class LedgerWriter:
         return self._task
 
     def submit(self, record: LedgerRecord, encoded: bytes | None = None) -> None:
-        """Journal `record` (`encoded`: its msgspec JSON, when the caller has it) and queue it for
-        writing. Never blocks, never raises for a full queue or a failed journal write (the row is
-        then kept in memory)."""
+        """Journal `record` (`encoded`: `RECORD_JSON.encode(record)`, when the caller has it) and
+        queue it for writing, with that line: the PostgreSQL store joins the lines into its batch
+        document instead of encoding the records again. Never blocks, never raises for a full
+        queue or a failed journal write (the row is then kept in memory)."""
         if self._closing:
             raise RuntimeError("the ledger writer is closed")
         self._submitted += 1
         journal = self._journal
-        if journal is not None and journal.append(record, encoded):
+        if journal is not None:
+            if encoded is None:
+                encoded = RECORD_JSON.encode(record)
+            if not journal.append(record, encoded):
+                self._on_overflow(record)
+                return
             if not self._behind:
                 if len(self._queue) < self._max_queue:
                     self._queue.append(record)
+                    self._lines.append(encoded)
                     if len(self._queue) >= self._batch_size:
                         self._wake.set()
                     return
@@ -268,15 +276,19 @@ class LedgerWriter:
         """Take the next batch (memory-only rows first, then the journal's, from memory or read
         back from disk), write it and count it done."""
         bad: list[bytes] = []
+        lines: list[bytes] | None = None  # the rows' journal lines, when they come from memory
         loose = bool(self._loose)
         source = self._loose if loose else self._queue
         if source:
-            batch = [source.popleft() for _ in range(min(self._batch_size, len(source)))]
+            count = range(min(self._batch_size, len(source)))
+            batch = [source.popleft() for _ in count]
+            if not loose:
+                lines = [self._lines.popleft() for _ in count]
         else:
-            batch, bad = await self._read_back()
+            batch, bad = await self._read_back()  # encoded again by the store: see `_read_back`
         if batch:
             self._head = batch[0].finished_at
-            await self._write_with_retry(batch)
+            await self._write_with_retry(batch, lines)
         for line in bad:
             log.error("ledger_journal_line_unreadable", bytes=len(line))
             if self._journal is not None:
@@ -295,7 +307,11 @@ class LedgerWriter:
             self._progress.notify_all()
 
     async def _read_back(self) -> tuple[list[LedgerRecord], list[bytes]]:
-        """The next rows from the journal itself; back to the in-memory path once at its end."""
+        """The next rows from the journal itself; back to the in-memory path once at its end.
+
+        Their lines are not handed to the store: a line an older version wrote may lack a field
+        added since (its record holds the default, the line holds nothing), so the store encodes
+        the records it decoded — what the database gets never depends on the line's age."""
         journal = self._journal
         assert journal is not None
         read = await journal.read(self._committed, self._batch_size)
@@ -308,14 +324,14 @@ class LedgerWriter:
             self._behind = False  # rows appended from now on are queued in memory again
         return read.records, read.bad
 
-    async def _write_with_retry(self, batch: Sequence[LedgerRecord]) -> None:
+    async def _write_with_retry(self, batch: Sequence[LedgerRecord], lines: Sequence[bytes] | None) -> None:
         attempt = 0
         while True:
             try:
-                await self._store.write(batch)
+                await self._store.write(batch, lines)
             except Exception as exc:
                 if not _is_outage(exc):
-                    await self._isolate(batch, exc)
+                    await self._isolate(batch, lines, exc)
                     return
                 attempt += 1
                 await asyncio.sleep(self._on_write_failure(batch, exc, attempt))
@@ -324,13 +340,13 @@ class LedgerWriter:
                     self._outage_ended()
                 return
 
-    async def _isolate(self, batch: Sequence[LedgerRecord], exc: Exception) -> None:
+    async def _isolate(self, batch: Sequence[LedgerRecord], lines: Sequence[bytes] | None, exc: Exception) -> None:
         """The rows themselves failed: write them one by one so only the bad ones are set aside."""
         if len(batch) == 1:
             self._on_rejected(batch[0], exc)
             return
-        for record in batch:
-            await self._write_with_retry([record])
+        for index, record in enumerate(batch):
+            await self._write_with_retry([record], None if lines is None else [lines[index]])
 
     def _on_write_failure(self, batch: Sequence[LedgerRecord], exc: Exception, attempt: int) -> float:
         """The database is unreachable or failing: the first failure starts an outage (logged
@@ -340,6 +356,7 @@ class LedgerWriter:
             log.warning("ledger_outage_started", error=type(exc).__name__, rows_pending=self.pending)
         if self._journal is not None:
             self._queue.clear()  # these rows are in the journal: read back from it after the outage
+            self._lines.clear()
             self._behind = True
         return float(min(_MAX_BACKOFF, 0.05 * 2 ** min(attempt, 10)))
 
@@ -384,6 +401,6 @@ async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) ->
     store = store_for(engine, _COLUMNS)
     try:
         if records:
-            await store.write(records)
+            await store.write(records, None)
     finally:
         await store.close()

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import decimal
+import operator
 import sqlite3
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC
+from decimal import Decimal
 from typing import Any, Protocol
 
 import msgspec
@@ -43,7 +46,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from catalog.database import SQLITE_PRAGMAS
-from catalog.records import LedgerRecord
+from catalog.records import RECORD_JSON, LedgerRecord
 from catalog.rollup import SQLiteRollup, decimal_add, postgres_statement
 from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
 
@@ -51,9 +54,10 @@ _CONFLICT = "ON CONFLICT (request_id) DO NOTHING"
 
 
 class LedgerStore(Protocol):
-    async def write(self, records: Sequence[LedgerRecord]) -> None:
+    async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         """Insert `records` in one transaction, skipping request ids already present; ValueError
-        (nothing written) when one of them is a record the database would refuse."""
+        (nothing written) when one of them is a record the database would refuse. `lines`, when
+        given: each record's `RECORD_JSON.encode(record)` (its journal line), in order."""
 
     async def close(self) -> None: ...
 
@@ -179,7 +183,7 @@ class SQLiteStore(SQLiteRows):
         self._connection: sqlite3.Connection | None = None  # used on `_thread` only
         self._closed = False
 
-    async def write(self, records: Sequence[LedgerRecord]) -> None:
+    async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._insert, records)
 
     async def close(self) -> None:
@@ -234,7 +238,7 @@ class EngineStore(SQLiteRows):
         super().__init__(columns)
         self._engine = engine
 
-    async def write(self, records: Sequence[LedgerRecord]) -> None:
+    async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         try:
             async with self._engine.begin() as connection:
                 await connection.run_sync(self._insert, records, False)
@@ -264,16 +268,27 @@ class _Skipped(Exception):
 
 
 class PostgresStore:
-    """Batches as one JSON document that PostgreSQL unpacks into ledger rows (and their roll-ups)."""
+    """Batches as one JSON document that PostgreSQL unpacks into ledger rows (and their roll-ups).
+
+    The document is the records' `RECORD_JSON` encodings joined into one array. The writer hands
+    the journal lines it already has (the pipeline encoded each record once, for the journal and
+    the log line): a record that `encode` keeps as it is goes as its line, and only a record whose
+    costs it rounds is encoded again — the same bytes, byte for byte, as encoding the batch
+    (tests/catalog/test_ledger_document.py), without a second encoding of each row.
+    """
 
     def __init__(self, engine: AsyncEngine, columns: Sequence[str]) -> None:
         self._engine = engine
         self._connection: AsyncConnection | None = None  # held between batches, out of any transaction
         self._driver: Any = None  # its asyncpg connection
-        self._json = msgspec.json.Encoder()
         table = LedgerRow.__table__
-        self._times = [name for name in columns if isinstance(table.c[name].type, UTCDateTime)]
-        self._decimals = [(name, t) for name in columns if isinstance(t := table.c[name].type, ExactDecimal)]
+        times = [name for name in columns if isinstance(table.c[name].type, UTCDateTime)]
+        decimals = [(name, t) for name in columns if isinstance(t := table.c[name].type, ExactDecimal)]
+        if len(times) != 2 or len(decimals) != 2 or len({(t.precision, t.scale) for _, t in decimals}) != 1:
+            raise ValueError("the PostgreSQL ledger encoder expects two UTC timestamps and two costs of one type")
+        (self._cost, self._money), (self._estimate, _) = decimals
+        self._checked = operator.attrgetter(*times, self._cost, self._estimate)
+        self._quantum, self._context = self._money.quantum, self._money.context
         names = ", ".join(columns)
         self.sql = postgres_statement(
             f"INSERT INTO ledger ({names}) SELECT {names} "  # noqa: S608
@@ -281,27 +296,49 @@ class PostgresStore:
         )
 
     def encode(self, record: LedgerRecord) -> LedgerRecord:
-        """The record itself, or a copy with its costs rounded to the column's scale.
+        """The record itself, or a copy with its costs rounded half-even to the column's scale
+        (PostgreSQL would round ties away from zero); ValueError for a cost that does not fit.
 
         Timestamps go as RFC 3339 with their offset (the same instant, whatever the zone); a naive
-        one is refused, since PostgreSQL would read it in the session's time zone."""
-        for name in self._times:
-            moment: datetime = getattr(record, name)
-            if moment.tzinfo is not UTC:
-                UTCDateTime.aware_utc(moment)
-        rounded: dict[str, Any] = {}
-        last: tuple[Any, Any] = (None, None)  # cost_usd and estimated_cost_usd are usually one object
-        for name, column in self._decimals:
-            value = getattr(record, name)
-            if value is None:
-                continue
-            exact = last[1] if value is last[0] else column.quantize(value)
-            last = (value, exact)
-            if exact != value:
-                rounded[name] = exact
+        one is refused, since PostgreSQL would read it in the session's time zone. One straight
+        run: the four values in one C call, and a cost that is already exact at the column's scale
+        (the usual case) costs one `quantize` and one comparison, in C."""
+        started, finished, cost, estimate = self._checked(record)
+        if started.tzinfo is not UTC or finished.tzinfo is not UTC:
+            UTCDateTime.aware_utc(started)
+            UTCDateTime.aware_utc(finished)
+        rounded: dict[str, Decimal] = {}
+        if cost is not None and (exact := self._exact(cost)) is not cost:
+            rounded[self._cost] = exact
+        if estimate is not None:
+            exact = self._exact(estimate) if estimate is not cost else rounded.get(self._cost, cost)
+            if exact is not estimate:
+                rounded[self._estimate] = exact
         return msgspec.structs.replace(record, **rounded) if rounded else record
 
-    async def write(self, records: Sequence[LedgerRecord]) -> None:
+    def _exact(self, value: Decimal) -> Decimal:
+        """`value` itself when the column stores it unchanged, else its rounded form (raising
+        ValueError, through `ExactDecimal.quantize`, when it does not fit or is not finite)."""
+        try:
+            if value.quantize(self._quantum, context=self._context) == value:  # a quiet NaN is never equal
+                return value
+        except decimal.InvalidOperation:  # too many digits, infinite or a signalling NaN
+            pass
+        return self._money.quantize(value)
+
+    def document(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> str:
+        """The batch's JSON array: `lines` (each record's `RECORD_JSON` encoding) joined, with
+        the records `encode` rounds encoded again; without `lines`, the records encoded here."""
+        encode = self.encode
+        if lines is None:
+            return RECORD_JSON.encode([encode(record) for record in records]).decode()
+        parts = [
+            line if (exact := encode(record)) is record else RECORD_JSON.encode(exact)
+            for record, line in zip(records, lines, strict=True)
+        ]
+        return b"".join((b"[", b",".join(parts), b"]")).decode()
+
+    async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         """One statement through asyncpg itself, on a connection the store keeps from the engine's
         pool: outside a transaction PostgreSQL runs a statement as its own, so the rows and their
         roll-ups still commit together. Per batch that leaves out a pool checkout, BEGIN and
@@ -312,7 +349,7 @@ class PostgresStore:
         missing table (not migrated yet), an interface or internal server error are the database
         failing (`LedgerUnavailable`); any other is about the rows and propagates as it is. A failed
         write drops the connection; the next write takes a new one."""
-        document = self._json.encode([self.encode(record) for record in records]).decode()
+        document = self.document(records, lines)
         driver = self._driver or await self._connect()
         try:
             await driver.execute(self.sql, document)
