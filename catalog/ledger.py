@@ -260,17 +260,30 @@ class LedgerWriter:
         """Write full batches as they fill, and whatever is queued once `flush_interval` passes
         without one. Not the partial batch that gathered while the previous one was written: a
         batch has a fixed price (a hop to the store's thread and back, a commit), so under load
-        batches stay full instead of shrinking to whatever arrived during the last write."""
+        batches stay full instead of shrinking to whatever arrived during the last write.
+
+        The interval is a timer on the loop that wakes the task, not `asyncio.wait_for`: that
+        wraps each wait in a task of its own and, when the interval passes (at the bench's load,
+        before every batch), cancels it and waits for the cancellation — several loop turns and
+        a raised TimeoutError each time, for what one timer callback does."""
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self._flush_interval)
-            except TimeoutError:
-                self._drain_to = max(self._drain_to, self._submitted)
+            if not self._wake.is_set():
+                timer = loop.call_later(self._flush_interval, self._interval_passed)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
             self._wake.clear()
             while self._due():
                 await self._write_next()
             if self._closing and not self.pending:
                 return
+
+    def _interval_passed(self) -> None:
+        """`flush_interval` passed without a wake-up: the rows submitted so far leave now."""
+        self._drain_to = max(self._drain_to, self._submitted)
+        self._wake.set()
 
     async def _write_next(self) -> None:
         """Take the next batch (memory-only rows first, then the journal's, from memory or read
