@@ -302,29 +302,30 @@ class PostgresStore:
         Timestamps go as RFC 3339 with their offset (the same instant, whatever the zone); a naive
         one is refused, since PostgreSQL would read it in the session's time zone. One straight
         run: the four values in one C call, and a cost that is already exact at the column's scale
-        (the usual case) costs one `quantize` and one comparison, in C."""
+        (the usual case; the estimate is usually the very same object) costs one `quantize` and
+        one comparison, in C; anything else takes `_rounded`."""
         started, finished, cost, estimate = self._checked(record)
         if started.tzinfo is not UTC or finished.tzinfo is not UTC:
             UTCDateTime.aware_utc(started)
             UTCDateTime.aware_utc(finished)
-        rounded: dict[str, Decimal] = {}
-        if cost is not None and (exact := self._exact(cost)) is not cost:
-            rounded[self._cost] = exact
-        if estimate is not None:
-            exact = self._exact(estimate) if estimate is not cost else rounded.get(self._cost, cost)
-            if exact is not estimate:
-                rounded[self._estimate] = exact
-        return msgspec.structs.replace(record, **rounded) if rounded else record
-
-    def _exact(self, value: Decimal) -> Decimal:
-        """`value` itself when the column stores it unchanged, else its rounded form (raising
-        ValueError, through `ExactDecimal.quantize`, when it does not fit or is not finite)."""
-        try:
-            if value.quantize(self._quantum, context=self._context) == value:  # a quiet NaN is never equal
-                return value
+        quantum, context = self._quantum, self._context
+        try:  # a quiet NaN quantizes to itself and is never equal to it
+            if (cost is None or cost.quantize(quantum, context=context) == cost) and (
+                estimate is None or estimate is cost or estimate.quantize(quantum, context=context) == estimate
+            ):
+                return record
         except decimal.InvalidOperation:  # too many digits, infinite or a signalling NaN
             pass
-        return self._money.quantize(value)
+        return self._rounded(record, cost, estimate)
+
+    def _rounded(self, record: LedgerRecord, cost: Decimal | None, estimate: Decimal | None) -> LedgerRecord:
+        """A copy with the costs the column changes replaced by their rounded form; ValueError
+        (from `ExactDecimal.quantize`) for one that does not fit or is not finite."""
+        rounded: dict[str, Decimal] = {}
+        for name, value in ((self._cost, cost), (self._estimate, estimate)):
+            if value is not None and (exact := self._money.quantize(value)) != value:
+                rounded[name] = exact
+        return msgspec.structs.replace(record, **rounded) if rounded else record
 
     def document(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> str:
         """The batch's JSON array: `lines` (each record's `RECORD_JSON` encoding) joined, with
