@@ -35,6 +35,7 @@ ROWS = [
     record(8, cost_usd=Decimal("0.000016600000000000000"), estimated_cost_usd=Decimal("0")),  # trailing zeros
     record(9, started_at=datetime(2026, 11, 30, 14, 30, 5, 7, tzinfo=INDIA), finished_at=START),  # whole second
     record(10, finished_at=START.astimezone(timezone(timedelta(hours=-7))), usage_estimated=True, input_tokens=0),
+    record(11, model="modèle-✓", upstream_request_id='req-"é😀\\n', ttft_ms=0.1 + 0.2),  # UTF-8, escapes, a float
 ]
 
 
@@ -50,7 +51,7 @@ def store() -> PostgresStore:
 
 def test_the_document_from_lines_is_the_document_of_the_records(store: PostgresStore) -> None:
     assert store.document(ROWS, lines(ROWS)) == store.document(ROWS, None)
-    assert store.document(ROWS[:1], lines(ROWS[:1])) == "[" + RECORD_JSON.encode(FULL).decode() + "]"
+    assert store.document(ROWS[:1], lines(ROWS[:1])) == b"[" + RECORD_JSON.encode(FULL) + b"]"
 
 
 def test_only_costs_the_column_would_round_are_replaced(store: PostgresStore) -> None:
