@@ -24,9 +24,8 @@ Without a journal (none configured, or it cannot be written: disk full, read-onl
 in memory only, as `loose` rows — the service refuses requests in that state unless `[ledger]
 required = false` (`accepting`; the edge answers 503, app/edge/asgi.py).
 
-Records are encoded for the database per batch, not per request: in a tight loop over 256 rows
-the encoder's code stays in the CPU's caches, while one encode between two requests ran at a
-third of that speed (≈ 10 µs against 3 µs per row, measured with per-thread CPU counters). A
+Records are checked and encoded for the database per batch, in a tight loop that keeps its code
+in the CPU's caches (PostgreSQL's store joins the journal lines queued beside them instead). A
 record the database would refuse (a naive datetime, a cost too large for its column) is
 therefore found at write time and set aside like a row the database itself refuses: logged (its
 request id and error type, never request data or keys), kept in `rejected` and, with a journal,
@@ -39,7 +38,6 @@ down, rows stay in the journal for the next start instead of holding up the shut
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -47,23 +45,14 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import structlog
-from sqlalchemy.exc import (
-    DBAPIError,
-    DisconnectionError,
-    InterfaceError,
-    InternalError,
-    OperationalError,
-    ProgrammingError,
-)
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.journal import Journal
-from catalog.ledger_store import LedgerUnavailable, is_sqlite_outage, store_for
+from catalog.ledger_store import store_for
+from catalog.outages import is_outage
 from catalog.records import RECORD_JSON, LedgerRecord
 
 _MAX_BACKOFF = 5.0
-_OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalError)
 STORE_CLOSE_S = 2.0  # closing the store's connection (SQLite: on its thread, maybe in a busy wait)
 BEHIND_AFTER_S = 10.0  # the oldest unwritten row older than this: the ledger is "behind"
 LedgerState = Literal["ok", "behind", "unwritable"]
@@ -165,19 +154,15 @@ class LedgerWriter:
 
     def submit(self, record: LedgerRecord, encoded: bytes | None = None) -> None:
         """Journal `record` (`encoded`: `RECORD_JSON.encode(record)`, when the caller has it) and
-        queue it for writing, with that line: the PostgreSQL store joins the lines into its batch
-        document instead of encoding the records again. Never blocks, never raises for a full
-        queue or a failed journal write (the row is then kept in memory)."""
+        queue it for writing with that line. Never blocks, never raises for a full queue or a
+        failed journal write (the row is then kept in memory)."""
         if self._closing:
             raise RuntimeError("the ledger writer is closed")
         self._submitted += 1
         journal = self._journal
-        if journal is not None:
-            if encoded is None:
-                encoded = RECORD_JSON.encode(record)
-            if not journal.append(record, encoded):
-                self._on_overflow(record)
-                return
+        if encoded is None:
+            encoded = RECORD_JSON.encode(record)
+        if journal is not None and journal.append(record, encoded):
             if not self._behind:
                 if len(self._queue) < self._max_queue:
                     self._queue.append(record)
@@ -260,20 +245,15 @@ class LedgerWriter:
         """Write full batches as they fill, and whatever is queued once `flush_interval` passes
         without one. Not the partial batch that gathered while the previous one was written: a
         batch has a fixed price (a hop to the store's thread and back, a commit), so under load
-        batches stay full instead of shrinking to whatever arrived during the last write.
-
-        The interval is a timer on the loop that wakes the task, not `asyncio.wait_for`: that
-        wraps each wait in a task of its own and, when the interval passes (at the bench's load,
-        before every batch), cancels it and waits for the cancellation — several loop turns and
-        a raised TimeoutError each time, for what one timer callback does."""
+        batches stay full instead of shrinking to whatever arrived during the last write. The
+        interval is a loop timer, not `asyncio.wait_for` (a task per wait, cancelled and awaited
+        each time the interval passes); one left behind by a cancelled task only sets the event."""
         loop = asyncio.get_running_loop()
         while True:
             if not self._wake.is_set():
                 timer = loop.call_later(self._flush_interval, self._interval_passed)
-                try:
-                    await self._wake.wait()
-                finally:
-                    timer.cancel()
+                await self._wake.wait()
+                timer.cancel()
             self._wake.clear()
             while self._due():
                 await self._write_next()
@@ -295,8 +275,7 @@ class LedgerWriter:
         if source:
             count = range(min(self._batch_size, len(source)))
             batch = [source.popleft() for _ in count]
-            if not loose:
-                lines = [self._lines.popleft() for _ in count]
+            lines = None if loose else [self._lines.popleft() for _ in count]
         else:
             batch, bad = await self._read_back()  # encoded again by the store: see `_read_back`
         if batch:
@@ -321,10 +300,8 @@ class LedgerWriter:
 
     async def _read_back(self) -> tuple[list[LedgerRecord], list[bytes]]:
         """The next rows from the journal itself; back to the in-memory path once at its end.
-
-        Their lines are not handed to the store: a line an older version wrote may lack a field
-        added since (its record holds the default, the line holds nothing), so the store encodes
-        the records it decoded — what the database gets never depends on the line's age."""
+        The store encodes the decoded records: an older version's line may lack a field added
+        since (which the record holds as its default), so the lines themselves are not used."""
         journal = self._journal
         assert journal is not None
         read = await journal.read(self._committed, self._batch_size)
@@ -343,7 +320,7 @@ class LedgerWriter:
             try:
                 await self._store.write(batch, lines)
             except Exception as exc:
-                if not _is_outage(exc):
+                if not is_outage(exc):
                     await self._isolate(batch, lines, exc)
                     return
                 attempt += 1
@@ -385,24 +362,6 @@ class LedgerWriter:
         self.rejected.append(record)
         if self._journal is not None:
             self._journal.reject(self._journal.encode(record))
-
-
-def _is_outage(exc: Exception) -> bool:
-    """Whether retrying the same rows can succeed: the database (or the way to it) is failing.
-
-    Errors about the data itself (a constraint, a value the column or the driver refuses, a bind
-    error) never heal on retry; neither does a bug of ours. Those rows are set aside instead of
-    blocking the rest. A missing table (`ProgrammingError`: not migrated yet) counts as an outage.
-    """
-    if isinstance(exc, sqlite3.Error):
-        return is_sqlite_outage(exc)
-    if isinstance(exc, LedgerUnavailable):  # the PostgreSQL store's driver errors, sorted where they happen
-        return True
-    if isinstance(exc, DBAPIError):
-        return exc.connection_invalidated or isinstance(exc, _OUTAGE_ERRORS)
-    # Outside the driver, only a pool timeout or a lost connection is the database's doing; any
-    # other SQLAlchemy error (a bad argument, a statement that does not compile) is a bug of ours.
-    return isinstance(exc, PoolTimeout | DisconnectionError | OSError)
 
 
 async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) -> None:

@@ -48,6 +48,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from catalog.database import SQLITE_PRAGMAS
+from catalog.outages import LedgerUnavailable, is_sqlite_outage, postgres_outages
 from catalog.records import RECORD_JSON, LedgerRecord
 from catalog.rollup import SQLiteRollup, decimal_add, postgres_statement
 from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
@@ -227,12 +228,6 @@ class SQLiteStore(SQLiteRows):
             self._connection = None
 
 
-def is_sqlite_outage(exc: BaseException) -> bool:
-    """The database failing (locked past the busy timeout, I/O, no such table yet, not a database
-    file), not the rows: the same batch may succeed later."""
-    return isinstance(exc, sqlite3.OperationalError | OSError) or type(exc) is sqlite3.DatabaseError
-
-
 class EngineStore(SQLiteRows):
     """`SQLiteRows` through the engine, for SQLite databases only the engine's connection reaches."""
 
@@ -359,7 +354,7 @@ class PostgresStore:
         except Exception as exc:
             closed = driver.is_closed()
             await self._drop()
-            if closed or isinstance(exc, _postgres_outages()):
+            if closed or isinstance(exc, postgres_outages()):
                 raise LedgerUnavailable(f"{type(exc).__name__}: {exc}") from exc
             raise
 
@@ -387,22 +382,3 @@ class PostgresStore:
         connection, self._connection, self._driver = self._connection, None, None
         if connection is not None:
             await connection.close()
-
-
-class LedgerUnavailable(Exception):
-    """The database failed a write, not the rows: the same batch may succeed later."""
-
-
-def _postgres_outages() -> tuple[type[BaseException], ...]:
-    """asyncpg's errors that SQLAlchemy's asyncpg dialect makes `InterfaceError`,
-    `ProgrammingError` or `InternalError` (the writer's outages), and the network's."""
-    import asyncpg  # only where PostgreSQL is the database
-
-    return (
-        OSError,
-        TimeoutError,
-        asyncpg.InterfaceError,
-        asyncpg.SyntaxOrAccessError,
-        asyncpg.InternalServerError,
-        asyncpg.InvalidCachedStatementError,  # a migration changed a table under the prepared statement
-    )
