@@ -93,7 +93,7 @@ class LedgerSettings(Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = True  # false only to measure what accounting costs (bench/): no rows are written
     queue_size: Annotated[int, Meta(ge=1)] = 10_000
     batch_size: Annotated[int, Meta(ge=1)] = 256
-    flush_interval_s: Annotated[float, Meta(gt=0)] = 0.25  # each batch wakes the SQLite thread: fewer is cheaper
+    flush_interval_s: Annotated[float, Meta(gt=0)] = 1.0  # a batch has a fixed price (RESULTS.md): fewer is cheaper
     journal: Annotated[str, Meta(min_length=1)] = "switchyard-journal"  # a directory, relative to the config file
     fsync_interval_s: Annotated[float, Meta(gt=0)] = 1.0  # a machine crash loses at most this much
     required: bool = True  # no journal, no traffic (503); false: serve, rows held in memory only

@@ -24,9 +24,8 @@ Without a journal (none configured, or it cannot be written: disk full, read-onl
 in memory only, as `loose` rows — the service refuses requests in that state unless `[ledger]
 required = false` (`accepting`; the edge answers 503, app/edge/asgi.py).
 
-Records are encoded for the database per batch, not per request: in a tight loop over 256 rows
-the encoder's code stays in the CPU's caches, while one encode between two requests ran at a
-third of that speed (≈ 10 µs against 3 µs per row, measured with per-thread CPU counters). A
+Records are checked and encoded for the database per batch, in a tight loop that keeps its code
+in the CPU's caches (PostgreSQL's store joins the journal lines queued beside them instead). A
 record the database would refuse (a naive datetime, a cost too large for its column) is
 therefore found at write time and set aside like a row the database itself refuses: logged (its
 request id and error type, never request data or keys), kept in `rejected` and, with a journal,
@@ -39,7 +38,6 @@ down, rows stay in the journal for the next start instead of holding up the shut
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -47,23 +45,14 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import structlog
-from sqlalchemy.exc import (
-    DBAPIError,
-    DisconnectionError,
-    InterfaceError,
-    InternalError,
-    OperationalError,
-    ProgrammingError,
-)
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.journal import Journal
-from catalog.ledger_store import LedgerUnavailable, is_sqlite_outage, store_for
-from catalog.records import LedgerRecord
+from catalog.ledger_store import store_for
+from catalog.outages import is_outage
+from catalog.records import RECORD_JSON, LedgerRecord
 
 _MAX_BACKOFF = 5.0
-_OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalError)
 STORE_CLOSE_S = 2.0  # closing the store's connection (SQLite: on its thread, maybe in a busy wait)
 BEHIND_AFTER_S = 10.0  # the oldest unwritten row older than this: the ledger is "behind"
 LedgerState = Literal["ok", "behind", "unwritable"]
@@ -96,6 +85,7 @@ class LedgerWriter:
         self._journal = journal
         self._required = required
         self._queue: deque[LedgerRecord] = deque()  # journal rows `committed` … on, while not behind
+        self._lines: deque[bytes] = deque()  # their journal lines, the JSON the PostgreSQL store reuses
         self._loose: deque[LedgerRecord] = deque()  # rows in memory only (no journal to hold them)
         self._committed = 0  # journal rows written to the database (or set aside), in append order
         self._behind = journal is not None and journal.appended > 0  # adopted rows: replay first
@@ -163,17 +153,20 @@ class LedgerWriter:
         return self._task
 
     def submit(self, record: LedgerRecord, encoded: bytes | None = None) -> None:
-        """Journal `record` (`encoded`: its msgspec JSON, when the caller has it) and queue it for
-        writing. Never blocks, never raises for a full queue or a failed journal write (the row is
-        then kept in memory)."""
+        """Journal `record` (`encoded`: `RECORD_JSON.encode(record)`, when the caller has it) and
+        queue it for writing with that line. Never blocks, never raises for a full queue or a
+        failed journal write (the row is then kept in memory)."""
         if self._closing:
             raise RuntimeError("the ledger writer is closed")
         self._submitted += 1
         journal = self._journal
+        if encoded is None:
+            encoded = RECORD_JSON.encode(record)
         if journal is not None and journal.append(record, encoded):
             if not self._behind:
                 if len(self._queue) < self._max_queue:
                     self._queue.append(record)
+                    self._lines.append(encoded)
                     if len(self._queue) >= self._batch_size:
                         self._wake.set()
                     return
@@ -252,31 +245,42 @@ class LedgerWriter:
         """Write full batches as they fill, and whatever is queued once `flush_interval` passes
         without one. Not the partial batch that gathered while the previous one was written: a
         batch has a fixed price (a hop to the store's thread and back, a commit), so under load
-        batches stay full instead of shrinking to whatever arrived during the last write."""
+        batches stay full instead of shrinking to whatever arrived during the last write. The
+        interval is a loop timer, not `asyncio.wait_for` (a task per wait, cancelled and awaited
+        each time the interval passes); one left behind by a cancelled task only sets the event."""
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self._flush_interval)
-            except TimeoutError:
-                self._drain_to = max(self._drain_to, self._submitted)
+            if not self._wake.is_set():
+                timer = loop.call_later(self._flush_interval, self._interval_passed)
+                await self._wake.wait()
+                timer.cancel()
             self._wake.clear()
             while self._due():
                 await self._write_next()
             if self._closing and not self.pending:
                 return
 
+    def _interval_passed(self) -> None:
+        """`flush_interval` passed without a wake-up: the rows submitted so far leave now."""
+        self._drain_to = max(self._drain_to, self._submitted)
+        self._wake.set()
+
     async def _write_next(self) -> None:
         """Take the next batch (memory-only rows first, then the journal's, from memory or read
         back from disk), write it and count it done."""
         bad: list[bytes] = []
+        lines: list[bytes] | None = None  # the rows' journal lines, when they come from memory
         loose = bool(self._loose)
         source = self._loose if loose else self._queue
         if source:
-            batch = [source.popleft() for _ in range(min(self._batch_size, len(source)))]
+            count = range(min(self._batch_size, len(source)))
+            batch = [source.popleft() for _ in count]
+            lines = None if loose else [self._lines.popleft() for _ in count]
         else:
-            batch, bad = await self._read_back()
+            batch, bad = await self._read_back()  # encoded again by the store: see `_read_back`
         if batch:
             self._head = batch[0].finished_at
-            await self._write_with_retry(batch)
+            await self._write_with_retry(batch, lines)
         for line in bad:
             log.error("ledger_journal_line_unreadable", bytes=len(line))
             if self._journal is not None:
@@ -295,7 +299,9 @@ class LedgerWriter:
             self._progress.notify_all()
 
     async def _read_back(self) -> tuple[list[LedgerRecord], list[bytes]]:
-        """The next rows from the journal itself; back to the in-memory path once at its end."""
+        """The next rows from the journal itself; back to the in-memory path once at its end.
+        The store encodes the decoded records: an older version's line may lack a field added
+        since (which the record holds as its default), so the lines themselves are not used."""
         journal = self._journal
         assert journal is not None
         read = await journal.read(self._committed, self._batch_size)
@@ -308,14 +314,14 @@ class LedgerWriter:
             self._behind = False  # rows appended from now on are queued in memory again
         return read.records, read.bad
 
-    async def _write_with_retry(self, batch: Sequence[LedgerRecord]) -> None:
+    async def _write_with_retry(self, batch: Sequence[LedgerRecord], lines: Sequence[bytes] | None) -> None:
         attempt = 0
         while True:
             try:
-                await self._store.write(batch)
+                await self._store.write(batch, lines)
             except Exception as exc:
-                if not _is_outage(exc):
-                    await self._isolate(batch, exc)
+                if not is_outage(exc):
+                    await self._isolate(batch, lines, exc)
                     return
                 attempt += 1
                 await asyncio.sleep(self._on_write_failure(batch, exc, attempt))
@@ -324,13 +330,13 @@ class LedgerWriter:
                     self._outage_ended()
                 return
 
-    async def _isolate(self, batch: Sequence[LedgerRecord], exc: Exception) -> None:
+    async def _isolate(self, batch: Sequence[LedgerRecord], lines: Sequence[bytes] | None, exc: Exception) -> None:
         """The rows themselves failed: write them one by one so only the bad ones are set aside."""
         if len(batch) == 1:
             self._on_rejected(batch[0], exc)
             return
-        for record in batch:
-            await self._write_with_retry([record])
+        for index, record in enumerate(batch):
+            await self._write_with_retry([record], None if lines is None else [lines[index]])
 
     def _on_write_failure(self, batch: Sequence[LedgerRecord], exc: Exception, attempt: int) -> float:
         """The database is unreachable or failing: the first failure starts an outage (logged
@@ -340,6 +346,7 @@ class LedgerWriter:
             log.warning("ledger_outage_started", error=type(exc).__name__, rows_pending=self.pending)
         if self._journal is not None:
             self._queue.clear()  # these rows are in the journal: read back from it after the outage
+            self._lines.clear()
             self._behind = True
         return float(min(_MAX_BACKOFF, 0.05 * 2 ** min(attempt, 10)))
 
@@ -357,24 +364,6 @@ class LedgerWriter:
             self._journal.reject(self._journal.encode(record))
 
 
-def _is_outage(exc: Exception) -> bool:
-    """Whether retrying the same rows can succeed: the database (or the way to it) is failing.
-
-    Errors about the data itself (a constraint, a value the column or the driver refuses, a bind
-    error) never heal on retry; neither does a bug of ours. Those rows are set aside instead of
-    blocking the rest. A missing table (`ProgrammingError`: not migrated yet) counts as an outage.
-    """
-    if isinstance(exc, sqlite3.Error):
-        return is_sqlite_outage(exc)
-    if isinstance(exc, LedgerUnavailable):  # the PostgreSQL store's driver errors, sorted where they happen
-        return True
-    if isinstance(exc, DBAPIError):
-        return exc.connection_invalidated or isinstance(exc, _OUTAGE_ERRORS)
-    # Outside the driver, only a pool timeout or a lost connection is the database's doing; any
-    # other SQLAlchemy error (a bad argument, a statement that does not compile) is a bug of ours.
-    return isinstance(exc, PoolTimeout | DisconnectionError | OSError)
-
-
 async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) -> None:
     """Write `records` now in one transaction, idempotently (a known request id is skipped).
 
@@ -384,6 +373,6 @@ async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) ->
     store = store_for(engine, _COLUMNS)
     try:
         if records:
-            await store.write(records)
+            await store.write(records, None)
     finally:
         await store.close()

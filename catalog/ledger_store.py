@@ -10,12 +10,14 @@ batch over once:
   `sqlite3` driver's `executemany`, on a thread of its own with its own connection; a batch is
   one hop to that thread. Through SQLAlchemy's async engine and aiosqlite a batch was about six
   round trips between the threads.
-- `PostgresStore`: the batch is one JSON document (msgspec encodes it in C, ≈ 0.7 µs a row) that
-  PostgreSQL turns into rows with `json_populate_recordset`, one statement sent by asyncpg itself
-  on a connection the store keeps from the engine's pool, outside a transaction (a statement is
-  its own transaction); the parsing happens in the database server, not in the gateway. Costs
-  are rounded here first (PostgreSQL would round ties away from zero, the column type rounds
-  half-even).
+- `PostgresStore`: the batch is one JSON document — the rows' journal lines joined, the pipeline
+  having encoded each record once already — that PostgreSQL turns into rows with
+  `json_populate_recordset`, one statement sent by asyncpg itself on a connection the store keeps
+  from the engine's pool, outside a transaction (a statement is its own transaction); the
+  parsing happens in the database server, not in the gateway. The document goes as `bytea`
+  (`convert_from` makes it text there): bytes as they are, where a `json` parameter is a `str`
+  that the gateway would decode and the driver encode again. Costs are rounded here first
+  (PostgreSQL would round ties away from zero, the column type rounds half-even).
 - `EngineStore`: SQLite databases that are not a plain file (`:memory:`, URI filenames), which a
   second connection could not reach: the same rows as `SQLiteStore` through the engine.
 
@@ -31,10 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import decimal
+import operator
 import sqlite3
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC
+from decimal import Decimal
 from typing import Any, Protocol
 
 import msgspec
@@ -43,7 +48,8 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from catalog.database import SQLITE_PRAGMAS
-from catalog.records import LedgerRecord
+from catalog.outages import LedgerUnavailable, is_sqlite_outage, postgres_outages
+from catalog.records import RECORD_JSON, LedgerRecord
 from catalog.rollup import SQLiteRollup, decimal_add, postgres_statement
 from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
 
@@ -51,9 +57,10 @@ _CONFLICT = "ON CONFLICT (request_id) DO NOTHING"
 
 
 class LedgerStore(Protocol):
-    async def write(self, records: Sequence[LedgerRecord]) -> None:
+    async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         """Insert `records` in one transaction, skipping request ids already present; ValueError
-        (nothing written) when one of them is a record the database would refuse."""
+        (nothing written) when one of them is a record the database would refuse. `lines`, when
+        given: each record's `RECORD_JSON.encode(record)` (its journal line), in order."""
 
     async def close(self) -> None: ...
 
@@ -179,7 +186,7 @@ class SQLiteStore(SQLiteRows):
         self._connection: sqlite3.Connection | None = None  # used on `_thread` only
         self._closed = False
 
-    async def write(self, records: Sequence[LedgerRecord]) -> None:
+    async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._insert, records)
 
     async def close(self) -> None:
@@ -221,12 +228,6 @@ class SQLiteStore(SQLiteRows):
             self._connection = None
 
 
-def is_sqlite_outage(exc: BaseException) -> bool:
-    """The database failing (locked past the busy timeout, I/O, no such table yet, not a database
-    file), not the rows: the same batch may succeed later."""
-    return isinstance(exc, sqlite3.OperationalError | OSError) or type(exc) is sqlite3.DatabaseError
-
-
 class EngineStore(SQLiteRows):
     """`SQLiteRows` through the engine, for SQLite databases only the engine's connection reaches."""
 
@@ -234,7 +235,7 @@ class EngineStore(SQLiteRows):
         super().__init__(columns)
         self._engine = engine
 
-    async def write(self, records: Sequence[LedgerRecord]) -> None:
+    async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         try:
             async with self._engine.begin() as connection:
                 await connection.run_sync(self._insert, records, False)
@@ -264,44 +265,78 @@ class _Skipped(Exception):
 
 
 class PostgresStore:
-    """Batches as one JSON document that PostgreSQL unpacks into ledger rows (and their roll-ups)."""
+    """Batches as one JSON document that PostgreSQL unpacks into ledger rows (and their roll-ups).
+
+    The document is the records' `RECORD_JSON` encodings joined into one array. The writer hands
+    the journal lines it already has (the pipeline encoded each record once, for the journal and
+    the log line): a record that `encode` keeps as it is goes as its line, and only a record whose
+    costs it rounds is encoded again — the same bytes, byte for byte, as encoding the batch
+    (tests/catalog/test_ledger_document.py), without a second encoding of each row.
+    """
 
     def __init__(self, engine: AsyncEngine, columns: Sequence[str]) -> None:
         self._engine = engine
         self._connection: AsyncConnection | None = None  # held between batches, out of any transaction
         self._driver: Any = None  # its asyncpg connection
-        self._json = msgspec.json.Encoder()
         table = LedgerRow.__table__
-        self._times = [name for name in columns if isinstance(table.c[name].type, UTCDateTime)]
-        self._decimals = [(name, t) for name in columns if isinstance(t := table.c[name].type, ExactDecimal)]
+        times = [name for name in columns if isinstance(table.c[name].type, UTCDateTime)]
+        decimals = [(name, t) for name in columns if isinstance(t := table.c[name].type, ExactDecimal)]
+        if len(times) != 2 or len(decimals) != 2 or len({(t.precision, t.scale) for _, t in decimals}) != 1:
+            raise ValueError("the PostgreSQL ledger encoder expects two UTC timestamps and two costs of one type")
+        (self._cost, self._money), (self._estimate, _) = decimals
+        self._checked = operator.attrgetter(*times, self._cost, self._estimate)
+        self._quantum, self._context = self._money.quantum, self._money.context
         names = ", ".join(columns)
         self.sql = postgres_statement(
             f"INSERT INTO ledger ({names}) SELECT {names} "  # noqa: S608
-            f"FROM json_populate_recordset(NULL::ledger, $1::json) {_CONFLICT}"
+            f"FROM json_populate_recordset(NULL::ledger, convert_from($1::bytea, 'UTF8')::json) {_CONFLICT}"
         )
 
     def encode(self, record: LedgerRecord) -> LedgerRecord:
-        """The record itself, or a copy with its costs rounded to the column's scale.
+        """The record itself, or a copy with its costs rounded half-even to the column's scale
+        (PostgreSQL would round ties away from zero); ValueError for a cost that does not fit.
 
         Timestamps go as RFC 3339 with their offset (the same instant, whatever the zone); a naive
-        one is refused, since PostgreSQL would read it in the session's time zone."""
-        for name in self._times:
-            moment: datetime = getattr(record, name)
-            if moment.tzinfo is not UTC:
-                UTCDateTime.aware_utc(moment)
-        rounded: dict[str, Any] = {}
-        last: tuple[Any, Any] = (None, None)  # cost_usd and estimated_cost_usd are usually one object
-        for name, column in self._decimals:
-            value = getattr(record, name)
-            if value is None:
-                continue
-            exact = last[1] if value is last[0] else column.quantize(value)
-            last = (value, exact)
-            if exact != value:
+        one is refused, since PostgreSQL would read it in the session's time zone. One straight
+        run: the four values in one C call, and a cost that is already exact at the column's scale
+        (the usual case; the estimate is usually the very same object) costs one `quantize` and
+        one comparison, in C; anything else takes `_rounded`."""
+        started, finished, cost, estimate = self._checked(record)
+        if started.tzinfo is not UTC or finished.tzinfo is not UTC:
+            UTCDateTime.aware_utc(started)
+            UTCDateTime.aware_utc(finished)
+        quantum, context = self._quantum, self._context
+        try:  # a quiet NaN quantizes to itself and is never equal to it
+            if (cost is None or cost.quantize(quantum, context=context) == cost) and (
+                estimate is None or estimate is cost or estimate.quantize(quantum, context=context) == estimate
+            ):
+                return record
+        except decimal.InvalidOperation:  # too many digits, infinite or a signalling NaN
+            pass
+        return self._rounded(record, cost, estimate)
+
+    def _rounded(self, record: LedgerRecord, cost: Decimal | None, estimate: Decimal | None) -> LedgerRecord:
+        """A copy with the costs the column changes replaced by their rounded form; ValueError
+        (from `ExactDecimal.quantize`) for one that does not fit or is not finite."""
+        rounded: dict[str, Decimal] = {}
+        for name, value in ((self._cost, cost), (self._estimate, estimate)):
+            if value is not None and (exact := self._money.quantize(value)) != value:
                 rounded[name] = exact
         return msgspec.structs.replace(record, **rounded) if rounded else record
 
-    async def write(self, records: Sequence[LedgerRecord]) -> None:
+    def document(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> bytes:
+        """The batch's JSON array: `lines` (each record's `RECORD_JSON` encoding) joined, with
+        the records `encode` rounds encoded again; without `lines`, the records encoded here."""
+        encode = self.encode
+        if lines is None:
+            return RECORD_JSON.encode([encode(record) for record in records])
+        parts = [
+            line if (exact := encode(record)) is record else RECORD_JSON.encode(exact)
+            for record, line in zip(records, lines, strict=True)
+        ]
+        return b"".join((b"[", b",".join(parts), b"]"))
+
+    async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         """One statement through asyncpg itself, on a connection the store keeps from the engine's
         pool: outside a transaction PostgreSQL runs a statement as its own, so the rows and their
         roll-ups still commit together. Per batch that leaves out a pool checkout, BEGIN and
@@ -312,14 +347,14 @@ class PostgresStore:
         missing table (not migrated yet), an interface or internal server error are the database
         failing (`LedgerUnavailable`); any other is about the rows and propagates as it is. A failed
         write drops the connection; the next write takes a new one."""
-        document = self._json.encode([self.encode(record) for record in records]).decode()
+        document = self.document(records, lines)
         driver = self._driver or await self._connect()
         try:
             await driver.execute(self.sql, document)
         except Exception as exc:
             closed = driver.is_closed()
             await self._drop()
-            if closed or isinstance(exc, _postgres_outages()):
+            if closed or isinstance(exc, postgres_outages()):
                 raise LedgerUnavailable(f"{type(exc).__name__}: {exc}") from exc
             raise
 
@@ -347,22 +382,3 @@ class PostgresStore:
         connection, self._connection, self._driver = self._connection, None, None
         if connection is not None:
             await connection.close()
-
-
-class LedgerUnavailable(Exception):
-    """The database failed a write, not the rows: the same batch may succeed later."""
-
-
-def _postgres_outages() -> tuple[type[BaseException], ...]:
-    """asyncpg's errors that SQLAlchemy's asyncpg dialect makes `InterfaceError`,
-    `ProgrammingError` or `InternalError` (the writer's outages), and the network's."""
-    import asyncpg  # only where PostgreSQL is the database
-
-    return (
-        OSError,
-        TimeoutError,
-        asyncpg.InterfaceError,
-        asyncpg.SyntaxOrAccessError,
-        asyncpg.InternalServerError,
-        asyncpg.InvalidCachedStatementError,  # a migration changed a table under the prepared statement
-    )

@@ -105,8 +105,8 @@ class ExactDecimal(TypeDecorator[Decimal]):
         super().__init__(precision=precision, scale=scale, asdecimal=True)
         self.precision = precision
         self.scale = scale
-        self._quantum = Decimal(1).scaleb(-scale)
-        self._context = decimal.Context(
+        self.quantum = Decimal(1).scaleb(-scale)
+        self.context = decimal.Context(
             prec=precision, rounding=decimal.ROUND_HALF_EVEN, traps=[decimal.InvalidOperation]
         )
 
@@ -121,7 +121,7 @@ class ExactDecimal(TypeDecorator[Decimal]):
         One C call does both: the context's precision is the column's, so a result with too many
         integer digits (after rounding) raises, and so does a value that is not finite."""
         try:
-            rounded = value.quantize(self._quantum, context=self._context)
+            rounded = value.quantize(self.quantum, context=self.context)
         except decimal.InvalidOperation:
             rounded = None
         if rounded is None or rounded.is_nan():  # a quiet NaN quantizes to itself without a signal

@@ -87,6 +87,7 @@ files = ["models.toml"]
 
 [ledger]
 fsync_interval_s = 0.2
+flush_interval_s = 0.25  # the outage tests cut the database for less than a second: the writer must try meanwhile
 
 [providers.local]
 kind = "local"

@@ -1,0 +1,68 @@
+"""Which failures of a ledger write are outages — the database (or the way to it) failing, so the
+same rows may succeed later and are retried — and which are the rows' own fault, so they are set
+aside. One place for the writer (`catalog.ledger`) and the stores (`catalog.ledger_store`):
+
+- SQLite (the stdlib driver): `is_sqlite_outage`;
+- PostgreSQL (asyncpg, driven by the store itself): `postgres_outages`, which the store turns
+  into `LedgerUnavailable` where it happens;
+- SQLAlchemy's errors (the engine's own paths): sorted in `is_outage` as its dialects wrap them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    InternalError,
+    OperationalError,
+    ProgrammingError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+_OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalError)
+
+
+class LedgerUnavailable(Exception):
+    """The database failed a write, not the rows: the same batch may succeed later."""
+
+
+def is_outage(exc: Exception) -> bool:
+    """Whether retrying the same rows can succeed: the database (or the way to it) is failing.
+
+    Errors about the data itself (a constraint, a value the column or the driver refuses, a bind
+    error) never heal on retry; neither does a bug of ours. Those rows are set aside instead of
+    blocking the rest. A missing table (`ProgrammingError`: not migrated yet) counts as an outage.
+    """
+    if isinstance(exc, sqlite3.Error):
+        return is_sqlite_outage(exc)
+    if isinstance(exc, LedgerUnavailable):  # the PostgreSQL store's driver errors, sorted where they happen
+        return True
+    if isinstance(exc, DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, _OUTAGE_ERRORS)
+    # Outside the driver, only a pool timeout or a lost connection is the database's doing; any
+    # other SQLAlchemy error (a bad argument, a statement that does not compile) is a bug of ours.
+    return isinstance(exc, PoolTimeout | DisconnectionError | OSError)
+
+
+def is_sqlite_outage(exc: BaseException) -> bool:
+    """The database failing (locked past the busy timeout, I/O, no such table yet, not a database
+    file), not the rows: the same batch may succeed later."""
+    return isinstance(exc, sqlite3.OperationalError | OSError) or type(exc) is sqlite3.DatabaseError
+
+
+def postgres_outages() -> tuple[type[BaseException], ...]:
+    """asyncpg's errors that SQLAlchemy's asyncpg dialect makes `InterfaceError`,
+    `ProgrammingError` or `InternalError` (the writer's outages), and the network's."""
+    import asyncpg  # only where PostgreSQL is the database
+
+    return (
+        OSError,
+        TimeoutError,
+        asyncpg.InterfaceError,
+        asyncpg.SyntaxOrAccessError,
+        asyncpg.InternalServerError,
+        asyncpg.InvalidCachedStatementError,  # a migration changed a table under the prepared statement
+    )
