@@ -84,8 +84,9 @@ class LedgerWriter:
         self._store = store_for(engine, _COLUMNS)
         self._journal = journal
         self._required = required
-        self._queue: deque[LedgerRecord] = deque()  # journal rows `committed` … on, while not behind
-        self._lines: deque[bytes] = deque()  # their journal lines, the JSON the PostgreSQL store reuses
+        # journal rows `committed` … on, while not behind, each with its journal line (the JSON the
+        # PostgreSQL store reuses): one deque of pairs, so a row and its line cannot drift apart
+        self._queue: deque[tuple[LedgerRecord, bytes]] = deque()
         self._loose: deque[LedgerRecord] = deque()  # rows in memory only (no journal to hold them)
         self._committed = 0  # journal rows written to the database (or set aside), in append order
         self._behind = journal is not None and journal.appended > 0  # adopted rows: replay first
@@ -133,7 +134,8 @@ class LedgerWriter:
         While rows are read back from the journal this is the batch in hand's oldest row."""
         if not self.pending:
             return 0.0
-        times = [t for t in (self._head, *(lane[0].finished_at for lane in (self._loose, self._queue) if lane)) if t]
+        heads = ([self._loose[0]] if self._loose else []) + ([self._queue[0][0]] if self._queue else [])
+        times = [t for t in (self._head, *(head.finished_at for head in heads)) if t]
         if not times:  # only rows on disk, not read yet: they came after the last row written
             times = [self._last_written] if self._last_written is not None else []
         if not times:
@@ -160,22 +162,23 @@ class LedgerWriter:
             raise RuntimeError("the ledger writer is closed")
         self._submitted += 1
         journal = self._journal
-        if encoded is None:
-            encoded = RECORD_JSON.encode(record)
-        if journal is not None and journal.append(record, encoded):
-            if not self._behind:
-                if len(self._queue) < self._max_queue:
-                    self._queue.append(record)
-                    self._lines.append(encoded)
-                    if len(self._queue) >= self._batch_size:
-                        self._wake.set()
-                    return
-                log.warning("ledger_queue_full", max_queue=self._max_queue, rows_wait_on="journal")
-                self._behind = True  # this row and the next ones are read back from the journal
-            if journal.appended - self._committed >= self._batch_size:
-                self._wake.set()
+        if journal is None:
+            self._on_overflow(record)  # kept in memory
             return
-        self._on_overflow(record)
+        line = RECORD_JSON.encode(record) if encoded is None else encoded
+        if not journal.append(record, line):
+            self._on_overflow(record)
+            return
+        if not self._behind:
+            if len(self._queue) < self._max_queue:
+                self._queue.append((record, line))
+                if len(self._queue) >= self._batch_size:
+                    self._wake.set()
+                return
+            log.warning("ledger_queue_full", max_queue=self._max_queue, rows_wait_on="journal")
+            self._behind = True  # this row and the next ones are read back from the journal
+        if journal.appended - self._committed >= self._batch_size:
+            self._wake.set()
 
     async def flush(self) -> None:
         """Wait until every record submitted before this call has been written."""
@@ -271,11 +274,11 @@ class LedgerWriter:
         bad: list[bytes] = []
         lines: list[bytes] | None = None  # the rows' journal lines, when they come from memory
         loose = bool(self._loose)
-        source = self._loose if loose else self._queue
-        if source:
-            count = range(min(self._batch_size, len(source)))
-            batch = [source.popleft() for _ in count]
-            lines = None if loose else [self._lines.popleft() for _ in count]
+        if loose:
+            batch = [self._loose.popleft() for _ in range(min(self._batch_size, len(self._loose)))]
+        elif self._queue:
+            pairs = [self._queue.popleft() for _ in range(min(self._batch_size, len(self._queue)))]
+            batch, lines = [record for record, _ in pairs], [line for _, line in pairs]
         else:
             batch, bad = await self._read_back()  # encoded again by the store: see `_read_back`
         if batch:
@@ -346,7 +349,6 @@ class LedgerWriter:
             log.warning("ledger_outage_started", error=type(exc).__name__, rows_pending=self.pending)
         if self._journal is not None:
             self._queue.clear()  # these rows are in the journal: read back from it after the outage
-            self._lines.clear()
             self._behind = True
         return float(min(_MAX_BACKOFF, 0.05 * 2 ** min(attempt, 10)))
 
