@@ -54,6 +54,18 @@ def test_the_document_from_lines_is_the_document_of_the_records(store: PostgresS
     assert store.document(ROWS[:1], lines(ROWS[:1])) == b"[" + RECORD_JSON.encode(FULL) + b"]"
 
 
+def test_a_row_the_column_keeps_goes_as_the_very_line_handed_over(store: PostgresStore) -> None:
+    """The lines are used, not encoded again: each given a leading space (the same JSON, bytes no
+    encoder writes), the kept rows carry it into the document; the rows whose costs the column
+    rounds are encoded again from their rounded copy."""
+    spaced = [b" " + line for line in lines(ROWS)]
+    rounded = {2, 3, 4, 6}
+    expected = [
+        RECORD_JSON.encode(store.encode(item)) if index in rounded else spaced[index] for index, item in enumerate(ROWS)
+    ]
+    assert store.document(ROWS, spaced) == b"[" + b",".join(expected) + b"]"
+
+
 def test_only_costs_the_column_would_round_are_replaced(store: PostgresStore) -> None:
     """`encode` keeps the very record (so its line goes as it is) unless a cost changes at the
     column's scale; then exactly the changed costs are replaced by their half-even rounding."""
