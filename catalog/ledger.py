@@ -81,7 +81,7 @@ class LedgerWriter:
         self._max_queue = max_queue
         self._batch_size = max(1, batch_size)
         self._flush_interval = flush_interval
-        self._store = store_for(engine, _COLUMNS)
+        self._store = store_for(engine, _COLUMNS, own_process=True)
         self._journal = journal
         self._required = required
         # journal rows `committed` … on, while not behind, each with its journal line (the JSON the

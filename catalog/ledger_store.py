@@ -35,11 +35,14 @@ import asyncio
 import contextlib
 import decimal
 import operator
-import sqlite3
+import os
+import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC
 from decimal import Decimal
+from pathlib import Path
+from subprocess import PIPE
 from typing import Any, Protocol
 
 import msgspec
@@ -47,10 +50,11 @@ from sqlalchemy import Boolean, Double
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from catalog.database import SQLITE_PRAGMAS
-from catalog.outages import LedgerUnavailable, is_sqlite_outage, postgres_outages
+from catalog.outages import LedgerUnavailable, postgres_outages
 from catalog.records import RECORD_JSON, LedgerRecord
-from catalog.rollup import SQLiteRollup, decimal_add, postgres_statement
+from catalog.rollup import decimal_add, postgres_statement
+from catalog.sqlite_child import HEAD, OUTAGE, WRITTEN, Setup, frame
+from catalog.sqlite_rows import RowPlan, SQLiteBatches, SQLiteRows
 from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
 
 _CONFLICT = "ON CONFLICT (request_id) DO NOTHING"
@@ -65,174 +69,155 @@ class LedgerStore(Protocol):
     async def close(self) -> None: ...
 
 
-def store_for(engine: AsyncEngine, columns: Sequence[str]) -> LedgerStore:
-    """The store for `engine`'s database; `columns` are `LedgerRecord`'s fields, in order."""
+def store_for(engine: AsyncEngine, columns: Sequence[str], *, own_process: bool = False) -> LedgerStore:
+    """The store for `engine`'s database; `columns` are `LedgerRecord`'s fields, in order.
+    `own_process`: a SQLite file is written by a process of its own (the ledger writer's case).
+    """
     if engine.dialect.name == "postgresql":
         return PostgresStore(engine, columns)
     if engine.dialect.name == "sqlite":
         path = engine.url.database
         if path and path != ":memory:" and not path.startswith("file:") and not engine.url.query:
-            return SQLiteStore(path, columns)
+            return SQLiteProcessStore(path, columns) if own_process else SQLiteStore(path, columns)
         return EngineStore(engine, columns)
     raise ValueError(f"the ledger supports SQLite and PostgreSQL, not {engine.dialect.name}")
 
 
-class SQLiteRows:
-    """A record as the list of parameters SQLite's driver binds, and the INSERT they go to.
-
-    `encode` is one straight run per row: msgspec turns the record's tuple into builtins in one C
-    call — the timestamps into RFC 3339 text that a slice and a `replace` make SQLite's stored
-    form, the costs into text that the column's exact form replaces — and the rest is a few
-    assignments by position (callgrind, the bench's row: 25,700 → 23,900 instructions). The
-    positions are found here, from the table's column types, for the ledger's shape: two UTC
-    timestamps, two costs of one type, booleans, and columns bound as they are; another shape is
-    refused here, not mis-stored later.
-    """
-
-    def __init__(self, columns: Sequence[str]) -> None:
-        table, dialect = LedgerRow.__table__, sqlite_dialect.dialect()
-        times: list[int] = []
-        decimals: list[tuple[int, ExactDecimal]] = []
-        self._bools: list[int] = []
-        for index, name in enumerate(columns):
-            column_type = table.c[name].type
-            if isinstance(column_type, UTCDateTime):
-                times.append(index)
-            elif isinstance(column_type, ExactDecimal):
-                decimals.append((index, column_type))
-            elif isinstance(column_type, Boolean):
-                self._bools.append(index)  # stored as 1 or 0, as SQLAlchemy's processor stores it
-            elif isinstance(column_type, Double):
-                continue  # a float (or an int: the column's REAL affinity stores it as a float), bound as is
-            elif column_type.dialect_impl(dialect).bind_processor(dialect) is not None:
-                raise ValueError(f"the SQLite ledger encoder does not convert column {name} ({column_type})")
-        if len(times) != 2 or len({(money.precision, money.scale) for _, money in decimals}) != 1 or len(decimals) != 2:
-            raise ValueError("the SQLite ledger encoder expects two UTC timestamps and two costs of one type")
-        (self._started, self._finished), ((self._cost, self._money), (self._estimate, _)) = times, decimals
-        marks = ", ".join("?" * len(columns))
-        self.sql = f"INSERT INTO ledger ({', '.join(columns)}) VALUES ({marks}) {_CONFLICT}"  # noqa: S608
-        self.rollup = SQLiteRollup(columns)
-        _bind_directly()
-
-    def insert(self, cursor: Any, records: Sequence[LedgerRecord]) -> bool:
-        """Insert `records` and add them to the roll-ups, inside the caller's open transaction.
-
-        False, with nothing added to the roll-ups, when some request id was skipped: the caller
-        rolls back and calls `insert_each` instead."""
-        rows = [self.encode(record) for record in records]
-        cursor.executemany(self.sql, rows)
-        if cursor.rowcount != len(rows):
-            return False
-        self.rollup.add(cursor, rows)
-        return True
-
-    def insert_each(self, cursor: Any, records: Sequence[LedgerRecord]) -> None:
-        """Insert `records` one by one, adding to the roll-ups only those the database took."""
-        inserted = []
-        for record in records:
-            row = self.encode(record)
-            cursor.execute(self.sql, row)
-            if cursor.rowcount == 1:
-                inserted.append(row)
-        self.rollup.add(cursor, inserted)
-
-    def encode(self, record: LedgerRecord) -> list[Any]:
-        values = _astuple(record)
-        row = list(_to_builtins(values))
-        started, finished = self._started, self._finished
-        for index in (started, finished):
-            text = row[index]
-            if len(text) == 27 and values[index].tzinfo is UTC:  # 2026-11-30T03:04:05.000123Z
-                row[index] = text[:26].replace("T", " ")
-            else:  # a whole second, or another zone (the same instant is stored)
-                row[index] = UTCDateTime.sqlite_text(values[index])
-        cost, estimate = values[self._cost], values[self._estimate]
-        if cost is not None:
-            row[self._cost] = self._money.sqlite_text(cost)
-        if estimate is not None:  # usually the very object `cost` is: encoded once
-            row[self._estimate] = row[self._cost] if estimate is cost else self._money.sqlite_text(estimate)
-        for index in self._bools:  # an int binds directly; a bool goes through the adapter registry
-            row[index] = 1 if row[index] else 0
-        return row
+def sqlite_plan(columns: Sequence[str]) -> RowPlan:
+    """Where `columns` (the ledger's, in `LedgerRecord`'s order) need converting for SQLite, read
+    from the table's column types: two UTC timestamps, two costs of one type, booleans, and
+    columns bound as they are. Another shape is refused here, not mis-stored later."""
+    table, dialect = LedgerRow.__table__, sqlite_dialect.dialect()
+    times: list[int] = []
+    decimals: list[tuple[int, ExactDecimal]] = []
+    bools: list[int] = []
+    for index, name in enumerate(columns):
+        column_type = table.c[name].type
+        if isinstance(column_type, UTCDateTime):
+            times.append(index)
+        elif isinstance(column_type, ExactDecimal):
+            decimals.append((index, column_type))
+        elif isinstance(column_type, Boolean):
+            bools.append(index)  # stored as 1 or 0, as SQLAlchemy's processor stores it
+        elif isinstance(column_type, Double):
+            continue  # a float (or an int: the column's REAL affinity stores it as a float), bound as is
+        elif column_type.dialect_impl(dialect).bind_processor(dialect) is not None:
+            raise ValueError(f"the SQLite ledger encoder does not convert column {name} ({column_type})")
+    if len(times) != 2 or len({(money.precision, money.scale) for _, money in decimals}) != 1 or len(decimals) != 2:
+        raise ValueError("the SQLite ledger encoder expects two UTC timestamps and two costs of one type")
+    (started, finished), ((cost, money), (estimate, _)) = times, decimals
+    return RowPlan(tuple(columns), started, finished, cost, estimate, tuple(bools), money.precision, money.scale)
 
 
-_astuple = msgspec.structs.astuple
-_to_builtins = msgspec.to_builtins
-
-
-def _bind_directly() -> None:
-    """Let the `sqlite3` driver bind None without its adapter search.
-
-    The driver binds int, float and str directly but sends every other value through the
-    adapter registry, and a miss looks up `__adapt__`/`__conform__` attributes that do not exist,
-    raising and clearing an AttributeError each time: ≈ 3,300 instructions per value (callgrind).
-    A registered adapter is found at once (≈ 1,300): None stays None (NULL). A ledger row's
-    booleans never get here: `encode` makes them ints. Process-wide and idempotent; what every
-    connection stores is unchanged.
-    """
-    sqlite3.register_adapter(type(None), _NONE.get)
-
-
-_NONE: dict[object, None] = {}  # `_NONE.get(value)` is None for every value, in one C call
-
-
-class SQLiteStore(SQLiteRows):
-    """Batches through the stdlib driver on one thread that owns its connection."""
+class SQLiteStore:
+    """Batches through the stdlib driver on one thread that owns its connection (tools, replays:
+    `write_records`; the writer's own batches go to `SQLiteProcessStore`)."""
 
     def __init__(self, path: str, columns: Sequence[str]) -> None:
-        super().__init__(columns)
-        self._path = path
+        self._batches = SQLiteBatches(sqlite_plan(columns), path)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite")
-        self._connection: sqlite3.Connection | None = None  # used on `_thread` only
         self._closed = False
 
     async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._insert, records)
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._batches.write, records)
 
     async def close(self) -> None:
         """Close the connection on its thread and stop the thread; a second call does nothing."""
         if self._closed:
             return
         self._closed = True
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._disconnect)
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._batches.disconnect)
         self._thread.shutdown(wait=True)
 
-    def _insert(self, records: Sequence[LedgerRecord]) -> None:
-        connection = self._connection or self._connect()
+
+class SQLiteProcessStore:
+    """The ledger writer's SQLite batches, written by a process of its own (`catalog.sqlite_child`
+    says why), started on the first batch and again after it failed.
+
+    A batch goes as the JSON array of its records: the rows' journal lines joined, as the
+    PostgreSQL store sends them (rows read back from the journal are encoded here). The child's
+    answer is sorted as the thread's store sorted its exceptions: an outage (`LedgerUnavailable`,
+    retried), or the rows' own fault (`RowsRefused`, a `ValueError`: the writer sets them aside
+    one by one). A child that dies, or a pipe that breaks, is an outage: the child is killed and
+    the next batch starts a new one, so a batch is never half-answered."""
+
+    def __init__(self, path: str, columns: Sequence[str]) -> None:
+        self._setup = frame(msgspec.json.encode(Setup(path, sqlite_plan(columns))))
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
+        if lines is None:
+            lines = [RECORD_JSON.encode(record) for record in records]
+        document = b"".join((b"[", b",".join(lines), b"]"))
+        process = self._process or await self._start()
+        assert process.stdin is not None
+        assert process.stdout is not None
         try:
-            cursor = connection.cursor()
-            connection.execute("BEGIN")
-            if not self.insert(cursor, records):
-                connection.rollback()
-                connection.execute("BEGIN")
-                self.insert_each(cursor, records)
-            connection.execute("COMMIT")
+            process.stdin.write(HEAD.pack(len(document)))
+            process.stdin.write(document)
+            await process.stdin.drain()
+            kind = await process.stdout.readexactly(1 + HEAD.size)
+            message = (await process.stdout.readexactly(HEAD.unpack(kind[1:])[0])).decode()
         except BaseException as exc:
-            if connection.in_transaction:
-                connection.rollback()
-            if is_sqlite_outage(exc):
-                self._disconnect()  # the next attempt opens the file again
+            await self._stop(process)
+            if isinstance(exc, Exception):
+                raise LedgerUnavailable(f"the SQLite writer process failed: {type(exc).__name__}") from exc
+            raise
+        if kind[:1] == WRITTEN:
+            return
+        if kind[:1] == OUTAGE:
+            raise LedgerUnavailable(message)
+        raise RowsRefused(message)
+
+    async def _start(self) -> asyncio.subprocess.Process:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (_ROOT, env.get("PYTHONPATH"))))
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "catalog.sqlite_child", stdin=PIPE, stdout=PIPE, env=env
+            )
+        except OSError as exc:
+            raise LedgerUnavailable(f"cannot start the SQLite writer process: {exc}") from exc
+        assert process.stdin is not None
+        process.stdin.write(self._setup)
+        self._process = process
+        return process
+
+    async def _stop(self, process: asyncio.subprocess.Process) -> None:
+        if self._process is process:
+            self._process = None
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+    async def close(self) -> None:
+        """End the child's input and wait for it to finish the batch in hand and exit; killed if
+        the wait is cancelled (the writer bounds it). A second call does nothing."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        assert process.stdin is not None
+        process.stdin.close()
+        try:
+            await process.wait()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
             raise
 
-    def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(self._path, isolation_level=None)
-        for pragma in SQLITE_PRAGMAS:
-            connection.execute(pragma)
-        connection.create_function("decimal_add", 2, decimal_add, deterministic=True)
-        self._connection = connection
-        return connection
 
-    def _disconnect(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+class RowsRefused(ValueError):
+    """The SQLite writer process refused a batch for its rows (the message names the error)."""
+
+
+_ROOT = str(Path(__file__).resolve().parent.parent)  # where `catalog` is, for the child's imports
 
 
 class EngineStore(SQLiteRows):
     """`SQLiteRows` through the engine, for SQLite databases only the engine's connection reaches."""
 
     def __init__(self, engine: AsyncEngine, columns: Sequence[str]) -> None:
-        super().__init__(columns)
+        super().__init__(sqlite_plan(columns))
         self._engine = engine
 
     async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:

@@ -2,7 +2,8 @@
 same rows may succeed later and are retried — and which are the rows' own fault, so they are set
 aside. One place for the writer (`catalog.ledger`) and the stores (`catalog.ledger_store`):
 
-- SQLite (the stdlib driver): `is_sqlite_outage`;
+- SQLite (the stdlib driver): `is_sqlite_outage` (`catalog.sqlite_rows`, which the SQLite writer's
+  own process imports without SQLAlchemy);
 - PostgreSQL (asyncpg, driven by the store itself): `postgres_outages`, which the store turns
   into `LedgerUnavailable` where it happens;
 - SQLAlchemy's errors (the engine's own paths): sorted in `is_outage` as its dialects wrap them.
@@ -21,6 +22,8 @@ from sqlalchemy.exc import (
     ProgrammingError,
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from catalog.sqlite_rows import is_sqlite_outage
 
 _OUTAGE_ERRORS = (OperationalError, InterfaceError, ProgrammingError, InternalError)
 
@@ -45,12 +48,6 @@ def is_outage(exc: Exception) -> bool:
     # Outside the driver, only a pool timeout or a lost connection is the database's doing; any
     # other SQLAlchemy error (a bad argument, a statement that does not compile) is a bug of ours.
     return isinstance(exc, PoolTimeout | DisconnectionError | OSError)
-
-
-def is_sqlite_outage(exc: BaseException) -> bool:
-    """The database failing (locked past the busy timeout, I/O, no such table yet, not a database
-    file), not the rows: the same batch may succeed later."""
-    return isinstance(exc, sqlite3.OperationalError | OSError) or type(exc) is sqlite3.DatabaseError
 
 
 def postgres_outages() -> tuple[type[BaseException], ...]:

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
-from catalog.tables import COST_SCALE
+from catalog.exact import COST_SCALE
 
 DIMENSIONS = ("model", "provider", "api_key_id", "owner", "api")
 MODEL_DIMENSIONS = ("model", "provider")  # `usage_hourly_models`: DIMENSIONS less key, owner and api

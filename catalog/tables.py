@@ -17,12 +17,10 @@ Two portability decisions live here, because SQLite and PostgreSQL must behave i
 
 from __future__ import annotations
 
-import decimal
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, ClassVar
 
-import msgspec
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -42,8 +40,11 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql.type_api import TypeEngine
 
-PRICE_PRECISION, PRICE_SCALE = 20, 10
-COST_PRECISION, COST_SCALE = 30, 18
+from catalog.exact import COST_PRECISION as COST_PRECISION  # the columns' sizes, re-exported with the schema
+from catalog.exact import COST_SCALE as COST_SCALE
+from catalog.exact import PRICE_PRECISION as PRICE_PRECISION
+from catalog.exact import PRICE_SCALE as PRICE_SCALE
+from catalog.exact import Money, aware_utc, utc_sqlite_text
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -68,24 +69,12 @@ class UTCDateTime(TypeDecorator[datetime]):
     @staticmethod
     def aware_utc(value: datetime) -> datetime:
         """What `process_bind_param` hands PostgreSQL's driver: the same instant, in UTC."""
-        if value.tzinfo is not UTC:
-            if value.tzinfo is None or value.utcoffset() is None:
-                raise ValueError(f"naive datetime {value.isoformat()} given for a UTC column")
-            value = value.astimezone(UTC)
-        return value
+        return aware_utc(value)
 
     @staticmethod
     def sqlite_text(value: datetime) -> str:
-        """What `process_bind_param` and SQLAlchemy's SQLite `DATETIME` together store
-        (`2026-11-30 03:04:05.000123`, UTC). The ledger writer converts every row's timestamps on
-        the core that serves requests: msgspec's C formatter and two slices cost a third of
-        `isoformat(" ", "microseconds")` (0.55 against 1.6 µs)."""
-        if value.tzinfo is not UTC:
-            value = UTCDateTime.aware_utc(value)
-        text: str = msgspec.to_builtins(value)  # 2026-11-30T03:04:05.000123Z, or ...05Z on a whole second
-        if len(text) == 27:
-            return f"{text[:10]} {text[11:26]}"
-        return f"{text[:10]} {text[11:19]}.000000"
+        """What `process_bind_param` and SQLAlchemy's SQLite `DATETIME` together store."""
+        return utc_sqlite_text(value)
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
@@ -105,30 +94,15 @@ class ExactDecimal(TypeDecorator[Decimal]):
         super().__init__(precision=precision, scale=scale, asdecimal=True)
         self.precision = precision
         self.scale = scale
-        self.quantum = Decimal(1).scaleb(-scale)
-        self.context = decimal.Context(
-            prec=precision, rounding=decimal.ROUND_HALF_EVEN, traps=[decimal.InvalidOperation]
-        )
+        self.money = Money(precision, scale)
+        self.quantum, self.context = self.money.quantum, self.money.context
+        self.quantize = self.money.quantize  # `value` rounded half-even to the scale; ValueError when it does not fit
+        self.sqlite_text = self.money.sqlite_text  # the stored text on SQLite, never exponent form
 
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         if dialect.name == "sqlite":
             return dialect.type_descriptor(String(self.precision + 2))
         return dialect.type_descriptor(Numeric(self.precision, self.scale, asdecimal=True))
-
-    def quantize(self, value: Decimal) -> Decimal:
-        """`value` rounded half-even to this column's scale; ValueError when it does not fit.
-
-        One C call does both: the context's precision is the column's, so a result with too many
-        integer digits (after rounding) raises, and so does a value that is not finite."""
-        try:
-            rounded = value.quantize(self.quantum, context=self.context)
-        except decimal.InvalidOperation:
-            rounded = None
-        if rounded is None or rounded.is_nan():  # a quiet NaN quantizes to itself without a signal
-            if not value.is_finite():
-                raise ValueError(f"{value} is not a finite decimal")
-            raise ValueError(f"{value} has more than {self.precision - self.scale} integer digits")
-        return rounded
 
     def process_bind_param(self, value: Decimal | None, dialect: Dialect) -> Decimal | str | None:
         if value is None:
@@ -136,10 +110,6 @@ class ExactDecimal(TypeDecorator[Decimal]):
         if dialect.name == "sqlite":
             return self.sqlite_text(value)
         return self.quantize(Decimal(value))
-
-    def sqlite_text(self, value: Decimal) -> str:
-        """The stored text on SQLite: the value rounded to the column's scale, never exponent form."""
-        return format(self.quantize(value if type(value) is Decimal else Decimal(value)), "f")
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
         if value is None:

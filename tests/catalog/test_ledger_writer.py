@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
@@ -101,10 +100,10 @@ async def test_a_duplicate_request_id_is_written_once(engine: AsyncEngine) -> No
 
 @pytest.fixture
 def batches(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of every ledger INSERT transaction, as the database driver saw it: on PostgreSQL
-    the rows in the statement's JSON document (asyncpg's `execute`, which the store calls), on
-    SQLite the INSERTs between BEGIN and COMMIT (traced on the connections `sqlite3.connect`
-    opens, the ledger thread's included)."""
+    """The size of every ledger INSERT transaction, as the database saw it: on PostgreSQL the rows
+    in the statement's JSON document (asyncpg's `execute`, which the store calls), on SQLite the
+    rows in each batch document written to the SQLite writer's process (its pipe: each document is
+    one transaction there, `catalog.sqlite_child`)."""
     sizes: list[int] = []
     if engine.dialect.name == "postgresql":
         execute = asyncpg.Connection.execute
@@ -116,24 +115,14 @@ def batches(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
         monkeypatch.setattr(asyncpg.Connection, "execute", count)
         return sizes
-    connect = sqlite3.connect
+    write = asyncio.StreamWriter.write
 
-    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        connection = connect(*args, **kwargs)
-        open_batch: list[int] = []
+    def traced(self: asyncio.StreamWriter, data: bytes) -> None:
+        if data[:2] == b"[{":  # a batch document (the setup frame is an object, the heads are lengths)
+            sizes.append(len(msgspec.json.decode(data)))
+        write(self, data)
 
-        def trace(statement: str) -> None:
-            if statement == "BEGIN":
-                open_batch[:] = [0]
-            elif statement.startswith("INSERT INTO ledger") and open_batch:
-                open_batch[0] += 1
-            elif statement == "COMMIT" and open_batch:
-                sizes.append(open_batch.pop())
-
-        connection.set_trace_callback(trace)
-        return connection
-
-    monkeypatch.setattr(sqlite3, "connect", traced)
+    monkeypatch.setattr(asyncio.StreamWriter, "write", traced)
     return sizes
 
 
