@@ -4,7 +4,11 @@ or one checkout's native endpoint against another of its front doors: `--door op
 door, both from `--new`'s tree, and the bar is issue 10's (within 10 %) instead of issue 9's (3 %);
 or `--keys`: run.py's scenario 7 pair from `--new`'s tree, "base" `[auth] mode = "none"` and "new"
 `keys` with a key that has a budget, rpm and tpm (bench/keyed.py: both on PostgreSQL and Redis, pinned
-with the load), against issue 11's bar (keys keep ≥ 90 % of none's throughput).
+with the load), against issue 11's bar (keys keep ≥ 90 % of none's throughput);
+or `--ledger-cost`: "base" `[ledger] enabled = false` and "new" the SQLite ledger, both from `--new`'s
+tree, against issue 12's bar (the ledger costs ≤ 5 %). The SQLite ledger's writer process
+(`catalog.sqlite_child`) inherits the gateway's CPU, so its work is charged to the gateway in full;
+`--writer-cpus 1` pins it to the load CPUs instead, as run.py pins a PostgreSQL server.
 
 One run of bench/run.py drifts by several per cent over minutes on this machine, so a before/after
 comparison is a series of pairs instead: in each pair every scenario is measured on both trees back
@@ -20,12 +24,15 @@ with it to the load CPUs, the gateway alone on its CPU, a curl check before ever
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
 import shlex
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,6 +48,7 @@ SIDES = ("base", "new")
 BAR = 0.03  # the largest slowdown the bar allows, as a fraction: issue 9's, tree against tree
 DOOR_BAR = 0.10  # issue 10's: a front door against the native endpoint
 KEYS_BAR = 0.10  # issue 11's: keys mode against `none`
+LEDGER_BAR = 0.05  # issue 12's: the SQLite ledger (journal and writer) against ledger off
 MARK = "bench-compare imports:"
 PROBE = (  # the gateway's entry point: `python -m app.cli …`, after printing where its packages come from
     "import runpy, sys\nimport app, catalog, providers\n"
@@ -93,6 +101,8 @@ class Job:
     door: str = ""  # set: "base" is the native endpoint and "new" this front door, both from the new tree
     interleave: bool = False  # both gateways up for the whole run, measured in turn (`run_interleaved`)
     keys: bool = False  # "base" is auth none and "new" keys mode, both from the new tree (bench/keyed.py)
+    ledger_cost: bool = False  # "base" is ledger off and "new" the SQLite ledger, both from the new tree
+    writer_cpus: str = ""  # set: the SQLite writer processes are pinned there (`writers_pinned`)
     imports: dict[str, str] = field(default_factory=dict)  # side -> what its last process imported
     described: dict[str, str] = field(default_factory=dict)  # side -> `git describe` at the start
     cells: dict[str, list[dict[str, Cell]]] = field(default_factory=dict)  # scenario -> per pair, side -> cell
@@ -110,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--duration", type=float, default=10.0, help="measured seconds per scenario and tree (default 10)")
     add("--warmup", type=float, default=2.0, help="warm-up seconds before each measure (default 2)")
     add("--ledger", choices=("sqlite", "off"), default="sqlite", help="the gateways' ledger (default sqlite)")
+    add("--ledger-cost", action="store_true", help="ledger off (base) against the SQLite ledger (new), one tree")
+    add("--writer-cpus", default="", help="taskset list for the SQLite writer processes (default: the gateway's)")
     add(
         "--interleave",
         action="store_true",
@@ -129,10 +141,10 @@ def _job(argv: list[str]) -> Job:
     if not picked or any(s not in METRICS for s in picked):
         raise SystemExit(f"compare: --scenarios takes 1, 2 and 4, not {ns.scenarios!r}")
     picked = sorted(set(picked), key=list(METRICS).index)
-    if sum((ns.base is not None, ns.door is not None, ns.keys)) != 1:
+    if sum((ns.base is not None, ns.door is not None, ns.keys, ns.ledger_cost)) != 1:
         raise SystemExit(
-            "compare: give one of --base (tree against tree), --door (door against the native endpoint) "
-            "and --keys (keys mode against none)"
+            "compare: give one of --base (tree against tree), --door (door against the native endpoint), "
+            "--keys (keys mode against none) and --ledger-cost (the SQLite ledger against ledger off)"
         )
     if ns.keys and ns.new.resolve() != REPO:
         raise SystemExit(f"compare: --keys measures this checkout ({REPO}); --new is not for it")
@@ -161,7 +173,9 @@ def _job(argv: list[str]) -> Job:
         results,
         shlex.join(sys.orig_argv),
     )
-    return Job(plan, trees, max(1, ns.pairs), ns.ledger == "sqlite", ns.door or "", ns.interleave, ns.keys)
+    job = Job(plan, trees, max(1, ns.pairs), ns.ledger == "sqlite", ns.door or "", ns.interleave, ns.keys)
+    job.ledger_cost, job.writer_cpus = ns.ledger_cost, ns.writer_cpus
+    return job
 
 
 # --- measuring -------------------------------------------------------------------------------------
@@ -185,7 +199,7 @@ def side_target(job: Job, mocks: Mocks, side: str, label: str) -> Switchyard:
     if job.keys:
         stamp = f"{job.plan.run_dir.name.lower()}-{label.replace(' ', '-')}"
         return SwitchyardServices(mocks, free_port(), label, side == "new", stamp)
-    options = SwitchyardOptions("", ledger_enabled=job.ledger, label=label)
+    options = SwitchyardOptions("", ledger_enabled=side == "new" if job.ledger_cost else job.ledger, label=label)
     if job.door and side == "new":
         return TreeIngress(mocks, options, job.trees[side], job.door)
     return TreeSwitchyard(mocks, options, job.trees[side])
@@ -341,6 +355,8 @@ def render(job: Job, machine: list[str]) -> str:
     title = f"native endpoint (base) vs {job.door} (new), both {new}" if job.door else f"base {base} vs new {new}"
     if job.keys:
         title = f"auth none (base) vs keys with budget, rpm and tpm (new), PostgreSQL and Redis, both {new}"
+    if job.ledger_cost:
+        title = f"ledger off (base) vs the SQLite ledger (new), both {new}"
     lines = [f"## A/B comparison {now}: {title}", ""]
     lines += [f"- {s}: {trees[s]}; its gateways imported {job.imports.get(s, 'nothing (none started)')}" for s in SIDES]
     lines += [
@@ -360,7 +376,8 @@ def render(job: Job, machine: list[str]) -> str:
         "",
     ]
     for scenario, rows in job.cells.items():
-        lines += [*scenario_table(scenario, rows, KEYS_BAR if job.keys else DOOR_BAR if job.door else BAR), ""]
+        bar = KEYS_BAR if job.keys else LEDGER_BAR if job.ledger_cost else DOOR_BAR if job.door else BAR
+        lines += [*scenario_table(scenario, rows, bar), ""]
     lines.append(f"Load average at the end: {run.load_average()}. Logs and configs of this run: {plan.run_dir}")
     return "\n".join(lines) + "\n"
 
@@ -368,7 +385,34 @@ def render(job: Job, machine: list[str]) -> str:
 def ledger_words(job: Job) -> str:
     if job.keys:
         return "PostgreSQL ledger and Redis, their servers pinned to the load CPUs, as run.py's scenario 7"
+    if job.ledger_cost:
+        where = f"pinned to CPUs {job.writer_cpus}" if job.writer_cpus else "on the gateway's CPU (inherited)"
+        return f"ledger off against the SQLite ledger; its writer processes {where}"
     return "SQLite ledger on" if job.ledger else "ledger off in both trees: `[ledger] enabled = false`"
+
+
+@contextlib.contextmanager
+def writers_pinned(cpus: str) -> Iterator[None]:
+    """Every SQLite ledger writer process (`python -m catalog.sqlite_child`, started by a gateway's
+    first batch) pinned to `cpus` as soon as it appears (checked every 0.1 s), while the run lasts."""
+    stop, pinned = threading.Event(), set()
+
+    def watch() -> None:
+        while not stop.wait(0.1):
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit() and entry.name not in pinned:
+                    with contextlib.suppress(OSError):
+                        if b"catalog.sqlite_child" in (entry / "cmdline").read_bytes():
+                            subprocess.run(["taskset", "-a", "-p", "-c", cpus, entry.name], capture_output=True)
+                            pinned.add(entry.name)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def main(argv: list[str]) -> int:
@@ -382,7 +426,10 @@ def main(argv: list[str]) -> int:
     if start(mocks.fast):  # scenarios 1, 2 and 4 only use the fast mock
         raise SystemExit(f"compare: the mock upstream does not start; see {mocks.fast.log}")
     try:
-        with run.postgres_on(job.plan.load_cpus, job.plan.all_cpus, redis=True) if job.keys else nullcontext():
+        with (
+            run.postgres_on(job.plan.load_cpus, job.plan.all_cpus, redis=True) if job.keys else nullcontext(),
+            writers_pinned(job.writer_cpus) if job.writer_cpus else nullcontext(),
+        ):
             (run_interleaved if job.interleave else run_pairs)(job, mocks)
     finally:
         mocks.fast.stop()

@@ -6,10 +6,14 @@ counts it). Each store encodes a batch's records in one loop (`encode`, which ra
 for a record the database would refuse: a naive datetime, a cost that does not fit) and hands the
 batch over once:
 
-- `SQLiteStore` (a database file, the embedded default): rows are lists bound by the stdlib
-  `sqlite3` driver's `executemany`, on a thread of its own with its own connection; a batch is
-  one hop to that thread. Through SQLAlchemy's async engine and aiosqlite a batch was about six
-  round trips between the threads.
+- `SQLiteProcessStore` (a database file, the embedded default; the ledger writer's store): the
+  batch is one JSON document, the rows' journal lines joined as for PostgreSQL, written to a pipe
+  of the SQLite writer's own process (`catalog.sqlite_child`), which decodes it and inserts the
+  rows with the stdlib `sqlite3` driver's `executemany` (`catalog.sqlite_rows`). SQLite's own
+  work (binding, the INSERT, the roll-ups, the commit) then runs beside the gateway, as a
+  PostgreSQL server's does, not on the core and the interpreter that serve requests.
+- `SQLiteStore`: the same rows on a thread of the calling process, for one-off writes
+  (`catalog.ledger.write_records`: tools, tests) that would not pay for a process's start.
 - `PostgresStore`: the batch is one JSON document — the rows' journal lines joined, the pipeline
   having encoded each record once already — that PostgreSQL turns into rows with
   `json_populate_recordset`, one statement sent by asyncpg itself on a connection the store keeps
@@ -21,12 +25,12 @@ batch over once:
 - `EngineStore`: SQLite databases that are not a plain file (`:memory:`, URI filenames), which a
   second connection could not reach: the same rows as `SQLiteStore` through the engine.
 
-All three store exactly what the table's types store (tests/catalog compare every column with a
+All of them store exactly what the table's types store (tests/catalog compare every column with a
 SQLAlchemy Core insert of the same record) and skip a request id that is already there, so
 replaying a batch is harmless. Each also adds the rows it inserted, and only those, to the four
 roll-up levels (hourly, hourly per model, hourly per model and status, daily) in the same
-transaction (`catalog.rollup`: in the statement itself on PostgreSQL, summed per batch on the
-store's thread on SQLite).
+transaction (`catalog.rollup`: in the statement itself on PostgreSQL, summed per batch by the SQLite writer
+on SQLite).
 """
 
 from __future__ import annotations
