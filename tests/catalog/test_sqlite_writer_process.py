@@ -127,16 +127,20 @@ def test_the_child_exits_when_its_gateway_is_killed(tmp_path: Path) -> None:
             writer.submit(record(1))
             await writer.flush()
             print("written", flush=True)
+            sys.stdin.readline()  # the test has found the child
             os.kill(os.getpid(), signal.SIGKILL)
 
         asyncio.run(main())
         """
     )
-    gateway = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE)
+    gateway = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert gateway.stdin is not None
     assert gateway.stdout is not None
     assert gateway.stdout.readline() == b"written\n"
     children = writer_children(gateway.pid)
     assert len(children) == 1
+    gateway.stdin.write(b"kill\n")
+    gateway.stdin.close()
     assert gateway.wait(timeout=10) == -signal.SIGKILL
     deadline = asyncio.run(_gone(children[0]))
     assert deadline, "the SQLite writer process outlived its gateway"
