@@ -17,6 +17,9 @@
 # starts (bench/keyed.py's limits); `none` (default) is the same config without keys or Redis;
 # `redis` is `none` with the same `[redis]` as `keys` (scenario 7's pair: the difference is the keys).
 # The dump stays in the work directory for `callgrind_annotate --tree=caller`.
+# Only the gateway process is counted: the SQLite ledger's writer process (`catalog.sqlite_child`,
+# started with exec, which valgrind does not follow) is left out as PostgreSQL's server is; its own
+# price per row is in bench/RESULTS.md ("the SQLite ledger's writer in a process of its own").
 #
 # INSTRUCTIONS_TREE=DIR measures the gateway of another checkout (an older commit, for an A/B) with
 # this checkout's config, bodies, mock upstream and virtualenv: DIR's packages come first on the
