@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import decimal
 import operator
-import os
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -174,12 +173,8 @@ class SQLiteProcessStore:
         raise RowsRefused(message)
 
     async def _start(self) -> asyncio.subprocess.Process:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, (_ROOT, env.get("PYTHONPATH"))))
         try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "catalog.sqlite_child", stdin=PIPE, stdout=PIPE, env=env
-            )
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, stdin=PIPE, stdout=PIPE)
         except OSError as exc:
             raise LedgerUnavailable(f"cannot start the SQLite writer process: {exc}") from exc
         assert process.stdin is not None
@@ -214,7 +209,12 @@ class RowsRefused(ValueError):
     """The SQLite writer process refused a batch for its rows (the message names the error)."""
 
 
-_ROOT = str(Path(__file__).resolve().parent.parent)  # where `catalog` is, for the child's imports
+# The child's program: this process's `catalog`, found where this process found it when the child's
+# own path (the same environment) has none, without putting that directory before the standard library.
+_CHILD = (
+    f"import sys; sys.path.append({str(Path(__file__).resolve().parent.parent)!r}); "
+    "from catalog.sqlite_child import main; main()"
+)
 
 
 class EngineStore(SQLiteRows):

@@ -1,4 +1,4 @@
-"""The SQLite ledger writer's own process: `python -m catalog.sqlite_child`, started and fed by
+"""The SQLite ledger writer's own process (`main`), started and fed by
 `catalog.ledger_store.SQLiteProcessStore`.
 
 Why a process: SQLite does its work (binding, the INSERT, the roll-up upserts, the commit) in the

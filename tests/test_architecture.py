@@ -116,7 +116,7 @@ def test_reading_the_configuration_imports_no_routing_http_or_sql() -> None:
 
 
 def test_the_sqlite_ledger_writer_process_imports_no_sqlalchemy() -> None:
-    """`python -m catalog.sqlite_child` starts with the first ledger batch of every gateway process:
+    """`catalog.sqlite_child` starts with the first ledger batch of every gateway process:
     it imports the driver, msgspec and the row code only (SQLAlchemy alone takes about 0.6 s)."""
     heavy = ("sqlalchemy", "alembic", "asyncpg", "litestar", "httpx", "app", "providers")
     probe = f"import sys, catalog.sqlite_child; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
