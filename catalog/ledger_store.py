@@ -1,10 +1,11 @@
 """Where ledger rows go: one store per database, each writing a batch in one transaction.
 
-The gateway process runs the ledger on the core that serves requests, so what a row costs on the
-way to the database is what the ledger costs (bench/RESULTS.md: `bash bench/instructions.sh`
-counts it). Each store encodes a batch's records in one loop (`encode`, which raises `ValueError`
-for a record the database would refuse: a naive datetime, a cost that does not fit) and hands the
-batch over once:
+The gateway process runs the ledger writer on the core that serves requests, so what a row costs
+on its way out of the process is what the ledger costs the serving process (bench/RESULTS.md:
+`bash bench/instructions.sh` counts it; the database's own work is counted apart, a PostgreSQL
+server's or the SQLite writer process's). Each store encodes a batch's records in one loop
+(`encode`, which raises `ValueError` for a record the database would refuse: a naive datetime, a
+cost that does not fit) and hands the batch over once:
 
 - `SQLiteProcessStore` (a database file, the embedded default; the ledger writer's store): the
   batch is one JSON document, the rows' journal lines joined as for PostgreSQL, written to a pipe
@@ -29,8 +30,8 @@ All of them store exactly what the table's types store (tests/catalog compare ev
 SQLAlchemy Core insert of the same record) and skip a request id that is already there, so
 replaying a batch is harmless. Each also adds the rows it inserted, and only those, to the four
 roll-up levels (hourly, hourly per model, hourly per model and status, daily) in the same
-transaction (`catalog.rollup`: in the statement itself on PostgreSQL, summed per batch by the SQLite writer
-on SQLite).
+transaction (`catalog.rollup`: in the statement itself on PostgreSQL, summed per batch by the
+SQLite writer on SQLite).
 """
 
 from __future__ import annotations
