@@ -393,8 +393,8 @@ def ledger_words(job: Job) -> str:
 
 @contextlib.contextmanager
 def writers_pinned(cpus: str) -> Iterator[None]:
-    """Every SQLite ledger writer process (`catalog.sqlite_child`, started by a gateway's
-    first batch) pinned to `cpus` as soon as it appears (checked every 0.1 s), while the run lasts."""
+    """Every SQLite ledger writer process (`catalog.sqlite_child`, started with a gateway's
+    ledger writer) pinned to `cpus` as soon as it appears (checked every 0.1 s), while the run lasts."""
     stop, pinned = threading.Event(), set()
 
     def watch() -> None:

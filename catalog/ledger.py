@@ -252,6 +252,7 @@ class LedgerWriter:
         interval is a loop timer, not `asyncio.wait_for` (a task per wait, cancelled and awaited
         each time the interval passes); one left behind by a cancelled task only sets the event."""
         loop = asyncio.get_running_loop()
+        await self._store.open()
         while True:
             if not self._wake.is_set():
                 timer = loop.call_later(self._flush_interval, self._interval_passed)

@@ -70,6 +70,9 @@ class LedgerStore(Protocol):
         (nothing written) when one of them is a record the database would refuse. `lines`, when
         given: each record's `RECORD_JSON.encode(record)` (its journal line), in order."""
 
+    async def open(self) -> None:
+        """Get ready before the first batch (the writer's task calls it once, first)."""
+
     async def close(self) -> None: ...
 
 
@@ -122,6 +125,9 @@ class SQLiteStore:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite")
         self._closed = False
 
+    async def open(self) -> None:
+        return None
+
     async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         await asyncio.get_running_loop().run_in_executor(self._thread, self._batches.write, records)
 
@@ -136,7 +142,7 @@ class SQLiteStore:
 
 class SQLiteProcessStore:
     """The ledger writer's SQLite batches, written by a process of its own (`catalog.sqlite_child`
-    says why), started on the first batch and again after it failed.
+    says why), started with the writer (`open`) and again after it failed.
 
     A batch goes as the JSON array of its records: the rows' journal lines joined, as the
     PostgreSQL store sends them (rows read back from the journal are encoded here). The child's
@@ -148,6 +154,14 @@ class SQLiteProcessStore:
     def __init__(self, path: str, columns: Sequence[str]) -> None:
         self._setup = frame(msgspec.json.encode(Setup(path, sqlite_plan(columns))))
         self._process: asyncio.subprocess.Process | None = None
+
+    async def open(self) -> None:
+        """Start the child with the writer, not with its first batch: the gateway's memory and
+        processes are then what they will be from the start (bench/run.py measures RSS growth over
+        the process tree), and a child that cannot start is met here first, then by every batch."""
+        if self._process is None:
+            with contextlib.suppress(LedgerUnavailable):
+                await self._start()
 
     async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         if lines is None:
@@ -225,6 +239,9 @@ class EngineStore(SQLiteRows):
         super().__init__(sqlite_plan(columns))
         self._engine = engine
 
+    async def open(self) -> None:
+        return None
+
     async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         try:
             async with self._engine.begin() as connection:
@@ -281,6 +298,9 @@ class PostgresStore:
             f"INSERT INTO ledger ({names}) SELECT {names} "  # noqa: S608
             f"FROM json_populate_recordset(NULL::ledger, convert_from($1::bytea, 'UTF8')::json) {_CONFLICT}"
         )
+
+    async def open(self) -> None:
+        return None
 
     def encode(self, record: LedgerRecord) -> LedgerRecord:
         """The record itself, or a copy with its costs rounded half-even to the column's scale

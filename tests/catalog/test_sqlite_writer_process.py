@@ -56,14 +56,16 @@ async def sqlite_engine(tmp_path: Path) -> AsyncEngine:
     return create_async_engine(url)
 
 
-async def test_batches_are_written_by_a_child_process_that_ends_with_the_writer(tmp_path: Path) -> None:
+async def test_the_child_starts_with_the_writer_writes_its_batches_and_ends_with_it(tmp_path: Path) -> None:
     engine = await sqlite_engine(tmp_path)
+    assert writer_children(os.getpid()) == []
     writer = LedgerWriter(engine, flush_interval=0.01)
     writer.start()
-    assert writer_children(os.getpid()) == []  # started by the first batch
+    await wait_until(lambda: len(writer_children(os.getpid())) == 1)  # before any batch
+    (child,) = writer_children(os.getpid())
     writer.submit(record(1))
     await asyncio.wait_for(writer.flush(), timeout=10)
-    (child,) = writer_children(os.getpid())
+    assert writer_children(os.getpid()) == [child]
     assert await ledger(engine) == [record(1)]
     await writer.close()
     assert not alive(child)
