@@ -106,6 +106,7 @@ class Service:
             max_queue=ledger.queue_size,
             batch_size=ledger.batch_size,
             flush_interval=ledger.flush_interval_s,
+            idle=not ledger.enabled,
         )
         self.ledger.start()
         self.collector.ledger = self.ledger

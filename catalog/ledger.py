@@ -77,11 +77,15 @@ class LedgerWriter:
         max_queue: int = 10_000,
         batch_size: int = 256,
         flush_interval: float = 0.05,
+        idle: bool = False,
     ) -> None:
+        """`idle`: no rows will come (`[ledger] enabled = false`), so the store is not readied
+        ahead of a first batch (`LedgerStore.open`: the SQLite writer's process)."""
         self._max_queue = max_queue
         self._batch_size = max(1, batch_size)
         self._flush_interval = flush_interval
         self._store = store_for(engine, _COLUMNS, own_process=True)
+        self._idle = idle
         self._journal = journal
         self._required = required
         # journal rows `committed` … on, while not behind, each with its journal line (the JSON the
@@ -252,7 +256,8 @@ class LedgerWriter:
         interval is a loop timer, not `asyncio.wait_for` (a task per wait, cancelled and awaited
         each time the interval passes); one left behind by a cancelled task only sets the event."""
         loop = asyncio.get_running_loop()
-        await self._store.open()
+        if not self._idle:
+            await self._store.open()
         while True:
             if not self._wake.is_set():
                 timer = loop.call_later(self._flush_interval, self._interval_passed)

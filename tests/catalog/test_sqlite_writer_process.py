@@ -154,3 +154,20 @@ async def _gone(pid: int) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+async def test_a_writer_that_gets_no_rows_starts_no_child(tmp_path: Path) -> None:
+    """`[ledger] enabled = false` runs an idle writer: no process for it. A writer that will get
+    rows, started beside it, shows how long a child takes to appear."""
+    (tmp_path / "idle").mkdir()
+    engines = [await sqlite_engine(tmp_path / "idle"), await sqlite_engine(tmp_path)]
+    idle, busy = LedgerWriter(engines[0], idle=True), LedgerWriter(engines[1])
+    idle.start()
+    busy.start()
+    await wait_until(lambda: len(writer_children(os.getpid())) >= 1)
+    await asyncio.sleep(0.2)
+    assert len(writer_children(os.getpid())) == 1
+    await idle.close()
+    await busy.close()
+    for engine in engines:
+        await engine.dispose()
