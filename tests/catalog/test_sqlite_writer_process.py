@@ -72,13 +72,19 @@ async def test_the_child_starts_with_the_writer_writes_its_batches_and_ends_with
     await engine.dispose()
 
 
-async def test_a_child_that_dies_is_an_outage_and_the_next_child_writes_every_row_once(tmp_path: Path) -> None:
+async def one_row_written(tmp_path: Path) -> tuple[AsyncEngine, LedgerWriter, int]:
+    """A started writer on a new SQLite file, `record(1)` written, and its child's pid."""
     engine = await sqlite_engine(tmp_path)
     writer = LedgerWriter(engine, flush_interval=0.01)
     writer.start()
     writer.submit(record(1))
     await asyncio.wait_for(writer.flush(), timeout=10)
-    (first,) = writer_children(os.getpid())
+    (child,) = writer_children(os.getpid())
+    return engine, writer, child
+
+
+async def test_a_child_that_dies_is_an_outage_and_the_next_child_writes_every_row_once(tmp_path: Path) -> None:
+    engine, writer, first = await one_row_written(tmp_path)
     os.kill(first, signal.SIGKILL)
     await wait_until(lambda: not alive(first))
     for n in range(2, 6):
@@ -95,12 +101,7 @@ async def test_a_child_that_dies_is_an_outage_and_the_next_child_writes_every_ro
 async def test_the_child_ignores_the_interrupt_that_reaches_the_process_group(tmp_path: Path) -> None:
     """A Ctrl-C reaches every process of the group: the gateway shuts down and writes its last
     batch, so the child must still be there to take it."""
-    engine = await sqlite_engine(tmp_path)
-    writer = LedgerWriter(engine, flush_interval=0.01)
-    writer.start()
-    writer.submit(record(1))
-    await asyncio.wait_for(writer.flush(), timeout=10)
-    (child,) = writer_children(os.getpid())
+    engine, writer, child = await one_row_written(tmp_path)
     os.kill(child, signal.SIGINT)
     os.kill(child, signal.SIGTERM)
     await asyncio.sleep(0.2)
