@@ -290,7 +290,8 @@ class PostgresStore:
         decimals = [(name, t) for name in columns if isinstance(t := table.c[name].type, ExactDecimal)]
         if len(times) != 2 or len(decimals) != 2 or len({(t.precision, t.scale) for _, t in decimals}) != 1:
             raise ValueError("the PostgreSQL ledger encoder expects two UTC timestamps and two costs of one type")
-        (self._cost, self._money), (self._estimate, _) = decimals
+        (self._cost, column), (self._estimate, _) = decimals
+        self._money = column.money
         self._checked = operator.attrgetter(*times, self._cost, self._estimate)
         self._quantum, self._context = self._money.quantum, self._money.context
         names = ", ".join(columns)

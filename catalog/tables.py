@@ -94,15 +94,20 @@ class ExactDecimal(TypeDecorator[Decimal]):
         super().__init__(precision=precision, scale=scale, asdecimal=True)
         self.precision = precision
         self.scale = scale
-        self.money = Money(precision, scale)
-        self.quantum, self.context = self.money.quantum, self.money.context
-        self.quantize = self.money.quantize  # `value` rounded half-even to the scale; ValueError when it does not fit
-        self.sqlite_text = self.money.sqlite_text  # the stored text on SQLite, never exponent form
+        self.money = Money(precision, scale)  # the arithmetic, shared with the SQLite writer's process
 
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         if dialect.name == "sqlite":
             return dialect.type_descriptor(String(self.precision + 2))
         return dialect.type_descriptor(Numeric(self.precision, self.scale, asdecimal=True))
+
+    def quantize(self, value: Decimal) -> Decimal:
+        """`value` rounded half-even to this column's scale; ValueError when it does not fit."""
+        return self.money.quantize(value)
+
+    def sqlite_text(self, value: Decimal) -> str:
+        """The stored text on SQLite: the value rounded to the column's scale, never exponent form."""
+        return self.money.sqlite_text(value)
 
     def process_bind_param(self, value: Decimal | None, dialect: Dialect) -> Decimal | str | None:
         if value is None:
