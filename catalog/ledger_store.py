@@ -57,7 +57,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from catalog.outages import LedgerUnavailable, postgres_outages
 from catalog.records import RECORD_JSON, LedgerRecord
 from catalog.rollup import decimal_add, postgres_statement
-from catalog.sqlite_child import HEAD, OUTAGE, WRITTEN, Setup, frame
+from catalog.sqlite_child import HEAD, OUTAGE, REFUSED, WRITTEN, Setup, frame
 from catalog.sqlite_rows import RowPlan, SQLiteBatches, SQLiteRows
 from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
 
@@ -164,9 +164,7 @@ class SQLiteProcessStore:
                 await self._start()
 
     async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
-        if lines is None:
-            lines = [RECORD_JSON.encode(record) for record in records]
-        document = b"".join((b"[", b",".join(lines), b"]"))
+        document = RECORD_JSON.encode(records) if lines is None else json_array(lines)
         process = self._process or await self._start()
         assert process.stdin is not None
         assert process.stdout is not None
@@ -183,9 +181,11 @@ class SQLiteProcessStore:
             raise
         if kind[:1] == WRITTEN:
             return
-        if kind[:1] == OUTAGE:
-            raise LedgerUnavailable(message)
-        raise RowsRefused(message)
+        if kind[:1] == REFUSED:
+            raise RowsRefused(message)
+        if kind[:1] != OUTAGE:  # not an answer the child gives: the conversation is lost, start again
+            await self._stop(process)
+        raise LedgerUnavailable(message)
 
     async def _start(self) -> asyncio.subprocess.Process:
         try:
@@ -218,6 +218,11 @@ class SQLiteProcessStore:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             raise
+
+
+def json_array(items: Sequence[bytes]) -> bytes:
+    """The JSON array of `items`, each already JSON (a batch's journal lines)."""
+    return b"".join((b"[", b",".join(items), b"]"))
 
 
 class RowsRefused(ValueError):
@@ -345,7 +350,7 @@ class PostgresStore:
             line if (exact := encode(record)) is record else RECORD_JSON.encode(exact)
             for record, line in zip(records, lines, strict=True)
         ]
-        return b"".join((b"[", b",".join(parts), b"]"))
+        return json_array(parts)
 
     async def write(self, records: Sequence[LedgerRecord], lines: Sequence[bytes] | None = None) -> None:
         """One statement through asyncpg itself, on a connection the store keeps from the engine's
