@@ -1,14 +1,18 @@
 """Issue 12's outage bar: through a 60-second database outage at full load, 0 rows lost and RSS
 growth < 20 MB.
 
-    .venv/bin/python bench/outage.py [--outage 60] [--before 10] [--after 20]
+    .venv/bin/python bench/outage.py [--outage 60] [--before 10] [--after 20] [--keep]
 
 Starts the mock upstream and `switchyard serve` (one worker, PostgreSQL reached through a TCP
 proxy this script controls: tests/support/tcp_proxy.py), loads it with wrk at 32 connections
 for before + outage + after seconds, cuts the proxy after `--before` seconds and restores it
 `--outage` seconds later, sampling the gateway's VmRSS every second. Then it waits for the
-journal to drain (`/readyz` says `"ledger":"ok"`) and compares the `ok` rows in the ledger with
-the 2xx responses wrk counted. The database (`switchyard_bench_outage_<pid>`) is dropped at the end.
+journal to drain — `/metrics` says `switchyard_ledger_rows_pending 0`; `/readyz`'s `"ledger":"ok"`
+is not enough, it only says that no row has waited 10 s — and compares the ledger with the log: every
+request the gateway logged (its `request` events, one per request served: wrk's count lacks the
+answers to its last in-flight requests) must have exactly one row, and no row may lack a logged
+request. The database (`switchyard_bench_outage_<pid>`) and the work folder are dropped at the end
+unless `--keep`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,11 +58,33 @@ def ready(port: int) -> dict[str, object]:
         return dict(json.loads(body())) if body else {}
 
 
+def pending(port: int) -> int | None:
+    """`switchyard_ledger_rows_pending` from `/metrics` (None when it cannot be read)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    match = re.search(r"^switchyard_ledger_rows_pending (\d+)", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def logged_ids(log: Path) -> set[str]:
+    """The request ids of the gateway's `request` log events (one per request served)."""
+    ids = set()
+    with log.open("rb") as lines:
+        for line in lines:
+            if b'"event":"request"' in line:
+                ids.add(json.loads(line)["request_id"])
+    return ids
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--outage", type=int, default=60)
     parser.add_argument("--before", type=int, default=10)
     parser.add_argument("--after", type=int, default=20)
+    parser.add_argument("--keep", action="store_true", help="keep the database and the work folder")
     args = parser.parse_args()
     db = f"switchyard_bench_outage_{os.getpid()}"
     psql(f'CREATE DATABASE "{db}"')
@@ -114,18 +141,21 @@ def main() -> int:
                 time.sleep(1)
             out = wrk.stdout.read().decode() if wrk.stdout else ""
             drained = time.monotonic()
-            while ready(port).get("ledger") != "ok" and time.monotonic() - drained < 120:
-                time.sleep(0.5)
-            time.sleep(1)
+            while pending(port) != 0 and time.monotonic() - drained < 300:
+                time.sleep(0.2)
+            drain_s = time.monotonic() - drained
             summary = json.loads(out[out.index("{") :]) if "{" in out else {}
             ok_rows = psql("select count(*) from ledger where status = 'ok'", db)
             all_rows = psql("select count(*) from ledger", db)
             dupes = psql("select count(*) - count(distinct request_id) from ledger", db)
+            logged = logged_ids(work / "serve.log")
+            stored = set(psql("copy (select request_id from ledger) to stdout", db).split())
             during = [kb for t, kb, _ in samples if args.before <= t <= args.before + args.outage]
             print(f"wrk: {summary}")
             print(
-                f"ledger: {ok_rows} ok rows, {all_rows} rows, {dupes} duplicate ids; "
-                f"drained in {time.monotonic() - drained:.1f} s"
+                f"ledger: {ok_rows} ok rows, {all_rows} rows, {dupes} duplicate ids; {len(logged)} requests logged, "
+                f"{len(logged - stored)} of them without a row, {len(stored - logged)} rows without a logged request; "
+                f"the journal drained {drain_s:.1f} s after the load"
             )
             print(
                 f"RSS at the cut {during[0] / 1024:.1f} MB, max during the outage {max(during) / 1024:.1f} MB, "
@@ -136,7 +166,11 @@ def main() -> int:
             for process in (gateway, mock):
                 process.terminate()
                 process.wait(timeout=30)
-    psql(f'DROP DATABASE IF EXISTS "{db}"')
+    if args.keep:
+        print(f"kept: database {db}, folder {work}")
+    else:
+        psql(f'DROP DATABASE IF EXISTS "{db}"')
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
