@@ -39,9 +39,9 @@ nearest-rank percentile of `latency_ms` — the ⌈p·n⌉-th smallest of the gr
 that was measured, never interpolated — computed in SQL over the raw rows of the whole period
 (`Dialect.percentiles`: `percentile_disc` on PostgreSQL, a window on SQLite). A roll-up cannot
 hold an exact percentile (a sum of counts is not a percentile of the union), so such a report
-reads and sorts every row of the period, once per group and once for the totals: 9 to 10 s for
-10 million rows on PostgreSQL (bench/RESULTS.md; a covering index for an index-only scan did not
-help: the sort, not the read, is most of it). Reports grouped by time, or not grouped, and
+reads and sorts every row of the period (on PostgreSQL the groups' and the totals' percentiles in
+one statement): 5 to 6 s for 10 million rows (bench/RESULTS.md; a covering index for an
+index-only scan did not help: the sort, not the read, is most of it). Reports grouped by time, or not grouped, and
 `UsageQuery(latency=False)` never read them.
 """
 
@@ -72,10 +72,9 @@ async def usage_report(engine: AsyncEngine, query: UsageQuery) -> UsageReport:
         latency: dict[tuple[Any, ...], tuple[Any, Any]] | None = None
         if query.percentiles:
             latency = {}
-            for groups in (query.group_by, ()):
-                statement = _latency_statement(dialect, query, groups)
+            for statement in _latency_statements(dialect, query):
                 result = await connection.execute(statement, {"start": query.start, "end": query.end})
-                latency.update((tuple(row[:-2]), (row[-2], row[-1])) for row in result)
+                latency.update((() if row[0] else tuple(row[1:-2]), (row[-2], row[-1])) for row in result)
     rows = [_row(query, values, latency) for values in printed]
     return UsageReport(
         start=iso(query.start),
@@ -223,14 +222,15 @@ def _sums_statement(dialect: Dialect, query: UsageQuery) -> Any:
     return text(sql).bindparams(*_times("start", "end", "first", "last", "day_first", "day_last"), *params)
 
 
-def _latency_statement(dialect: Dialect, query: UsageQuery, groups: Sequence[str]) -> Any:
-    """Nearest-rank p50 and p95 of `latency_ms` per group, over the raw rows of the period."""
+def _latency_statements(dialect: Dialect, query: UsageQuery) -> list[Any]:
+    """Nearest-rank p50 and p95 of `latency_ms` per group and over the whole period, from its raw
+    rows: rows of a flag (1: the totals), the group values, the two percentiles."""
     where, params = _filters(query)
-    columns = _group_columns(dialect, groups, "started_at")
-    keys = [f"g{index}" for index in range(len(groups))]
+    columns = _group_columns(dialect, query.group_by, "started_at")
+    keys = [f"g{index}" for index in range(len(query.group_by))]
     period = f"started_at >= :start AND started_at < :end{where}"
     source = f"SELECT {', '.join([*columns, 'latency_ms'])} FROM ledger WHERE {period}"  # noqa: S608
-    return text(dialect.percentiles(keys, source)).bindparams(*_times("start", "end"), *params)
+    return [text(sql).bindparams(*_times("start", "end"), *params) for sql in dialect.percentiles(keys, source)]
 
 
 def _row(query: UsageQuery, values: Sequence[Any], latency: dict[tuple[Any, ...], tuple[Any, Any]] | None) -> UsageRow:

