@@ -1,11 +1,14 @@
 """The access gate: what the pipeline asks about a key once its request's route is known.
 
-    check(entry, model)                 403 when the key may not use the model
-    admit(ctx, request, model, route)   the key's limits: a `Ticket` (a reservation), or a 429/503
+    permit(ctx, model)                  the key's entry, or 403 when the key may not use the model
+    admit(entry, ctx, request, model, route)   the key's limits: a `Ticket` (a reservation), or a 429/503
     settle(ticket, cost, tokens)        the reservation becomes the real cost and tokens
 
-`admit` runs after routing decided which backends may serve the request and before any of them
-is tried, so the reservation covers the most expensive of them (`app.access.worstcase`); `settle`
+`permit` runs as soon as the model is resolved, before routing: a model the key may not use is a
+403 whether or not a backend could serve it now (a 503 would tell the caller which forbidden
+models have backends, and invite a retry). `admit` runs after routing decided which backends may
+serve the request and before any of them is tried, so the reservation covers the most expensive
+of them (`app.access.worstcase`); `settle`
 runs from the pipeline's `_close`, which every request passes once (success, failure, client
 cancellation): a failure without usage settles to 0. Settling is one Redis command sent without
 waiting for its answer (the pipeline closes synchronously; no task per request). A settlement
@@ -97,8 +100,12 @@ class AccessGate:
 
     # -- permission ----------------------------------------------------------------------------
 
-    def check(self, key_id: str, model: ModelEntry) -> Entry | None:
-        """The key's entry (None: revoked meanwhile, so no limits apply); 403 for a model it may not use."""
+    def permit(self, ctx: RequestContext, model: ModelEntry) -> Entry | None:
+        """The request's key's entry (None: no key, or revoked meanwhile, so no limits apply);
+        403 for a model it may not use."""
+        key_id = ctx.principal.key_id
+        if key_id is None:
+            return None
         entry = self.keyring.by_id.get(key_id)
         if entry is not None and entry.record.models is not None and model.id not in entry.record.models:
             raise PermissionDenied(f"this API key may not use model '{clip(model.id)}'")
@@ -108,16 +115,14 @@ class AccessGate:
 
     async def admit(
         self,
+        entry: Entry | None,
         ctx: RequestContext,
         request: AnyRequest,
         model: ModelEntry,
         providers: Sequence[str],
         snapshot: CatalogSnapshot,
     ) -> Ticket | None:
-        key_id = ctx.principal.key_id
-        if key_id is None:
-            return None
-        entry = self.check(key_id, model)
+        """`entry`: what `permit` returned for this request."""
         if entry is None or not entry.limited:
             return None
         ask = self._ask(entry, ctx, request, model, providers, snapshot)

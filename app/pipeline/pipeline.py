@@ -200,10 +200,11 @@ class Pipeline:
         request, deadline = run.request, run.ctx.deadline
         run.model = model = self.router.resolve_model(request.model, now)
         admit(request, model)
+        entry = self.access.permit(run.ctx, model) if self.access is not None else None
         route = self.router.route(model, request.provider)
         if self.access is not None:
             providers = [backend.name for backend in route.backends]
-            run.ticket = await self.access.admit(run.ctx, request, model, providers, self.router.snapshot)
+            run.ticket = await self.access.admit(entry, run.ctx, request, model, providers, self.router.snapshot)
         candidates = Candidates(route.backends, now, self._probe_interval_s)
         failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:

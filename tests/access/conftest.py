@@ -1,7 +1,8 @@
 """A gateway with `[auth] mode = "keys"` in the test's event loop, over one loopback upstream.
 
-Catalog: `chat` (priced: $1 in, $2 out per million tokens, max_output 1000) and `free`
-(served, unpriced). Keys are made through the admin API (`make_key`), as an operator's automation
+Catalog: `chat` (priced: $1 in, $2 out per million tokens, max_output 1000), `other` (priced
+the same), `free` (served, unpriced) and `idle` (no backend: its only provider is not
+configured). Keys are made through the admin API (`make_key`), as an operator's automation
 would; the admin key's secret is in `SWITCHYARD_TEST_ADMIN_KEY`.
 """
 
@@ -23,6 +24,7 @@ CATALOG = catalog_toml(
     model("chat", ("up", "up-chat"), max_output=1000, default=True),
     model("other", ("up", "up-other"), max_output=1000),
     model("free", ("up", "up-free")),
+    model("idle", ("gone", "up-idle")),  # deployed only on a provider this gateway does not configure
     prices=[price("up", "chat", "1", "2"), price("up", "other", "1", "2")],
 )
 

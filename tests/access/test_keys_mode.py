@@ -93,10 +93,18 @@ async def test_a_key_sees_and_uses_only_its_models(gw: GatewayHandle, make_key: 
     assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=headers)).status_code == 200
     refused = await gw.client.post(COMPLETIONS, json=body("other"), headers=headers)
     assert _error(refused) == (403, "permission_error", "this API key may not use model 'other'")
+    # before routing: a forbidden model is a 403 whether a backend could serve it now or not, and
+    # whatever provider the request pins (a 503 or a 400 would tell the caller about it)
+    no_backend = await gw.client.post(COMPLETIONS, json=body("idle"), headers=headers)
+    assert _error(no_backend) == (403, "permission_error", "this API key may not use model 'idle'")
+    pinned = await gw.client.post(COMPLETIONS, json={**body("other"), "provider": "nope"}, headers=headers)
+    assert _error(pinned) == (403, "permission_error", "this API key may not use model 'other'")
+    served = await gw.client.post(COMPLETIONS, json=body("idle"), headers=bearer(ADMIN))
+    assert _error(served)[:2] == (503, "unavailable")  # the admin key may use it: it has no backend
     assert [m["id"] for m in (await gw.client.get("/v1/models", headers=headers)).json()["data"]] == ["chat"]
     assert [m["id"] for m in (await gw.client.get("/api/v1/models", headers=headers)).json()["data"]] == ["chat"]
     every = (await gw.client.get("/v1/models", headers=bearer(ADMIN))).json()["data"]
-    assert [m["id"] for m in every] == ["chat", "free", "other"]
+    assert [m["id"] for m in every] == ["chat", "free", "idle", "other"]
 
 
 async def test_a_budget_needs_a_price_on_every_backend(gw: GatewayHandle, make_key: MakeKey) -> None:
