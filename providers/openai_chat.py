@@ -125,7 +125,9 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
         return events
 
     def _final_reason(self, reason: str) -> str:
-        return "tool_calls" if reason == "stop" and self._calls else reason
+        if self._calls:
+            return "tool_calls" if reason == "stop" else reason
+        return "stop" if reason == "tool_calls" else reason
 
     def _delta(self, delta: _Delta, events: list[Event]) -> None:
         reasoning = delta.reasoning or delta.reasoning_content

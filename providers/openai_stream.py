@@ -8,11 +8,15 @@ not depend on what a choice carries, so they are written once:
 - an `{"error": ...}` payload inside a 200 (or vLLM's flat `{"object": "error", ...}`) raises,
   classified by its structured fields (`raise_error_chunk`);
 - the first chunk's `id` becomes `UpstreamMeta`;
-- usage may come on any chunk (the last report wins) and is yielded once, at the end, followed by
+- usage may come on any chunk (the last report wins; a `usage` without both totals is no report,
+  `providers.usage.counts_tokens`) and is yielded once, at the end, followed by
   `Finish`; the end is `[DONE]` or EOF after a `finish_reason` (`transformers serve` sends no
   `[DONE]`); EOF before either is a truncated stream;
 - a whole (non-streamed) answer is parsed as a stream of one chunk that is complete even without
-  a finish reason (`parse_whole`).
+  a finish reason (`parse_whole`);
+- the finish reason `tool_calls` is kept only when calls were returned (a server whose tool-call
+  parser failed says `tool_calls` over plain text: that answer stopped, `stop`); vLLM's `abort`
+  (the engine gave the request up) is a failure, 502, never a clean finish of a truncated answer.
 
 A dialect subclasses it with its chunk Struct (a `ChunkBase` with `choices`), its decoder, and
 `_choice` (the events of one chunk's first choice); `_closing` and `_final_reason` are the hooks
@@ -29,7 +33,7 @@ from msgspec import Struct
 
 from providers.errors import ErrorBody, Failure, UpstreamError, classify_error_chunk
 from providers.events import Event, Finish, UpstreamMeta
-from providers.usage import OpenAIUsage, openai_report
+from providers.usage import OpenAIUsage, counts_tokens, openai_report
 
 _FINISH_REASONS = {
     "stop": "stop",
@@ -116,10 +120,12 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
             self._first = False
             if chunk.id:
                 events.append(UpstreamMeta(upstream_request_id=chunk.id))
-        if chunk.usage is not None:
+        if chunk.usage is not None and counts_tokens(chunk.usage):
             self._usage = chunk.usage
         reason = self._choice(chunk, events)
         if reason:
+            if reason == "abort":  # vLLM: the engine aborted the request; what came is truncated
+                raise UpstreamError(Failure.TRANSIENT, "upstream aborted the request", status=502)
             self._finish = normalise_finish(reason)
         return events
 
@@ -146,7 +152,9 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         return []
 
     def _final_reason(self, reason: str) -> str:
-        return reason
+        """The `Finish` reason of a normalised one: `tool_calls` only when calls were returned
+        (ingress.md), and a text answer returns none."""
+        return "stop" if reason == "tool_calls" else reason
 
     def parse_whole(self, body: bytes) -> list[Event]:
         """The events of a whole (non-streamed) answer: what its stream would have yielded."""

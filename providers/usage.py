@@ -111,6 +111,16 @@ def openai_buckets(usage: OpenAIUsage) -> Usage:
     )
 
 
+def counts_tokens(usage: OpenAIUsage) -> bool:
+    """Whether `usage` is a report at all: it gives both totals, `prompt_tokens` and
+    `completion_tokens`. An empty `usage: {}` (some servers send one on every chunk) or one that
+    lacks a total is not: read as a report, it would invent zeros that look like a count
+    (ingress.md) — the request's usage stays unknown (NULL in the ledger) unless a later chunk
+    reports it. A report without the totals but with a billed `cost` is dropped with them: the
+    buckets cannot be known, and a cost whose tokens are unknown cannot be checked (drift)."""
+    return usage.prompt_tokens is not None and usage.completion_tokens is not None
+
+
 def openai_cost(usage: OpenAIUsage) -> Decimal | None:
     """The cost the upstream says it billed, in USD, or None when it did not say."""
     if usage.cost is not None and usage.cost.is_finite():

@@ -255,20 +255,25 @@ async def test_no_usage_object_when_the_upstream_reported_none(
         reply_json(200, {"id": "x", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]})
     )
     primary.enqueue("no_usage_stream")
+    empty = {"id": "y", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}], "usage": {}}
+    primary.enqueue(reply_json(200, empty))  # an empty usage object is no report either, not zeros
 
     raw = await aclient.chat.completions.with_raw_response.create(model="chat", messages=USER)
     stream = await aclient.chat.completions.create(
         model="chat", messages=USER, stream=True, stream_options={"include_usage": True}
     )
     chunks = [c async for c in stream]
+    raw_empty = await aclient.chat.completions.with_raw_response.create(model="chat", messages=USER)
 
     assert "usage" not in json.loads(raw.http_response.text)
     assert raw.parse().usage is None
+    assert "usage" not in json.loads(raw_empty.http_response.text)
     assert [c.choices[0].delta.content for c in chunks] == [None, "Yo", None]
     assert chunks[-1].choices[0].finish_reason == "length"
     assert all(c.usage is None for c in chunks)
     rows = await gw.ledger_rows()
     assert [(r["api"], r["input_tokens"], r["output_tokens"], r["cost_usd"]) for r in rows] == [
+        ("openai_chat", None, None, None),
         ("openai_chat", None, None, None),
         ("openai_chat", None, None, None),
     ]

@@ -292,20 +292,47 @@ def test_meta_only_from_the_first_chunk_and_last_usage_wins() -> None:
 
 
 @pytest.mark.parametrize(
-    ("reason", "normalised"),
+    ("reason", "normalised", "finish"),
     [
-        ("stop", "stop"),
-        ("length", "length"),
-        ("tool_calls", "tool_calls"),
-        ("function_call", "tool_calls"),
-        ("content_filter", "content_filter"),
-        ("eos", "stop"),
-        ("end_turn", "stop"),
+        ("stop", "stop", "stop"),
+        ("length", "length", "length"),
+        ("tool_calls", "tool_calls", "stop"),  # no call was returned: the answer stopped
+        ("function_call", "tool_calls", "stop"),
+        ("content_filter", "content_filter", "content_filter"),
+        ("eos", "stop", "stop"),
+        ("end_turn", "stop", "stop"),
     ],
 )
-def test_finish_reasons(reason: str, normalised: str) -> None:
+def test_finish_reasons(reason: str, normalised: str, finish: str) -> None:
     assert normalise_finish(reason) == normalised
-    assert feed(chunk(finish=reason)) == [Finish(normalised)]
+    assert feed(chunk({"content": "I will call it"}, finish=reason)) == [TextDelta("I will call it"), Finish(finish)]
+    with_call = feed(chunk(call(0, "c1", "f", "{}")), chunk(finish=reason))
+    assert with_call[-1] == Finish("tool_calls" if normalised == "stop" else normalised)
+
+
+def test_abort_is_a_failure_not_a_finish() -> None:
+    """vLLM's `abort`: the engine gave the request up; the text so far is truncated."""
+    parser = ChatStreamParser()
+    assert parser.feed(chunk({"content": "half"})) == [TextDelta("half")]
+    with pytest.raises(UpstreamError) as failed:
+        parser.feed(chunk(finish="abort"))
+    assert (failed.value.kind, failed.value.status) == (Failure.TRANSIENT, 502)
+    with pytest.raises(UpstreamError):
+        parse_chat_response(b'{"choices":[{"message":{"content":"half"},"finish_reason":"abort"}]}')
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [{}, {"completion_tokens": 10}, {"prompt_tokens": 4}, {"total_tokens": 14}, {"cost": 0.001}],
+)
+def test_a_usage_without_both_totals_is_no_report(usage: dict[str, Any]) -> None:
+    assert feed(chunk({"content": "a"}, finish="stop", usage=usage)) == [TextDelta("a"), Finish("stop")]
+    whole = msgspec.json.encode({"choices": [{"message": {"content": "a"}, "finish_reason": "stop"}], "usage": usage})
+    assert parse_chat_response(whole) == [TextDelta("a"), Finish("stop")]
+    # nor does it replace an earlier report: the last *report* wins
+    first = chunk({"content": "a"}, usage={"prompt_tokens": 4, "completion_tokens": 2})
+    events = feed(first, chunk(usage=usage), "[DONE]")
+    assert events == [TextDelta("a"), report(input_tokens=4, output_tokens=2), Finish("stop")]
 
 
 NONSTREAM: dict[str, list[Event]] = {
