@@ -127,6 +127,13 @@ def to_request(chat: wire.ChatRequest) -> CompletionRequest:
 
 
 def _message(message: wire.ChatMessage, index: int) -> Message:
+    converted = _converted(message, index)
+    if not converted.content:  # `content: null` without calls, `[]`: a 400, as OpenAI's own
+        raise _invalid(f"messages[{index}].content", "a message needs at least one part")
+    return converted
+
+
+def _converted(message: wire.ChatMessage, index: int) -> Message:
     if isinstance(message, wire.UserMessage):
         return Message("user", _user_parts(message.content, f"messages[{index}].content"), name=message.name)
     if isinstance(message, wire.AssistantMessage):

@@ -154,6 +154,8 @@ def _check_tools(request: CompletionRequest) -> None:
 
 
 def _check_message(message: Message, path: str) -> None:
+    if not message.content:  # on every door: OpenAI's `content: null` without calls, Anthropic's `[]`
+        raise _invalid(f"{path}.content", "a message needs at least one part")
     for index, part in enumerate(message.content):
         part_path = f"{path}.content[{index}]"
         allowed = _PART_ROLES.get(type(part))

@@ -98,6 +98,12 @@ CASES = [
     Case("deep unknown key", body({"messages": [USER]}, raw={"extra": deep(990)}), 400, "extra"),
     # missing and absurd fields
     Case("empty object", b"{}", 400, "messages"),
+    Case(
+        "a message without parts",
+        body({"messages": [USER, {"role": "user", "content": []}]}),
+        400,
+        "messages[1].content",
+    ),
     Case("model only", b'{"model":"chat-1"}', 400, "messages"),
     Case("max_tokens 1e23", body({"messages": [USER]}, raw={"max_tokens": b"1" + b"0" * 23}), 400, "max_tokens"),
     Case("max_tokens over max_output", body({"messages": [USER], "max_tokens": 4097}), 400, "max_tokens"),

@@ -110,6 +110,8 @@ BAD = [
         "messages[0].content[0].type",
     ),
     ({"messages": [USER, {"role": "tool", "content": "18C"}]}, "messages[1].tool_call_id"),
+    ({"messages": [USER, {"role": "assistant", "content": None}]}, "messages[1].content"),  # no calls either
+    ({"messages": [{"role": "user", "content": []}]}, "messages[0].content"),
     (
         {
             "messages": [

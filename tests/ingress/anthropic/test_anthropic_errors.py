@@ -37,6 +37,11 @@ def assert_error(response: httpx.Response, status: int, type_: str, message: str
         ({"max_tokens": "many", "messages": [USER]}, "max_tokens", "max_tokens: Expected `int`, got `str`"),
         ({"max_tokens": 0, "messages": [USER]}, "max_tokens", None),
         ({"max_tokens": 8, "messages": []}, "messages", None),
+        (
+            {"max_tokens": 8, "messages": [{"role": "user", "content": []}]},
+            "messages[0].content",
+            "messages[0].content: a message needs at least one part",
+        ),
         ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role", None),
         ({"max_tokens": 8, "messages": [USER], "temperature": 1.5}, "temperature", None),
         ({"max_tokens": 8, "messages": [USER], "top_k": -1}, "top_k", None),
