@@ -45,7 +45,14 @@ from providers.types import (
     ToolResultPart,
 )
 
-_PROTECTED = frozenset({"model", "messages", "stream", "stream_options"})
+# `provider_options` may not set these: they bound how much an answer may cost (its length, how
+# many answers), and a key's budget and `tpm` reserve the request's own `max_tokens` (or the
+# model's max output) as that bound (access.md, "Budgets never overshoot"). `max_tokens` goes in
+# the request itself; one answer per request. Refused at the edge (a 400); never merged here.
+BOUNDING_OPTIONS = frozenset(
+    {"max_tokens", "max_completion_tokens", "max_new_tokens", "n_predict", "num_predict", "n", "best_of"}
+)
+_PROTECTED = frozenset({"model", "messages", "stream", "stream_options"}) | BOUNDING_OPTIONS
 _IMAGE_MAGIC = (
     ("iVBOR", "image/png"),
     ("/9j/", "image/jpeg"),

@@ -13,7 +13,7 @@ Body decisions (providers.md, fastrun and primalabs `/completions`):
   sent under their own names when given; `stream_options.include_usage` when streaming and the
   wire profile says the host takes it;
 - `provider_options.<provider>` merge last, never replacing `model`, `prompt`, `stream`,
-  `stream_options`.
+  `stream_options`, nor setting what bounds an answer's cost (`BOUNDING_OPTIONS`).
 
 Parser decisions: `choices[0].text` → `TextDelta`; `choices[0].logprobs` (parallel arrays
 `tokens`, `token_logprobs`, `top_logprobs` as `{token: logprob}` maps, `text_offset`) → one
@@ -28,13 +28,13 @@ from msgspec import UNSET, Struct, UnsetType
 
 from providers.config import ProviderConfig
 from providers.events import Event, Logprobs, TextDelta, TokenLogprob, TopLogprob
-from providers.openai_request import WireStreamOptions, encode_with_options
+from providers.openai_request import BOUNDING_OPTIONS, WireStreamOptions, encode_with_options
 from providers.openai_stream import ChunkBase, OpenAIStreamParser
 from providers.types import TextCompletionRequest
 
 __all__ = ["TextStreamParser", "build_text_body", "parse_text_response"]
 
-_PROTECTED = frozenset({"model", "prompt", "stream", "stream_options"})
+_PROTECTED = frozenset({"model", "prompt", "stream", "stream_options"}) | BOUNDING_OPTIONS
 
 
 class TextBody(Struct):

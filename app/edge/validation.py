@@ -38,6 +38,7 @@ from typing import TypeVar
 import msgspec
 
 from app.errors import ECHO_CHARS, InvalidRequest, clip
+from providers.openai_request import BOUNDING_OPTIONS
 from providers.types import (
     AudioPart,
     CompletionRequest,
@@ -210,6 +211,9 @@ def _check_provider_options(request: CompletionRequest, providers: Collection[st
         for key, value in options.items():
             if key in _RESERVED_OPTIONS:
                 raise _invalid(f"provider_options.{name}.{key}", f"may not override '{key}'")
+            if key in BOUNDING_OPTIONS:
+                detail = f"may not set '{key}': it bounds the answer's cost (set `max_tokens` in the request)"
+                raise _invalid(f"provider_options.{name}.{key}", detail)
             if _deeper(value, MAX_JSON_DEPTH - 3):
                 raise _too_deep(f"provider_options.{name}.{clip(key)}")
 

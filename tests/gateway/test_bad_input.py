@@ -126,6 +126,18 @@ CASES = [
         "tool_choice.tool_name",
     ),
     Case(
+        "provider_options raising max_tokens past what the request reserved",
+        body({"messages": [USER], "max_tokens": 10, "provider_options": {"primary": {"max_tokens": 100_000}}}),
+        400,
+        "provider_options.primary.max_tokens",
+    ),
+    Case(
+        "provider_options asking several answers",
+        body({"messages": [USER], "provider_options": {"primary": {"n": 3}}}),
+        400,
+        "provider_options.primary.n",
+    ),
+    Case(
         "5 MB provider_options key",
         body({"messages": [USER], "provider_options": {LONG: {}}}),
         400,

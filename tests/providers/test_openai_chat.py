@@ -484,7 +484,12 @@ def test_hosted_body_drops_thinking_and_merges_its_own_options() -> None:
                 ],
             },
         ],
-        provider_options={"fastrun": {"seed": 7, "model": "evil", "messages": [], "stream": True, "top_k": 5}},
+        provider_options={
+            "fastrun": {"seed": 7, "model": "evil", "messages": [], "stream": True, "top_k": 5}
+            # what bounds the answer's cost stays the request's own (access.md's budgets)
+            | {"max_tokens": 10**6, "max_completion_tokens": 10**6, "max_new_tokens": 10**6, "n": 3}
+            | {"best_of": 3, "n_predict": 10**6, "num_predict": 10**6}
+        },
     )
     assert body_of(req, FASTRUN) == {
         "model": "upstream/model-1",
