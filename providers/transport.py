@@ -25,9 +25,18 @@ the upstream is silent past the read timeout (headers, or between body reads: `p
 `ReadError` when the connection breaks, `RemoteProtocolError` for a malformed answer; the adapter
 maps them in one place (`providers.errors.upstream_errors`). A connection that raised is closed,
 never pooled, and so is one whose body was not read to its end (a client that went away
-mid-stream): the upstream sees the disconnect and stops generating. No retries, except at the
-transport level: a *reused* keep-alive connection that the server had already closed (it answers
-nothing at all) is replaced by a fresh one once; the request never reached an application.
+mid-stream): the upstream sees the disconnect and stops generating.
+
+No retries (providers.md: one retry loop, the router's, none inside the HTTP client). A request
+that fails on a reused keep-alive connection is a failure like any other, even when the server
+seems to have dropped the connection unanswered: it may have read the request, generated and
+billed the answer before it reset (it used to be sent again on a fresh connection, so an
+upstream could see the same POST twice). Stale connections are avoided instead: one the server
+has closed is never taken from the pool (its end was seen), and one idle for `MAX_IDLE_S` is
+closed rather than reused — shorter than the 5 s keep-alive of uvicorn (vLLM, SGLang,
+`transformers serve`) and of llama.cpp's server, so they never close a connection this pool
+would reuse. Left: a server that closes an idle connection at the very moment a request is
+written on it; that request fails over like any failed attempt.
 """
 
 from __future__ import annotations
@@ -49,12 +58,13 @@ _NEXT_CHUNK_LINE = re.compile(rb"\r\n" + _CHUNK_LINE.pattern)  # after the CRLF 
 _MAX_CHUNK_LINE = 4096
 _VERSIONS = (b"HTTP/1.1 ", b"HTTP/1.0 ")
 _MAX_IDLE_PER_HOST = 256
+MAX_IDLE_S = 4.0  # a pooled connection idle this long is closed, not reused (module doc)
 _CHUNKED_ENDINGS = (b"\r\n0\r\n\r\n", b"0\r\n\r\n")
 _Key = tuple[str, int]
 
 
 class _Connection(asyncio.Protocol):
-    __slots__ = ("buffer", "closed", "eof", "error", "loop", "timers", "transport", "waiter")
+    __slots__ = ("buffer", "closed", "eof", "error", "idle_since", "loop", "timers", "transport", "waiter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -65,6 +75,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.eof = False
         self.error: BaseException | None = None
+        self.idle_since = 0.0  # when it went back to the pool
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -148,20 +159,11 @@ class H1Transport(httpx.AsyncBaseTransport):
         head: the plain-HTTP path without httpx's Request/Response objects, which cost about a
         sixth of a proxied request's CPU (py-spy, bench/RESULTS.md). `connect_s` bounds a new
         connection, `head_s` the wait for the whole status line and headers, `read_s` each body read."""
-        conn, reused = self._take(key), True
-        if conn is None:
-            conn, reused = await self._connect(key, connect_s), False
+        conn = self._take(key) or await self._connect(key, connect_s)
         try:
-            try:
-                head = await self._exchange(conn, payload, head_s)
-            except httpx.ReadError:
-                if not reused or conn.buffer:
-                    raise
-                conn.close()
-                conn = await self._connect(key, connect_s)  # the server had dropped it
-                head = await self._exchange(conn, payload, head_s)
+            head = await self._exchange(conn, payload, head_s)
         except BaseException:
-            conn.close()  # whichever connection failed, it is never pooled
+            conn.close()  # a connection that failed is never pooled, and the request not sent again
             raise
         body = _Body(self, key, conn, head, read_s, head_only or head.status in (204, 304))
         return RawResponse(head.status, head.headers, body)
@@ -172,7 +174,14 @@ class H1Transport(httpx.AsyncBaseTransport):
         return await _read_head(conn, head_s)
 
     def _take(self, key: _Key) -> _Connection | None:
+        """The most recently pooled live connection to `key`; older ones idle past `MAX_IDLE_S`
+        (at the pool's left end) are closed on the way."""
         idle = self._idle.get(key)
+        if not idle:
+            return None
+        oldest = idle[0].loop.time() - MAX_IDLE_S
+        while idle and idle[0].idle_since < oldest:
+            idle.popleft().close()
         while idle:
             conn = idle.pop()
             if not conn.closed and not conn.eof and not conn.buffer:
@@ -185,6 +194,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         if len(idle) >= _MAX_IDLE_PER_HOST:
             conn.close()
         else:
+            conn.idle_since = conn.loop.time()
             idle.append(conn)
 
     async def _connect(self, key: _Key, connect_s: float | None) -> _Connection:
