@@ -136,11 +136,13 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
         if delta.content:
             events.append(TextDelta(text=delta.content))
         if delta.tool_calls:
+            seen: list[_Call] = []  # the calls this list has named already
             for position, tool_delta in enumerate(delta.tool_calls):
-                self._tool_delta(tool_delta, position, events)
+                self._tool_delta(tool_delta, position, events, seen)
 
-    def _tool_delta(self, delta: _ToolCallDelta, position: int, events: list[Event]) -> None:
-        call = self._call_for(delta, position)
+    def _tool_delta(self, delta: _ToolCallDelta, position: int, events: list[Event], seen: list[_Call]) -> None:
+        call = self._call_for(delta, position, seen)
+        seen.append(call)
         function = delta.function
         if function is not None:
             if call.name is None and function.name:
@@ -156,10 +158,18 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
         if not call.started and call.name is not None:
             self._start(call, events, force=False)
 
-    def _call_for(self, delta: _ToolCallDelta, position: int) -> _Call:
-        if delta.id is not None and delta.id in self._by_id:
-            return self._by_id[delta.id]
+    def _call_for(self, delta: _ToolCallDelta, position: int, seen: list[_Call]) -> _Call:
+        """The call `delta` belongs to: by its id (a server repeating the id in every delta), unless
+        the delta says another index than that call's or its list named that call already; else
+        by its index (its position in the list when it has none). So two calls a server gave one
+        id — at two indexes, or two entries of one answer's list — stay two calls: merged, the
+        second one's name and arguments were lost."""
+        if delta.id == "":  # an empty id is no id (one is made up when the call starts)
+            delta.id = None
         index = delta.index if delta.index is not None else position
+        known = self._by_id.get(delta.id) if delta.id is not None else None
+        if known is not None and known not in seen and (delta.index is None or known.index == delta.index):
+            return known
         latest = self._latest_at(index)
         if latest is not None and _continues(latest, delta):
             if latest.id is None and delta.id is not None:

@@ -219,6 +219,43 @@ def test_late_id_is_adopted_and_fresh_ids_without_name_continue_the_call() -> No
     ]
 
 
+@pytest.mark.parametrize("same", ["same", ""])
+def test_two_calls_one_id_stay_two_calls(same: str) -> None:
+    """providers.md: accumulate by index (and id when present). A server that gives two calls one
+    id (or an empty one) still sent two calls: at two indexes of a stream, or two entries of one
+    list (a whole answer's, with no indexes)."""
+    streamed = feed(
+        chunk(call(0, same, "f", '{"a":')),
+        chunk(call(1, same, "g", '{"b":')),
+        chunk(call(1, args="2}")),
+        chunk(call(0, same, None, "1}")),
+        chunk(finish="tool_calls"),
+        "[DONE]",
+    )
+    first, second = ("same", "same") if same else ("call_0", "call_1")
+    assert streamed == [
+        ToolCallStart(0, first, "f"),
+        ToolCallArgs(0, '{"a":'),
+        ToolCallStart(1, second, "g"),
+        ToolCallArgs(1, '{"b":'),
+        ToolCallArgs(1, "2}"),
+        ToolCallArgs(0, "1}"),
+        Finish("tool_calls"),
+    ]
+    calls = [
+        {"id": same, "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}},
+        {"id": same, "type": "function", "function": {"name": "g", "arguments": '{"b":2}'}},
+    ]
+    whole = {"choices": [{"message": {"content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}]}
+    assert parse_chat_response(msgspec.json.encode(whole)) == [
+        ToolCallStart(0, first, "f"),
+        ToolCallArgs(0, '{"a":1}'),
+        ToolCallStart(1, second, "g"),
+        ToolCallArgs(1, '{"b":2}'),
+        Finish("tool_calls"),
+    ]
+
+
 def test_a_call_that_never_got_a_name_is_still_reported() -> None:
     events = feed(chunk(call(None, "c9", None, "{}")), chunk(finish="tool_calls"))
     assert events == [ToolCallStart(0, "c9", ""), ToolCallArgs(0, "{}"), Finish("tool_calls")]
