@@ -140,7 +140,7 @@ class AccessGate:
             verdict = await self._decide(limiter, ask, ctx.started_at)
         headers = rate_headers(entry, verdict)
         if verdict.refused is not None:
-            raise _refusal(entry.record, verdict, headers, ctx.started_at)
+            raise _refusal(entry, ask, verdict, headers, ctx.started_at)
         return Ticket(ask, verdict.second, limiter, headers)
 
     def _limiter(self) -> Limiter:
@@ -268,9 +268,19 @@ def duration(seconds: float) -> str:
     return f"{int(minutes)}m{text}s" if minutes else f"{text}s"
 
 
-def _refusal(record: KeyRecord, verdict: Verdict, headers: Headers, now: datetime) -> GatewayError:
+def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: Headers, now: datetime) -> GatewayError:
+    """The 429 of a refused admission. A request that reserves more tokens than the key's `tpm`
+    could never pass, however long it waited: it gets no `Retry-After` (a client would retry it
+    forever) and a message saying what to change, as OpenAI's "Request too large" does."""
+    record = entry.record
     error: GatewayError
-    if verdict.refused == "budget":
+    if verdict.refused == "tpm" and ask.tokens > entry.tpm:
+        message = (
+            f"request too large for this API key (tpm): it reserves {ask.tokens} tokens (its input "
+            f"and max_tokens), the limit is {entry.tpm} a minute; lower max_tokens"
+        )
+        error = KeyRateLimited(message)
+    elif verdict.refused == "budget":
         period = record.budget_period or "total"
         _tag, _start, end = period_bounds(period, now)
         spent, budget = show_usd(from_nano(verdict.spent)), show_usd(record.budget_usd or Decimal(0))

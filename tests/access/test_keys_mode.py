@@ -139,10 +139,19 @@ async def test_tpm_refuses_what_would_exceed_it(gw: GatewayHandle, make_key: Mak
     headers = bearer(key["secret"])
     # 89 (input bound) + 900 reserved, settled to the 4 tokens the upstream counted
     assert (await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=900), headers=headers)).status_code == 200
-    refused = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=950), headers=headers)  # 4 + 1039
+    refused = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=910), headers=headers)  # 4 + 999
     assert _error(refused) == (429, "rate_limit_error", "rate limit reached for this API key (tpm)")
     assert 1 <= int(refused.headers["retry-after"]) <= 60
     assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+    # 1039 on its own: it could never pass, so no Retry-After to wait for (a client would retry forever)
+    too_large = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=950), headers=headers)
+    message = (
+        "request too large for this API key (tpm): it reserves 1039 tokens (its input and max_tokens), "
+        "the limit is 1000 a minute; lower max_tokens"
+    )
+    assert _error(too_large) == (429, "rate_limit_error", message)
+    assert "retry-after" not in too_large.headers
+    assert too_large.headers["x-ratelimit-limit-tokens"] == "1000"
     again = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=900), headers=headers)  # 4 + 989
     assert again.status_code == 200
     assert again.headers["x-ratelimit-remaining-tokens"] == str(1000 - 4 - 989)
