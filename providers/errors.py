@@ -11,7 +11,8 @@ routing does:
                                       `retry_after` seconds, try the next backend
       kind = Failure.QUOTA            402, 429 insufficient_quota, primalabs 422 budget_exceeded:
                                       the operator's money is gone; disable the provider
-      kind = Failure.AUTH             401/403 (bad key, key not allowed): disable the provider
+      kind = Failure.AUTH             401 (bad key): disable the provider; 403 (key not
+                                      allowed for this model): that backend only (failover.py)
       kind = Failure.CLIENT           400/404/413/422 caused by the request: no retry, 400 to client
       kind = Failure.TIMEOUT          connect, first byte, idle gap or total deadline passed:
                                       try the next, else 504

@@ -8,6 +8,9 @@ providers.md's table, as code:
     TIMEOUT        same as TRANSIENT                                   next backend
     CAPACITY       out of rotation for Retry-After (capped)            next backend
     QUOTA, AUTH    disable the whole provider until a probe succeeds   next backend
+    AUTH (403)     the key may not use this upstream model: that       next backend
+                   backend only, out for `max_cooldown_s` (logged
+                   `backend_forbidden`); a 401 is the refused key
     CLIENT         none                                                stop: 400 to the client
 
 `Candidates` walks a route's backends in order (priority, then least loaded) and hands out
@@ -87,6 +90,8 @@ def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Met
         hint = exc.retry_after if exc.retry_after is not None else policy.capacity_cooldown_s
         cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s, MAX_RETRY_AFTER), "capacity", metrics)
         _log_attempt(log, backend, exc, cooled)
+    elif exc.kind is Failure.AUTH and exc.status == 403:
+        _forbidden(backend, exc, now, metrics, log)
     elif exc.kind in (Failure.QUOTA, Failure.AUTH):
         _disable(backend, exc, now, metrics, log)
     else:
@@ -112,6 +117,18 @@ def _breaker_opened(backend: Backend, metrics: Metrics, log: Any) -> None:
     metrics.breaker_trips.inc((backend.name,))
     names = {"provider": backend.name, "model": backend.model_id, "upstream_model": backend.upstream_model}
     log.warning("breaker_open", **names, source="attempt")
+
+
+def _forbidden(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:
+    """A 403: the key may not use this upstream model (primalabs' `model_not_allowed`). providers.md
+    disables that backend, not the provider: its other models still serve. The backend is out of
+    rotation for the longest cool-down (`max_cooldown_s`), then tried again; no breaker count."""
+    seconds = backend.provider.policy.max_cooldown_s
+    cooled = _cool_down(backend, now, seconds, "failure", metrics)
+    _log_attempt(log, backend, exc, cooled)
+    if cooled is not None:
+        names = {"provider": backend.name, "model": backend.model_id, "upstream_model": backend.upstream_model}
+        log.error("backend_forbidden", **names, status=exc.status, code=exc.code, out_for_s=seconds)
 
 
 def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:

@@ -1,6 +1,7 @@
 """A refused key or an exhausted balance: the whole provider leaves rotation (every backend of it),
 the request fails over, later requests skip it, and only a successful health probe brings it back
-(a probe that itself gets 401 keeps it disabled).
+(a probe that itself gets 401 keeps it disabled). A 403 (the key may not use that model) takes
+out that backend only.
 
 Probe timing is made deterministic with the upstream: the first probe answer is delayed, so every
 request before it runs against the state the test set up, and the health loop (one round at a
@@ -125,18 +126,6 @@ async def test_a_probe_answered_401_keeps_the_provider_disabled(
     [
         pytest.param(
             "primalabs",
-            load_transcript("primalabs_403_model_not_allowed"),
-            "auth: upstream returned 403",
-            id="primalabs-403-json",
-        ),
-        pytest.param(
-            "primalabs",
-            Reply(403, [("content-type", "text/html")], [b"<html><body>403 Forbidden</body></html>"]),
-            "auth: upstream returned 403",
-            id="primalabs-403-no-json",
-        ),
-        pytest.param(
-            "primalabs",
             load_transcript("primalabs_422_budget_exceeded"),
             "quota: upstream returned 422",
             id="primalabs-422-budget",
@@ -181,6 +170,46 @@ async def test_refused_key_or_exhausted_balance_disables_and_fails_over(
     samples = await scrape(gw)
     label = reason.partition(":")[0]
     assert metric(samples, "switchyard_provider_disabled_total", provider="alpha", reason=label) == 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param(load_transcript("primalabs_403_model_not_allowed"), id="primalabs-403-json"),
+        pytest.param(
+            Reply(403, [("content-type", "text/html")], [b"<html><body>403 Forbidden</body></html>"]), id="403-html"
+        ),
+    ],
+)
+async def test_a_403_takes_out_that_backend_only(
+    start_gateway: StartGateway,
+    alpha: ReplayUpstream,
+    beta: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    reply: Reply,
+) -> None:
+    """providers.md: a 403 (the key may not use this model) disables that backend; only a refused
+    key (401) or an exhausted balance takes out every backend of the provider."""
+    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "pl-test-key")
+    gw = await launch(
+        start_gateway,
+        {"alpha": alpha, "beta": beta},
+        alpha={"kind": "primalabs", "api_key_env": "ROUTING_TEST_ALPHA_KEY"},
+    )
+    alpha.enqueue(reply)
+    beta.enqueue(answer("from beta"), repeat=2)
+    assert (await complete(gw)).json()["provider"] == "beta"
+    chat = (await deployments(gw))["alpha"]
+    assert "disabled_reason" not in chat
+    assert chat["ready"] is False
+    assert "cooling_until" in chat
+    even = (await deployments(gw, "even-1"))["alpha"]
+    assert (even["ready"], "disabled_reason" in even, "cooling_until" in even) == (True, False, False)
+    alpha.enqueue(answer("alpha serves its other model"))
+    other = await complete(gw, "even-1")
+    assert other.json()["provider"] == "alpha"
+    assert (await complete(gw)).json()["provider"] == "beta"  # chat-1 stays off alpha
+    assert len(completions(alpha)) == 2
 
 
 @pytest.mark.parametrize(("recheck", "comes_back"), [(60.0, False), (0.3, True)])
