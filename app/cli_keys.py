@@ -15,7 +15,9 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,7 +26,19 @@ from msgspec import UNSET
 from app.access.keyring import announce
 from app.settings import ConfigError, Settings
 from catalog.database import open_engine
-from catalog.keys import KeyChanges, KeyRecord, checked, create_key, list_keys, parse_expires, revoke_key, update_key
+from catalog.files import CatalogFileError, load_catalog
+from catalog.keys import (
+    KeyChanges,
+    KeyRecord,
+    catalog_models,
+    checked,
+    create_key,
+    file_resolver,
+    list_keys,
+    parse_expires,
+    revoke_key,
+    update_key,
+)
 from catalog.keys import to_builtins as key_builtins
 from catalog.migrate import upgrade_async
 
@@ -102,14 +116,14 @@ async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges
             return 0
         if command == "create":
             assert changes is not None
-            record, secret = await create_key(engine, checked(changes))
+            record, secret = await create_key(engine, _with_catalog_ids(checked(changes), settings))
             print(
                 msgspec.json.encode({**key_builtins(record), "secret": secret}).decode()
                 if args.format == "json"
                 else secret
             )
         else:
-            found = await _change(engine, args, changes)
+            found = await _change(engine, args, changes, settings)
             if found is None:
                 print(f"switchyard: no key '{args.id}'", file=sys.stderr)
                 return 1
@@ -122,14 +136,28 @@ async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges
         await engine.dispose()
 
 
-async def _change(engine: Any, args: argparse.Namespace, changes: KeyChanges | None) -> KeyRecord | None:
+def _with_catalog_ids(changes: KeyChanges, settings: Settings) -> KeyChanges:
+    """`changes` with its models as ids of the configured catalog (its files: the database's
+    catalog is only filled when the service starts or `catalog sync` runs)."""
+    if not isinstance(changes.models, tuple):
+        return changes
+    try:
+        catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
+    except CatalogFileError as exc:
+        raise ValueError(f"models: the catalog cannot be read: {exc}") from None
+    return catalog_models(changes, file_resolver(catalog))
+
+
+async def _change(
+    engine: Any, args: argparse.Namespace, changes: KeyChanges | None, settings: Settings
+) -> KeyRecord | None:
     if args.keys_command == "revoke":
         return await revoke_key(engine, args.id)
     assert changes is not None
     current = next((key for key in await list_keys(engine) if key.id == args.id), None)
     if current is None:
         return None
-    return await update_key(engine, args.id, checked(changes, current))
+    return await update_key(engine, args.id, _with_catalog_ids(checked(changes, current), settings))
 
 
 def _changes(args: argparse.Namespace) -> KeyChanges:
@@ -180,7 +208,7 @@ def _show(records: list[KeyRecord], format: str, single: bool = False) -> None:
 
 def _row(record: KeyRecord) -> tuple[str, ...]:
     budget = f"${record.budget_usd.normalize():f}/{record.budget_period}" if record.budget_usd is not None else "-"
-    state = "revoked" if record.revoked_at is not None else "active"
+    state = "revoked" if record.revoked_at is not None else "active" if record.usable(datetime.now(UTC)) else "expired"
     return (
         record.id,
         record.name,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Literal
@@ -29,6 +30,7 @@ from msgspec import UNSET, Struct, UnsetType
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from catalog.files import CatalogFile
 from catalog.tables import ApiKey, LedgerRow
 
 SECRET_PREFIX = "sy-"  # noqa: S105  # the secrets' public prefix, not a secret
@@ -217,9 +219,18 @@ def parse_expires(text: str) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+MIN_BUDGET = Decimal("0.000000001")  # a nano-dollar: the unit limits count in
+
+
 def checked(changes: KeyChanges, current: KeyRecord | None = None) -> KeyChanges:
-    """`changes` with the rules every way of making a key shares: positive limits and budget, a
-    period only with a budget (a budget without one is per `month`). ValueError names the option."""
+    """`changes` with the rules every way of making a key shares: a name that is not blank,
+    positive limits, a budget of at least a nano-dollar (less would be stored as 0), a period
+    only with a budget and a budget always with one (a budget without one is per `month`), and
+    at least one model when models are listed. ValueError names the option."""
+    if isinstance(changes.name, str) and not changes.name.strip():
+        raise ValueError("name: must not be empty")
+    if changes.models == ():
+        raise ValueError("models: name at least one model (leave it out, or none, for every model)")
     for option in ("rpm", "tpm", "max_concurrency"):
         value = getattr(changes, option)
         if isinstance(value, int) and value < 1:
@@ -227,12 +238,40 @@ def checked(changes: KeyChanges, current: KeyRecord | None = None) -> KeyChanges
     budget = changes.budget_usd
     if isinstance(budget, Decimal) and not (budget.is_finite() and budget > 0):
         raise ValueError("budget_usd: must be a positive amount")
+    if isinstance(budget, Decimal) and budget < MIN_BUDGET:
+        raise ValueError(f"budget_usd: must be at least {MIN_BUDGET:f} (a nano-dollar)")
     has_budget = budget is not None if budget is not UNSET else (current is not None and current.budget_usd is not None)
     if changes.budget_period not in (UNSET, None) and not has_budget:
         raise ValueError("budget_period: needs a budget (budget_usd)")
+    if changes.budget_period is None and has_budget:
+        raise ValueError("budget_period: a budget needs a period (day, month or total); clear budget_usd instead")
     period_known = current is not None and current.budget_period is not None
     if isinstance(budget, Decimal) and changes.budget_period is UNSET and not period_known:
         return msgspec.structs.replace(changes, budget_period="month")
     if budget is None:
         return msgspec.structs.replace(changes, budget_period=None)
     return changes
+
+
+def catalog_models(changes: KeyChanges, resolve: Callable[[str], str | None]) -> KeyChanges:
+    """`changes` with its `models` as catalog ids (access.md: allowed models are catalog ids): an
+    alias becomes the id it names (`resolve`: a model name or alias to its id, None when the
+    catalog does not know it), and a name the catalog does not know is a ValueError — stored as
+    written, it would never match a request (a request's model is resolved to its id first)."""
+    if not isinstance(changes.models, tuple):
+        return changes
+    resolved: list[str] = []
+    for name in changes.models:
+        model = resolve(name)
+        if model is None:
+            raise ValueError(f"models: unknown model '{name[:64]}' (not a catalog id or alias)")
+        if model not in resolved:
+            resolved.append(model)
+    return msgspec.structs.replace(changes, models=tuple(resolved))
+
+
+def file_resolver(catalog: CatalogFile) -> Callable[[str], str | None]:
+    """`catalog_models`'s `resolve` over the configured catalog files (the CLI, without a server)."""
+    names = {model.id: model.id for model in catalog.models}
+    names |= {alias: model.id for model in catalog.models for alias in model.aliases}
+    return names.get

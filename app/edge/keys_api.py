@@ -31,6 +31,7 @@ from catalog.keys import (
     BudgetPeriod,
     KeyChanges,
     KeyRecord,
+    catalog_models,
     checked,
     create_key,
     get_key,
@@ -82,6 +83,22 @@ def _changes(body: bytes, current: KeyRecord | None = None) -> KeyChanges:
         raise InvalidRequest(f"invalid key: {exc}") from None
 
 
+def _models_checked(service: Service, changes: KeyChanges) -> KeyChanges:
+    """`changes` with its models as ids of the catalog the service routes by; 400 naming `models`
+    for one it does not know."""
+    assert service.router is not None
+    snapshot = service.router.snapshot
+
+    def resolve(name: str) -> str | None:
+        entry = snapshot.resolve(name)
+        return entry.id if entry is not None else None
+
+    try:
+        return catalog_models(changes, resolve)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid key: {exc}", param="models") from None
+
+
 def _service(request: Request[Any, Any, Any]) -> Service:
     service: Service = request.app.state.service
     if service.access is None or service.engine is None:
@@ -107,7 +124,7 @@ async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
     if changes.name is UNSET:
         raise InvalidRequest("invalid key: name is required", param="name")
     assert service.engine is not None
-    record, secret = await create_key(service.engine, changes)
+    record, secret = await create_key(service.engine, _models_checked(service, changes))
     await _publish(service, record)
     return _json({**to_builtins(record), "secret": secret}, 201)
 
@@ -144,7 +161,8 @@ async def change(request: Request[Any, Any, Any]) -> Response[bytes]:
     current = await get_key(service.engine, key_id)
     if current is None:
         raise NotFound(f"no key '{key_id[:64]}'")
-    record = await update_key(service.engine, key_id, _changes(await request.body(), current))
+    changes = _models_checked(service, _changes(await request.body(), current))
+    record = await update_key(service.engine, key_id, changes)
     if record is None:
         raise NotFound(f"no key '{key_id[:64]}'")
     await _publish(service, record)

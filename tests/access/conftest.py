@@ -21,7 +21,7 @@ from tests.support.upstream import ReplayUpstream, upstream_fixture
 ADMIN = "sy-admin-secret-for-tests-0123456789abcdefghijkl"
 ADMIN_ENV = "SWITCHYARD_TEST_ADMIN_KEY"
 CATALOG = catalog_toml(
-    model("chat", ("up", "up-chat"), max_output=1000, default=True),
+    model("chat", ("up", "up-chat"), max_output=1000, default=True, aliases=("chat-latest",)),
     model("other", ("up", "up-other"), max_output=1000),
     model("free", ("up", "up-free")),
     model("idle", ("gone", "up-idle")),  # deployed only on a provider this gateway does not configure

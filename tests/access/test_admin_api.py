@@ -4,6 +4,7 @@ use leaves behind: no secret in any table or log line."""
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect, text
@@ -62,6 +63,43 @@ async def test_only_the_admin_key_manages_keys(gw: GatewayHandle, make_key: Make
     for bad in ({"name": "x", "rpm": 0}, {"name": "x", "budget_period": "day"}, {"name": "x", "expires": "soon"}, {}):
         response = await gw.client.post("/api/v1/keys", json=bad, headers=bearer(ADMIN))
         assert response.status_code == 400, bad
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"name": " "}, "invalid key: name: must not be empty"),
+        ({"name": "x", "models": []}, "invalid key: models: name at least one model"),
+        ({"name": "x", "models": ["chat", "nosuch"]}, "invalid key: models: unknown model 'nosuch'"),
+        ({"name": "x", "budget_usd": "0.0000000000001"}, "invalid key: budget_usd: must be at least 0.000000001"),
+        ({"name": "x", "budget_usd": "1", "budget_period": None}, "invalid key: budget_period: a budget needs"),
+    ],
+)
+async def test_a_key_is_refused_what_it_could_never_use(
+    gw: GatewayHandle, make_key: MakeKey, bad: dict[str, Any], message: str
+) -> None:
+    """Refused, not stored as written: a blank name, no model at all, a model the catalog does
+    not know (a request's model is resolved to its catalog id first, so it would never match), a
+    budget below the nano-dollar limits count in (stored as 0), a budget without a period."""
+    response = await gw.client.post("/api/v1/keys", json=bad, headers=bearer(ADMIN))
+    assert response.status_code == 400, bad
+    assert response.json()["error"]["message"].startswith(message)
+    key = await make_key(budget_usd="1", budget_period="day")
+    cleared = await gw.client.patch(f"/api/v1/keys/{key['id']}", json={"budget_period": None}, headers=bearer(ADMIN))
+    assert cleared.status_code == 400
+    assert (await gw.client.get("/api/v1/keys", headers=bearer(ADMIN))).json()["data"][0]["budget_period"] == "day"
+
+
+async def test_an_alias_is_kept_as_its_catalog_id(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:
+    up.set_default(answer("ok"))
+    key = await make_key(models=["chat-latest", "chat"])
+    assert key["models"] == ["chat"]
+    headers = bearer(key["secret"])
+    assert (await gw.client.post(COMPLETIONS, json=body("chat-latest"), headers=headers)).status_code == 200
+    changed = await gw.client.patch(
+        f"/api/v1/keys/{key['id']}", json={"models": ["chat-latest"]}, headers=bearer(ADMIN)
+    )
+    assert changed.json()["models"] == ["chat"]
 
 
 async def test_me_reports_spend_and_what_is_left(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:

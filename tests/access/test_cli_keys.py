@@ -83,13 +83,32 @@ def test_create_json_and_bad_options(tmp_path: Path) -> None:
     assert created["secret"].startswith("sy-")
     assert created["expires_at"] == "2027-01-01T10:00:00Z"
     config = str(tmp_path / "config.toml")
-    for bad in (["--rpm", "x"], ["--budget-period", "day"], ["--expires", "soon"], ["--budget-usd", "-1"]):
+    for bad in (
+        ["--rpm", "x"],
+        ["--budget-period", "day"],
+        ["--expires", "soon"],
+        ["--budget-usd", "-1"],
+        ["--budget-usd", "0.0000000000001"],  # below a nano-dollar: it was stored as 0
+        ["--models", "tiny,nosuch"],  # not in the catalog: it was stored, and matched nothing
+        ["--models", ""],  # no model at all: it was stored as [], and allowed none
+    ):
         result = run_cli(tmp_path, "keys", "create", "--name", "b", *bad, "--config", config)
         assert result.returncode == 2, (bad, result.stderr)
         assert result.stderr.startswith("switchyard: ")
+    blank = run_cli(tmp_path, "keys", "create", "--name", " ", "--config", config)
+    assert (blank.returncode, blank.stderr) == (2, "switchyard: name: must not be empty\n")
+    budget = json.loads(_keys(tmp_path, "create", "--name", "b", "--budget-usd", "1", "--format", "json"))
+    no_period = run_cli(tmp_path, "keys", "update", budget["id"], "--budget-period", "none", "--config", config)
+    assert no_period.returncode == 2
+    assert no_period.stderr.startswith("switchyard: budget_period: a budget needs a period")
+    aliased = json.loads(_keys(tmp_path, "create", "--name", "a", "--models", "tiny-alias", "--format", "json"))
+    assert aliased["models"] == ["tiny"]  # the catalog id
+    expired = json.loads(_keys(tmp_path, "create", "--name", "old", "--expires", "2020-01-01", "--format", "json"))
+    states = {line.split()[0]: line.split()[-1] for line in _keys(tmp_path, "list").splitlines()[1:]}
+    assert (states[expired["id"]], states[created["id"]]) == ("expired", "active")
     missing = run_cli(tmp_path, "keys", "revoke", "key_nope", "--config", config)
     assert (missing.returncode, missing.stderr) == (1, "switchyard: no key 'key_nope'\n")
-    assert len(_list(tmp_path)) == 1
+    assert len(_list(tmp_path)) == 4
 
 
 def test_serve_refuses_workers_with_limited_keys_and_no_redis(tmp_path: Path) -> None:
