@@ -2,8 +2,9 @@
 
 Every failure, whether ours (`GatewayError`), the framework's (404, 405 with its `Allow` header,
 413 from the body-size limit) or unexpected, leaves through an error renderer with the
-`x-request-id` header: `_render_error` here, in api.md's two-view format, for the native and
-OpenAI-compatible paths; the Anthropic door's own (`app.edge.anthropic`) under `/v1/messages`.
+`x-request-id` header (as does every other answer: `_with_request_id`): `_render_error` here, in
+api.md's two-view format, for the native and OpenAI-compatible paths; the Anthropic door's own
+(`app.edge.anthropic`) under `/v1/messages`.
 What an exception means, and the `request` log line of a request rejected before routing, is
 decided once for both (`app.edge.rejection`). Unexpected exceptions are logged with their
 traceback and answered with a generic 500: internal paths and stack traces never reach a client.
@@ -28,6 +29,7 @@ from app.edge.openai_completions import text_completions
 from app.edge.rejection import as_gateway_error
 from app.edge.unified import completions
 from app.errors import error_body
+from app.ids import uuid7
 from app.logging import configure_logging
 from app.service import Service
 from app.settings import Settings, load_settings
@@ -65,6 +67,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
             usage.plotly_script,
         ],
         lifespan=[lifespan],
+        after_request=_with_request_id,
         exception_handlers={Exception: _render_error},
         request_max_body_size=settings.server.max_body_bytes,
         openapi_config=None,
@@ -83,6 +86,15 @@ def create_app_from_env() -> Litestar:
         server = msgspec.structs.replace(settings.server, workers=int(workers))
         settings = msgspec.structs.replace(settings, server=server)
     return create_app(settings, prepare=False)
+
+
+async def _with_request_id(response: Response[Any]) -> Response[Any]:
+    """api.md: `x-request-id` on every response. The completion doors and the error renderers set
+    their own (the request's id); the other routes' answers (health, metrics, models, keys, usage)
+    get a fresh UUIDv7 here."""
+    if "x-request-id" not in response.headers:
+        response.headers["x-request-id"] = uuid7()
+    return response
 
 
 def _render_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
