@@ -65,6 +65,8 @@ def decode_legacy(body: bytes) -> LegacyRequest:
 
 
 def _check(legacy: LegacyRequest) -> None:
+    if legacy.stream_options is not None and not legacy.stream:  # OpenAI's own 400
+        raise _invalid("stream_options", "only allowed when `stream` is true")
     for name in ("n", "best_of"):
         value = getattr(legacy, name)
         if value is not None and value != 1:

@@ -74,6 +74,8 @@ def decode_chat(body: bytes) -> wire.ChatRequest:
 
 
 def _check(chat: wire.ChatRequest) -> None:
+    if chat.stream_options is not None and not chat.stream:  # OpenAI's own 400
+        raise _invalid("stream_options", "only allowed when `stream` is true")
     if chat.n is not None and chat.n != 1:
         raise _invalid("n", "only one choice per request is supported (n must be 1)")
     if isinstance(chat.stop, list) and len(chat.stop) > MAX_STOP:

@@ -63,6 +63,10 @@ _PART_ROLES: dict[type, frozenset[str]] = {
     ToolResultPart: frozenset({"tool", "user"}),
     ThinkingPart: frozenset({"assistant"}),
     RedactedThinkingPart: frozenset({"assistant"}),
+    # media are the user's: no upstream API carries them in an assistant's turn (they were dropped)
+    ImagePart: frozenset({"user"}),
+    AudioPart: frozenset({"user"}),
+    DocumentPart: frozenset({"user"}),
 }
 _TEXT_ONLY_ROLES = frozenset({"system", "developer"})
 _QUOTED = re.compile(r"(['\"])(.*)\1", re.DOTALL)

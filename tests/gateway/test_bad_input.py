@@ -18,6 +18,7 @@ from tests.support.gateway import GatewayHandle
 from tests.support.upstream import ReplayUpstream
 
 USER = {"role": "user", "content": [{"kind": "text", "data": "hi"}]}
+IMAGE = "https://x.test/a.png"
 JSON = {"content-type": "application/json"}
 
 
@@ -98,6 +99,12 @@ CASES = [
     Case("deep unknown key", body({"messages": [USER]}, raw={"extra": deep(990)}), 400, "extra"),
     # missing and absurd fields
     Case("empty object", b"{}", 400, "messages"),
+    Case(
+        "an image in an assistant's turn",
+        body({"messages": [USER, {"role": "assistant", "content": [{"kind": "image", "data": {"url": IMAGE}}]}]}),
+        400,
+        "messages[1].content[0].kind",
+    ),
     Case(
         "a message without parts",
         body({"messages": [USER, {"role": "user", "content": []}]}),

@@ -138,6 +138,7 @@ BAD = [
     ({"messages": [USER], "response_format": {"type": "xml"}}, "response_format.type"),
     ({"messages": [USER], "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"messages": [USER], "metadata": ["a"]}, "metadata"),
+    ({"messages": [USER], "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
 ]
 
 
