@@ -62,7 +62,7 @@ class _Chat:
         self.include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
 
     def answer(self, ctx: RequestContext, outcome: ev.Outcome) -> bytes:
-        return fmt.encoder.encode(completion_of(ctx, outcome))
+        return fmt.encoder.encode(completion_of(ctx, outcome, bool(self.request.logprobs)))
 
     def renderer(self, ctx: RequestContext) -> ChatStream:
         stream = LogprobChatStream if self.request.logprobs else ChatStream
@@ -84,11 +84,13 @@ async def openai_models(state: State, request: Request[Any, Any, Any]) -> Respon
     return Response(fmt.encoder.encode(fmt.ModelCards(data=cards)), media_type="application/json")
 
 
-def completion_of(ctx: RequestContext, outcome: ev.Outcome) -> fmt.ChatCompletion:
+def completion_of(ctx: RequestContext, outcome: ev.Outcome, logprobs: bool) -> fmt.ChatCompletion:
+    """The whole answer; `logprobs`: the request asked for them (ingress.md: only then, even when
+    an upstream sends them unasked)."""
     choice = fmt.Choice(
         index=0,
         message=message_of(outcome),
-        logprobs=logprobs_of(outcome.logprobs) if outcome.logprobs is not None else None,
+        logprobs=logprobs_of(outcome.logprobs) if logprobs and outcome.logprobs is not None else None,
         finish_reason=outcome.finish_reason or "stop",
     )
     return fmt.ChatCompletion(
@@ -166,9 +168,6 @@ class ChatStream:
     def _tool_call_delta(self, event: ev.ToolCallDelta) -> bytes:
         return self._chunks.tool_call_args(event.index, event.fragment)
 
-    def _logprobs(self, event: ev.Logprobs) -> bytes:
-        return self._chunks.logprobs(None, logprobs_of(event.tokens))
-
     def _outcome(self, outcome: ev.Outcome) -> bytes:
         if outcome.error is not None:
             return self.error(outcome.error)
@@ -224,6 +223,6 @@ _RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {  # every event but the t
     ev.ReasoningStart: _nothing,
     ev.ReasoningEnd: _nothing,
     ev.ToolCallEnd: _nothing,
-    ev.Logprobs: ChatStream._logprobs,
+    ev.Logprobs: _nothing,  # not asked for (an upstream may send them anyway): `LogprobChatStream` renders them
     ev.Outcome: ChatStream._outcome,
 }

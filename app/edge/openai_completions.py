@@ -56,7 +56,7 @@ class _Text:
         self.include_usage = bool(legacy.stream_options and legacy.stream_options.include_usage)
 
     def answer(self, ctx: RequestContext, outcome: ev.Outcome) -> bytes:
-        return fmt.encoder.encode(text_completion_of(ctx, outcome))
+        return fmt.encoder.encode(text_completion_of(ctx, outcome, self.request.logprobs is not None))
 
     def renderer(self, ctx: RequestContext) -> TextStream:
         stream = TextStream if self.request.logprobs is None else LogprobTextStream
@@ -67,10 +67,12 @@ def _translate(body: bytes, _service: Service) -> _Text:
     return _Text(text_fmt.decode_legacy(body))
 
 
-def text_completion_of(ctx: RequestContext, outcome: ev.Outcome) -> text_fmt.TextCompletion:
+def text_completion_of(ctx: RequestContext, outcome: ev.Outcome, asked: bool) -> text_fmt.TextCompletion:
+    """The whole answer; `asked`: the request asked for log probabilities (only then are they sent)."""
     message = outcome.message
     text = "".join(part.data for part in message.content if isinstance(part, TextPart)) if message else ""
-    logprobs = text_fmt.text_logprobs_of(outcome.logprobs)[0] if outcome.logprobs is not None else None
+    tokens = outcome.logprobs if asked else None
+    logprobs = text_fmt.text_logprobs_of(tokens)[0] if tokens is not None else None
     choice = text_fmt.TextChoice(0, text, logprobs, outcome.finish_reason or "stop")
     return text_fmt.TextCompletion(
         id=ctx.request_id,
@@ -163,8 +165,7 @@ _OBJECT = "text_completion"
 _NOT_STARTED = text_fmt.TextChunkBytes("", 0, "")  # replaced on `Started`, which comes before any content
 _TAIL = text_fmt.CHUNK_TAIL
 _encode = fmt.encoder.encode
-_RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {
+_RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {  # `Logprobs` not asked for: nothing (`LogprobTextStream`)
     ev.Started: TextStream._started,
-    ev.Logprobs: TextStream._logprobs,
     ev.Outcome: TextStream._outcome,
 }

@@ -191,6 +191,28 @@ async def test_stream_exact_chunks(gw: GatewayHandle, primary: ReplayUpstream) -
     ]
 
 
+async def test_no_log_probabilities_unless_asked(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    """ingress.md: `logprobs` "when asked". The transcript's vLLM sends them anyway: the stream
+    is one chunk per token, with no empty-text chunks carrying them, and the whole answer has none."""
+    primary.enqueue("vllm_completions_stream")
+    primary.enqueue("vllm_completions_json")
+    payload = {"prompt": PROMPT, "max_tokens": 4, "stream": True}
+
+    response = await gw.client.post(LEGACY, json=payload)
+    whole = await gw.client.post(LEGACY, json={**payload, "stream": False})
+
+    *chunks, done = data_lines(response.text)
+    assert done == "[DONE]"
+    assert [(c["choices"][0]["text"], c["choices"][0]["logprobs"]) for c in chunks] == [
+        (" Paris", None),
+        (".", None),
+        (" It", None),
+        (" is", None),
+        ("", None),
+    ]
+    assert whole.json()["choices"][0]["logprobs"] is None
+
+
 async def test_defaults_prompt_array_echo_and_no_usage_when_the_upstream_reported_none(
     gw: GatewayHandle, primary: ReplayUpstream
 ) -> None:

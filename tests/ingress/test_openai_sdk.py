@@ -454,6 +454,37 @@ async def test_logprobs_relayed_whole_and_streamed(aclient: openai.AsyncOpenAI, 
     assert (sent["logprobs"], sent["top_logprobs"]) == (True, 1)
 
 
+async def test_logprobs_an_upstream_sends_unasked_are_not_relayed(
+    aclient: openai.AsyncOpenAI, primary: ReplayUpstream
+) -> None:
+    """ingress.md: `logprobs` "when asked and the upstream gave them"; some servers send them anyway."""
+    whole = {
+        "id": "x",
+        "choices": [{"index": 0, "message": {"content": "Hi!"}, "logprobs": LOGPROBS, "finish_reason": "stop"}],
+    }
+    primary.enqueue(reply_json(200, whole))
+    streamed = [
+        {
+            "id": "s",
+            "choices": [{"index": 0, "delta": {"content": "Hi"}, "logprobs": {"content": LOGPROBS["content"][:1]}}],
+        },
+        chunk({}, "stop"),
+    ]
+    primary.enqueue(reply_sse(streamed))
+
+    completion = await aclient.chat.completions.create(model="chat", messages=USER)
+    stream = await aclient.chat.completions.create(model="chat", messages=USER, stream=True)
+    chunks = [c async for c in stream]
+
+    assert completion.choices[0].logprobs is None
+    assert completion.choices[0].message.content == "Hi!"
+    assert [(c.choices[0].delta.content, c.choices[0].logprobs) for c in chunks] == [
+        (None, None),
+        ("Hi", None),
+        (None, None),
+    ]
+
+
 async def test_models_list(client: openai.OpenAI, aclient: openai.AsyncOpenAI) -> None:
     page = await asyncio.to_thread(client.models.list)
     apage = await aclient.models.list()
