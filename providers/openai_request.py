@@ -213,7 +213,7 @@ def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *,
         body.stream_options = WireStreamOptions()
     if req.tools:
         body.tools = [_tool(tool.name, tool.description, tool.parameters) for tool in req.tools]
-    if req.tool_choice is not None:
+    if req.tool_choice is not None and req.tools:  # a choice among no tools: hosts refuse it (vLLM: 400)
         body.tool_choice = _tool_choice(req.tool_choice)
     if req.schema is not None:
         body.response_format = WireResponseFormat(json_schema=WireJSONSchema(schema=req.schema))

@@ -122,10 +122,12 @@ def counts_tokens(usage: OpenAIUsage) -> bool:
 
 
 def openai_cost(usage: OpenAIUsage) -> Decimal | None:
-    """The cost the upstream says it billed, in USD, or None when it did not say."""
-    if usage.cost is not None and usage.cost.is_finite():
+    """The cost the upstream says it billed, in USD, or None when it did not say — or said
+    something no bill can be (a negative amount, not a number): then the catalog's estimate is
+    the cost, as for any upstream that reports none."""
+    if usage.cost is not None and usage.cost.is_finite() and usage.cost >= 0:
         return usage.cost
-    if usage.cost_in_usd_ticks is not None:
+    if usage.cost_in_usd_ticks is not None and usage.cost_in_usd_ticks >= 0:
         return Decimal(usage.cost_in_usd_ticks).scaleb(TICKS_EXPONENT)
     return None
 

@@ -547,6 +547,7 @@ def test_wire_profile_switches() -> None:
     req = request(
         messages=[{"role": "developer", "content": [{"kind": "text", "data": "a"}, {"kind": "text", "data": "b"}]}],
         max_tokens=64,
+        tools=[{"name": "lookup"}],
         tool_choice={"mode": "named", "tool_name": "lookup"},
         schema={"type": "object", "properties": {"city": {"type": "string"}}},
     )
@@ -554,6 +555,7 @@ def test_wire_profile_switches() -> None:
         "model": "upstream/model-1",
         "messages": [{"role": "developer", "content": "a\nb"}],
         "stream": True,
+        "tools": [{"type": "function", "function": {"name": "lookup"}}],
         "tool_choice": {"function": {"name": "lookup"}, "type": "function"},
         "response_format": {
             "json_schema": {
@@ -647,3 +649,13 @@ def test_tool_results_become_tool_messages() -> None:
         {"role": "user", "content": "Now answer."},
         {"role": "tool", "content": "plain", "tool_call_id": "c3"},
     ]
+
+
+@pytest.mark.parametrize("tools", [None, []])
+@pytest.mark.parametrize("mode", ["auto", "none"])
+def test_no_tool_choice_without_tools(tools: list[Any] | None, mode: str) -> None:
+    """A choice among no tools is a 400 at vLLM and OpenAI: it is not sent."""
+    user = [{"role": "user", "content": [{"kind": "text", "data": "hi"}]}]
+    req = request(messages=user, tools=tools, tool_choice={"mode": mode})
+    assert "tool_choice" not in body_of(req, LOCAL)
+    assert "tools" not in body_of(req, LOCAL)

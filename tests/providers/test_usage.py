@@ -103,6 +103,14 @@ def test_no_cost_reported() -> None:
     assert openai_cost(decode_openai_usage('{"cost":null}')) is None
 
 
+def test_a_negative_cost_is_no_bill() -> None:
+    """No bill is negative: the catalog's estimate prices such a request, as one with no cost."""
+    assert openai_cost(decode_openai_usage('{"cost":-1}')) is None
+    assert openai_cost(decode_openai_usage('{"cost":-0.000001}')) is None
+    assert openai_cost(decode_openai_usage('{"cost_in_usd_ticks":-5}')) is None
+    assert openai_cost(decode_openai_usage('{"cost":-1,"cost_in_usd_ticks":5}')) == Decimal("5E-10")
+
+
 def test_report_joins_buckets_and_cost() -> None:
     usage = decode_openai_usage('{"prompt_tokens":5,"completion_tokens":2,"cost":0.25}')
     assert openai_report(usage) == UsageReport(usage=Usage(input_tokens=5, output_tokens=2), cost_usd=Decimal("0.25"))
