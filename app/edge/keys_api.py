@@ -27,6 +27,7 @@ from app.access.keyring import announce
 from app.edge.key_guard import caller, require_admin, require_key
 from app.errors import InvalidRequest, NotFound
 from app.service import Service
+from catalog.exact_sum import decimal_text
 from catalog.keys import (
     BudgetPeriod,
     KeyChanges,
@@ -41,6 +42,7 @@ from catalog.keys import (
     to_builtins,
     update_key,
 )
+from catalog.usage_query import iso
 
 _JSON = "application/json"
 _encode = msgspec.json.Encoder().encode
@@ -146,11 +148,13 @@ async def me(request: Request[Any, Any, Any]) -> Response[bytes]:
     if service.ledger is not None and record.budget_usd is None:
         await service.ledger.flush()  # this process's rows, so the ledger's sum includes them
     spent, start, end = await service.access.spend(record, datetime.now(UTC))
-    view: dict[str, Any] = {**to_builtins(record), "spent_usd": str(spent)}
-    view["period_start"] = start.isoformat() if start is not None else None
-    view["period_end"] = end.isoformat() if end is not None else None
+    # amounts as the usage report prints them (exact, no trailing zeros, whichever store the spend
+    # came from), times as every other time of the API (UTC, `Z`)
+    view: dict[str, Any] = {**to_builtins(record), "spent_usd": decimal_text(spent)}
+    view["period_start"] = iso(start) if start is not None else None
+    view["period_end"] = iso(end) if end is not None else None
     if record.budget_usd is not None:
-        view["remaining_usd"] = str(max(Decimal(0), record.budget_usd - spent))
+        view["remaining_usd"] = decimal_text(max(Decimal(0), record.budget_usd - spent))
     return _json(view)
 
 
