@@ -87,6 +87,7 @@ class UsageReport(Struct, frozen=True):
 
 class Finish(Struct, frozen=True):
     reason: FinishReason
+    stop_sequence: str | None = None  # the stop sequence that ended the answer, when the upstream said which
 
 
 Event = UpstreamMeta | TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgs | Logprobs | UsageReport | Finish

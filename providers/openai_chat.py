@@ -42,7 +42,7 @@ from providers.events import (
     ToolCallStart,
 )
 from providers.openai_request import build_chat_body
-from providers.openai_stream import ChunkBase, OpenAIStreamParser, normalise_finish
+from providers.openai_stream import ChunkBase, OpenAIStreamParser, matched_stop, normalise_finish
 
 __all__ = ["ChatStreamParser", "build_chat_body", "normalise_finish", "parse_chat_response"]
 
@@ -75,6 +75,8 @@ class _Choice(Struct):
     message: _Delta | None = None  # non-streamed answers
     finish_reason: str | None = None
     logprobs: _ChoiceLogprobs | None = None
+    stop_reason: str | int | None = None  # vLLM: the stop string (or token id) met
+    matched_stop: str | int | None = None  # SGLang: the same
 
 
 class _Chunk(ChunkBase):
@@ -115,6 +117,8 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
             self._delta(delta, events)
         if choice.logprobs is not None and choice.logprobs.content:
             events.append(Logprobs(choice.logprobs.content))
+        if choice.finish_reason is not None:
+            self._matched = matched_stop(choice.stop_reason, choice.matched_stop)
         return choice.finish_reason
 
     def _closing(self) -> list[Event]:

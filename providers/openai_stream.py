@@ -14,6 +14,8 @@ not depend on what a choice carries, so they are written once:
   `[DONE]`); EOF before either is a truncated stream;
 - a whole (non-streamed) answer is parsed as a stream of one chunk that is complete even without
   a finish reason (`parse_whole`);
+- the stop string an answer met is kept when the upstream names it: vLLM's `stop_reason` or
+  SGLang's `matched_stop` beside `finish_reason: "stop"` (a token id there is not a sequence);
 - the finish reason `tool_calls` is kept only when calls were returned (a server whose tool-call
   parser failed says `tool_calls` over plain text: that answer stopped, `stop`); vLLM's `abort`
   (the engine gave the request up) is a failure, 502, never a clean finish of a truncated answer.
@@ -81,12 +83,13 @@ def raise_error_chunk(chunk: ChunkBase) -> None:
 class OpenAIStreamParser(ABC, Generic[ChunkT]):
     """Feed it the `data` payloads of one stream; it returns events (module doc)."""
 
-    __slots__ = ("_closed", "_done", "_finish", "_first", "_usage")
+    __slots__ = ("_closed", "_done", "_finish", "_first", "_matched", "_usage")
     decoder: ClassVar[msgspec.json.Decoder[Any]]
 
     def __init__(self) -> None:
         self._usage: OpenAIUsage | None = None
         self._finish: str | None = None
+        self._matched: str | None = None  # the stop string the upstream says it met (vLLM, SGLang)
         self._first = True
         self._done = False
         self._closed = False
@@ -144,7 +147,8 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         events = self._closing()
         if self._usage is not None:
             events.append(openai_report(self._usage))
-        events.append(Finish(reason=self._final_reason(self._finish or "stop")))
+        reason = self._final_reason(self._finish or "stop")
+        events.append(Finish(reason=reason, stop_sequence=self._matched if reason == "stop" else None))
         return events
 
     def _closing(self) -> list[Event]:
@@ -167,3 +171,10 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         events = self.apply(answer)
         self._done = True  # a whole answer is complete even without a finish_reason
         return events + self.finish()
+
+
+def matched_stop(stop_reason: str | int | None, matched: str | int | None) -> str | None:
+    """The stop string an upstream says its answer met: vLLM's `stop_reason`, else SGLang's
+    `matched_stop` (a token id in either is no stop sequence)."""
+    value = stop_reason if stop_reason is not None else matched
+    return value if isinstance(value, str) else None

@@ -10,8 +10,10 @@ error under `/v1/messages` (an unknown subpath's 404 too) answers in Anthropic's
 
 Output decisions (README, "Anthropic Messages ingress"):
 - `stop_reason`: `stop` → `end_turn`, `length` → `max_tokens`, `tool_calls` → `tool_use`,
-  `content_filter` → `refusal`. `stop_sequence` is never reported: an OpenAI-style upstream says
-  `stop` whether it met a stop sequence or ended its turn, and the gateway does not guess.
+  `content_filter` → `refusal`; `stop_sequence` (with the string in `stop_sequence`) when the
+  upstream named the stop string it met (vLLM's `stop_reason`, SGLang's `matched_stop`). Others
+  say `stop` whether they met a stop sequence or ended their turn: `end_turn`, the gateway does
+  not guess.
 - `usage` is Anthropic's additive view of the five disjoint buckets: `input_tokens` (cache reads
   and writes excluded), `cache_read_input_tokens`, `cache_creation_input_tokens`, `output_tokens`
   = output + reasoning, with reasoning also in `output_tokens_details.thinking_tokens`. When the
@@ -66,6 +68,15 @@ STOP_REASONS: dict[str, fmt.StopReason] = {
     "tool_calls": "tool_use",
     "content_filter": "refusal",
 }
+
+
+def stop_reason_of(outcome: ev.Outcome) -> fmt.StopReason:
+    """Anthropic's stop reason: `stop_sequence` when the upstream named the stop string it met."""
+    if outcome.stop_sequence is not None:
+        return "stop_sequence"
+    return STOP_REASONS.get(outcome.finish_reason or "stop", "end_turn")
+
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -121,8 +132,8 @@ def message_of(ctx: RequestContext, outcome: ev.Outcome) -> fmt.Message:
         role="assistant",
         model=outcome.model or "",
         content=[block for part in parts if (block := _block(part)) is not None],
-        stop_reason=STOP_REASONS.get(outcome.finish_reason or "stop", "end_turn"),
-        stop_sequence=None,
+        stop_reason=stop_reason_of(outcome),
+        stop_sequence=outcome.stop_sequence,
         usage=usage_of(outcome.usage),
         cost_usd=outcome.cost.usd,
         cost_source=outcome.cost.source,
@@ -240,9 +251,9 @@ class AnthropicStream:
     def _outcome(self, outcome: ev.Outcome) -> bytes:
         if outcome.error is not None:
             return self._close() + self.error(outcome.error)
-        stop_reason = STOP_REASONS.get(outcome.finish_reason or "stop", "end_turn")
+        stop_reason = stop_reason_of(outcome)
         delta = fmt.MessageDelta(
-            delta=fmt.Delta(stop_reason=stop_reason, stop_sequence=None),
+            delta=fmt.Delta(stop_reason=stop_reason, stop_sequence=outcome.stop_sequence),
             usage=usage_of(outcome.usage),
             cost_usd=outcome.cost.usd,
             cost_source=outcome.cost.source,

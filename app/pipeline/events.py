@@ -118,6 +118,7 @@ class Outcome(Struct, kw_only=True):
     upstream_request_id: str | None = None
     message: Message | None = None
     finish_reason: FinishReason | None = None
+    stop_sequence: str | None = None  # the stop string that ended a `stop`, when the upstream named it
     logprobs: list[TokenLogprob] | None = None  # when the request asked and the upstream gave them
     usage: Usage | None = None
     usage_estimated: bool = False

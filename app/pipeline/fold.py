@@ -54,6 +54,7 @@ class Fold:
         "parts",
         "relayed_output",
         "relayed_reasoning",
+        "stop_sequence",
         "upstream_request_id",
         "usage",
     )
@@ -64,6 +65,7 @@ class Fold:
         self.parts: list[ContentPart | _Call] = []
         self.usage: ev.UsageReport | None = None
         self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None
         self.upstream_request_id: str | None = None
         self.logprobs: list[ev.TokenLogprob] | None = None
         self.relayed_output = 0
@@ -95,6 +97,7 @@ class Fold:
             self.usage = event
         elif isinstance(event, ev.Finish):
             self.finish_reason = event.reason
+            self.stop_sequence = event.stop_sequence
         elif isinstance(event, ev.Logprobs):
             if self.logprobs is None:
                 self.logprobs = []

@@ -14,7 +14,7 @@ import pytest
 from tests.ingress.anthropic.catalog import primary_cost
 from tests.support.gateway import GatewayHandle
 from tests.support.replies import answer
-from tests.support.upstream import ReplayUpstream, reply_json
+from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
 
 USER = {"role": "user", "content": "Weather in Paris?"}
 TOOLS: list[Any] = [
@@ -286,3 +286,33 @@ async def test_sync_client(gw: GatewayHandle, primary: ReplayUpstream) -> None:
     assert (message.usage.input_tokens, message.usage.output_tokens) == (3, 1)
     (row,) = await gw.ledger_rows()
     assert (row["request_id"], row["api"]) == (message.id, "anthropic_messages")
+
+
+async def test_a_stop_sequence_the_upstream_names_is_reported(
+    client: anthropic.AsyncAnthropic, gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """vLLM names the stop string it met (`stop_reason`), SGLang too (`matched_stop`): then the
+    answer stopped on a stop sequence, whole and streamed. Without one, `end_turn` (no guess)."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 2}
+    vllm = {"index": 0, "message": {"content": "Paris"}, "finish_reason": "stop", "stop_reason": "END"}
+    primary.enqueue(reply_json(200, {"id": "a", "choices": [vllm], "usage": usage}))
+    sglang = [
+        {"id": "b", "choices": [{"index": 0, "delta": {"content": "Paris"}}]},
+        {"id": "b", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "matched_stop": "END"}]},
+        {"id": "b", "choices": [], "usage": usage},
+    ]
+    primary.enqueue(reply_sse(sglang))
+    eos = {"index": 0, "message": {"content": "Paris"}, "finish_reason": "stop", "stop_reason": 128001}  # a token id
+    primary.enqueue(reply_json(200, {"id": "c", "choices": [eos], "usage": usage}))
+    ask = {"model": "chat-1", "max_tokens": 16, "messages": [USER], "stop_sequences": ["END"]}
+
+    whole = await client.messages.create(**ask)
+    async with client.messages.stream(**ask) as stream:
+        streamed = await stream.get_final_message()
+    token = await client.messages.create(**ask)
+
+    assert (whole.stop_reason, whole.stop_sequence) == ("stop_sequence", "END")
+    assert (streamed.stop_reason, streamed.stop_sequence) == ("stop_sequence", "END")
+    assert (token.stop_reason, token.stop_sequence) == ("end_turn", None)
+    rows = await gw.ledger_rows()
+    assert [row["stop_reason"] for row in rows] == ["end_turn", "end_turn", "end_turn"]
