@@ -236,15 +236,19 @@ class AccessGate:
 
 def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
     headers: Headers = ()
+    # a refusal's own limit resets when a request would pass (its Retry-After); the others, and an
+    # admission's, when the window's oldest second leaves it
     if entry.rpm >= 0:
-        reset = _duration(verdict.retry_after or verdict.reset_requests_s)
+        refused = verdict.refused == "rpm" and verdict.retry_after is not None
+        reset = _duration(verdict.retry_after if refused else verdict.reset_requests_s)
         headers = (
             entry.limit_headers[0],
             (b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests),
             (b"x-ratelimit-reset-requests", reset),
         )
     if entry.tpm >= 0:
-        reset = _duration(verdict.retry_after or verdict.reset_tokens_s)
+        refused = verdict.refused == "tpm" and verdict.retry_after is not None
+        reset = _duration(verdict.retry_after if refused else verdict.reset_tokens_s)
         headers += (
             entry.limit_headers[1],
             (b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens),

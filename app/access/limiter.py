@@ -133,19 +133,29 @@ class LocalLimiter:
             base, spent, reserved = budget
             if base + (spent + reserved + ask.cost) * self.share > ask.budget:
                 return Verdict(refused="budget", spent=base + spent)
-        if ask.rpm >= 0 and requests + 1 > self._limit(ask.rpm):
-            excess = requests + 1 - self._limit(ask.rpm)
-            return Verdict(refused="rpm", retry_after=_wait(state.buckets, now, 1, excess))
-        if ask.tpm >= 0 and tokens + ask.tokens > self._limit(ask.tpm):
-            excess = tokens + ask.tokens - self._limit(ask.tpm)
-            return Verdict(refused="tpm", retry_after=_wait(state.buckets, now, 2, excess))
-        if ask.max_concurrency >= 0:
+        rpm, tpm = self._limit(ask.rpm), self._limit(ask.tpm)
+        refused: Refusal | None = None
+        if ask.rpm >= 0 and requests + 1 > rpm:
+            refused, wait = "rpm", _wait(state.buckets, now, 1, requests + 1 - rpm)
+        elif ask.tpm >= 0 and tokens + ask.tokens > tpm:
+            refused, wait = "tpm", _wait(state.buckets, now, 2, tokens + ask.tokens - tpm)
+        elif ask.max_concurrency >= 0:
             clock = time.monotonic()
             for request_id in [r for r, expiry in state.flight.items() if expiry <= clock]:
                 del state.flight[request_id]
             if len(state.flight) >= self._limit(ask.max_concurrency):
-                return Verdict(refused="max_concurrency", retry_after=1.0)
-        return None
+                refused, wait = "max_concurrency", 1.0
+        if refused is None:
+            return None
+        reset = _reset(state.buckets, now)  # the window as it stands, for the x-ratelimit-* headers
+        return Verdict(
+            refused=refused,
+            retry_after=wait,
+            remaining_requests=max(0, rpm - requests),
+            reset_requests_s=reset,
+            remaining_tokens=max(0, tpm - tokens),
+            reset_tokens_s=reset,
+        )
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         state = self._keys.setdefault(ask.key_id, _KeyState())

@@ -20,7 +20,10 @@ writes four; once per second of traffic an admission also drops the second that 
 (after an idle spell, each second that left it: at most 60; after a jump of the clock by more than
 two minutes it reads the hash once instead). Only a refusal walks the buckets, to tell when enough
 of them leave the minute (`Retry-After`); it writes nothing, so the window's sums always hold
-exactly the buckets left in the hash. The script used to read the whole hash (up to 120 fields)
+exactly the buckets left in the hash. A rate or concurrency refusal also answers the window as it
+stands (requests, tokens, when its oldest second leaves), so the 429's `x-ratelimit-*` headers
+tell the truth about the limits it did not hit; a budget refusal, answered before the window is
+read, does not. The script used to read the whole hash (up to 120 fields)
 on every admission: Redis's CPU per request (admission and settlement) went from 31.3 to 23.8 µs
 (bench/RESULTS.md), on the one Redis every replica shares. The window lives under `:window`, not
 the old script's `:rate`, so a rolling upgrade never mixes the two layouts (old hashes expire
@@ -107,11 +110,12 @@ local function wait(kind, excess)
   end
   return 60000
 end
-if rpm >= 0 and reqs + 1 > rpm then return {2, wait('r', reqs + 1 - rpm)} end
-if tpm >= 0 and toks + tokens > tpm then return {3, wait('t', toks + tokens - tpm)} end
+local held = math.max(0, math.ceil((oldest + 60 - now) * 1000))
+if rpm >= 0 and reqs + 1 > rpm then return {2, wait('r', reqs + 1 - rpm), reqs, toks, held} end
+if tpm >= 0 and toks + tokens > tpm then return {3, wait('t', toks + tokens - tpm), reqs, toks, held} end
 if conc >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now * 1000)
-  if redis.call('ZCARD', KEYS[2]) >= conc then return {4, 1000} end
+  if redis.call('ZCARD', KEYS[2]) >= conc then return {4, 1000, reqs, toks, held} end
   redis.call('ZADD', KEYS[2], now * 1000 + hold, ARGV[1])
   redis.call('PEXPIRE', KEYS[2], hold)
 end
@@ -240,7 +244,17 @@ class RedisLimiter:
         code = reply[0]
         if code == 1:
             return Verdict(refused="budget", spent=int(reply[2]))
-        return Verdict(refused=_REFUSALS[code], retry_after=int(reply[1]) / 1000 if len(reply) > 1 else None)
+        if len(reply) < 5:  # budget_missing
+            return Verdict(refused=_REFUSALS[code], retry_after=int(reply[1]) / 1000 if len(reply) > 1 else None)
+        held = int(reply[4]) / 1000  # the window as it stands, for the refusal's x-ratelimit-* headers
+        return Verdict(
+            refused=_REFUSALS[code],
+            retry_after=int(reply[1]) / 1000,
+            remaining_requests=max(0, ask.rpm - int(reply[2])),
+            reset_requests_s=held,
+            remaining_tokens=max(0, ask.tpm - int(reply[3])),
+            reset_tokens_s=held,
+        )
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         args = (b"%d" % spent, b"%d" % ttl_s)

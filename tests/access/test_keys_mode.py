@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from litestar import Litestar
 
+from app.access.gate import duration
 from tests.access.conftest import ADMIN, MakeKey, bearer
 from tests.support.client import COMPLETIONS, body, parse_sse
 from tests.support.gateway import GatewayHandle
@@ -142,7 +143,7 @@ async def test_tpm_refuses_what_would_exceed_it(gw: GatewayHandle, make_key: Mak
     refused = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=910), headers=headers)  # 4 + 999
     assert _error(refused) == (429, "rate_limit_error", "rate limit reached for this API key (tpm)")
     assert 1 <= int(refused.headers["retry-after"]) <= 60
-    assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert refused.headers["x-ratelimit-remaining-tokens"] == "996"  # left in the window: less than it asks
     # 1039 on its own: it could never pass, so no Retry-After to wait for (a client would retry forever)
     too_large = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=950), headers=headers)
     message = (
@@ -155,6 +156,24 @@ async def test_tpm_refuses_what_would_exceed_it(gw: GatewayHandle, make_key: Mak
     again = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=900), headers=headers)  # 4 + 989
     assert again.status_code == 200
     assert again.headers["x-ratelimit-remaining-tokens"] == str(1000 - 4 - 989)
+
+
+async def test_a_refusal_tells_the_window_as_it_stands(
+    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
+) -> None:
+    """An rpm refusal's token headers are the window's (not zeros), its request headers say when
+    a request passes (its Retry-After)."""
+    up.set_default(answer("ok"))
+    key = await make_key(rpm=1, tpm=10_000)
+    headers = bearer(key["secret"])
+    assert (await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=100), headers=headers)).status_code == 200
+    refused = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=100), headers=headers)
+    assert _error(refused) == (429, "rate_limit_error", "rate limit reached for this API key (rpm)")
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refused.headers["x-ratelimit-remaining-tokens"] == str(10_000 - 4)  # the first one settled to 4
+    retry = int(refused.headers["retry-after"])
+    assert refused.headers["x-ratelimit-reset-requests"] == duration(retry)
+    assert refused.headers["x-ratelimit-reset-tokens"].endswith("s")
 
 
 async def test_rejected_requests_are_in_the_ledger_under_their_key(

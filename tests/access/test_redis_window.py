@@ -39,10 +39,18 @@ class Model:
         self.buckets = {s: b for s, b in self.buckets.items() if s > sec - 60}
         requests = sum(b[0] for b in self.buckets.values())
         used = sum(b[1] for b in self.buckets.values())
+        # a refusal tells the window as it stands (its x-ratelimit-* headers)
+        held = max(0, math.ceil((min(self.buckets, default=sec) + 60 - now) * 1000)) / 1000
+        window = {
+            "remaining_requests": max(0, RPM - requests),
+            "reset_requests_s": held,
+            "remaining_tokens": max(0, TPM - used),
+            "reset_tokens_s": held,
+        }
         if requests + 1 > RPM:
-            return Verdict(refused="rpm", retry_after=self._wait(now, 0, requests + 1 - RPM) / 1000)
+            return Verdict(refused="rpm", retry_after=self._wait(now, 0, requests + 1 - RPM) / 1000, **window)
         if used + tokens > TPM:
-            return Verdict(refused="tpm", retry_after=self._wait(now, 1, used + tokens - TPM) / 1000)
+            return Verdict(refused="tpm", retry_after=self._wait(now, 1, used + tokens - TPM) / 1000, **window)
         bucket = self.buckets.setdefault(sec, [0, 0])
         bucket[0] += 1
         bucket[1] += tokens
