@@ -34,6 +34,7 @@ import json
 import re
 from collections.abc import Collection, Iterable
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -188,17 +189,40 @@ def _check_media(data: ImageData | FileData, path: str) -> None:
         raise _invalid(path, "needs `url` or `data`")
     if data.url is not None and data.data is not None:
         raise _invalid(path, "give `url` or `data`, not both")
+    if data.media_type is not None and not _MEDIA_TYPE.fullmatch(data.media_type):
+        raise _invalid(f"{path}.media_type", "is not a media type (`type/subtype`)")
     if data.url is not None:
         check_url(data.url, f"{path}.url")
+    elif not data.data:
+        raise _invalid(f"{path}.data", "is empty")
     elif isinstance(data.data, str):
         check_base64(data.data, f"{path}.data")
 
 
+_MEDIA_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*")
+# RFC 2397: data:[<media type>][;<parameter>=<value>]*[;base64],<data>
+_DATA_URL = re.compile(r"data:(?:[\w!#$&^.+-]+/[\w!#$&^.+-]+)?((?:;[\w!#$&^.+-]+=[^;,]*)*)(;base64)?,(.*)", re.DOTALL)
+
+
 def check_url(url: str, path: str) -> None:
-    """A media URL the gateway passes on: `https://` or `data:` only (it never reads its own disk)."""
-    if not url.strip().startswith(("https://", "data:")):
+    """A media URL the gateway passes on: `https://` with a host, or a well-formed `data:` URL
+    whose base64 payload decodes (it never reads its own disk, and an upstream would only
+    refuse the rest later, as a 400 from far away)."""
+    url = url.strip()
+    if url.startswith("https://"):
+        if not urlsplit(url).hostname:
+            raise _invalid(path, "names no host")
+        return
+    if not url.startswith("data:"):
         detail = "must be an https:// or data: URL (local paths and other schemes are refused)"
         raise _invalid(path, detail)
+    parsed = _DATA_URL.fullmatch(url)
+    if parsed is None:
+        raise _invalid(path, "is not a data: URL (`data:<type>;base64,<data>`)")
+    if not parsed[3]:
+        raise _invalid(path, "is an empty data: URL")
+    if parsed[2]:
+        check_base64(parsed[3], path)
 
 
 def check_base64(data: str, path: str) -> None:

@@ -99,6 +99,18 @@ CASES = [
     Case("deep unknown key", body({"messages": [USER]}, raw={"extra": deep(990)}), 400, "extra"),
     # missing and absurd fields
     Case("empty object", b"{}", 400, "messages"),
+    *(
+        Case(name, body({"messages": [{"role": "user", "content": [{"kind": "image", "data": data}]}]}), 400, param)
+        for name, data, param in (
+            ("a base64 data: URL that does not decode", {"url": "data:image/png;base64,!!!"}, "url"),
+            ("a data: URL with no comma", {"url": "data:image/png;base64"}, "url"),
+            ("an empty data: URL", {"url": "data:image/png;base64,"}, "url"),
+            ("an https URL without a host", {"url": "https://"}, "url"),
+            ("empty bytes", {"data": []}, "data"),
+            ("a media type that is not one", {"data": "iVBORw==", "media_type": 'a"b;c'}, "media_type"),
+        )
+        for param in (f"messages[0].content[0].data.{param}",)
+    ),
     Case(
         "an image in an assistant's turn",
         body({"messages": [USER, {"role": "assistant", "content": [{"kind": "image", "data": {"url": IMAGE}}]}]}),
