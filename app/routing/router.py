@@ -143,14 +143,25 @@ class Router:
         return Route(model, backends)
 
     def _default_model(self, now: float) -> ModelEntry:
+        """The default model whose best ready backend ranks highest. When none has a ready backend,
+        the one whose best backend ranks highest all the same: its route then finds nothing to
+        try and answers 503 with the soonest `Retry-After`, and its ledger row names a model, as
+        for a request that named it."""
         best: tuple[tuple[int, int], ModelEntry] | None = None
+        fallback: tuple[tuple[int, int], ModelEntry] | None = None
         for entry in self.snapshot.default_models():
-            ready = [b for b in self.backends(entry) if b.ready(now)]
+            backends = self.backends(entry)
+            if backends:
+                rank = (backends[0].priority, backends[0].provider.config.priority)
+                if fallback is None or rank > fallback[0]:
+                    fallback = (rank, entry)
+            ready = [b for b in backends if b.ready(now)]
             if not ready:
                 continue
             rank = (ready[0].priority, ready[0].provider.config.priority)
             if best is None or rank > best[0]:
                 best = (rank, entry)
-        if best is None:
+        chosen = best or fallback
+        if chosen is None:
             raise NoBackendAvailable("no backend is available for this model")
-        return best[1]
+        return chosen[1]

@@ -16,7 +16,7 @@ import pytest
 
 from devtools.mock_http import Reply
 from tests.routing.conftest import launch
-from tests.support.client import complete, datas, stream
+from tests.support.client import complete, datas, post, stream
 from tests.support.gateway import StartGateway
 from tests.support.observe import completions, deployments, metric, row_view, scrape, seconds_until
 from tests.support.replies import answer, chunk, error, stream_answer
@@ -97,15 +97,19 @@ async def test_every_backend_cooling_after_failures_is_503_without_upstream_requ
     }
 
     response = await complete(gw)
-    assert response.status_code == 503, response.text
-    assert response.json()["error"]["type"] == "unavailable"
-    assert response.json()["error"]["message"] == "no backend is available for this model"
-    assert response.headers["retry-after"] == str(FAILURE_COOLDOWN)
+    # no model named: the default model all the same, with the same answer and a row naming it
+    unnamed = await post(gw, {"messages": [{"role": "user", "content": [{"kind": "text", "data": "hi"}]}]})
+    for refusal in (response, unnamed):
+        assert refusal.status_code == 503, refusal.text
+        assert refusal.json()["error"]["type"] == "unavailable"
+        assert refusal.json()["error"]["message"] == "no backend is available for this model"
+        assert refusal.headers["retry-after"] == str(FAILURE_COOLDOWN)
     assert len(completions(alpha)) == 1
     assert len(completions(beta)) == 1
-    first, second = await gw.ledger_rows()
+    first, second, third = await gw.ledger_rows()
     assert row_view(first) == ("error", "upstream_error", 502, 2, "beta")
     assert row_view(second) == ("error", "unavailable", 503, 0, None)
+    assert (row_view(third), third["model"]) == (("error", "unavailable", 503, 0, None), "chat-1")
 
 
 # -- connection resets ---------------------------------------------------------------------------
