@@ -24,7 +24,7 @@ from litestar.response import Response
 from app.edge import anthropic, handlers, keys_api, usage
 from app.edge.cost_reports import catalog_drift, catalog_gpu_cost
 from app.edge.direct import direct_routes
-from app.edge.openai_chat import chat_completions, openai_models
+from app.edge.openai_chat import chat_completions, openai_model, openai_models
 from app.edge.openai_completions import text_completions
 from app.edge.rejection import as_gateway_error
 from app.edge.unified import completions
@@ -54,6 +54,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
             chat_completions,
             text_completions,
             openai_models,
+            openai_model,
             anthropic.router,
             keys_api.router,
             handlers.list_models,

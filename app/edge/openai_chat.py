@@ -39,7 +39,7 @@ from app.edge.asgi import serve
 from app.edge.key_guard import require_key, visible
 from app.edge.openai_format import created_of, usage_of
 from app.edge.openai_translate import decode_chat, to_request
-from app.errors import GatewayError, stream_error_view
+from app.errors import GatewayError, NotFound, clip, stream_error_view
 from app.pipeline import events as ev
 from app.service import Service
 from providers.events import TokenLogprob
@@ -82,6 +82,20 @@ async def openai_models(state: State, request: Request[Any, Any, Any]) -> Respon
     models = service.router.snapshot.models
     cards = [fmt.ModelCard(id=entry.id, created=created) for entry in models if visible(request, entry.id)]
     return Response(fmt.encoder.encode(fmt.ModelCards(data=cards)), media_type="application/json")
+
+
+@get("/v1/models/{model_id:path}", guards=[require_key])
+async def openai_model(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
+    """One model's card, as OpenAI's `GET /v1/models/{model}` (`client.models.retrieve`): a catalog
+    id or alias the caller's key may use; 404 otherwise."""
+    service: Service = state.service
+    assert service.router is not None
+    name = str(request.path_params["model_id"]).lstrip("/")
+    entry = service.router.snapshot.resolve(name)
+    if entry is None or not visible(request, entry.id):
+        raise NotFound(f"model '{clip(name)}' does not exist")
+    card = fmt.ModelCard(id=entry.id, created=int(time.time()))
+    return Response(fmt.encoder.encode(card), media_type="application/json")
 
 
 def completion_of(ctx: RequestContext, outcome: ev.Outcome, logprobs: bool) -> fmt.ChatCompletion:

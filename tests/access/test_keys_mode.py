@@ -104,6 +104,8 @@ async def test_a_key_sees_and_uses_only_its_models(gw: GatewayHandle, make_key: 
     assert _error(served)[:2] == (503, "unavailable")  # the admin key may use it: it has no backend
     assert [m["id"] for m in (await gw.client.get("/v1/models", headers=headers)).json()["data"]] == ["chat"]
     assert [m["id"] for m in (await gw.client.get("/api/v1/models", headers=headers)).json()["data"]] == ["chat"]
+    assert (await gw.client.get("/v1/models/chat", headers=headers)).json()["id"] == "chat"
+    assert (await gw.client.get("/v1/models/other", headers=headers)).status_code == 404  # as if it were not there
     every = (await gw.client.get("/v1/models", headers=bearer(ADMIN))).json()["data"]
     assert [m["id"] for m in every] == ["chat", "free", "idle", "other"]
 

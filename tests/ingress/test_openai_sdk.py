@@ -11,6 +11,7 @@ from typing import Any
 
 import openai
 import pydantic
+import pytest
 
 from tests.ingress.conftest import primary_cost, upstream_body
 from tests.support.gateway import GatewayHandle
@@ -496,6 +497,17 @@ async def test_models_list(client: openai.OpenAI, aclient: openai.AsyncOpenAI) -
             ("solo-1", "model", "switchyard"),
         ]
         assert all(isinstance(m.created, int) and m.created > 1_700_000_000 for m in models)
+
+
+async def test_models_retrieve(aclient: openai.AsyncOpenAI) -> None:
+    """OpenAI's `GET /v1/models/{model}`: a catalog id, or an alias answered with its id; 404 else."""
+    for name in ("chat-1", "chat"):
+        model = await aclient.models.retrieve(name)
+        assert (model.id, model.object, model.owned_by) == ("chat-1", "model", "switchyard")
+    with pytest.raises(openai.NotFoundError) as missing:
+        await aclient.models.retrieve("no-such-model")
+    assert missing.value.status_code == 404
+    assert "no-such-model" in missing.value.message
 
 
 async def test_ledger_rows_name_the_ingress(
