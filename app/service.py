@@ -129,6 +129,7 @@ class Service:
             GpuTime(gpu_hour_rates(settings)),
             self.access,
             self.log_writer,
+            routing.quota_recheck_s,
         )
         self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log, routing.quota_recheck_s)
         self.health.start()

@@ -115,6 +115,7 @@ class Pipeline:
         gpu_time: GpuTime | None = None,
         access: AccessGate | None = None,
         lines: LineWriter | None = None,
+        quota_recheck_s: float = 300.0,
     ) -> None:
         self.router = router
         self.access = access
@@ -123,6 +124,7 @@ class Pipeline:
         self._lines = lines  # the canonical lines' writer; None: through `log` (an embedding app's logging)
         self.metrics = metrics
         self._probe_interval_s = probe_interval_s
+        self._quota_recheck_s = quota_recheck_s
         self._gpu_time = gpu_time or GpuTime({})
 
     async def complete(self, ctx: RequestContext, request: AnyRequest) -> Outcome:
@@ -205,7 +207,7 @@ class Pipeline:
         if self.access is not None:
             providers = [backend.name for backend in route.backends]
             run.ticket = await self.access.admit(entry, run.ctx, request, model, providers, self.router.snapshot)
-        candidates = Candidates(route.backends, now, self._probe_interval_s)
+        candidates = Candidates(route.backends, now, self._probe_interval_s, self._quota_recheck_s)
         failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:
             run.slot = run.backend = backend

@@ -41,13 +41,17 @@ from providers.errors import MAX_RETRY_AFTER, Failure, UpstreamError
 class Candidates:
     """The backends one request may still try, in order; tracks why others were passed over."""
 
-    def __init__(self, backends: list[Backend], now: float, probe_interval: float) -> None:
+    def __init__(self, backends: list[Backend], now: float, probe_interval: float, quota_recheck: float = 0.0) -> None:
+        """`quota_recheck`: how long a provider whose balance ran out stays out (`quota_recheck_s`)."""
         self.pending: list[Backend] = []
         self.capacity_waits: list[float] = []  # seconds until a capacity cool-down ends
         self.health_waits: list[float] = []  # seconds until a failure cool-down ends or a probe runs
         for backend in backends:
             state = backend.state
-            if not backend.provider.state.ready or state.breaker_open or state.probe_failed:
+            provider = backend.provider.state
+            if not provider.ready and provider.quota_exhausted:  # out until the re-check, then a probe
+                self.health_waits.append(max(probe_interval, provider.disabled_at + quota_recheck - now))
+            elif not provider.ready or state.breaker_open or state.probe_failed:
                 self.health_waits.append(probe_interval)
             elif state.cooling(now):
                 wait = state.cooling_until - now
@@ -214,11 +218,10 @@ def exhausted(failures: list[tuple[str, UpstreamError]], candidates: Candidates)
     """What the client gets when the loop ends without an answer; `failures` are (provider, error)
     per attempt, in order."""
     if not failures:
+        soonest = min(candidates.capacity_waits + candidates.health_waits, default=1.0)  # any backend back
         if candidates.capacity_waits:
-            return AtCapacity("all backends for this model are at capacity", retry_after=min(candidates.capacity_waits))
-        return NoBackendAvailable(
-            "no backend is available for this model", retry_after=min(candidates.health_waits, default=1.0)
-        )
+            return AtCapacity("all backends for this model are at capacity", retry_after=soonest)
+        return NoBackendAvailable("no backend is available for this model", retry_after=soonest)
     errors = [error for _, error in failures]
     if all(f.kind is Failure.CAPACITY for f in errors):
         hints = [f.retry_after for f in errors if f.retry_after is not None] + candidates.capacity_waits

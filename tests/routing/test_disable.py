@@ -237,3 +237,35 @@ async def test_an_exhausted_balance_stays_out_until_the_quota_recheck(
     assert state["probe_failed"] is False
     assert ("disabled_reason" not in state) is comes_back
     assert len(completions(alpha)) == 1
+
+
+async def test_retry_after_of_an_exhausted_balance_is_its_recheck(
+    start_gateway: StartGateway, alpha: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing to try but a provider out of money: back no sooner than `quota_recheck_s` after it
+    ran out, so that (not the probe interval) is the 503's Retry-After."""
+    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "pl-test-key")
+    gw = await launch(
+        start_gateway,
+        {"alpha": alpha},
+        routing={"probe_interval_s": 10, "quota_recheck_s": 60},
+        alpha={"kind": "primalabs", "api_key_env": "ROUTING_TEST_ALPHA_KEY"},
+    )
+    alpha.enqueue(load_transcript("primalabs_422_budget_exceeded"))
+    assert (await complete(gw)).status_code == 502
+    refused = await complete(gw)
+    assert refused.status_code == 503, refused.text
+    assert 58 <= int(refused.headers["retry-after"]) <= 60
+
+
+async def test_retry_after_is_the_soonest_backend_back(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """One backend out 30 s after a 429, the other 3 s after a 500: a request can pass in 3 s."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"failure_cooldown_s": 3})
+    alpha.enqueue(error(429, "rate_limit_error", {"retry-after": "30"}))
+    beta.enqueue(error(500))
+    assert (await complete(gw)).status_code == 502
+    refused = await complete(gw)
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["retry-after"] == "3"
