@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from app.access.keyring import announce
+from app.access.keyring import REDIS_POLL_S, announce
 from app.settings import ConfigError, Settings
 from catalog.database import open_engine
 from catalog.files import CatalogFileError, load_catalog
@@ -129,8 +129,12 @@ async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges
                 return 1
             record = found
             _show([record], args.format, single=True)
-        if settings.redis is not None:
-            await announce(settings.redis, record.id)
+        if settings.redis is not None and not await announce(settings.redis, record.id):
+            print(
+                f"switchyard: warning: Redis could not be reached, so running servers see this change "
+                f"at their next poll (within {REDIS_POLL_S:g} s), not at once",
+                file=sys.stderr,
+            )
         return 0
     finally:
         await engine.dispose()

@@ -194,12 +194,14 @@ class KeyRing:
                 await redis.aclose()
 
 
-async def announce(redis: RedisSettings, key_id: str) -> None:
-    """Tell every process to reload `key_id` (best effort: the poll catches a lost message)."""
+async def announce(redis: RedisSettings, key_id: str) -> bool:
+    """Tell every process to reload `key_id`; False when Redis could not be reached (best effort:
+    the poll, every `REDIS_POLL_S`, catches a lost message — the caller says so)."""
     client = Redis.from_url(redis.url, socket_connect_timeout=1.0, socket_timeout=1.0)
     try:
         await client.publish(keys_channel(redis), key_id)
     except (RedisError, OSError):
-        pass
+        return False
     finally:
         await client.aclose()
+    return True

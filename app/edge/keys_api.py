@@ -23,7 +23,7 @@ from litestar import Request, Router, delete, get, patch, post
 from litestar.response import Response
 from msgspec import UNSET, Struct, UnsetType
 
-from app.access.keyring import announce
+from app.access.keyring import REDIS_POLL_S, announce
 from app.edge.key_guard import caller, require_admin, require_key
 from app.errors import InvalidRequest, NotFound
 from app.service import Service
@@ -111,8 +111,8 @@ def _service(request: Request[Any, Any, Any]) -> Service:
 async def _publish(service: Service, record: KeyRecord) -> None:
     assert service.access is not None
     service.access.keyring.apply(record)
-    if service.settings.redis is not None:
-        await announce(service.settings.redis, record.id)
+    if service.settings.redis is not None and not await announce(service.settings.redis, record.id):
+        service.log.warning("key_change_not_announced", key_id=record.id, within_s=REDIS_POLL_S)
 
 
 def _json(data: object, status: int = 200) -> Response[bytes]:

@@ -137,3 +137,22 @@ def test_a_running_server_sees_cli_changes_within_5_seconds(tmp_path: Path) -> N
         wait_until_sync(lambda: status() == 200, within=5.0, what="the new key accepted")
         _keys(tmp_path, "revoke", _list(tmp_path)[0]["id"])
         wait_until_sync(lambda: status() == 401, within=5.0, what="the revoked key refused")
+
+
+def test_a_change_redis_cannot_announce_is_said(tmp_path: Path) -> None:
+    """With `[redis]` configured but unreachable, the CLI still changes the key in the database and
+    says that running servers see it only at their next poll."""
+    port = free_port()  # nothing listens there
+    write_config(tmp_path, extra=KEYS_MODE + f'\n[redis]\nurl = "redis://127.0.0.1:{port}/0"\n')
+    config = str(tmp_path / "config.toml")
+    created = run_cli(tmp_path, "keys", "create", "--name", "k", "--format", "json", "--config", config)
+    assert created.returncode == 0, created.stderr
+    assert created.stderr == (
+        "switchyard: warning: Redis could not be reached, so running servers see this change at their "
+        "next poll (within 10 s), not at once\n"
+    )
+    key = json.loads(created.stdout)
+    revoked = run_cli(tmp_path, "keys", "revoke", key["id"], "--config", config)
+    assert revoked.returncode == 0
+    assert "Redis could not be reached" in revoked.stderr
+    assert _list(tmp_path)[0]["revoked_at"] is not None
