@@ -101,6 +101,7 @@ class _Messages:
     """This door's `Door`: the canonical request; answers in Anthropic's shapes."""
 
     __slots__ = ("request", "stream")
+    id_header = b"request-id"  # what the anthropic SDK reads (`_request_id`, `APIStatusError.request_id`)
 
     def __init__(self, request: CompletionRequest) -> None:
         self.request = request
@@ -292,7 +293,7 @@ def render_error(request: Request[Any, Any, Any], exc: Exception) -> Response[by
     request_id, error = as_gateway_error(request, exc)
     detail = fmt.ErrorDetail(type=error_type(error.status_code), message=error.message, param=error.param)
     body = fmt.encode(fmt.ErrorResponse(error=detail, request_id=request_id))
-    headers = {"x-request-id": request_id, **error.headers()}
+    headers = {"x-request-id": request_id, "request-id": request_id, **error.headers()}
     return Response(body, status_code=error.status_code, media_type="application/json", headers=headers)
 
 

@@ -67,6 +67,10 @@ class Door(Protocol):
     @property
     def stream(self) -> bool: ...
 
+    @property
+    def id_header(self) -> bytes | None:
+        """A second header carrying the request id, as the door's own API names it."""
+
     def answer(self, ctx: RequestContext, outcome: Outcome) -> bytes: ...
 
     def renderer(self, ctx: RequestContext) -> StreamRenderer: ...
@@ -100,11 +104,15 @@ async def serve(
             watch.stop()
             payload = door.answer(ctx, outcome)
             scope["state"][RESPONSE_STARTED] = True
-            await send_json(send, payload, request_id, extra=outcome.headers)
+            extra = (
+                outcome.headers if door.id_header is None else (*outcome.headers, (door.id_header, request_id.encode()))
+            )
+            await send_json(send, payload, request_id, extra=extra)
             return
         events = service.pipeline.stream(ctx, door.request)
         relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s)
-        await send_stream(relay, send, request_id, watch, scope["state"])
+        own = () if door.id_header is None else ((door.id_header, request_id.encode()),)
+        await send_stream(relay, send, request_id, watch, scope["state"], own)
 
 
 def begin(scope: Scope, methods: tuple[str, ...] = ("POST",)) -> str:
@@ -227,7 +235,12 @@ async def send_json(
 
 
 async def send_stream(
-    relay: Relay, send: Send, request_id: str, watch: DisconnectWatch, state: dict[str, Any] | None = None
+    relay: Relay,
+    send: Send,
+    request_id: str,
+    watch: DisconnectWatch,
+    state: dict[str, Any] | None = None,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
     """The SSE response: started with the relay's first item (an error before it is raised, for
     the ingress's error renderer), then every frame as it comes; the head carries the `Started`
@@ -236,7 +249,7 @@ async def send_stream(
     first = await relay.first()
     if state is not None:
         state[RESPONSE_STARTED] = True
-    headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode())]
+    headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode()), *extra]
     if relay.headers:
         headers += relay.headers
     if not write_head(send, 200, headers):

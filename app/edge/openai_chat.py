@@ -55,6 +55,7 @@ class _Chat:
     """This door's `Door`: the canonical request, and what the stream must carry."""
 
     __slots__ = ("include_usage", "request", "stream")
+    id_header = None
 
     def __init__(self, chat: fmt.ChatRequest) -> None:
         self.request = to_request(chat)

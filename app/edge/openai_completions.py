@@ -49,6 +49,7 @@ class _Text:
     """This door's `Door`: a raw-prompt request, and what the stream must carry."""
 
     __slots__ = ("include_usage", "request", "stream")
+    id_header = None
 
     def __init__(self, legacy: text_fmt.LegacyRequest) -> None:
         self.request = text_fmt.to_text_request(legacy)

@@ -38,6 +38,7 @@ class _Unified:
     """The native door's `Door`: the body is already our canonical request."""
 
     __slots__ = ("request", "stream")
+    id_header = None
 
     def __init__(self, request: CompletionRequest) -> None:
         self.request = request

@@ -13,7 +13,7 @@ import pytest
 
 from tests.ingress.anthropic.catalog import primary_cost
 from tests.support.gateway import GatewayHandle
-from tests.support.replies import answer
+from tests.support.replies import answer, stream_answer
 from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
 
 USER = {"role": "user", "content": "Weather in Paris?"}
@@ -316,3 +316,20 @@ async def test_a_stop_sequence_the_upstream_names_is_reported(
     assert (token.stop_reason, token.stop_sequence) == ("end_turn", None)
     rows = await gw.ledger_rows()
     assert [row["stop_reason"] for row in rows] == ["end_turn", "end_turn", "end_turn"]
+
+
+async def test_the_sdk_sees_the_request_id(client: anthropic.AsyncAnthropic, primary: ReplayUpstream) -> None:
+    """Anthropic's own `request-id` header beside `x-request-id`: the SDK's `_request_id` (and an
+    error's `request_id`) are the gateway's request id, whole, streamed and refused."""
+    primary.enqueue(answer("hello"))
+    primary.enqueue(stream_answer("hello"))
+    ask = {"model": "chat-1", "max_tokens": 16, "messages": [USER]}
+    message = await client.messages.create(**ask)
+    assert message._request_id == message.id
+    async with client.messages.stream(**ask) as stream:
+        streamed = await stream.get_final_message()
+        assert stream.request_id == streamed.id
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await client.messages.create(model="no-such-model", max_tokens=16, messages=[USER])
+    assert refused.value.request_id is not None
+    assert refused.value.request_id == refused.value.response.headers["x-request-id"]
