@@ -75,6 +75,8 @@ def _check(legacy: LegacyRequest) -> None:
         raise _invalid("suffix", "insertion (a suffix after the completion) is not supported")
     if isinstance(legacy.stop, list) and len(legacy.stop) > MAX_STOP:
         raise _invalid("stop", f"at most {MAX_STOP} stop sequences are allowed")
+    if legacy.stop == "" or (isinstance(legacy.stop, list) and "" in legacy.stop):
+        raise _invalid("stop", "a stop sequence must not be empty")
 
 
 def prompt_text(prompt: str | list[Any]) -> str:

@@ -80,6 +80,8 @@ def _check(chat: wire.ChatRequest) -> None:
         raise _invalid("n", "only one choice per request is supported (n must be 1)")
     if isinstance(chat.stop, list) and len(chat.stop) > MAX_STOP:
         raise _invalid("stop", f"at most {MAX_STOP} stop sequences are allowed")
+    if chat.stop == "" or (isinstance(chat.stop, list) and "" in chat.stop):
+        raise _invalid("stop", "a stop sequence must not be empty")
     if chat.top_logprobs is not None and not chat.logprobs:
         raise _invalid("top_logprobs", "requires `logprobs: true`")
     _check_tools(chat)

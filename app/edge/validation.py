@@ -131,6 +131,9 @@ def check_request(request: CompletionRequest, providers: Collection[str]) -> Non
         raise _too_deep("schema")
     if request.max_tokens is not None and request.max_tokens > MAX_TOKENS_LIMIT:
         raise _invalid("max_tokens", f"must be at most {MAX_TOKENS_LIMIT}")
+    for index, stop in enumerate(request.stop_sequences or ()):
+        if not stop:  # it would end every answer before its first token, or be ignored: a mistake
+            raise _invalid(f"stop_sequences[{index}]", "must not be empty")
     _check_tools(request)
     for index, message in enumerate(request.messages):
         _check_message(message, f"messages[{index}]")

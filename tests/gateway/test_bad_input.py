@@ -111,6 +111,7 @@ CASES = [
         )
         for param in (f"messages[0].content[0].data.{param}",)
     ),
+    Case("an empty stop sequence", body({"messages": [USER], "stop_sequences": ["END", ""]}), 400, "stop_sequences[1]"),
     Case(
         "an image in an assistant's turn",
         body({"messages": [USER, {"role": "assistant", "content": [{"kind": "image", "data": {"url": IMAGE}}]}]}),

@@ -139,6 +139,8 @@ BAD = [
     ({"messages": [USER], "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"messages": [USER], "metadata": ["a"]}, "metadata"),
     ({"messages": [USER], "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+    ({"messages": [USER], "stop": ""}, "stop"),
+    ({"messages": [USER], "stop": ["END", ""]}, "stop"),
 ]
 
 

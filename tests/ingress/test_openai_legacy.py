@@ -299,6 +299,7 @@ BAD = [
     ({"prompt": "x", "stream": "true"}, "stream"),
     ({"prompt": "x", "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+    ({"prompt": "x", "stop": [""]}, "stop"),
     ({"prompt": "x", "n": 2}, "n"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
     ({"prompt": "x", "suffix": "end"}, "suffix"),

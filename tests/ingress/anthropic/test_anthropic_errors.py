@@ -44,6 +44,11 @@ def assert_error(response: httpx.Response, status: int, type_: str, message: str
         ),
         ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role", None),
         ({"max_tokens": 8, "messages": [USER], "temperature": 1.5}, "temperature", None),
+        (
+            {"max_tokens": 8, "messages": [USER], "stop_sequences": [""]},
+            "stop_sequences[0]",
+            "stop_sequences[0]: must not be empty",
+        ),
         ({"max_tokens": 8, "messages": [USER], "top_k": -1}, "top_k", None),
         ({"max_tokens": 8, "messages": [USER], "stream": "yes"}, "stream", None),
         (
