@@ -97,6 +97,7 @@ async def serve(
         raise UsageNotRecordable("usage cannot be recorded")
     deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
     ctx = new_context(request_id, ingress, stream=door.stream, deadline=deadline, principal=principal)
+    own = () if door.id_header is None else ((door.id_header, request_id.encode()),)  # the door's own id header
     mark_routed(scope)
     with DisconnectWatch(receive) as watch:
         if not ctx.stream:
@@ -104,14 +105,10 @@ async def serve(
             watch.stop()
             payload = door.answer(ctx, outcome)
             scope["state"][RESPONSE_STARTED] = True
-            extra = (
-                outcome.headers if door.id_header is None else (*outcome.headers, (door.id_header, request_id.encode()))
-            )
-            await send_json(send, payload, request_id, extra=extra)
+            await send_json(send, payload, request_id, extra=outcome.headers + own if own else outcome.headers)
             return
         events = service.pipeline.stream(ctx, door.request)
         relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s)
-        own = () if door.id_header is None else ((door.id_header, request_id.encode()),)
         await send_stream(relay, send, request_id, watch, scope["state"], own)
 
 
