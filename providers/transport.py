@@ -27,16 +27,10 @@ maps them in one place (`providers.errors.upstream_errors`). A connection that r
 never pooled, and so is one whose body was not read to its end (a client that went away
 mid-stream): the upstream sees the disconnect and stops generating.
 
-No retries (providers.md: one retry loop, the router's, none inside the HTTP client). A request
-that fails on a reused keep-alive connection is a failure like any other, even when the server
-seems to have dropped the connection unanswered: it may have read the request, generated and
-billed the answer before it reset (it used to be sent again on a fresh connection, so an
-upstream could see the same POST twice). Stale connections are avoided instead: one the server
-has closed is never taken from the pool (its end was seen), and one idle for `MAX_IDLE_S` is
-closed rather than reused — shorter than the 5 s keep-alive of uvicorn (vLLM, SGLang,
-`transformers serve`) and of llama.cpp's server, so they never close a connection this pool
-would reuse. Left: a server that closes an idle connection at the very moment a request is
-written on it; that request fails over like any failed attempt.
+No retries (providers.md): a request that fails on a reused connection fails, even when the server
+seems to have dropped it unanswered — it may have billed the answer (it used to be sent again).
+Stale connections are avoided instead: one whose end was seen is never taken, one idle `MAX_IDLE_S`
+is closed, under the 5 s keep-alive of uvicorn (vLLM, SGLang, transformers) and llama.cpp.
 """
 
 from __future__ import annotations
@@ -161,27 +155,22 @@ class H1Transport(httpx.AsyncBaseTransport):
         connection, `head_s` the wait for the whole status line and headers, `read_s` each body read."""
         conn = self._take(key) or await self._connect(key, connect_s)
         try:
-            head = await self._exchange(conn, payload, head_s)
+            assert conn.transport is not None
+            conn.transport.write(payload)
+            head = await _read_head(conn, head_s)
         except BaseException:
             conn.close()  # a connection that failed is never pooled, and the request not sent again
             raise
         body = _Body(self, key, conn, head, read_s, head_only or head.status in (204, 304))
         return RawResponse(head.status, head.headers, body)
 
-    async def _exchange(self, conn: _Connection, payload: bytes, head_s: float | None) -> _Head:
-        assert conn.transport is not None
-        conn.transport.write(payload)
-        return await _read_head(conn, head_s)
-
     def _take(self, key: _Key) -> _Connection | None:
-        """The most recently pooled live connection to `key`; older ones idle past `MAX_IDLE_S`
-        (at the pool's left end) are closed on the way."""
+        """The newest live pooled connection to `key`; those idle past `MAX_IDLE_S` are closed."""
         idle = self._idle.get(key)
-        if not idle:
-            return None
-        oldest = idle[0].loop.time() - MAX_IDLE_S
-        while idle and idle[0].idle_since < oldest:
-            idle.popleft().close()
+        if idle:
+            oldest = idle[0].loop.time() - MAX_IDLE_S
+            while idle and idle[0].idle_since < oldest:
+                idle.popleft().close()
         while idle:
             conn = idle.pop()
             if not conn.closed and not conn.eof and not conn.buffer:
