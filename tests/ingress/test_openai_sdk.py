@@ -409,25 +409,21 @@ LOGPROBS = {
 }
 
 
+WHOLE_WITH_LOGPROBS = {
+    "id": "x",
+    "choices": [{"index": 0, "message": {"content": "Hi!"}, "logprobs": LOGPROBS, "finish_reason": "stop"}],
+}
+
+
+def token_chunk(text: str, token: int) -> dict[str, Any]:
+    """A streamed chunk of `text` with the log probabilities of LOGPROBS' token `token`."""
+    logprobs = {"content": LOGPROBS["content"][token : token + 1]}
+    return {"id": "s", "choices": [{"index": 0, "delta": {"content": text}, "logprobs": logprobs}]}
+
+
 async def test_logprobs_relayed_whole_and_streamed(aclient: openai.AsyncOpenAI, primary: ReplayUpstream) -> None:
-    whole = {
-        "id": "x",
-        "choices": [{"index": 0, "message": {"content": "Hi!"}, "logprobs": LOGPROBS, "finish_reason": "stop"}],
-    }
-    primary.enqueue(reply_json(200, whole))
-    streamed = [
-        {
-            "id": "s",
-            "choices": [{"index": 0, "delta": {"content": "Hi"}, "logprobs": {"content": LOGPROBS["content"][:1]}}],
-        },
-        {
-            "id": "s",
-            "choices": [{"index": 0, "delta": {"content": "!"}, "logprobs": {"content": LOGPROBS["content"][1:]}}],
-        },
-        chunk({}, "stop"),
-        usage_chunk(3, 2),
-    ]
-    primary.enqueue(reply_sse(streamed))
+    primary.enqueue(reply_json(200, WHOLE_WITH_LOGPROBS))
+    primary.enqueue(reply_sse([token_chunk("Hi", 0), token_chunk("!", 1), chunk({}, "stop"), usage_chunk(3, 2)]))
 
     completion = await aclient.chat.completions.create(model="chat", messages=USER, logprobs=True, top_logprobs=1)
     async with aclient.chat.completions.stream(model="chat", messages=USER, logprobs=True, top_logprobs=1) as stream:
@@ -459,19 +455,8 @@ async def test_logprobs_an_upstream_sends_unasked_are_not_relayed(
     aclient: openai.AsyncOpenAI, primary: ReplayUpstream
 ) -> None:
     """ingress.md: `logprobs` "when asked and the upstream gave them"; some servers send them anyway."""
-    whole = {
-        "id": "x",
-        "choices": [{"index": 0, "message": {"content": "Hi!"}, "logprobs": LOGPROBS, "finish_reason": "stop"}],
-    }
-    primary.enqueue(reply_json(200, whole))
-    streamed = [
-        {
-            "id": "s",
-            "choices": [{"index": 0, "delta": {"content": "Hi"}, "logprobs": {"content": LOGPROBS["content"][:1]}}],
-        },
-        chunk({}, "stop"),
-    ]
-    primary.enqueue(reply_sse(streamed))
+    primary.enqueue(reply_json(200, WHOLE_WITH_LOGPROBS))
+    primary.enqueue(reply_sse([token_chunk("Hi", 0), chunk({}, "stop")]))
 
     completion = await aclient.chat.completions.create(model="chat", messages=USER)
     stream = await aclient.chat.completions.create(model="chat", messages=USER, stream=True)
