@@ -60,6 +60,7 @@ class _ToolCallDelta(Struct):
 
 class _Delta(Struct):
     content: str | None = None
+    refusal: str | None = None  # OpenAI: the model declined (structured outputs); text, streamed too
     reasoning: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[_ToolCallDelta] | None = None
@@ -100,13 +101,14 @@ class _Call:
 class ChatStreamParser(OpenAIStreamParser[_Chunk]):
     """Feed it the `data` payloads of one `/chat/completions` stream; it returns events."""
 
-    __slots__ = ("_by_id", "_calls")
+    __slots__ = ("_by_id", "_calls", "_refused")
     decoder = msgspec.json.Decoder(_Chunk, strict=False)
 
     def __init__(self) -> None:
         super().__init__()
         self._calls: list[_Call] = []
         self._by_id: dict[str, _Call] = {}
+        self._refused = False
 
     def _choice(self, chunk: _Chunk, events: list[Event]) -> str | None:
         if not chunk.choices:
@@ -131,6 +133,8 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
     def _final_reason(self, reason: str) -> str:
         if self._calls:
             return "tool_calls" if reason == "stop" else reason
+        if self._refused and reason == "stop":  # the answer is a refusal: no clean `stop`
+            return "content_filter"
         return "stop" if reason == "tool_calls" else reason
 
     def _delta(self, delta: _Delta, events: list[Event]) -> None:
@@ -139,6 +143,9 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
             events.append(ReasoningDelta(text=reasoning))
         if delta.content:
             events.append(TextDelta(text=delta.content))
+        if delta.refusal:  # relayed as text (the client reads why), and the finish is `content_filter`
+            self._refused = True
+            events.append(TextDelta(text=delta.refusal))
         if delta.tool_calls:
             seen: list[_Call] = []  # the calls this list has named already
             for position, tool_delta in enumerate(delta.tool_calls):

@@ -659,3 +659,12 @@ def test_no_tool_choice_without_tools(tools: list[Any] | None, mode: str) -> Non
     req = request(messages=user, tools=tools, tool_choice={"mode": mode})
     assert "tool_choice" not in body_of(req, LOCAL)
     assert "tools" not in body_of(req, LOCAL)
+
+
+def test_a_refusal_is_text_and_a_content_filter_finish() -> None:
+    """OpenAI's `refusal` (structured outputs): the reason is relayed as text, and the answer did
+    not end cleanly — `content_filter` (Anthropic's door says `refusal`), whole and streamed."""
+    whole = {"choices": [{"message": {"content": None, "refusal": "I can't help."}, "finish_reason": "stop"}]}
+    assert parse_chat_response(msgspec.json.encode(whole)) == [TextDelta("I can't help."), Finish("content_filter")]
+    streamed = feed(chunk({"refusal": "I can't"}), chunk({"refusal": " help."}), chunk(finish="stop"), "[DONE]")
+    assert streamed == [TextDelta("I can't"), TextDelta(" help."), Finish("content_filter")]
