@@ -26,7 +26,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from app.edge.openai_format import StreamOptions, UsageOut, encoder
-from app.edge.openai_translate import MAX_STOP
+from app.edge.openai_translate import check_stop_and_stream
 from app.edge.validation import decode_body
 from app.errors import InvalidRequest
 from providers.events import TokenLogprob
@@ -65,18 +65,13 @@ def decode_legacy(body: bytes) -> LegacyRequest:
 
 
 def _check(legacy: LegacyRequest) -> None:
-    if legacy.stream_options is not None and not legacy.stream:  # OpenAI's own 400
-        raise _invalid("stream_options", "only allowed when `stream` is true")
+    check_stop_and_stream(legacy.stop, legacy.stream, legacy.stream_options)
     for name in ("n", "best_of"):
         value = getattr(legacy, name)
         if value is not None and value != 1:
             raise _invalid(name, "only one choice per request is supported (must be 1)")
     if legacy.suffix is not None:
         raise _invalid("suffix", "insertion (a suffix after the completion) is not supported")
-    if isinstance(legacy.stop, list) and len(legacy.stop) > MAX_STOP:
-        raise _invalid("stop", f"at most {MAX_STOP} stop sequences are allowed")
-    if legacy.stop == "" or (isinstance(legacy.stop, list) and "" in legacy.stop):
-        raise _invalid("stop", "a stop sequence must not be empty")
 
 
 def prompt_text(prompt: str | list[Any]) -> str:

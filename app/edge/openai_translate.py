@@ -73,15 +73,22 @@ def decode_chat(body: bytes) -> wire.ChatRequest:
     return chat
 
 
-def _check(chat: wire.ChatRequest) -> None:
-    if chat.stream_options is not None and not chat.stream:  # OpenAI's own 400
+def check_stop_and_stream(stop: str | list[str] | None, stream: bool | None, stream_options: object) -> None:
+    """What both OpenAI doors (chat and legacy completions) require of `stop` and streaming, as
+    OpenAI's own API: at most `MAX_STOP` stop sequences, none empty; `stream_options` only when
+    streaming."""
+    if stream_options is not None and not stream:
         raise _invalid("stream_options", "only allowed when `stream` is true")
+    if isinstance(stop, list) and len(stop) > MAX_STOP:
+        raise _invalid("stop", f"at most {MAX_STOP} stop sequences are allowed")
+    if stop == "" or (isinstance(stop, list) and "" in stop):
+        raise _invalid("stop", "a stop sequence must not be empty")
+
+
+def _check(chat: wire.ChatRequest) -> None:
+    check_stop_and_stream(chat.stop, chat.stream, chat.stream_options)
     if chat.n is not None and chat.n != 1:
         raise _invalid("n", "only one choice per request is supported (n must be 1)")
-    if isinstance(chat.stop, list) and len(chat.stop) > MAX_STOP:
-        raise _invalid("stop", f"at most {MAX_STOP} stop sequences are allowed")
-    if chat.stop == "" or (isinstance(chat.stop, list) and "" in chat.stop):
-        raise _invalid("stop", "a stop sequence must not be empty")
     if chat.top_logprobs is not None and not chat.logprobs:
         raise _invalid("top_logprobs", "requires `logprobs: true`")
     _check_tools(chat)
