@@ -14,8 +14,9 @@ not depend on what a choice carries, so they are written once:
   `[DONE]`); EOF before either is a truncated stream;
 - a whole (non-streamed) answer is parsed as a stream of one chunk that is complete even without
   a finish reason (`parse_whole`);
-- the stop string an answer met is kept when the upstream names it: vLLM's `stop_reason` or
-  SGLang's `matched_stop` beside `finish_reason: "stop"` (a token id there is not a sequence);
+- the stop string an answer met is kept when the upstream names it (the chat dialect: vLLM's
+  `stop_reason` or SGLang's `matched_stop` beside `finish_reason: "stop"`; a token id there is not a
+  sequence). Only the Anthropic door reports it, and it never takes a text request;
 - the finish reason `tool_calls` is kept only when calls were returned (a server whose tool-call
   parser failed says `tool_calls` over plain text: that answer stopped, `stop`); vLLM's `abort`
   (the engine gave the request up) is a failure, 502, never a clean finish of a truncated answer.

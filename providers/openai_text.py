@@ -29,7 +29,7 @@ from msgspec import UNSET, Struct, UnsetType
 from providers.config import ProviderConfig
 from providers.events import Event, Logprobs, TextDelta, TokenLogprob, TopLogprob
 from providers.openai_request import BOUNDING_OPTIONS, WireStreamOptions, encode_with_options
-from providers.openai_stream import ChunkBase, OpenAIStreamParser, matched_stop
+from providers.openai_stream import ChunkBase, OpenAIStreamParser
 from providers.types import TextCompletionRequest
 
 __all__ = ["TextStreamParser", "build_text_body", "parse_text_response"]
@@ -97,8 +97,6 @@ class _TextChoice(Struct):
     text: str | None = None
     finish_reason: str | None = None
     logprobs: _TextLogprobs | None = None
-    stop_reason: str | int | None = None  # vLLM: the stop string (or token id) met
-    matched_stop: str | int | None = None  # SGLang: the same
 
 
 class _TextChunk(ChunkBase):
@@ -121,8 +119,6 @@ class TextStreamParser(OpenAIStreamParser[_TextChunk]):
             events.append(TextDelta(text=choice.text))
         if choice.logprobs is not None and choice.logprobs.tokens:
             events.append(Logprobs(token_logprobs(choice.logprobs)))
-        if choice.finish_reason is not None:
-            self._matched = matched_stop(choice.stop_reason, choice.matched_stop)
         return choice.finish_reason
 
 
