@@ -126,36 +126,49 @@ class LocalLimiter:
         return limit if limit < 0 else max(1, limit // self.share)
 
     def _refusal(self, ask: Ask, state: _KeyState, now: float, requests: int, tokens: int) -> Verdict | None:
+        """A refusal, with the window as it stands (for the 429's `x-ratelimit-*` headers, the
+        budget's included); None when `ask` may pass."""
+        rpm, tpm = self._limit(ask.rpm), self._limit(ask.tpm)
+        spent = 0
+        refusal: tuple[Refusal, float | None] | None = None
         if ask.budget >= 0:
             budget = state.budgets.get(ask.period)
             if budget is None:
                 return Verdict(refused="budget_missing")
-            base, spent, reserved = budget
-            if base + (spent + reserved + ask.cost) * self.share > ask.budget:
-                return Verdict(refused="budget", spent=base + spent)
-        rpm, tpm = self._limit(ask.rpm), self._limit(ask.tpm)
-        refused: Refusal | None = None
-        if ask.rpm >= 0 and requests + 1 > rpm:
-            refused, wait = "rpm", _wait(state.buckets, now, 1, requests + 1 - rpm)
-        elif ask.tpm >= 0 and tokens + ask.tokens > tpm:
-            refused, wait = "tpm", _wait(state.buckets, now, 2, tokens + ask.tokens - tpm)
-        elif ask.max_concurrency >= 0:
-            clock = time.monotonic()
-            for request_id in [r for r, expiry in state.flight.items() if expiry <= clock]:
-                del state.flight[request_id]
-            if len(state.flight) >= self._limit(ask.max_concurrency):
-                refused, wait = "max_concurrency", 1.0
-        if refused is None:
+            base, settled, reserved = budget
+            spent = base + settled
+            if base + (settled + reserved + ask.cost) * self.share > ask.budget:
+                refusal = ("budget", None)
+        if refusal is None:
+            refusal = self._window_refusal(ask, state, now, requests, tokens)
+        if refusal is None:
             return None
-        reset = _reset(state.buckets, now)  # the window as it stands, for the x-ratelimit-* headers
+        reset = _reset(state.buckets, now)
         return Verdict(
-            refused=refused,
-            retry_after=wait,
+            refused=refusal[0],
+            retry_after=refusal[1],
             remaining_requests=max(0, rpm - requests),
             reset_requests_s=reset,
             remaining_tokens=max(0, tpm - tokens),
             reset_tokens_s=reset,
+            spent=spent,
         )
+
+    def _window_refusal(
+        self, ask: Ask, state: _KeyState, now: float, requests: int, tokens: int
+    ) -> tuple[Refusal, float] | None:
+        rpm, tpm = self._limit(ask.rpm), self._limit(ask.tpm)
+        if ask.rpm >= 0 and requests + 1 > rpm:
+            return "rpm", _wait(state.buckets, now, 1, requests + 1 - rpm)
+        if ask.tpm >= 0 and tokens + ask.tokens > tpm:
+            return "tpm", _wait(state.buckets, now, 2, tokens + ask.tokens - tpm)
+        if ask.max_concurrency >= 0:
+            clock = time.monotonic()
+            for request_id in [r for r, expiry in state.flight.items() if expiry <= clock]:
+                del state.flight[request_id]
+            if len(state.flight) >= self._limit(ask.max_concurrency):
+                return "max_concurrency", 1.0
+        return None
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         state = self._keys.setdefault(ask.key_id, _KeyState())

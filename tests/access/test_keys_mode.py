@@ -178,6 +178,23 @@ async def test_a_refusal_tells_the_window_as_it_stands(
     assert refused.headers["x-ratelimit-reset-tokens"].endswith("s")
 
 
+async def test_a_budget_refusal_tells_the_window_too(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:
+    """Every response to a key with limits carries the window (access.md), the budget's 429 too."""
+    up.set_default(answer("ok"))
+    key = await make_key(rpm=5, tpm=10_000)
+    headers = bearer(key["secret"])
+    assert (await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=100), headers=headers)).status_code == 200
+    budget = {"budget_usd": "0.0001", "budget_period": "total"}
+    assert (await gw.client.patch(f"/api/v1/keys/{key['id']}", json=budget, headers=bearer(ADMIN))).status_code == 200
+    refused = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=100), headers=headers)
+    assert _error(refused)[:2] == (429, "insufficient_quota")
+    assert refused.headers["x-ratelimit-remaining-requests"] == "4"
+    assert refused.headers["x-ratelimit-remaining-tokens"] == str(10_000 - 4)  # the first one settled to 4
+    assert refused.headers["x-ratelimit-reset-requests"] == refused.headers["x-ratelimit-reset-tokens"]
+    assert refused.headers["x-ratelimit-reset-tokens"] != "0ms"
+    assert "retry-after" not in refused.headers  # a `total` budget never renews
+
+
 async def test_rejected_requests_are_in_the_ledger_under_their_key(
     gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
 ) -> None:

@@ -162,3 +162,18 @@ async def test_settlements_wait_for_the_next_admission_and_leave_before_it_as_on
 
 def _failed(failures: list[tuple[str, str]]) -> Callable[[str, str], None]:
     return lambda key, reason: failures.append((key, reason))
+
+
+async def test_a_budget_refusal_tells_the_window_as_it_stands(
+    limiter: tuple[RedisLimiter, list[tuple[str, str]], str],
+) -> None:
+    """Its `x-ratelimit-*` headers come from the verdict: the window's requests and tokens, not
+    zeros; the spend is the settled part; no Retry-After of its own (the gate gives the period's)."""
+    redis, _failures, _prefix = limiter
+    await redis.load_spend(_ask("r0"), 10**9 - 10_000, 0)  # room for one reservation of 7,000
+    first = await redis.admit(_ask("r1"))
+    assert first.refused is None
+    refused = await redis.admit(_ask("r2"))
+    assert (refused.refused, refused.retry_after, refused.spent) == ("budget", None, 10**9 - 10_000)
+    assert (refused.remaining_requests, refused.remaining_tokens) == (99, 9_500)
+    assert 59 < refused.reset_requests_s == refused.reset_tokens_s <= 60
