@@ -216,7 +216,8 @@ def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *,
     if req.tool_choice is not None and req.tools:  # a choice among no tools: hosts refuse it (vLLM: 400)
         body.tool_choice = _tool_choice(req.tool_choice)
     if req.schema is not None:
-        body.response_format = WireResponseFormat(json_schema=WireJSONSchema(schema=req.schema))
+        name, strict = req.schema_name or "response", req.schema_strict is not False
+        body.response_format = WireResponseFormat(json_schema=WireJSONSchema(req.schema, name, strict))
     elif req.json_object:
         body.response_format = WireResponseFormat(type="json_object")
     if req.stop_sequences:

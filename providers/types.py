@@ -141,6 +141,10 @@ class CompletionRequest(Struct, omit_defaults=True):
     # Sampling and output options OpenAI-compatible servers take, passed on when given (the
     # OpenAI-compatible ingress fills them; native clients may send them too).
     json_object: bool | None = None  # answer with a JSON object, no schema (`response_format: json_object`)
+    # `schema`'s `response_format.json_schema.name` and `strict` upstream; absent: "response", strict
+    # (providers.md). The OpenAI door fills them from the client's own (its `strict` absent: false, as OpenAI's).
+    schema_name: str | None = None
+    schema_strict: bool | None = None
     seed: int | None = None
     top_k: Annotated[int, Meta(ge=-1)] | None = None  # -1 or 0: off (vLLM / llama.cpp conventions)
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None

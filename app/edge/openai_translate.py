@@ -111,12 +111,15 @@ def _check_tools(chat: wire.ChatRequest) -> None:
 def to_request(chat: wire.ChatRequest) -> CompletionRequest:
     """The canonical request for a decoded, checked chat request."""
     stop = chat.stop
+    schema = _schema(chat.response_format)
     return CompletionRequest(
         messages=[_message(message, index) for index, message in enumerate(chat.messages)],
         model=chat.model,
         tools=[_tool(tool) for tool in chat.tools] if chat.tools else None,
         tool_choice=_tool_choice(chat.tool_choice),
-        schema=_schema(chat.response_format),
+        schema=schema.schema if schema is not None else None,
+        schema_name=schema.name if schema is not None else None,
+        schema_strict=bool(schema.strict) if schema is not None else None,  # OpenAI's default: not strict
         json_object=_json_object(chat.response_format),
         stream=chat.stream,
         temperature=chat.temperature,
@@ -233,9 +236,10 @@ def _tool_choice(choice: Literal["auto", "none", "required"] | wire.NamedToolCho
     return ToolChoice(choice)
 
 
-def _schema(response_format: object) -> dict[str, object] | None:
-    if isinstance(response_format, wire.JSONSchemaFormat):
-        return response_format.json_schema.schema
+def _schema(response_format: object) -> wire.JSONSchemaSpec | None:
+    """The `json_schema` format's spec when it has a schema (one without is `json_object`)."""
+    if isinstance(response_format, wire.JSONSchemaFormat) and response_format.json_schema.schema is not None:
+        return response_format.json_schema
     return None
 
 

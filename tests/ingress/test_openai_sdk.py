@@ -387,6 +387,24 @@ async def test_structured_output_parsed_by_the_sdk(client: openai.OpenAI, primar
         "city": {"title": "City", "type": "string"},
         "temp_c": {"title": "Temp C", "type": "integer"},
     }
+    assert (response_format["json_schema"]["name"], response_format["json_schema"]["strict"]) == ("Weather", True)
+
+
+async def test_a_json_schema_keeps_its_name_and_strictness(
+    aclient: openai.AsyncOpenAI, primary: ReplayUpstream
+) -> None:
+    """The client's `name` and `strict` reach the upstream; `strict` absent is OpenAI's default,
+    not strict (a strict upstream refuses schemas that only a strict mode forbids)."""
+    primary.set_default(answer('{"a": 1}'))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for spec, sent in (
+        ({"name": "loose", "schema": schema}, ("loose", False)),
+        ({"name": "tight", "schema": schema, "strict": True}, ("tight", True)),
+    ):
+        response_format: Any = {"type": "json_schema", "json_schema": spec}
+        await aclient.chat.completions.create(model="chat", messages=USER, response_format=response_format)
+        upstream = upstream_body(primary, len(primary.requests) - 1)["response_format"]["json_schema"]
+        assert (upstream["name"], upstream["strict"], upstream["schema"]) == (*sent, schema)
 
 
 async def test_structured_output_streamed(aclient: openai.AsyncOpenAI, primary: ReplayUpstream) -> None:
