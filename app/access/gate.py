@@ -25,6 +25,10 @@ share of every limit (`LocalLimiter(share=processes)`), logged once per outage a
 Response headers (OpenAI's): `x-ratelimit-{limit,remaining,reset}-requests` when the key has
 `rpm`, and `-tokens` when it has `tpm`; a key with only a budget or a concurrency cap gets none
 (no request or token window to describe). Resets are durations in OpenAI's style (`1s`, `6m0s`).
+They come with every answer the limiter gave: an admission and each of its 429s, the budget's
+included (the window as it stands). A 403 (a model the key may not use) is decided before the
+limiter is asked and carries none: reading the window for it would cost a Redis round trip on a
+request that can never pass.
 """
 
 from __future__ import annotations
