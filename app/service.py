@@ -1,16 +1,16 @@
 """The running service's parts, built from `Settings` in the app's lifespan and closed there.
 
 `Service.start()` opens the database engine, brings the schema and catalog up to date when the
-settings ask for it, loads the catalog snapshot, builds one upstream HTTP client shared by every
-adapter, and starts the ledger writer over its journal (`catalog.journal`: opened first, so rows
-a killed process left are replayed). With the database unreachable it still starts: migrations
-and sync are skipped with a warning, the catalog comes from the copy saved beside the journal at
-the last successful load (`catalog.saved_snapshot`), and rows wait in the journal. `stop()` is
-bounded (`LEDGER_CLOSE_S`, `ENGINE_DISPOSE_S`), so SIGTERM during an outage exits promptly and
-leaves the unwritten rows in the journal for the next start. With `[redis]` configured it also
-links this process to the other workers and replicas (`app.routing.cluster`) before the first
-request. With `[auth] mode = "keys"` it loads every API key into memory and builds the access
-gate (`app.access`). Nothing here runs at import time.
+settings ask for it, loads the catalog snapshot (and follows its changes: `app.catalog_watch`),
+builds one upstream HTTP client shared by every adapter, and starts the ledger writer over its
+journal (`catalog.journal`: opened first, so rows a killed process left are replayed). With the
+database unreachable it still starts: migrations and sync are skipped with a warning, the catalog
+comes from the copy saved beside the journal at the last successful load
+(`catalog.saved_snapshot`), and rows wait in the journal. `stop()` is bounded (`LEDGER_CLOSE_S`,
+`ENGINE_DISPOSE_S`), so SIGTERM during an outage exits promptly and leaves the unwritten rows in
+the journal for the next start. With `[redis]` configured it also links this process to the other
+workers and replicas (`app.routing.cluster`) before the first request. With `[auth] mode = "keys"`
+it loads every API key into memory and builds the access gate (`app.access`). Nothing here runs at import time.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.access.gate import AccessGate
 from app.access.keyring import KeyRing
+from app.catalog_watch import CatalogWatch
 from app.exposition import GatewayCollector
 from app.logging import LineWriter, get_logger
 from app.metrics import Metrics
@@ -71,6 +72,7 @@ class Service:
         self.cluster: ClusterLink | None = None
         self._journal_task: asyncio.Task[None] | None = None
         self.access: AccessGate | None = None
+        self.catalog_watch: CatalogWatch | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -133,6 +135,8 @@ class Service:
         )
         self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log, routing.quota_recheck_s)
         self.health.start()
+        self.catalog_watch = CatalogWatch(self.engine, self.router, settings.journal_dir, self.log)
+        self.catalog_watch.start()
         if self.log_writer is not None:
             self.log_writer.flush_every(0.2)
         self.log.info("started", providers=sorted(runtimes), models=len(snapshot.models))
@@ -143,6 +147,8 @@ class Service:
             self.log_writer.stop()
         if self.health is not None:
             await self.health.stop()
+        if self.catalog_watch is not None:
+            await self.catalog_watch.stop()
         if self.access is not None:
             await self.access.keyring.stop()
             await self.access.close()

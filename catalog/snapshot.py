@@ -104,6 +104,10 @@ class CatalogSnapshot:
         """Every price row (by provider, model and `effective_from`)."""
         return tuple(row for key in sorted(self._prices) for row in self._prices[key].rows)
 
+    def same_as(self, other: CatalogSnapshot) -> bool:
+        """Whether `other` holds the same models (aliases, deployments) and price rows."""
+        return self._models == other._models and self.prices == other.prices
+
     def resolve(self, name: str) -> ModelEntry | None:
         """The model whose id or alias is `name`."""
         return self._by_name.get(name)

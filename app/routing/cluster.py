@@ -119,7 +119,6 @@ class ClusterLink:
         self.available = False
         self._outage_logged = False
         self._router: Router | None = None
-        self._backends: dict[tuple[str, str, str], Backend] = {}
         self._pubsub: PubSub | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._writes: set[asyncio.Task[None]] = set()
@@ -131,7 +130,6 @@ class ClusterLink:
     async def start(self, router: Router) -> None:
         """Learn the current state (if Redis answers), then listen and share metrics in the background."""
         self._router = router
-        self._backends = {(b.name, b.model_id, b.upstream_model): b for b in router.all_backends()}
         await self._connect()
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._share_metrics())]
 
@@ -231,7 +229,8 @@ class ClusterLink:
         now = asyncio.get_running_loop().time()
         wall = time.time()  # epoch `t` is loop time `now - (wall - t)`
         if isinstance(event, CoolEvent | BreakerEvent):
-            backend = self._backends.get((event.provider, event.model, event.upstream_model))
+            known = self._router.by_key if self._router is not None else {}
+            backend = known.get((event.provider, event.model, event.upstream_model))
             if backend is None:
                 return
             if isinstance(event, BreakerEvent):

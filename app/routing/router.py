@@ -99,19 +99,39 @@ class Route:
         self.backends = backends
 
 
+BackendKey = tuple[str, str, str]  # provider, model id, upstream model
+
+
 class Router:
     def __init__(self, snapshot: CatalogSnapshot, providers: Mapping[str, ProviderRuntime]) -> None:
-        self.snapshot = snapshot
         self.providers = providers
+        self.by_key: dict[BackendKey, Backend] = {}
         self._backends: dict[str, list[Backend]] = {}
+        self.snapshot = snapshot
+        self.replace_snapshot(snapshot)
+
+    def replace_snapshot(self, snapshot: CatalogSnapshot) -> None:
+        """Route by `snapshot` from now on (a catalog changed by `switchyard catalog sync` while
+        serving, `app.catalog_watch`). A deployment still in it keeps its backend, live state
+        (cool-down, breaker, in-flight count) and all, with the new priority; one that is gone
+        takes no new requests; a new one starts fresh."""
+        kept = self.by_key
+        by_key: dict[BackendKey, Backend] = {}
+        backends: dict[str, list[Backend]] = {}
         for entry in snapshot.models:
-            found = [
-                Backend(providers[d.provider], entry.id, d.upstream_model, d.priority)
-                for d in entry.deployments
-                if d.provider in providers
-            ]
+            found = []
+            for d in entry.deployments:
+                if d.provider not in self.providers:
+                    continue
+                key = (d.provider, entry.id, d.upstream_model)
+                backend = kept.get(key)
+                if backend is None:
+                    backend = Backend(self.providers[d.provider], entry.id, d.upstream_model, d.priority)
+                backend.priority = d.priority
+                found.append(by_key.setdefault(key, backend))
             found.sort(key=lambda b: (b.priority, b.provider.config.priority), reverse=True)
-            self._backends[entry.id] = found
+            backends[entry.id] = found
+        self.snapshot, self._backends, self.by_key = snapshot, backends, by_key
 
     def all_backends(self) -> list[Backend]:
         return [backend for backends in self._backends.values() for backend in backends]

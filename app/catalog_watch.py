@@ -1,0 +1,72 @@
+"""A running service follows the SQL catalog: `switchyard catalog sync` while it serves (or any
+other change to the catalog tables) is in use within `CATALOG_POLL_S`, without a restart.
+
+Every `CATALOG_POLL_S` the watch reads the whole catalog (models, aliases, deployments, prices: a
+few hundred rows, milliseconds, off the request path). When it differs from the catalog in use,
+the router routes and prices by it from then on (`Router.replace_snapshot`: backends of the
+deployments that stay keep their live state) and it is saved beside the journal, the copy a start
+during a database outage uses. A database that cannot be reached is skipped quietly (the ledger
+reports outages); the catalog in use stands.
+
+A price changed in place takes effect at the instant of the sync (`catalog.sync`), so a request
+that starts in the seconds before a process has loaded it is priced at the old rate: a price
+change meant to apply to the second everywhere is written in the catalog file with a future
+`effective_from`, which every process knows before it applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.routing.router import Router
+from catalog.database import database_unreachable
+from catalog.saved_snapshot import save_snapshot
+from catalog.snapshot import load_snapshot
+
+CATALOG_POLL_S = 5.0
+
+
+class CatalogWatch:
+    def __init__(self, engine: AsyncEngine, router: Router, directory: Path, log: Any) -> None:
+        self._engine = engine
+        self._router = router
+        self._directory = directory
+        self._log = log
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="catalog-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(CATALOG_POLL_S)
+            await self.check()
+
+    async def check(self) -> bool:
+        """Load the catalog; True when it changed and is now the one in use."""
+        try:
+            snapshot = await load_snapshot(self._engine)
+        except Exception as exc:
+            if not database_unreachable(exc):
+                self._log.warning("catalog_reload_failed", error=type(exc).__name__)
+            return False
+        if snapshot.same_as(self._router.snapshot):
+            return False
+        self._router.replace_snapshot(snapshot)
+        self._log.info("catalog_reloaded", models=len(snapshot.models), prices=len(snapshot.prices))
+        try:
+            save_snapshot(snapshot, self._directory)
+        except OSError as exc:
+            self._log.warning("catalog_snapshot_not_saved", error=type(exc).__name__, directory=str(self._directory))
+        return True

@@ -1,0 +1,78 @@
+"""A running gateway follows the SQL catalog (`app.catalog_watch`): a price changed by
+`switchyard catalog sync` while it serves prices the next requests, with the new row's id in the
+ledger; a backend that stays keeps its live state; a new deployment is routed to."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+import app.catalog_watch
+from tests.gateway.conftest import CATALOG, primary_cost, providers_for
+from tests.gateway.test_json_completions import chat_response
+from tests.support.catalog import catalog_toml, model, price
+from tests.support.cli import run_cli
+from tests.support.client import post, user
+from tests.support.gateway import StartGateway
+from tests.support.upstream import ReplayUpstream, reply_json
+from tests.support.waiting import wait_until
+
+CHANGED = catalog_toml(
+    model(
+        "chat-1",
+        ("primary", "org/chat-1-instruct", 100),
+        ("secondary", "chat-1-hosted", 50),
+        aliases=["chat"],
+        context_window=32768,
+        max_output=4096,
+        capabilities=["tools", "reasoning", "structured_output"],
+        default=True,
+    ),
+    model("vision-1", ("primary", "org/vision-1", 10), ("secondary", "vision-1-hosted", 5), capabilities=["vision"]),
+    prices=[
+        price("primary", "chat-1", "0.70", "0.40", cache_read="0.025"),  # input 0.10 → 0.70
+        price("secondary", "chat-1", "1.00", "2.00"),
+    ],
+)
+
+
+async def test_a_price_synced_while_serving_prices_the_next_requests(
+    start_gateway: StartGateway,
+    primary: ReplayUpstream,
+    secondary: ReplayUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(app.catalog_watch, "CATALOG_POLL_S", 0.05)
+    gw = await start_gateway(providers=providers_for(primary, secondary), catalog=CATALOG)
+    usage = {"prompt_tokens": 100, "completion_tokens": 50}
+    primary.set_default(reply_json(200, chat_response({"content": "ok"}, "stop", usage)))
+    before = await post(gw, {"model": "chat", "messages": [user("hi")]})
+    assert before.json(parse_float=Decimal)["cost_usd"] == primary_cost(100, 50) == Decimal("0.00003")
+    assert gw.service.router is not None
+    kept = gw.service.router.backends(gw.service.router.snapshot.resolve("chat-1"))[0]  # type: ignore[arg-type]
+    kept.state.cool_down(0.0, 1e12, "failure")  # live state that must survive the reload
+
+    (tmp_path / "catalog" / "test.toml").write_text(CHANGED)
+    config = tmp_path / "sync.toml"
+    config.write_text(
+        f'[database]\nurl = "sqlite+aiosqlite:///{tmp_path / "switchyard.db"}"\n[catalog]\nfiles = ["catalog/*.toml"]\n'
+    )
+    synced = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
+    assert synced.returncode == 0, synced.stderr
+    assert '"prices_added":1' in synced.stdout.replace(" ", "")
+
+    router = gw.service.router
+    await wait_until(lambda: router.snapshot.resolve("vision-1").deployments[-1].provider == "secondary", within=5.0)  # type: ignore[union-attr]
+    vision = router.backends(router.snapshot.resolve("vision-1"))  # type: ignore[arg-type]
+    assert [b.name for b in vision] == ["primary", "secondary"]  # the new deployment is routed to
+    chat = router.backends(router.snapshot.resolve("chat-1"))  # type: ignore[arg-type]
+    assert chat[0] is kept and kept.state.cooling_until == 1e12  # the same backend, still cooled down
+    kept.state.cooling_until = 0.0
+    after = await post(gw, {"model": "chat", "messages": [user("hi")]})
+    assert after.json(parse_float=Decimal)["cost_usd"] == Decimal("0.00009")  # 100 × 0.70 + 50 × 0.40 per million
+    rows = await gw.ledger_rows()
+    assert [Decimal(row["cost_usd"]) for row in rows] == [Decimal("0.00003"), Decimal("0.00009")]
+    assert (rows[0]["price_id"], rows[1]["price_id"]) == (1, 3)  # the new row (3), not the superseded one
