@@ -69,7 +69,8 @@ async def test_a_price_synced_while_serving_prices_the_next_requests(
     vision = router.backends(router.snapshot.resolve("vision-1"))  # type: ignore[arg-type]
     assert [b.name for b in vision] == ["primary", "secondary"]  # the new deployment is routed to
     chat = router.backends(router.snapshot.resolve("chat-1"))  # type: ignore[arg-type]
-    assert chat[0] is kept and kept.state.cooling_until == 1e12  # the same backend, still cooled down
+    assert chat[0] is kept  # the same backend, still cooled down
+    assert kept.state.cooling_until == 1e12
     kept.state.cooling_until = 0.0
     after = await post(gw, {"model": "chat", "messages": [user("hi")]})
     assert after.json(parse_float=Decimal)["cost_usd"] == Decimal("0.00009")  # 100 × 0.70 + 50 × 0.40 per million
