@@ -73,7 +73,7 @@ async def test_a_price_synced_while_serving_prices_the_next_requests(
     assert kept.state.cooling_until == 1e12
     kept.state.cooling_until = 0.0
     after = await post(gw, {"model": "chat", "messages": [user("hi")]})
-    assert after.json(parse_float=Decimal)["cost_usd"] == Decimal("0.00009")  # 100 × 0.70 + 50 × 0.40 per million
+    assert after.json(parse_float=Decimal)["cost_usd"] == Decimal("0.00009")  # (100 * 0.70 + 50 * 0.40) per million
     rows = await gw.ledger_rows()
     assert [Decimal(row["cost_usd"]) for row in rows] == [Decimal("0.00003"), Decimal("0.00009")]
     assert (rows[0]["price_id"], rows[1]["price_id"]) == (1, 3)  # the new row (3), not the superseded one
