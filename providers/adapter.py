@@ -233,6 +233,9 @@ async def _stream_batches(
         for payload in sse.finish():
             batch += parser.feed(payload)
         batch += parser.finish()
+    except Exception:
+        batch += parser.unreported()
+        raise
     finally:
         if batch:  # the last events, or those a read completed before its failure (raised next)
             yield batch

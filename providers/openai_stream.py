@@ -152,6 +152,14 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         events.append(Finish(reason=reason, stop_sequence=self._matched if reason == "stop" else None))
         return events
 
+    def unreported(self) -> list[Event]:
+        """The usage the upstream reported that no event carries yet (a stream that fails after its
+        usage chunk: those tokens were billed, so the ledger records them)."""
+        if self._usage is None or self._closed:
+            return []
+        self._closed = True
+        return [openai_report(self._usage)]
+
     def _closing(self) -> list[Event]:
         """Events the dialect still owes at the end (before usage and `Finish`)."""
         return []

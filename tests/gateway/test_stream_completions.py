@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
+
+import pytest
 
 from tests.gateway.conftest import CATALOG, primary_cost, providers_for
 from tests.support.client import COMPLETIONS, body, datas, post, stream, types
@@ -211,6 +214,33 @@ async def test_truncated_stream_is_an_error_event(gw: GatewayHandle, primary: Re
     (row,) = await gw.ledger_rows()
     assert row["status"] == "error"
     assert row["input_tokens"] is None
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        [{"error": {"message": "engine crashed", "type": "server_error", "code": 500}}],
+        [],  # the stream ends without a finish reason or [DONE]
+    ],
+)
+async def test_usage_reported_before_a_failure_is_recorded(
+    gw: GatewayHandle, primary: ReplayUpstream, ending: list[dict[str, Any]]
+) -> None:
+    """Tokens the upstream reported before its stream failed (an error chunk, or the end of the
+    stream without a finish) were billed: the error row records them and their cost."""
+    usage = usage_chunk(1000, 200, prompt_tokens_details={"cached_tokens": 400})
+    primary.enqueue(reply_sse([chunk({"content": "Partial"}), usage, *ending], done=False))
+    _, frames = await stream(gw)
+    assert types(frames) == ["stream_start", "text_start", "text_delta", "text_end", "error"]
+    (row,) = await gw.ledger_rows()
+    assert (row["status"], row["input_tokens"], row["cache_read_tokens"], row["output_tokens"]) == (
+        "error",
+        600,
+        400,
+        200,
+    )
+    assert Decimal(row["cost_usd"]) == primary_cost(600, 200, cache_read=400)
+    assert row["usage_estimated"] == 0
 
 
 async def test_failure_before_content_fails_over_and_is_a_plain_stream(
