@@ -177,11 +177,13 @@ class Provider:
         async with deadline_at(asyncio.get_running_loop().time() + self._head_s):
             return await self._client.send_direct(request)
 
-    async def probe(self) -> bool:
+    async def probe(self, *, keyed: bool = False) -> bool:
         """Is the upstream answering? `health_path` other than `/models` is tried on the server
-        root first (vLLM's `/health`); `{base_url}/models` is the fallback and the hosted probe."""
+        root first (vLLM's `/health`); `{base_url}/models` is the fallback and the hosted probe.
+        `keyed`: only `{base_url}/models`, with the key, answers — the probe of a provider disabled
+        for its key (a vLLM started with `--api-key` answers `/health` to anyone)."""
         health_path = self.config.wire.health_path
-        if health_path != "/models" and await self._probe_url(f"{self._root}{health_path}"):
+        if not keyed and health_path != "/models" and await self._probe_url(f"{self._root}{health_path}"):
             return True
         return await self._probe_url(self._models_url)
 
@@ -221,8 +223,7 @@ async def _stream_batches(
     batch: list[Event] = []  # empty at every await: the events of one read are handed out first
     try:
         async for data in response.aiter_raw():
-            if loop.time() > deadline:
-                raise UpstreamError(Failure.TIMEOUT, "upstream timed out")
+            _check_deadline(loop, deadline)
             for payload in sse.feed(data):
                 batch += parser.feed(payload)
                 if payload == "[DONE]":
@@ -239,6 +240,11 @@ async def _stream_batches(
     finally:
         if batch:  # the last events, or those a read completed before its failure (raised next)
             yield batch
+
+
+def _check_deadline(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+    if loop.time() > deadline:
+        raise UpstreamError(Failure.TIMEOUT, "upstream timed out")
 
 
 async def _error_body(response: Answer) -> bytes:

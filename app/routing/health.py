@@ -5,7 +5,8 @@ Every `interval` seconds each provider is probed once (`Provider.probe`: `local`
 then `/v1/models`; hosted kinds `/models`, with the key), and the result applies to all of that
 provider's backends: a failed probe takes them out of rotation, a successful one closes open
 breakers and re-enables a provider that was disabled for a refused key (a probe that itself gets
-401 keeps it disabled) — or for an exhausted balance, but only once `quota_recheck_s` has passed:
+401 keeps it disabled; a disabled provider is probed on `/models` with the key only, never on an
+unauthenticated `/health`) — or for an exhausted balance, but only once `quota_recheck_s` has passed:
 a hosted `/models` answers 200 with an empty balance too, and the balance endpoints of the hosts
 (primalabs `/credits`) have no documented shape to read it from. A provider whose key variable is unset is never
 probed: nothing can change until the operator sets it and restarts. For `local` providers the
@@ -59,7 +60,7 @@ class HealthMonitor:
     async def _probe(self, runtime: ProviderRuntime) -> None:
         error: Exception | None = None
         try:
-            ok = await runtime.adapter.probe()
+            ok = await runtime.adapter.probe(keyed=runtime.state.disabled_reason is not None)
             depth = await runtime.adapter.queue_depth() if ok and runtime.config.kind == "local" else None
         except Exception as exc:  # a bug, not an unreachable upstream (the adapter answers False)
             ok, depth, error = False, None, exc

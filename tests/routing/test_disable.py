@@ -121,6 +121,25 @@ async def test_a_probe_answered_401_keeps_the_provider_disabled(
     assert len(beta.probes) >= 3
 
 
+async def test_a_local_server_refusing_its_key_stays_disabled_while_health_answers(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """A vLLM started with `--api-key` answers `/health` to anyone: the probe of a provider
+    disabled for its key asks `/v1/models` with the key, so a wrong key keeps it out."""
+    refused = error(401, "authentication_error")
+    alpha.enqueue(error(401, "authentication_error", first_byte_delay_s=FIRST_PROBE_DELAY), path=PROBE_PATH)
+    alpha.enqueue(refused, repeat=1000, path=PROBE_PATH)
+    alpha.enqueue(Reply(status=200, chunks=[b"{}"]), repeat=1000, path="/health")
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, routing=PROBING, alpha={"kind": "local"})
+    alpha.enqueue(refused)
+    beta.enqueue(answer("from beta"), repeat=3)
+    assert (await complete(gw)).json()["provider"] == "beta"
+    await wait_until(lambda: len(probes_at(alpha, PROBE_PATH)) + len(probes_at(alpha, "/health")) >= 4, within=3.0)
+    assert (await deployments(gw))["alpha"]["disabled_reason"] == "auth: upstream returned 401"
+    assert (await complete(gw)).json()["provider"] == "beta"
+    assert len(completions(alpha)) == 1
+
+
 @pytest.mark.parametrize(
     ("kind", "reply", "reason"),
     [
