@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
@@ -113,7 +113,12 @@ class Provider:
         timeouts = config.timeouts
         self._head_s = min(timeouts.first_byte, timeouts.total)
         self._json_timeout = {"connect": timeouts.connect, "read": timeouts.first_byte, "write": None, "pool": None}
-        self._stream_timeout = {"connect": timeouts.connect, "read": timeouts.idle, "write": None, "pool": None}
+        # An https stream's client read timeout also bounds its head, so it is `first_byte` at least,
+        # and each body read is held to `idle` by a deadline of its own (`_idle_bounded`) when that
+        # is shorter; the plain-HTTP transport keeps the two bounds apart itself.
+        read_s = max(timeouts.idle, timeouts.first_byte)
+        self._stream_timeout = {"connect": timeouts.connect, "read": read_s, "write": None, "pool": None}
+        self._idle_s = timeouts.idle if self._h1 is None and timeouts.idle < read_s else None
 
     async def events(self, req: AnyRequest, upstream_model: str, *, stream: bool) -> AsyncGenerator[Event, None]:
         """The events of one attempt, one at a time (`batches`, flattened)."""
@@ -142,7 +147,8 @@ class Provider:
                     raise classify_response(response.status_code, response.headers, await _error_body(response))
                 if stream:
                     parser = dialect.stream_parser()
-                    async with contextlib.aclosing(_stream_batches(response, loop, deadline, parser)) as batches:
+                    batches_of = _stream_batches(response, loop, deadline, parser, self._idle_s)
+                    async with contextlib.aclosing(batches_of) as batches:
                         async for batch in batches:
                             yield batch
                 else:
@@ -216,13 +222,19 @@ def _request_head(url: httpx.URL, headers: httpx.Headers) -> bytes:
 
 
 async def _stream_batches(
-    response: Answer, loop: asyncio.AbstractEventLoop, deadline: float, parser: OpenAIStreamParser[Any]
+    response: Answer,
+    loop: asyncio.AbstractEventLoop,
+    deadline: float,
+    parser: OpenAIStreamParser[Any],
+    idle: float | None,
 ) -> AsyncGenerator[list[Event], None]:
-    """One list of events per body read that completed any (`Provider.batches`)."""
+    """One list of events per body read that completed any (`Provider.batches`); `idle`: the
+    longest wait for each read, when the transport does not keep it."""
     sse = SSEParser()
     batch: list[Event] = []  # empty at every await: the events of one read are handed out first
+    reads = response.aiter_raw() if idle is None else _idle_bounded(response.aiter_raw(), loop, idle)
     try:
-        async for data in response.aiter_raw():
+        async for data in reads:
             _check_deadline(loop, deadline)
             for payload in sse.feed(data):
                 batch += parser.feed(payload)
@@ -240,6 +252,19 @@ async def _stream_batches(
     finally:
         if batch:  # the last events, or those a read completed before its failure (raised next)
             yield batch
+
+
+async def _idle_bounded(
+    reads: AsyncIterator[bytes], loop: asyncio.AbstractEventLoop, idle: float
+) -> AsyncGenerator[bytes, None]:
+    """`reads`, each within `idle` seconds (a `TimeoutError`, which `upstream_errors` makes a timeout)."""
+    while True:
+        async with deadline_at(loop.time() + idle):
+            try:
+                data = await anext(reads)
+            except StopAsyncIteration:
+                return
+        yield data
 
 
 def _check_deadline(loop: asyncio.AbstractEventLoop, deadline: float) -> None:

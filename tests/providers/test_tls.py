@@ -8,6 +8,7 @@ raises its own exception for that, and `upstream_errors()` maps it like the plai
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import subprocess
 from collections.abc import AsyncIterator
@@ -18,11 +19,11 @@ import pytest
 
 from devtools.mock_http import Reply
 from providers.adapter import Provider, UpstreamClient, make_client
-from providers.config import ProviderConfig
+from providers.config import ProviderConfig, Timeouts
 from providers.errors import Failure
 from tests.providers.test_adapter import HELLO, REQUEST, collect
 from tests.providers.test_malformed import MALFORMED, WHOLE_EVENTS, closed_by_client
-from tests.support.upstream import ReplayUpstream
+from tests.support.upstream import ReplayUpstream, played
 
 
 class Pair(msgspec.Struct):
@@ -120,3 +121,26 @@ async def test_a_malformed_answer_over_tls_is_transient(
     assert error is not None
     assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream sent a malformed response")
     assert await closed_by_client(upstream)
+
+
+async def test_a_stream_over_tls_waits_first_byte_for_its_head_and_idle_between_reads(
+    upstream: ReplayUpstream, client: UpstreamClient
+) -> None:
+    """`first_byte` bounds the head and `idle` each read after it, on the https transport as on
+    the plain one (its client's read timeout used to be `idle` for the head too)."""
+    config = ProviderConfig(
+        name="fastrun",
+        kind="fastrun",
+        base_url=upstream.url,
+        api_key="fr_test",
+        timeouts=Timeouts(first_byte=2.0, idle=0.4),
+    )
+    adapter = Provider(config, client)
+    upstream.enqueue(played("vllm_text_stream", first_byte_delay_s=0.8))  # a slow head, then chunks at once
+    assert await collect(adapter.events(REQUEST, "m", stream=True)) == (HELLO, None)
+    upstream.enqueue(played("vllm_text_stream", stall_after=2))
+    started = asyncio.get_running_loop().time()
+    events, error = await collect(adapter.events(REQUEST, "m", stream=True))
+    assert error is not None
+    assert (error.kind, error.message) == (Failure.TIMEOUT, "upstream timed out")
+    assert 0.4 <= asyncio.get_running_loop().time() - started < 1.5  # idle, not first_byte
