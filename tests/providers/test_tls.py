@@ -140,7 +140,7 @@ async def test_a_stream_over_tls_waits_first_byte_for_its_head_and_idle_between_
     assert await collect(adapter.events(REQUEST, "m", stream=True)) == (HELLO, None)
     upstream.enqueue(played("vllm_text_stream", stall_after=2))
     started = asyncio.get_running_loop().time()
-    events, error = await collect(adapter.events(REQUEST, "m", stream=True))
+    _events, error = await collect(adapter.events(REQUEST, "m", stream=True))
     assert error is not None
     assert (error.kind, error.message) == (Failure.TIMEOUT, "upstream timed out")
     assert 0.4 <= asyncio.get_running_loop().time() - started < 1.5  # idle, not first_byte
