@@ -18,7 +18,7 @@ import contextlib
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -42,8 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the service")
     _config_option(serve)
     serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--workers", type=int)
+    serve.add_argument("--port", type=_within(0, 65535))  # the ranges of [server] port and workers
+    serve.add_argument("--workers", type=_within(1, 64))
 
     db = commands.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)
     _config_option(db.add_parser("upgrade", help="apply Alembic migrations"))
@@ -61,6 +61,21 @@ def _parser() -> argparse.ArgumentParser:
     cli_keys.add_parser(commands, _config_option)
     commands.add_parser("mock-upstream", help="a scripted OpenAI-compatible upstream", add_help=False)
     return parser
+
+
+def _within(low: int, high: int) -> Callable[[str], int]:
+    """An integer option in [low, high]; anything else is argparse's usage error (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low} to {high}, not {value}")
+        return value
+
+    return parse
 
 
 def _config_option(parser: argparse.ArgumentParser) -> None:
@@ -131,7 +146,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     server = settings.server
     host = args.host or server.host
     port = args.port if args.port is not None else server.port
-    workers = args.workers or server.workers
+    workers = args.workers if args.workers is not None else server.workers
     settings = msgspec.structs.replace(settings, server=msgspec.structs.replace(server, workers=workers))
     if workers > 1:
         os.environ["SWITCHYARD_CONFIG"] = str(find_config(args.config).resolve())

@@ -266,3 +266,21 @@ def test_serve_on_a_port_in_use_exits_1(tmp_path: Path, workers: str) -> None:
         result = run_cli(tmp_path, "serve", "--config", str(config), "--port", str(port), "--workers", workers)
     assert result.returncode == 1
     assert "address already in use" in result.stderr.lower()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (("--workers", "-1"), "argument --workers: must be from 1 to 64, not -1"),
+        (("--workers", "0"), "argument --workers: must be from 1 to 64, not 0"),
+        (("--workers", "65"), "argument --workers: must be from 1 to 64, not 65"),
+        (("--port", "99999"), "argument --port: must be from 0 to 65535, not 99999"),
+        (("--port", "http"), "argument --port: not an integer: 'http'"),
+    ],
+)
+def test_serve_options_out_of_range_are_usage_errors(tmp_path: Path, option: tuple[str, str], message: str) -> None:
+    """Exit 2 naming the option, as a bad config value does (a negative worker count used to log
+    `listening` with no worker behind it; 0 fell back to the config's count)."""
+    result = run_cli(tmp_path, "serve", "--config", str(write_config(tmp_path)), *option)
+    assert result.returncode == 2
+    assert message in result.stderr
