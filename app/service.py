@@ -52,6 +52,7 @@ from providers.adapter import Provider, make_client
 _GC_YOUNG_THRESHOLD = 20_000
 LEDGER_CLOSE_S = 5.0  # at shutdown the ledger writes what it can this long; the rest stays in the journal
 ENGINE_DISPOSE_S = 2.0  # closing pooled connections to a database that is gone must not hang the exit
+READY_CHECK_S = 2.0  # a database slower than this to answer `SELECT 1` is not ready
 
 
 class Service:
@@ -228,10 +229,11 @@ class Service:
         return generate_latest(self.registry)
 
     async def database_ready(self) -> bool:
+        """`/readyz`'s database check: a `SELECT 1` answered within `READY_CHECK_S`."""
         if self.engine is None:
             return False
         try:
-            async with self.engine.connect() as conn:
+            async with asyncio.timeout(READY_CHECK_S), self.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
         except Exception:
             return False

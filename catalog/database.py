@@ -7,7 +7,9 @@ created, synced and deleted (that journal churn cost about a fifth of a core at 
 measured with per-thread CPU counters); `synchronous=NORMAL`, which in WAL mode never corrupts
 the file and loses nothing on a process crash (only on power loss, the last commits); and a busy
 timeout, so several workers share the file by waiting instead of failing with "database is
-locked". PostgreSQL needs nothing special.
+locked". PostgreSQL gets a connect timeout of `CONNECT_TIMEOUT_S` instead of asyncpg's 60 s: a
+database host that swallows packets (down, partitioned) would otherwise hold a start-up, each
+`/readyz` and a shutdown that waits for them for a minute per connection attempt.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from catalog.sqlite_rows import SQLITE_PRAGMAS
 
+CONNECT_TIMEOUT_S = 5.0
+
 
 def open_engine(url: str, **options: Any) -> AsyncEngine:
+    if url.startswith("postgresql"):
+        options.setdefault("connect_args", {}).setdefault("timeout", CONNECT_TIMEOUT_S)
     engine = create_async_engine(url, **options)
     if engine.dialect.name == "sqlite":
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)

@@ -1,0 +1,62 @@
+"""A PostgreSQL host that swallows packets (down, partitioned): connecting gives up after
+`CONNECT_TIMEOUT_S`, not asyncpg's 60 s, and `/readyz`'s check answers "not ready" within
+`READY_CHECK_S` — a start-up, a readiness probe and the shutdown that waits for it stay short.
+The database here is a real listener that accepts connections and never answers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import app.service
+import catalog.database
+from app.service import Service
+from app.settings import settings_from_mapping
+from catalog.database import database_unreachable, open_engine
+
+
+@pytest.fixture
+async def silent_port() -> AsyncIterator[int]:
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # never a byte back
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    yield server.sockets[0].getsockname()[1]
+    for writer in held:
+        writer.close()
+    server.close()
+    await server.wait_closed()
+
+
+async def test_connecting_to_a_silent_database_gives_up_after_the_connect_timeout(
+    silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catalog.database, "CONNECT_TIMEOUT_S", 0.5)
+    engine = open_engine(f"postgresql+asyncpg://postgres@127.0.0.1:{silent_port}/test")
+    started = time.monotonic()
+    with pytest.raises(Exception) as failed:  # noqa: PT011 (whatever the driver raises, it is an outage)
+        async with engine.connect():
+            pass
+    assert 0.4 < time.monotonic() - started < 3.0
+    assert database_unreachable(failed.value)
+    await engine.dispose()
+
+
+async def test_readiness_answers_not_ready_within_its_bound(
+    silent_port: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(app.service, "READY_CHECK_S", 0.5)
+    url = f"postgresql+asyncpg://postgres@127.0.0.1:{silent_port}/test"
+    settings = settings_from_mapping({"database": {"url": url}}, base_dir=tmp_path, source="test")
+    service = Service(settings)
+    service.engine = open_engine(url)  # the connect timeout (5 s) alone would be too long for /readyz
+    started = time.monotonic()
+    assert await service.database_ready() is False
+    assert time.monotonic() - started < 2.0
+    await service.engine.dispose()
