@@ -146,6 +146,13 @@ class LimitsUnavailable(GatewayError):
     type = "unavailable"
 
 
+class DatabaseUnavailable(GatewayError):
+    """A read the answer needs (a report, the keys) found the database unreachable."""
+
+    status_code = 503
+    type = "unavailable"
+
+
 class AllBackendsFailed(GatewayError):
     status_code = 502
     type = "upstream_error"

@@ -2,8 +2,9 @@
 
 Each door renders errors in its own shape (api.md's two views for the native and OpenAI paths,
 Anthropic's for `/v1/messages`); what an exception *means* is decided here, once: our own errors
-as they are, the framework's 404/405/413 and other 4xx mapped onto the tree, anything else an
-internal error logged with its traceback and said generically. A request rejected before the
+as they are, the framework's 404/405/413 and other 4xx mapped onto the tree, a database that
+cannot be reached (a report or a key read during an outage) a 503 `unavailable` logged in one
+line, anything else an internal error logged with its traceback and said generically. A request rejected before the
 pipeline took it gets its canonical `request` log line here (`status: rejected`), since the
 pipeline never wrote one.
 """
@@ -16,6 +17,7 @@ from litestar import Request
 from litestar.exceptions import HTTPException
 
 from app.errors import (
+    DatabaseUnavailable,
     GatewayError,
     InternalError,
     InvalidRequest,
@@ -26,6 +28,7 @@ from app.errors import (
 )
 from app.ids import uuid7
 from app.logging import get_logger
+from catalog.database import database_unreachable
 
 _log = get_logger("switchyard.errors")
 
@@ -68,5 +71,8 @@ def _as_gateway_error(exc: Exception, request_id: str, log: Any) -> GatewayError
             return MethodNotAllowed("method not allowed", allow=(exc.headers or {}).get("allow", ""))
         if exc.status_code < 500:
             return InvalidRequest(clip(str(exc.detail)))  # Litestar's details quote the request path
+    if database_unreachable(exc):
+        log.warning("database_unreachable", request_id=request_id, error=type(exc).__name__)
+        return DatabaseUnavailable("the database cannot be reached; try again shortly")
     log.error("unhandled_exception", request_id=request_id, exc_info=exc)
     return InternalError("internal error")

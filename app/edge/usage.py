@@ -36,6 +36,7 @@ from app.edge.key_guard import require_key, require_page_key, visible_key
 from app.edge.spend_page import render_page
 from app.errors import InvalidRequest, NotFound
 from app.service import Service
+from catalog.database import database_unreachable
 from catalog.report_period import QueryError
 from catalog.usage_query import UsageQuery, parse_query
 from catalog.usage_report import usage_report
@@ -79,10 +80,16 @@ async def spend_page(request: Request[Any, Any, Any], state: State) -> Response[
         base = _query(request, latency=False)
     except InvalidRequest as exc:
         return Response(render_page(params, None, error=exc.message), status_code=400, media_type="text/html")
-    reports = {
-        name: await usage_report(engine, msgspec.structs.replace(base, group_by=groups))
-        for name, groups in (("daily", ("day", "model")), ("keys", ("key",)), ("models", ("model",)))
-    }
+    try:
+        reports = {
+            name: await usage_report(engine, msgspec.structs.replace(base, group_by=groups))
+            for name, groups in (("daily", ("day", "model")), ("keys", ("key",)), ("models", ("model",)))
+        }
+    except Exception as exc:
+        if not database_unreachable(exc):
+            raise
+        message = "the database cannot be reached; try again shortly"
+        return Response(render_page(params, None, error=message), status_code=503, media_type="text/html")
     return Response(render_page(params, reports, script=plotly_path()), media_type="text/html")
 
 

@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
+from catalog.database import open_engine
 from catalog.ledger import write_records
 from catalog.usage_query import parse_query
 from tests.catalog.usage_oracle import expected, ledger_rows, seeded_records
 from tests.support.client import post, user
 from tests.support.gateway import GatewayHandle
+from tests.support.ports import free_port
 from tests.support.upstream import ReplayUpstream, reply_json
 
 USAGE = "/api/v1/usage"
@@ -119,3 +121,20 @@ async def test_the_page_names_a_bad_filter(gw: GatewayHandle) -> None:
     assert page.status_code == 400
     assert "status: unknown status" in page.text
     assert "<form method='get' action='/usage'>" in page.text
+
+
+async def test_reports_while_the_database_is_unreachable_are_503_unavailable(gw: GatewayHandle) -> None:
+    """The usage API, price drift and the spend page read the database: while it cannot be
+    reached they answer 503 `unavailable` (the page as HTML), not a 500 with a traceback logged."""
+    assert gw.service.engine is not None
+    await gw.service.engine.dispose()
+    gw.service.engine = open_engine(f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/gone")
+    for path in (USAGE, "/api/v1/catalog/drift"):
+        response = await gw.client.get(path)
+        assert response.status_code == 503, path
+        error = response.json()["error"]
+        assert (error["type"], error["message"]) == ("unavailable", "the database cannot be reached; try again shortly")
+    page = await gw.client.get("/usage")
+    assert page.status_code == 503
+    assert page.headers["content-type"].startswith("text/html")
+    assert "the database cannot be reached" in page.text
