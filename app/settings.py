@@ -198,6 +198,9 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
                 raise ConfigError(f'{source}: providers."{name}": a provider name is [a-z0-9][a-z0-9_-]*')
             _check_gpu_hour(_convert(entry, ProviderSettings, source, f"providers.{name}"), source, name)
     settings = _convert(raw, Settings, source, "")
+    if not settings.database.url.startswith(DATABASE_SCHEMES):
+        message = "must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST:PORT/DB"
+        raise ConfigError(f"{source}: database.url: {message}, not {settings.database.url.split(':', 1)[0]!r}")
     url = _absolute_sqlite_url(settings.database.url, base_dir)
     return msgspec.structs.replace(
         settings, base_dir=str(base_dir), database=msgspec.structs.replace(settings.database, url=url)
@@ -301,6 +304,9 @@ def _key_message(message: str, prefix: str = "") -> str:
 
 def _join(*parts: str) -> str:
     return ".".join(part for part in parts if part)
+
+
+DATABASE_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")  # the two async drivers installed
 
 
 def _absolute_sqlite_url(url: str, base_dir: Path) -> str:

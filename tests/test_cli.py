@@ -157,6 +157,16 @@ def test_an_invalid_config_exits_2_naming_the_key(tmp_path: Path, extra: str, ke
     assert not (tmp_path / "switchyard.db").exists()
 
 
+@pytest.mark.parametrize("url", ["mysql://root@127.0.0.1/test", "not a url", "sqlite:///x.db", "postgresql://u@h/d"])
+def test_a_database_url_without_an_installed_driver_exits_2_naming_the_key(tmp_path: Path, url: str) -> None:
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace('url = "sqlite+aiosqlite:///switchyard.db"', f'url = "{url}"'))
+    result = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    expected = "database.url: must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST:PORT/DB, not "
+    assert result.stderr.startswith(f"switchyard: {config}: {expected}{url.split(':', 1)[0]!r}")
+
+
 def test_a_float_price_in_the_catalog_exits_2_naming_the_key(tmp_path: Path) -> None:
     config = write_config(tmp_path)
     catalog = tmp_path / "models.toml"
