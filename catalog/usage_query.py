@@ -26,6 +26,7 @@ GROUPS = ("model", "provider", "key", "owner", "api", "day", "hour", "status")
 TIME_GROUPS = frozenset({"day", "hour"})
 FILTERS = ("model", "provider", "key", "owner", "api", "status")
 STATUSES = ("ok", "error", "cancelled")
+APIS = ("unified", "openai_chat", "openai_completions", "anthropic_messages")  # ingress.md's, `app.context.Ingress`
 PARAMETERS = frozenset({"from", "to", "group_by", *FILTERS})
 
 
@@ -105,11 +106,12 @@ def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | Non
     for name in group_by:
         if name not in GROUPS:
             raise QueryError("group_by", f"unknown group {name!r} (one of {', '.join(GROUPS)})")
-    status = _values(params, "status")
-    for value in status:
-        if value not in STATUSES:
-            raise QueryError("status", f"unknown status {value!r} (one of {', '.join(STATUSES)})")
-    filters: dict[str, Any] = {name: _values(params, name) for name in FILTERS if name != "status"}
+    filters: dict[str, Any] = {name: _values(params, name) for name in FILTERS}
+    for name, known in (("status", STATUSES), ("api", APIS)):
+        for value in filters[name]:
+            if value not in known:
+                raise QueryError(name, f"unknown {name} {value!r} (one of {', '.join(known)})")
+    status = filters.pop("status")
     return UsageQuery(
         start=period.start, end=period.end, group_by=group_by, status=status, only_key=only_key, **filters
     )

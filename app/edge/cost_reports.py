@@ -28,6 +28,9 @@ _encoder = msgspec.json.Encoder()
 
 def _period(request: Request[object, object, State]) -> Period:
     query = request.query_params
+    for name in query:
+        if name not in ("from", "to"):  # a misspelt `from` must not report the default period
+            raise InvalidRequest(f"{name[:64]}: unknown parameter", param=name[:64])
     try:
         return parse_period(query.get("from"), query.get("to"))
     except QueryError as exc:

@@ -166,6 +166,7 @@ async def test_bad_period_is_a_400_naming_the_parameter(start_gateway: StartGate
         ({"from": "yesterday"}, "from"),
         ({"to": "2026-13-01"}, "to"),
         ({"from": TO, "to": FROM}, "from"),  # as the usage report (one parser: catalog.report_period)
+        ({"form": FROM}, "form"),  # a misspelt parameter is not the default period
     ]:
         for path in ("/api/v1/catalog/drift", "/api/v1/catalog/gpu-cost"):
             response = await gw.client.get(path, params=params)

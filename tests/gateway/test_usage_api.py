@@ -79,6 +79,7 @@ async def test_the_report_is_the_ledgers_aggregate(gw: GatewayHandle, params: di
         ("group_by=model,colour", "group_by"),
         ("from=yesterday", "from"),
         ("status=fine", "status"),
+        ("api=foo", "api"),
         ("mdoel=x", "mdoel"),
     ],
 )
