@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +17,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.settings import (
+    AuthSettings,
+    CatalogSettings,
+    DatabaseSettings,
+    LedgerSettings,
+    ProviderSettings,
+    RedisSettings,
+    RoutingSettings,
+    ServerSettings,
+    TimeoutSettings,
+)
 from tests.support.cli import REPO, Process, cli_env, processes, run_cli, tables, write_config
 from tests.support.ports import free_port
 
@@ -118,3 +130,26 @@ def test_access_log_is_refused_naming_the_key(tmp_path: Path) -> None:
         "(the `request` log line is the access log); delete it\n"
     )
     assert _leftovers(tmp_path) == []
+
+
+def test_every_config_key_is_in_the_example() -> None:
+    """config.md: config.example.toml shows every key (commented where it is optional)."""
+    text = (REPO / "config.example.toml").read_text()
+    sections = (
+        ServerSettings,
+        DatabaseSettings,
+        AuthSettings,
+        CatalogSettings,
+        LedgerSettings,
+        TimeoutSettings,
+        ProviderSettings,
+        RedisSettings,
+        RoutingSettings,
+    )
+    missing = [
+        f"{section.__name__}.{name}"
+        for section in sections
+        for name in section.__struct_fields__
+        if not re.search(rf"^#? *({name} *=|\[.*\.{name}\])", text, re.MULTILINE)  # a key, or a table
+    ]
+    assert missing == []
