@@ -31,8 +31,7 @@ from msgspec import Meta, Struct, field
 
 from providers.config import KIND_DEFAULTS, ProviderConfig, ProviderKind, Timeouts, WireProfile
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-BUNDLED_CONFIG = REPO_ROOT / "config.example.toml"
+BUNDLED_CONFIG = Path(__file__).parent / "config.example.toml"  # the repository's, installed with the package
 PROVIDER_NAME = r"^[a-z0-9][a-z0-9_\-]*$"
 GPU_HOUR_USD = r"^[0-9]{1,12}(\.[0-9]{1,18})?$"  # a non-negative decimal string that fits the ledger
 HOSTED_KINDS = frozenset({"fastrun", "primalabs"})  # vendors that bill per token: no GPU of yours behind them
@@ -178,12 +177,16 @@ def find_config(explicit: str | None) -> Path:
 
 
 def load_settings(explicit: str | None = None) -> Settings:
+    """The settings of `find_config`'s file; its relative paths (SQLite file, journal, catalog
+    globs) are relative to its directory — for the bundled example, to the current directory, as
+    if it had been copied there (an installed package's own folder is no place for a database)."""
     path = find_config(explicit)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return settings_from_mapping(raw, base_dir=path.resolve().parent, source=str(path))
+    base_dir = Path.cwd() if path == BUNDLED_CONFIG else path.resolve().parent
+    return settings_from_mapping(raw, base_dir=base_dir, source=str(path))
 
 
 def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str) -> Settings:
