@@ -35,6 +35,11 @@ from msgspec import Struct
 from providers.events import Usage, UsageReport
 
 TICKS_EXPONENT = -10  # xAI: 1 USD = 10^10 ticks
+# Past these a report is a broken counter (an unsigned wrap-around, a garbage field), not one
+# request's usage or bill: it is read as no report, so the row keeps unknown usage instead of
+# being refused by the ledger's columns (a cost has 12 integer digits) or overflowing a report's sums.
+MAX_REPORTED_TOKENS = 10**9
+MAX_BILLED_USD = Decimal(10**9)
 
 
 class PromptTokensDetails(Struct):
@@ -118,16 +123,17 @@ def counts_tokens(usage: OpenAIUsage) -> bool:
     (ingress.md) — the request's usage stays unknown (NULL in the ledger) unless a later chunk
     reports it. A report without the totals but with a billed `cost` is dropped with them: the
     buckets cannot be known, and a cost whose tokens are unknown cannot be checked (drift)."""
-    return usage.prompt_tokens is not None and usage.completion_tokens is not None
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
+    return prompt is not None and completion is not None and max(prompt, completion) <= MAX_REPORTED_TOKENS
 
 
 def openai_cost(usage: OpenAIUsage) -> Decimal | None:
     """The cost the upstream says it billed, in USD, or None when it did not say — or said
-    something no bill can be (a negative amount, not a number): then the catalog's estimate is
+    something no bill can be (a negative amount, not a number, a billion dollars): then the catalog's estimate is
     the cost, as for any upstream that reports none."""
-    if usage.cost is not None and usage.cost.is_finite() and usage.cost >= 0:
+    if usage.cost is not None and usage.cost.is_finite() and 0 <= usage.cost < MAX_BILLED_USD:
         return usage.cost
-    if usage.cost_in_usd_ticks is not None and usage.cost_in_usd_ticks >= 0:
+    if usage.cost_in_usd_ticks is not None and 0 <= usage.cost_in_usd_ticks < MAX_BILLED_USD.scaleb(-TICKS_EXPONENT):
         return Decimal(usage.cost_in_usd_ticks).scaleb(TICKS_EXPONENT)
     return None
 

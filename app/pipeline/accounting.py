@@ -23,10 +23,13 @@ import msgspec
 
 from app.context import RequestContext
 from app.pipeline.events import UNPRICED, Cost, Outcome
+from catalog.exact import COST_PRECISION, COST_SCALE
 from catalog.pricing import estimate_cost
 from catalog.records import LedgerRecord
 from catalog.snapshot import CatalogSnapshot
 from providers.events import Usage
+
+_LEDGER_COST_LIMIT = Decimal(10) ** (COST_PRECISION - COST_SCALE)  # the ledger's cost column holds less
 
 
 def price(
@@ -51,6 +54,8 @@ def price(
         cache_read_tokens=usage.cache_read_tokens,
         cache_write_tokens=usage.cache_write_tokens,
     )
+    if estimate is not None and estimate >= _LEDGER_COST_LIMIT:  # a catalog price no real bill reaches
+        estimate = None
     price_id = row.id if row is not None else None
     if amortized is not None:
         return Cost(amortized, "amortized", estimate, price_id)
