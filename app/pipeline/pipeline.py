@@ -230,6 +230,7 @@ class Pipeline:
                 await upstream.aclose()
                 self._release(run)
                 self._attempt_failed(run, exc)
+                candidates.failed(backend, loop.time())
                 if exc.kind is Failure.CLIENT:
                     raise InvalidRequest(exc.message) from None
                 failures.append((backend.name, exc))

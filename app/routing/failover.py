@@ -49,6 +49,8 @@ class Candidates:
         for backend in backends:
             state = backend.state
             provider = backend.provider.state
+            if provider.key_missing:  # nothing changes until the operator sets the key and restarts
+                continue
             if not provider.ready and provider.quota_exhausted:  # out until the re-check, then a probe
                 self.health_waits.append(max(probe_interval, provider.disabled_at + quota_recheck - now))
             elif not provider.ready or state.breaker_open or state.probe_failed:
@@ -59,6 +61,14 @@ class Candidates:
             else:
                 self.pending.append(backend)
         self.pending.sort(key=lambda b: (-b.priority, -b.provider.config.priority, b.state.load))
+
+    def failed(self, backend: Backend, now: float) -> None:
+        """`backend`'s attempt failed and `apply_failure` took it out: when it is back counts
+        toward the answer's `Retry-After`, as a backend that was already out does."""
+        state = backend.state
+        if state.cooling(now):
+            wait = state.cooling_until - now
+            (self.capacity_waits if state.cool_reason == "capacity" else self.health_waits).append(wait)
 
     async def next(self, deadline: float) -> Backend | None:
         """The next backend, with a slot held; None when none is left or the deadline passed."""
@@ -218,14 +228,16 @@ def exhausted(failures: list[tuple[str, UpstreamError]], candidates: Candidates)
     """What the client gets when the loop ends without an answer; `failures` are (provider, error)
     per attempt, in order."""
     if not failures:
-        soonest = min(candidates.capacity_waits + candidates.health_waits, default=1.0)  # any backend back
+        waits = candidates.capacity_waits + candidates.health_waits
+        soonest = min(waits) if waits else None  # any backend back; none can come back by itself: no hint
         if candidates.capacity_waits:
             return AtCapacity("all backends for this model are at capacity", retry_after=soonest)
         return NoBackendAvailable("no backend is available for this model", retry_after=soonest)
     errors = [error for _, error in failures]
-    if all(f.kind is Failure.CAPACITY for f in errors):
-        hints = [f.retry_after for f in errors if f.retry_after is not None] + candidates.capacity_waits
-        return AtCapacity("all backends for this model are at capacity", retry_after=min(hints, default=1.0))
+    if all(f.kind is Failure.CAPACITY for f in errors):  # each one's cool-down as applied (capped, or longer)
+        return AtCapacity(
+            "all backends for this model are at capacity", retry_after=min(candidates.capacity_waits, default=1.0)
+        )
     if all(f.kind is Failure.TIMEOUT for f in errors):
         return UpstreamTimeout("the upstream timed out before answering")
     causes = "; ".join(f"{provider}: {attempt_cause(error)}" for provider, error in failures)

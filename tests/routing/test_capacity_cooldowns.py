@@ -189,3 +189,37 @@ async def test_every_backend_429_is_429_with_the_soonest_retry_after_then_no_ups
     assert metric(samples, "switchyard_requests_total", model="chat-1", provider="", status="error") == 1
     assert metric(samples, "switchyard_requests_total", model="chat-1", provider="beta", status="error") == 1
     assert metric(samples, "switchyard_cooldowns_total", provider="beta", reason="capacity") == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "policy", "told"),
+    [
+        (error(429, "rate_limit_error"), {"capacity_cooldown_s": 3.0}, "3"),  # no hint: the configured cool-down
+        ("fastrun_429_retry_after", {"max_cooldown_s": 2.0}, "2"),  # Retry-After: 7, capped at 2
+    ],
+    ids=["no-hint", "capped-hint"],
+)
+async def test_the_429_retry_after_is_when_the_backend_is_back(
+    start_gateway: StartGateway, alpha: ReplayUpstream, reply: Reply | str, policy: dict[str, float], told: str
+) -> None:
+    """A client that honours Retry-After finds the backend back, not still cooling (a bare 429 said
+    1 with a 3 s cool-down; a hint above `max_cooldown_s` was passed on uncapped)."""
+    gw = await launch(start_gateway, {"alpha": alpha}, alpha=policy)
+    alpha.enqueue(reply)
+    response = await complete(gw)
+    assert response.status_code == 429, response.text
+    assert response.headers["retry-after"] == told
+    assert 0 < seconds_until((await deployments(gw))["alpha"]["cooling_until"]) <= float(told)
+
+
+async def test_a_provider_without_its_key_gives_no_retry_after(
+    start_gateway: StartGateway, alpha: ReplayUpstream
+) -> None:
+    """Its key variable is unset: nothing changes until the operator sets it and restarts, so the
+    503 does not invite a retry in a few seconds."""
+    gw = await launch(start_gateway, {"alpha": alpha}, alpha={"api_key_env": "SWITCHYARD_TEST_NEVER_SET"})
+    response = await complete(gw)
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["type"] == "unavailable"
+    assert "retry-after" not in response.headers
+    assert alpha.requests == []
