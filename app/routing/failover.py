@@ -49,8 +49,6 @@ class Candidates:
         for backend in backends:
             state = backend.state
             provider = backend.provider.state
-            if provider.key_missing:  # nothing changes until the operator sets the key and restarts
-                continue
             if not provider.ready and provider.quota_exhausted:  # out until the re-check, then a probe
                 self.health_waits.append(max(probe_interval, provider.disabled_at + quota_recheck - now))
             elif not provider.ready or state.breaker_open or state.probe_failed:
@@ -228,8 +226,7 @@ def exhausted(failures: list[tuple[str, UpstreamError]], candidates: Candidates)
     """What the client gets when the loop ends without an answer; `failures` are (provider, error)
     per attempt, in order."""
     if not failures:
-        waits = candidates.capacity_waits + candidates.health_waits
-        soonest = min(waits) if waits else None  # any backend back; none can come back by itself: no hint
+        soonest = min(candidates.capacity_waits + candidates.health_waits, default=1.0)  # any backend back
         if candidates.capacity_waits:
             return AtCapacity("all backends for this model are at capacity", retry_after=soonest)
         return NoBackendAvailable("no backend is available for this model", retry_after=soonest)

@@ -210,16 +210,3 @@ async def test_the_429_retry_after_is_when_the_backend_is_back(
     assert response.status_code == 429, response.text
     assert response.headers["retry-after"] == told
     assert 0 < seconds_until((await deployments(gw))["alpha"]["cooling_until"]) <= float(told)
-
-
-async def test_a_provider_without_its_key_gives_no_retry_after(
-    start_gateway: StartGateway, alpha: ReplayUpstream
-) -> None:
-    """Its key variable is unset: nothing changes until the operator sets it and restarts, so the
-    503 does not invite a retry in a few seconds."""
-    gw = await launch(start_gateway, {"alpha": alpha}, alpha={"api_key_env": "SWITCHYARD_TEST_NEVER_SET"})
-    response = await complete(gw)
-    assert response.status_code == 503, response.text
-    assert response.json()["error"]["type"] == "unavailable"
-    assert "retry-after" not in response.headers
-    assert alpha.requests == []
