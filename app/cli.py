@@ -31,7 +31,7 @@ from app.logging import configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine
 from catalog.files import CatalogFileError, load_catalog
-from catalog.migrate import downgrade, upgrade, upgrade_async
+from catalog.migrate import downgrade, require_current, upgrade, upgrade_async
 from catalog.sync import sync_catalog
 
 
@@ -132,6 +132,8 @@ async def _sync(settings: Settings) -> object:
     catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
     if settings.migrate_on_start:
         await upgrade_async(settings.database.url)
+    else:
+        await require_current(settings.database.url)
     engine = open_engine(settings.database.url)
     try:
         return await sync_catalog(engine, catalog)

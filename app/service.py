@@ -42,7 +42,7 @@ from catalog.database import database_unreachable, open_engine
 from catalog.files import load_catalog
 from catalog.journal import Journal
 from catalog.ledger import LedgerWriter
-from catalog.migrate import upgrade_async
+from catalog.migrate import require_current, upgrade_async
 from catalog.records import LedgerRecord
 from catalog.saved_snapshot import read_saved_snapshot, save_snapshot
 from catalog.snapshot import CatalogSnapshot, load_snapshot
@@ -267,6 +267,8 @@ async def prepare_database(settings: Settings, engine: AsyncEngine) -> bool:
     try:
         if settings.migrate_on_start:
             await upgrade_async(settings.database.url)
+        else:
+            await require_current(settings.database.url)
         if catalog is not None:
             await sync_catalog(engine, catalog)
     except Exception as exc:

@@ -20,6 +20,19 @@ from sqlalchemy import Connection, pool
 from catalog.database import open_engine
 
 
+class SchemaNotCurrent(Exception):
+    """The database's schema is not this version's (never migrated, or migrated to another
+    revision) and this start does not migrate it (PostgreSQL: `switchyard db upgrade`)."""
+
+
+async def require_current(url: str) -> None:
+    """Raise `SchemaNotCurrent` unless the database is at the newest revision."""
+    stamped, newest = await current_async(url), head()
+    if stamped != newest:
+        state = "has no Switchyard schema" if stamped is None else f"is at schema revision {stamped}, not {newest}"
+        raise SchemaNotCurrent(f"the database {state}: run `switchyard db upgrade` first")
+
+
 def _script_location() -> str:
     import migrations
 

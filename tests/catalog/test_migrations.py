@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from alembic.autogenerate import compare_metadata
@@ -13,6 +14,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from catalog import migrate
 from catalog.tables import metadata
+from tests.catalog.conftest import PgDatabases
+from tests.support.cli import run_cli
+from tests.support.ports import free_port
 
 TABLES = {
     "models",
@@ -117,3 +121,22 @@ async def test_a_time_bounded_filtered_report_reads_the_reporting_index(
                 assert "ix_ledger_reporting" in plan
     finally:
         await engine.dispose()
+
+
+async def test_a_start_that_does_not_migrate_needs_the_newest_schema(pg_databases: PgDatabases, tmp_path: Path) -> None:
+    """PostgreSQL is not migrated by `serve` or `catalog sync`: on a database never migrated, or
+    left at an older revision, they say to run `switchyard db upgrade` (exit 1) instead of
+    failing on a missing table halfway through the catalog sync."""
+    url = await pg_databases.create()
+    config = tmp_path / "config.toml"
+    config.write_text(f'[server]\nport = {free_port()}\n[database]\nurl = "{url}"\n')
+    older = "0004"
+    for prepare, told in ((None, "has no Switchyard schema"), (older, f"is at schema revision {older}")):
+        if prepare is not None:
+            await migrate.upgrade_async(url, prepare)
+            assert await migrate.current_async(url) == older
+        for args in (["catalog", "sync"], ["serve"]):
+            result = run_cli(tmp_path, *args, "--config", str(config))
+            assert result.returncode == 1, result.stderr
+            assert result.stderr.startswith(f"switchyard: SchemaNotCurrent: the database {told}")
+            assert result.stderr.endswith(": run `switchyard db upgrade` first\n")
