@@ -144,6 +144,8 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
             return []
         if not self.done:
             raise UpstreamError(Failure.TRANSIENT, "upstream stream ended before a finish reason", status=502)
+        if self._first:  # `[DONE]` and nothing before it: no answer at all, as a whole one without choices
+            raise UpstreamError(Failure.TRANSIENT, "upstream stream had no chunks", status=502)
         self._closed = True
         events = self._closing()
         if self._usage is not None:

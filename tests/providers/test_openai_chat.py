@@ -319,6 +319,18 @@ def test_done_without_finish_reason_is_a_clean_stop() -> None:
     assert feed(chunk({"content": "x"}), "[DONE]") == [TextDelta("x"), Finish("stop")]
 
 
+def test_done_with_no_chunk_before_it_is_no_answer() -> None:
+    """A failure before any content (the request fails over), as a whole answer without choices
+    is: not an empty answer with a `stop` the upstream never gave."""
+    with pytest.raises(UpstreamError) as raised:
+        ChatStreamParser().feed("[DONE]")
+    assert (raised.value.kind, raised.value.status, raised.value.message) == (
+        Failure.TRANSIENT,
+        502,
+        "upstream stream had no chunks",
+    )
+
+
 def test_meta_only_from_the_first_chunk_and_last_usage_wins() -> None:
     events = feed(
         chunk({"content": "a"}),
