@@ -15,7 +15,7 @@ import asyncio
 from typing import Any
 
 import msgspec
-from litestar import Request, get
+from litestar import HttpMethod, Request, get, route
 from litestar.datastructures import State
 from litestar.response import Response
 
@@ -25,6 +25,7 @@ from app.exposition import CONTENT_TYPE
 from app.service import Service
 
 _JSON = "application/json"
+_GET_HEAD = [HttpMethod.GET, HttpMethod.HEAD]  # health checkers and load balancers that probe with HEAD
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _plain_encoder = msgspec.json.Encoder()
 
@@ -45,18 +46,18 @@ async def list_models(state: State, request: Request[Any, Any, Any]) -> Response
     return Response(_plain_encoder.encode(models), media_type=_JSON)
 
 
-@get("/metrics")
+@route("/metrics", http_method=_GET_HEAD)
 async def metrics(state: State) -> Response[bytes]:
     # Set as a header: from `media_type` Litestar would append a second `charset` to it.
     return Response(await _service(state).render_metrics(), headers={"content-type": CONTENT_TYPE})
 
 
-@get("/healthz")
+@route("/healthz", http_method=_GET_HEAD)
 async def healthz() -> Response[bytes]:
     return Response(b'{"status":"ok"}', media_type=_JSON)
 
 
-@get("/readyz")
+@route("/readyz", http_method=_GET_HEAD)
 async def readyz(state: State) -> Response[bytes]:
     service = _service(state)
     database = await service.database_ready()

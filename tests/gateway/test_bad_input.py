@@ -173,7 +173,9 @@ CASES = [
     # methods
     Case("GET completions", b"", 405, None, headers={}, method="GET", answer_headers={"allow": "POST"}),
     Case("PUT completions", b"{}", 405, None, method="PUT", answer_headers={"allow": "POST"}),
-    Case("POST healthz", b"{}", 405, None, method="POST", path="/healthz", answer_headers={"allow": "GET, OPTIONS"}),
+    Case(
+        "POST healthz", b"{}", 405, None, method="POST", path="/healthz", answer_headers={"allow": "GET, HEAD, OPTIONS"}
+    ),
     # headers (answered by the connection guard, before the app)
     Case("101 headers", b"{}", 431, None, headers={**JSON, **{f"x-h{i}": "v" for i in range(101)}}),
     Case("40 KiB header", b"{}", 431, None, headers={**JSON, "x-big": "v" * 40_000}),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from decimal import Decimal
 from typing import Any
@@ -305,6 +306,23 @@ async def test_health_and_readiness(gw: GatewayHandle) -> None:
     ready = await gw.client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json() == {"status": "ok", "database": True, "backends": True, "ledger": "ok"}
+
+
+async def test_health_readiness_and_metrics_answer_head(gw: GatewayHandle) -> None:
+    """Load balancers and uptime checkers probe with HEAD: the GET's status and head, no body
+    (the next request on the connection is answered as usual)."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        for path in ("/healthz", "/readyz", "/metrics"):
+            writer.write(f"HEAD {path} HTTP/1.1\r\nhost: gw\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 "), (path, head)
+        writer.write(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")  # no body came before this answer
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+        assert await reader.readexactly(len(b'{"status":"ok"}')) == b'{"status":"ok"}'
+    finally:
+        writer.close()
 
 
 async def test_an_impossible_usage_report_is_no_report_and_the_row_is_kept(
