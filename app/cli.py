@@ -32,6 +32,7 @@ from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine
 from catalog.files import CatalogFileError, load_catalog
 from catalog.migrate import downgrade, require_current, upgrade, upgrade_async
+from catalog.saved_snapshot import read_saved_snapshot
 from catalog.sync import sync_catalog
 
 
@@ -198,10 +199,16 @@ async def _prepare(settings: Settings) -> None:
 
     engine = open_engine(settings.database.url)
     try:
-        await prepare_database(settings, engine)
+        if not await prepare_database(settings, engine) and read_saved_snapshot(settings.journal_dir) is None:
+            directory = settings.journal_dir  # said in one line here, not in a traceback from every worker
+            raise StartFailed(f"the database is unreachable and no catalog snapshot was saved in {directory}")
         await cli_keys.check_shared_limits(settings, engine)
     finally:
         await engine.dispose()
+
+
+class StartFailed(Exception):
+    """The service cannot start; the message says why (printed as one line, exit 1)."""
 
 
 class _Server(uvicorn.Server):

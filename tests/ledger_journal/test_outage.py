@@ -110,3 +110,4 @@ def test_no_database_and_no_saved_catalog_is_a_failed_start_that_says_why(
         result = run_cli(tmp_path, "serve", "--config", str(gateway.config), "--port", str(gateway.port))
     assert result.returncode == 1
     assert "the database is unreachable and no catalog snapshot was saved in" in result.stderr
+    assert len(result.stderr.splitlines()) == 1  # said once, not under a traceback
