@@ -59,7 +59,13 @@ async def healthz() -> Response[bytes]:
 
 @route("/readyz", http_method=_GET_HEAD)
 async def readyz(state: State) -> Response[bytes]:
+    """api.md: ready when the database answers, a backend is ready and usage can be recorded. A
+    backend counts as ready until a probe says otherwise, so a readiness check that comes before
+    the first probe round (at `probe_interval_s`) runs that round now: a server that is not running
+    is not ready in the seconds after a start."""
     service = _service(state)
+    if service.health is not None and service.health.rounds == 0:
+        await service.health.probe_all()
     database = await service.database_ready()
     router = service.router
     now = asyncio.get_running_loop().time()

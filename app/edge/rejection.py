@@ -68,7 +68,10 @@ def _as_gateway_error(exc: Exception, request_id: str, log: Any) -> GatewayError
         if exc.status_code == 404:
             return NotFound("no such endpoint")
         if exc.status_code == 405:
-            return MethodNotAllowed("method not allowed", allow=(exc.headers or {}).get("allow", ""))
+            listed = (exc.headers or {}).get("allow", "").split(",")  # Litestar's order is a set's: sorted here
+            return MethodNotAllowed(
+                "method not allowed", allow=", ".join(sorted(m.strip() for m in listed if m.strip()))
+            )
         if exc.status_code < 500:
             return InvalidRequest(clip(str(exc.detail)))  # Litestar's details quote the request path
     if database_unreachable(exc):

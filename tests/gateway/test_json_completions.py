@@ -8,9 +8,13 @@ from decimal import Decimal
 from typing import Any
 
 from tests.gateway.conftest import primary_cost
+from tests.support.catalog import catalog_toml, model
 from tests.support.client import post, user
-from tests.support.gateway import GatewayHandle
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.ports import free_port
 from tests.support.upstream import ReplayUpstream, reply_json
+
+ALONE = catalog_toml(model("solo-1", ("alone", "org/solo"), default=True))
 
 
 def chat_response(message: dict[str, Any], finish: str, usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -306,6 +310,18 @@ async def test_health_and_readiness(gw: GatewayHandle) -> None:
     ready = await gw.client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json() == {"status": "ok", "database": True, "backends": True, "ledger": "ok"}
+
+
+async def test_a_backend_that_is_not_running_is_not_ready_before_the_first_probe_round(
+    start_gateway: StartGateway,
+) -> None:
+    """Backends count as ready until probed (every `probe_interval_s`, 10 s): a readiness check
+    before the first round runs it, so a gateway whose only server is down is not ready at once."""
+    gone = {"alone": {"kind": "local", "base_url": f"http://127.0.0.1:{free_port()}/v1"}}
+    gw = await start_gateway(providers=gone, catalog=ALONE)
+    ready = await gw.client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "unavailable", "database": True, "backends": False, "ledger": "ok"}
 
 
 async def test_health_readiness_and_metrics_answer_head(gw: GatewayHandle) -> None:
