@@ -17,17 +17,18 @@ from tests.support.catalog import catalog_toml, model, price
 from tests.support.gateway import GatewayHandle, StartGateway, provider_table
 from tests.support.upstream import ReplayUpstream, upstream_fixture
 
+CHAT_1 = model(
+    "chat-1",
+    ("primary", "org/chat-1-instruct", 100),
+    ("secondary", "chat-1-hosted", 50),
+    aliases=["chat"],
+    context_window=32768,
+    max_output=4096,
+    capabilities=["tools", "reasoning", "structured_output"],
+    default=True,
+)
 CATALOG = catalog_toml(
-    model(
-        "chat-1",
-        ("primary", "org/chat-1-instruct", 100),
-        ("secondary", "chat-1-hosted", 50),
-        aliases=["chat"],
-        context_window=32768,
-        max_output=4096,
-        capabilities=["tools", "reasoning", "structured_output"],
-        default=True,
-    ),
+    CHAT_1,
     model("vision-1", ("primary", "org/vision-1", 10), capabilities=["vision"]),
     prices=[
         price("primary", "chat-1", "0.10", "0.40", cache_read="0.025"),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import app.catalog_watch
-from tests.gateway.conftest import CATALOG, primary_cost, providers_for
+from tests.gateway.conftest import CATALOG, CHAT_1, primary_cost, providers_for
 from tests.gateway.test_json_completions import chat_response
 from tests.support.catalog import catalog_toml, model, price
 from tests.support.cli import run_cli
@@ -20,16 +20,7 @@ from tests.support.upstream import ReplayUpstream, reply_json
 from tests.support.waiting import wait_until
 
 CHANGED = catalog_toml(
-    model(
-        "chat-1",
-        ("primary", "org/chat-1-instruct", 100),
-        ("secondary", "chat-1-hosted", 50),
-        aliases=["chat"],
-        context_window=32768,
-        max_output=4096,
-        capabilities=["tools", "reasoning", "structured_output"],
-        default=True,
-    ),
+    CHAT_1,
     model("vision-1", ("primary", "org/vision-1", 10), ("secondary", "vision-1-hosted", 5), capabilities=["vision"]),
     prices=[
         price("primary", "chat-1", "0.70", "0.40", cache_read="0.025"),  # input 0.10 → 0.70
