@@ -151,6 +151,7 @@ class DatabaseUnavailable(GatewayError):
 
     status_code = 503
     type = "unavailable"
+    MESSAGE = "the database cannot be reached; try again shortly"
 
 
 class AllBackendsFailed(GatewayError):

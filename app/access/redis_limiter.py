@@ -23,9 +23,9 @@ of them leave the minute (`Retry-After`); it writes nothing, so the window's sum
 exactly the buckets left in the hash. A rate or concurrency refusal also answers the window as it
 stands (requests, tokens, when its oldest second leaves), so the 429's `x-ratelimit-*` headers
 tell the truth about the limits it did not hit; so does a budget refusal (checked first, its
-message the one to act on, but after the window is read). The script used to read the whole hash (up to 120 fields)
-on every admission: Redis's CPU per request (admission and settlement) went from 31.3 to 23.8 µs
-(bench/RESULTS.md), on the one Redis every replica shares. The window lives under `:window`, not
+message the one to act on, but after the window is read). The script used to read the whole hash
+(up to 120 fields) on every admission: Redis's CPU per request (admission and settlement) went
+from 31.3 to 23.8 µs (bench/RESULTS.md), on the one Redis every replica shares. The window lives under `:window`, not
 the old script's `:rate`, so a rolling upgrade never mixes the two layouts (old hashes expire
 within 61 seconds; until then the two generations of processes count apart).
 

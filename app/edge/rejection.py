@@ -4,9 +4,9 @@ Each door renders errors in its own shape (api.md's two views for the native and
 Anthropic's for `/v1/messages`); what an exception *means* is decided here, once: our own errors
 as they are, the framework's 404/405/413 and other 4xx mapped onto the tree, a database that
 cannot be reached (a report or a key read during an outage) a 503 `unavailable` logged in one
-line, anything else an internal error logged with its traceback and said generically. A request rejected before the
-pipeline took it gets its canonical `request` log line here (`status: rejected`), since the
-pipeline never wrote one.
+line, anything else an internal error logged with its traceback and said generically. A request
+rejected before the pipeline took it gets its canonical `request` log line here (`status:
+rejected`), since the pipeline never wrote one.
 """
 
 from __future__ import annotations
@@ -76,6 +76,6 @@ def _as_gateway_error(exc: Exception, request_id: str, log: Any) -> GatewayError
             return InvalidRequest(clip(str(exc.detail)))  # Litestar's details quote the request path
     if database_unreachable(exc):
         log.warning("database_unreachable", request_id=request_id, error=type(exc).__name__)
-        return DatabaseUnavailable("the database cannot be reached; try again shortly")
+        return DatabaseUnavailable(DatabaseUnavailable.MESSAGE)
     log.error("unhandled_exception", request_id=request_id, exc_info=exc)
     return InternalError("internal error")

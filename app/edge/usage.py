@@ -34,7 +34,7 @@ from litestar.response import Response
 
 from app.edge.key_guard import require_key, require_page_key, visible_key
 from app.edge.spend_page import render_page
-from app.errors import InvalidRequest, NotFound
+from app.errors import DatabaseUnavailable, InvalidRequest, NotFound
 from app.service import Service
 from catalog.database import database_unreachable
 from catalog.report_period import QueryError
@@ -88,8 +88,8 @@ async def spend_page(request: Request[Any, Any, Any], state: State) -> Response[
     except Exception as exc:
         if not database_unreachable(exc):
             raise
-        message = "the database cannot be reached; try again shortly"
-        return Response(render_page(params, None, error=message), status_code=503, media_type="text/html")
+        page = render_page(params, None, error=DatabaseUnavailable.MESSAGE)
+        return Response(page, status_code=503, media_type="text/html")
     return Response(render_page(params, reports, script=plotly_path()), media_type="text/html")
 
 
