@@ -16,6 +16,7 @@ it loads every API key into memory and builds the access gate (`app.access`). No
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 from pathlib import Path
 from typing import Any
@@ -145,7 +146,10 @@ class Service:
 
     async def stop(self) -> None:
         if self.log_writer is not None:
-            self.log_writer.stop()
+            # A log that can no longer be written (stdout closed: a pipe whose reader is gone) must
+            # not stop the shutdown before the ledger is closed and its writer process ended.
+            with contextlib.suppress(OSError, ValueError):
+                self.log_writer.stop()
         if self.health is not None:
             await self.health.stop()
         if self.catalog_watch is not None:

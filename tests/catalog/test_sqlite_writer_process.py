@@ -8,6 +8,7 @@ tests/catalog/test_ledger_writer.py (its SQLite cases); here, what the process a
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import subprocess
@@ -15,12 +16,21 @@ import sys
 import textwrap
 from pathlib import Path
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from catalog.database import open_engine
 from catalog.ledger import LedgerWriter
 from catalog.migrate import upgrade_async
 from tests.catalog.test_ledger_writer import ledger, record
+from tests.gateway.conftest import CATALOG
+from tests.support.client import COMPLETIONS, body
+from tests.support.gateway import StartGateway, provider_table
+from tests.support.replies import answer
+from tests.support.upstream import ReplayUpstream, upstream_fixture
 from tests.support.waiting import wait_until
+
+primary = upstream_fixture("primary")
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,3 +182,25 @@ async def test_a_writer_that_gets_no_rows_starts_no_child(tmp_path: Path) -> Non
     await busy.close()
     for engine in engines:
         await engine.dispose()
+
+
+async def test_a_gateway_whose_log_cannot_be_written_still_ends_its_writer_process(
+    start_gateway: StartGateway, primary: ReplayUpstream
+) -> None:
+    """stdout closed under the service (a pipe whose reader is gone): the shutdown still closes
+    the ledger, writing its rows and ending the writer process, instead of stopping at the log's
+    last flush and leaving the process behind."""
+    gw = await start_gateway(providers=provider_table({"primary": primary}), catalog=CATALOG)
+    primary.set_default(answer("ok"))
+    assert (await gw.client.post(COMPLETIONS, json=body("chat-1"))).status_code == 200
+    (child,) = writer_children(os.getpid())
+    assert gw.service.log_writer is not None
+    gone = io.BytesIO()
+    gone.close()
+    gw.service.log_writer._file = gone
+    engine = open_engine(gw.service.settings.database.url)
+    await gw.close()
+    assert not alive(child)
+    async with engine.connect() as connection:
+        assert (await connection.execute(text("SELECT count(*) FROM ledger"))).scalar() == 1
+    await engine.dispose()
