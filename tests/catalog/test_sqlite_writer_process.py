@@ -197,7 +197,7 @@ async def test_a_gateway_whose_log_cannot_be_written_still_ends_its_writer_proce
     assert gw.service.log_writer is not None
     gone = io.BytesIO()
     gone.close()
-    gw.service.log_writer._file = gone
+    gw.service.log_writer._file = gone  # the stdout the service writes to, closed
     engine = open_engine(gw.service.settings.database.url)
     await gw.close()
     assert not alive(child)
