@@ -10,7 +10,8 @@ comes from the copy saved beside the journal at the last successful load
 `ENGINE_DISPOSE_S`), so SIGTERM during an outage exits promptly and leaves the unwritten rows in
 the journal for the next start. With `[redis]` configured it also links this process to the other
 workers and replicas (`app.routing.cluster`) before the first request. With `[auth] mode = "keys"`
-it loads every API key into memory and builds the access gate (`app.access`). Nothing here runs at import time.
+it loads every API key into memory and builds the access gate (`app.access`). Nothing here runs
+at import time.
 """
 
 from __future__ import annotations
