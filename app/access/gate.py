@@ -34,7 +34,7 @@ request that can never pass.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
@@ -67,6 +67,9 @@ from providers.types import AnyRequest
 
 Headers = tuple[tuple[bytes, bytes], ...]
 DAY_S = 86_400
+_NEVER = datetime.min.replace(tzinfo=UTC)
+_FOREVER = datetime.max.replace(tzinfo=UTC)
+_UNKNOWN = ("", _NEVER, _NEVER)
 
 
 class Ticket(Struct):
@@ -96,6 +99,7 @@ class AccessGate:
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
         self._rates_of: CatalogSnapshot | None = None
         self._worst: dict[tuple[str, ...], WorstRates] = {}
+        self._periods: dict[str, tuple[str, datetime, datetime]] = {}  # by kind: the current one's tag and bounds
 
     async def close(self) -> None:
         if self._shared is not None:
@@ -130,8 +134,13 @@ class AccessGate:
         if entry is None or not entry.limited:
             return None
         ask = self._ask(entry, ctx, request, model, providers, snapshot)
+        shared = self._shared
+        if shared is not None:  # from this process's lease of the key, when it holds one: no await
+            taken = shared.take(ask)
+            if taken is not None:
+                return Ticket(ask, taken.second, shared, rate_headers(entry, taken))
         try:
-            limiter = self._shared if self._shared is not None else self._limiter()
+            limiter = shared if shared is not None else self._limiter()
             verdict = await limiter.admit(ask)  # `_decide`'s first step, without its coroutine
             if verdict.refused == "budget_missing":
                 verdict = await self._decide(limiter, ask, ctx.started_at, verdict)
@@ -167,8 +176,13 @@ class AccessGate:
         tokens_in = input_bound(request)
         tokens_out = output_bound(request, model) if budget >= 0 or entry.tpm >= 0 else 0
         if budget >= 0:
-            cost = worst_cost_nano(tokens_in, tokens_out, self._rates(snapshot, model, providers, ctx.started_at))
-            period = period_bounds(entry.record.budget_period or "total", ctx.started_at)[0]
+            when = ctx.started_at
+            cost = worst_cost_nano(tokens_in, tokens_out, self._rates(snapshot, model, providers, when))
+            kind = entry.record.budget_period or "total"
+            period, start, end = self._periods.get(kind, _UNKNOWN)
+            if not (start <= when < end):  # a calendar period is worked out once, for every key's requests in it
+                period, first, after = period_bounds(kind, when)
+                self._periods[kind] = (period, first or _NEVER, after or _FOREVER)
         return Ask(
             key_id=entry.record.id,
             request_id=ctx.request_id,

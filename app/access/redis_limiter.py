@@ -1,4 +1,5 @@
-"""The limiter in Redis: one Lua script per admission, one per settlement (one round trip each).
+"""The limiter in Redis: one Lua script per admission, one per settlement (one round trip each),
+and a lease of admissions (`app.access.lease`) that spares most requests of a busy key the first.
 
 Keys of one API key share a hash tag, so the scripts also run on a Redis Cluster:
 
@@ -6,6 +7,8 @@ Keys of one API key share a hash tag, so the scripts also run on a Redis Cluster
                                                  R, T → their sums, o → the oldest second held (61 s TTL)
     {prefix}:lim:{<key id>}:flight         zset  request id → expiry (ms); in-flight requests
     {prefix}:lim:{<key id>}:spend:<period> hash  s → spent, r → reserved (nano-dollars)
+    {prefix}:lim:{<key id>}:lease          hash  lease id → "requests tokens cost end(ms)" unused
+                                                 at the grant, until given back (`app.access.lease`)
 
 The clock is Redis's (`TIME`), so replicas with skewed clocks share one sliding minute (tests may
 pass their own, `clock`, in microseconds, to step through the minute without waiting for it). Amounts
@@ -35,13 +38,17 @@ halved keys-mode throughput) has a 1 s timeout and no retries: a limited request
 about a second. A settlement is sent without waiting for it (no task per request): its failure
 reaches the gate through the `failed` callback.
 
-Settlements wait, briefly, to be sent together: `settle` keeps a request's five arguments, and the
+Settlements wait, briefly, to be sent together: `settle` keeps a request's arguments, and the
 next admission (before its own command, in the same write: they may free what it asks for), or a
-timer `LAZY_S` later, sends every settlement waiting as one script call per key. Under load that
-is one command, one reply and one handler for the few requests that ended since the last
-admission, instead of one each; on loopback every `send` also runs Redis's side of the TCP stack on
-the caller's CPU. A settlement that waits 2 ms only holds its reservation 2 ms longer (the limits
-err on the side of refusing), and this process's own next admission never sees it unsettled.
+timer, sends every settlement waiting as one script call per key. Under load that is one command,
+one reply and one handler for the requests that ended since the last admission, instead of one
+each; on loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU. The
+settlements of a key without `max_concurrency` are summed per second of the window (nothing to
+take off the in-flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits from its lease, so
+the timer, not an admission, sends them); a request in flight's own waits `LAZY_S` (2 ms: its
+slot is free for other processes only once it is sent); a lease given back leaves at once. A
+settlement that waits only holds its reservation that much longer (the limits err on the side of
+refusing), and this process's own next admission never sees it unsettled.
 """
 
 from __future__ import annotations
@@ -52,115 +59,18 @@ from typing import Any
 
 from msgspec import Struct
 
+from app.access.lease import GRACE_S, LEASE_MAX, LEASE_MIN, LEASE_S, Lease
 from app.access.limiter import Ask, LimiterDown, Refusal, Verdict
+from app.access.redis_scripts import ADMIT, LOAD, SETTLE
 from app.access.resp import RespClient, RespError, Script, bulk
 from app.settings import RedisSettings
 
-_ADMIT = """
-local now, sec
-if ARGV[9] then
-  now = tonumber(ARGV[9]) / 1000000
-  sec = math.floor(now)
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  sec = tonumber(t[1])
-end
-local tokens, cost = tonumber(ARGV[2]), tonumber(ARGV[3])
-local rpm, tpm = tonumber(ARGV[4]), tonumber(ARGV[5])
-local conc, hold, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local spend
-if budget >= 0 then
-  spend = redis.call('HMGET', KEYS[3], 's', 'r')
-  if not spend[1] then return {5} end
-end
-local w = KEYS[1]
-local head = redis.call('HMGET', w, 'R', 'T', 'o')
-local reqs, toks = tonumber(head[1] or '0'), tonumber(head[2] or '0')
-local oldest = tonumber(head[3] or sec)
-local dead = {}
-if oldest < sec - 120 then
-  reqs, toks, oldest = 0, 0, sec
-  local all = redis.call('HGETALL', w)
-  for i = 1, #all, 2 do
-    local f = all[i]
-    local kind, s = string.sub(f, 1, 1), tonumber(string.sub(f, 2))
-    if kind == 'r' or kind == 't' then
-      if s <= sec - 60 then dead[#dead + 1] = f
-      elseif kind == 'r' then reqs = reqs + tonumber(all[i + 1]); oldest = math.min(oldest, s)
-      else toks = toks + tonumber(all[i + 1]) end
-    end
-  end
-elseif oldest <= sec - 60 then
-  while oldest <= sec - 60 do
-    local f = redis.call('HMGET', w, 'r' .. oldest, 't' .. oldest)
-    if f[1] then
-      reqs, toks = reqs - tonumber(f[1]), toks - tonumber(f[2] or '0')
-      dead[#dead + 1], dead[#dead + 2] = 'r' .. oldest, 't' .. oldest
-    end
-    oldest = oldest + 1
-  end
-  while oldest < sec and redis.call('HEXISTS', w, 'r' .. oldest) == 0 do oldest = oldest + 1 end
-end
-local function wait(kind, excess)
-  local freed = 0
-  for s = oldest, sec do
-    freed = freed + tonumber(redis.call('HGET', w, kind .. s) or '0')
-    if freed >= excess then return math.max(1000, math.ceil((s + 60 - now) * 1000)) end
-  end
-  return 60000
-end
-local held = math.max(0, math.ceil((oldest + 60 - now) * 1000))
-if budget >= 0 and tonumber(spend[1]) + tonumber(spend[2] or '0') + cost > budget then
-  return {1, 0, reqs, toks, held, spend[1]}
-end
-if rpm >= 0 and reqs + 1 > rpm then return {2, wait('r', reqs + 1 - rpm), reqs, toks, held} end
-if tpm >= 0 and toks + tokens > tpm then return {3, wait('t', toks + tokens - tpm), reqs, toks, held} end
-if conc >= 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now * 1000)
-  if redis.call('ZCARD', KEYS[2]) >= conc then return {4, 1000, reqs, toks, held} end
-  redis.call('ZADD', KEYS[2], now * 1000 + hold, ARGV[1])
-  redis.call('PEXPIRE', KEYS[2], hold)
-end
-if #dead > 0 then redis.call('HDEL', w, unpack(dead)) end
-redis.call('HINCRBY', w, 'r' .. sec, 1)
-redis.call('HINCRBY', w, 't' .. sec, ARGV[2])
-reqs, toks = reqs + 1, toks + tokens
-redis.call('HSET', w, 'R', string.format('%d', reqs), 'T', string.format('%d', toks), 'o', string.format('%d', oldest))
-redis.call('EXPIRE', w, 61)
-if budget >= 0 then redis.call('HINCRBY', KEYS[3], 'r', ARGV[3]) end
-local reset = math.max(0, math.ceil((oldest + 60 - now) * 1000))
-return string.format('%d %d %d %d', sec, rpm - reqs, tpm - toks, reset)
-"""
-
-_SETTLE = """
-for i = 1, #ARGV, 5 do
-  local at, delta, reserved = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  if delta ~= '0' and redis.call('HEXISTS', KEYS[1], 't' .. at) == 1 then
-    redis.call('HINCRBY', KEYS[1], 't' .. at, delta)
-    redis.call('HINCRBY', KEYS[1], 'T', delta)
-  end
-  redis.call('ZREM', KEYS[2], ARGV[i])
-  if reserved ~= '-1' and redis.call('EXISTS', KEYS[3]) == 1 then
-    redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved)
-    redis.call('HINCRBY', KEYS[3], 's', ARGV[i + 4])
-  end
-end
-return 0
-"""
-
-_LOAD = """
-if redis.call('HSETNX', KEYS[1], 's', ARGV[1]) == 1 then
-  redis.call('HSETNX', KEYS[1], 'r', '0')
-  if tonumber(ARGV[2]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
-end
-return 0
-"""
-
-LAZY_S = 0.002  # the longest a settlement waits for an admission to leave with (module doc)
+LAZY_S = 0.002  # the longest a request in flight's settlement waits to be sent (module doc)
+SUMMED_S = 0.02  # the longest summed settlements wait to be sent (module doc)
+WAIT_S = LEASE_S + GRACE_S + 0.1  # the longest an admission waits for other processes' leases
 _REFUSALS: dict[int, Refusal] = {1: "budget", 2: "rpm", 3: "tpm", 4: "max_concurrency", 5: "budget_missing"}
 _THREE = b"$%d\r\n%s\r\n" * 3  # three arguments, each `bulk`
-_FIVE = b"$%d\r\n%s\r\n" * 5
+_SIX = b"$%d\r\n%s\r\n" * 6
 
 
 def _base(prefix: str, key_id: str) -> str:
@@ -174,43 +84,70 @@ def _spend_key(prefix: str, key_id: str, period: str) -> str:
 
 class _Commands:
     """One key's commands in one budget period, encoded but for their per-request arguments: the
-    admission's head (`EVALSHA`, its keys) and tail (the key's limits, the clock), the settlement's
-    head. Made once per key, period and limits, so a request only formats its own arguments."""
+    admission's head (`EVALSHA`, its keys) and tail (the key's limits), the settlement's head. Made
+    once per key, period and limits, so a request only formats its own arguments. Also what this
+    process holds of that key: its lease, the size of the next, the settlements summed (`summed`:
+    second, tokens' difference, cost reserved, cost spent) that wait to be sent."""
 
-    __slots__ = ("admit_head", "admit_tail", "key_id", "keys", "settle_script", "spend_keys")
+    __slots__ = (
+        "admit_head",
+        "admit_tail",
+        "asking",
+        "budgeted",
+        "key_id",
+        "keys",
+        "lease",
+        "settle_script",
+        "spend_keys",
+        "summed",
+        "want",
+    )
 
     def __init__(self, limiter: RedisLimiter, key_id: str, period: str, limits: tuple[int, ...]) -> None:
         base = _base(limiter.prefix, key_id)
         spend = _spend_key(limiter.prefix, key_id, period)
-        three = Script.keys(f"{base}:window", f"{base}:flight", spend)
+        keys = Script.keys(f"{base}:window", f"{base}:flight", spend, f"{base}:lease")
         self.spend_keys = Script.keys(spend)
-        tail = b"".join(bulk(b"%d" % limit) for limit in limits)  # ARGV[4..8]
-        count = 3 + len(limits) + (limiter.clock is not None)  # ARGV[9]: the test's clock
-        self.admit_head, self.admit_tail = limiter.admit_script.head(count) + three, tail
-        self.key_id, self.keys, self.settle_script = key_id, three, limiter.settle_script
+        self.admit_tail = b"".join(bulk(b"%d" % limit) for limit in limits)  # ARGV[4..8]
+        count = 4 + len(limits) + (limiter.clock is not None)  # ARGV[9]: the lease asked, ARGV[10]: the clock
+        self.admit_head = limiter.admit_script.head(count) + keys
+        self.key_id, self.keys, self.settle_script = key_id, keys, limiter.settle_script
+        self.budgeted = limits[-1] >= 0
+        self.lease: Lease | None = None
+        self.want = LEASE_MIN if limiter.lease_max >= LEASE_MIN and limits[2] < 0 else 1  # none with max_concurrency
+        self.asking = False  # an admission asking for a lease is on its way
+        self.summed: list[int] | None = None
 
     def settlement(self, items: list[bytes]) -> bytes:
-        """One `EVALSHA` of the settlement script for `items` (each five encoded arguments)."""
-        return b"".join((self.settle_script.head(5 * len(items)), self.keys, *items))
+        """One `EVALSHA` of the settlement script for `items` (each six encoded arguments)."""
+        return b"".join((self.settle_script.head(6 * len(items)), self.keys, *items))
 
 
 class RedisLimiter:
     def __init__(
-        self, settings: RedisSettings, failed: Callable[[str, str], None], clock: Callable[[], int] | None = None
+        self,
+        settings: RedisSettings,
+        failed: Callable[[str, str], None],
+        clock: Callable[[], int] | None = None,
+        lease_max: int = LEASE_MAX,
     ) -> None:
         """`failed(key_id, reason)` hears of a settlement Redis did not take (nobody awaits one);
-        `clock` (microseconds since the epoch) replaces Redis's `TIME` in admissions (tests)."""
+        `clock` (microseconds since the epoch) replaces Redis's `TIME` in admissions (tests; a
+        lease lasts in the loop's time, so a test stepping its clock passes `lease_max=1`: no
+        leases); `lease_max` is the most admissions a lease holds (`app.access.lease`)."""
         self.prefix = settings.key_prefix
         self.redis = RespClient(settings.url, timeout=1.0)
-        self.admit_script = Script(_ADMIT, 3)
-        self.settle_script = Script(_SETTLE, 3)
-        self._load = Script(_LOAD, 1)
+        self.admit_script = Script(ADMIT, 4)
+        self.settle_script = Script(SETTLE, 4)
+        self._load = Script(LOAD, 1)
         self.failed = failed
         self.clock = clock
+        self.lease_max = lease_max
         self.retries: set[asyncio.Future[Any]] = set()
         self._commands: dict[tuple[str, str, int, int, int, int, int], _Commands] = {}
         self._unsent: dict[_Commands, list[bytes]] = {}  # settlements waiting to be sent, by key
         self._unsent_timer: asyncio.TimerHandle | None = None
+        self._unsent_due = 0.0  # when the timer fires (the loop's time)
 
     def _of(self, ask: Ask) -> _Commands:
         key = (ask.key_id, ask.period, ask.rpm, ask.tpm, ask.max_concurrency, ask.hold_ms, ask.budget)
@@ -221,13 +158,52 @@ class RedisLimiter:
             commands = self._commands[key] = _Commands(self, ask.key_id, ask.period, key[2:])
         return commands
 
+    def take(self, ask: Ask) -> Verdict | None:
+        """An admission from this process's lease of the key, without Redis; None when there is
+        none that holds `ask` (then `admit`)."""
+        lease = self._of(ask).lease
+        if lease is None or asyncio.get_running_loop().time() >= lease.deadline or not self.redis.connected:
+            return None
+        return lease.take(ask)
+
     async def admit(self, ask: Ask) -> Verdict:
+        commands = self._of(ask)
+        lease = commands.lease
+        if lease is not None:  # not used once the connection is known lost: Redis down is a 503
+            if asyncio.get_running_loop().time() < lease.deadline and self.redis.connected:
+                verdict = lease.take(ask)
+                if verdict is not None:
+                    return verdict
+            self._end(lease)
         if self._unsent:  # before this admission, in the same write: they may free what it asks for
             self._send_settlements()
-        commands = self._of(ask)
+        want = 1 if commands.asking else commands.want
+        waited = 0.0
+        while True:
+            if want > 1:
+                commands.asking = True
+            sent_at = asyncio.get_running_loop().time()
+            try:
+                reply = await self._admission(commands, ask, want if waited < WAIT_S else 0)
+            finally:
+                if want > 1:
+                    commands.asking = False
+            if type(reply) is bytes or reply[0] != 6:  # 6: would pass once other processes' leases end
+                break
+            wait = int(reply[1]) / 1000
+            waited += wait
+            await asyncio.sleep(wait)
+        if type(reply) is bytes:  # admitted: "second remaining-requests remaining-tokens reset lease life"
+            return self._admitted(commands, ask, reply, sent_at)
+        return _refused(ask, reply)
+
+    async def _admission(self, commands: _Commands, ask: Ask, want: int) -> Any:
+        """The admission script's reply (`want`: the lease asked for; 0: do not wait for leases)."""
         rid, tokens, cost = ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost
         own = _THREE % (len(rid), rid, len(tokens), tokens, len(cost), cost)
-        tail = commands.admit_tail if self.clock is None else commands.admit_tail + bulk(b"%d" % self.clock())
+        tail = commands.admit_tail + bulk(b"%d" % want)
+        if self.clock is not None:
+            tail += bulk(b"%d" % self.clock())
         command = b"".join((commands.admit_head, own, tail))
         try:  # `RespClient.evalsha`, unrolled: the reply is awaited here, one coroutine fewer
             reply = await self.redis.post(command)
@@ -235,28 +211,45 @@ class RedisLimiter:
                 reply = await self.redis.after_error(self.admit_script, command, reply)
         except RespError as exc:
             raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
-        if type(reply) is bytes:  # admitted: "second remaining-requests remaining-tokens reset"
-            second, left_r, left_t, reset = map(int, reply.split())
-            return Verdict(
-                second=second,
-                remaining_requests=max(0, left_r),
-                reset_requests_s=reset / 1000,
-                remaining_tokens=max(0, left_t),
-                reset_tokens_s=reset / 1000,
-            )
-        code = reply[0]
-        if len(reply) < 5:  # budget_missing
-            return Verdict(refused=_REFUSALS[code])
-        held = int(reply[4]) / 1000  # the window as it stands, for the refusal's x-ratelimit-* headers
-        return Verdict(
-            refused=_REFUSALS[code],
-            retry_after=int(reply[1]) / 1000 if code != 1 else None,
-            spent=int(reply[5]) if code == 1 else 0,
-            remaining_requests=max(0, ask.rpm - int(reply[2])),
-            reset_requests_s=held,
-            remaining_tokens=max(0, ask.tpm - int(reply[3])),
-            reset_tokens_s=held,
+        return reply
+
+    def _admitted(self, commands: _Commands, ask: Ask, reply: bytes, sent_at: float) -> Verdict:
+        second, left_r, left_t, reset, granted, life = map(int, reply.split())
+        verdict = Verdict(
+            second=second,
+            remaining_requests=max(0, left_r),
+            reset_requests_s=reset / 1000,
+            remaining_tokens=max(0, left_t),
+            reset_tokens_s=reset / 1000,
         )
+        if granted < 2:
+            return verdict
+        lease = Lease(commands, ask.request_id.encode(), granted, ask, verdict)
+        lease.deadline = sent_at + life / 1000  # no later than Redis's end of it: sent before Redis read its clock
+        if commands.lease is not None:
+            self._end(commands.lease)
+        commands.lease = lease
+        asyncio.get_running_loop().call_at(lease.deadline, self._expire, lease)
+        return Verdict(
+            second=second,
+            remaining_requests=verdict.remaining_requests + lease.requests,
+            reset_requests_s=verdict.reset_requests_s,
+            remaining_tokens=verdict.remaining_tokens + lease.tokens,
+            reset_tokens_s=verdict.reset_tokens_s,
+        )
+
+    def _expire(self, lease: Lease) -> None:
+        if lease.commands.lease is lease:
+            self._end(lease)
+            self._send_settlements()  # at once: another process may wait for it
+
+    def _end(self, lease: Lease) -> None:
+        """The lease is over: what it still holds goes back with the next settlements."""
+        commands = lease.commands
+        if commands.lease is lease:
+            commands.lease = None
+            commands.want = lease.next_size(self.lease_max)
+        self._queue(commands, lease.unused(commands.budgeted), LAZY_S)
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         args = (b"%d" % spent, b"%d" % ttl_s)
@@ -264,18 +257,44 @@ class RedisLimiter:
 
     def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
         """Kept until the next admission's write, or `LAZY_S` (one script call per key for all the
-        settlements waiting then: module doc); nobody waits for it."""
-        rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
-        reserved, spent = (b"%d" % ask.cost if ask.budget >= 0 else b"-1"), b"%d" % cost
-        own = _FIVE % (len(rid), rid, len(at), at, len(delta), delta, len(reserved), reserved, len(spent), spent)
+        settlements waiting then: module doc); nobody waits for it. Without `max_concurrency` (no
+        request to take off the in-flight set) the settlements of one second are summed."""
         commands = self._of(ask)
+        reserved = ask.cost if commands.budgeted else -1
+        if ask.max_concurrency >= 0:
+            rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
+            self._queue(commands, _item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"), LAZY_S)
+            return
+        summed = commands.summed
+        if summed is not None and summed[0] == second:
+            summed[1] += tokens - ask.tokens
+            summed[2] += reserved
+            summed[3] += cost
+            return
+        if summed is not None:
+            self._queue(commands, _summed(commands), SUMMED_S)
+        commands.summed = [second, tokens - ask.tokens, reserved, cost]
+        self._queue(commands, None, SUMMED_S)
+
+    def _queue(self, commands: _Commands, item: bytes | None, within: float) -> None:
+        """`item` (None: the key's summed settlements) to leave with the next admission, or within
+        `within` seconds."""
         unsent = self._unsent.get(commands)
         if unsent is None:
-            self._unsent[commands] = [own]
-        else:
-            unsent.append(own)
-        if self._unsent_timer is None:
-            self._unsent_timer = asyncio.get_running_loop().call_later(LAZY_S, self._send_settlements)
+            unsent = self._unsent[commands] = []
+        if item is not None:
+            unsent.append(item)
+        timer = self._unsent_timer
+        if timer is not None and within >= SUMMED_S:
+            return
+        loop = asyncio.get_running_loop()
+        due = loop.time() + within
+        if timer is not None:
+            if self._unsent_due <= due:
+                return
+            timer.cancel()
+        self._unsent_due = due
+        self._unsent_timer = loop.call_at(due, self._send_settlements)
 
     def _send_settlements(self) -> None:
         """Every waiting settlement, one command per key, queued to leave in this turn of the loop."""
@@ -284,8 +303,11 @@ class RedisLimiter:
             self._unsent_timer = None
         unsent, self._unsent = self._unsent, {}
         for commands, items in unsent.items():
-            command = commands.settlement(items)
-            self.redis.post_to(command, _Settlement(self, commands.key_id, command))
+            if commands.summed is not None:
+                items.append(_summed(commands))
+            if items:
+                command = commands.settlement(items)
+                self.redis.post_to(command, _Settlement(self, commands.key_id, command))
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
@@ -301,7 +323,11 @@ class RedisLimiter:
             raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
 
     async def drain(self) -> None:
-        """Send the settlements waiting and wait for every answer (at most the client's timeout)."""
+        """Give the leases back, send the settlements waiting and wait for every answer (at most
+        the client's timeout)."""
+        for commands in list(self._commands.values()):
+            if commands.lease is not None:
+                self._end(commands.lease)
         if self._unsent:
             self._send_settlements()
         await self.redis.drain()
@@ -310,6 +336,47 @@ class RedisLimiter:
 
     async def close(self) -> None:
         await self.redis.close()
+
+
+def _item(rid: bytes, at: bytes, delta: bytes, reserved: bytes, spent: bytes, kind: bytes) -> bytes:
+    """A settlement script's six arguments; `kind`: `-` a request in flight, `=` summed
+    settlements, a number a lease's unused requests."""
+    return _SIX % (
+        len(rid),
+        rid,
+        len(at),
+        at,
+        len(delta),
+        delta,
+        len(reserved),
+        reserved,
+        len(spent),
+        spent,
+        len(kind),
+        kind,
+    )
+
+
+def _summed(commands: _Commands) -> bytes:
+    second, delta, reserved, spent = commands.summed or (0, 0, -1, 0)
+    commands.summed = None
+    return _item(b"=", b"%d" % second, b"%d" % delta, b"%d" % reserved, b"%d" % spent, b"=")
+
+
+def _refused(ask: Ask, reply: list[Any]) -> Verdict:
+    code = reply[0]
+    if len(reply) < 5:  # budget_missing
+        return Verdict(refused=_REFUSALS[code])
+    held = int(reply[4]) / 1000  # the window as it stands, for the refusal's x-ratelimit-* headers
+    return Verdict(
+        refused=_REFUSALS[code],
+        retry_after=int(reply[1]) / 1000 if code != 1 else None,
+        spent=int(reply[5]) if code == 1 else 0,
+        remaining_requests=max(0, ask.rpm - int(reply[2])),
+        reset_requests_s=held,
+        remaining_tokens=max(0, ask.tpm - int(reply[3])),
+        reset_tokens_s=held,
+    )
 
 
 class _Settlement(Struct):

@@ -181,6 +181,12 @@ class RespClient:
         self._connecting: asyncio.Task[_Protocol] | None = None
         self._connecting_posts: set[asyncio.Future[Reply]] = set()
 
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up, as far as this process knows (no call is made)."""
+        protocol = self._protocol
+        return protocol is not None and protocol.lost is None
+
     async def call(self, *args: bytes | str | int) -> Reply:
         reply = await self.post(encode(args))
         if isinstance(reply, RespError):

@@ -78,7 +78,7 @@ async def test_a_settlement_redis_cannot_take_is_reported(
     await redis.load_spend(_ask("r0"), 0, 0)
     verdict = await redis.admit(_ask("r1"))
     wrong = Ask(key_id="k1", request_id="r1", period="total", budget=10**9, cost=7000, tokens=500, tpm=10_000)
-    await redis.redis.call("SET", f"{redis.prefix}:lim:{{k1}}:flight", "not a sorted set")  # ZREM fails on it
+    await redis.redis.call("SET", f"{redis.prefix}:lim:{{k1}}:window", "not a hash")  # HEXISTS fails on it
     redis.settle(wrong, verdict.second, tokens=1, cost=1)
     for _ in range(100):
         if failures:
@@ -141,7 +141,7 @@ async def test_settlements_wait_for_the_next_admission_and_leave_before_it_as_on
         assert (await limiter.admit(ask("r4"))).refused is None
         write = next(chunk for chunk in tap.writes if b"$2\r\nr4\r\n" in chunk and b"r1" in chunk)
         settle = limiter.settle_script
-        assert write.startswith(settle.head(10)), "one settlement command for both, before the admission"
+        assert write.startswith(settle.head(12)), "one settlement command for both, before the admission"
         assert write.count(settle.sha.encode()) == 1
         assert write.index(b"r2") < write.index(b"r4")
         assert direct.hmget(spend_key, "s", "r") == [b"3000", b"14000"]

@@ -80,7 +80,8 @@ class Model:
 async def walk() -> AsyncIterator[tuple[RedisLimiter, list[int], Redis, str]]:
     prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
     now_us = [1_800_000_000_000_000]
-    limiter = RedisLimiter(RedisSettings(url=URL, key_prefix=prefix), lambda _k, _r: None, clock=lambda: now_us[0])
+    settings = RedisSettings(url=URL, key_prefix=prefix)  # no leases: they last in the loop's time, not this clock's
+    limiter = RedisLimiter(settings, lambda _k, _r: None, clock=lambda: now_us[0], lease_max=1)
     client = Redis.from_url(URL)
     yield limiter, now_us, client, f"{prefix}:lim:{{k1}}:window"
     await limiter.close()

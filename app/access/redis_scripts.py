@@ -1,0 +1,167 @@
+"""The limiter's Lua scripts (`app.access.redis_limiter` sends them; the layout is in its docstring).
+
+ADMIT    KEYS window, flight, spend, lease; ARGV request id, tokens, cost (nano-dollars), rpm,
+         tpm, max_concurrency, hold (ms), budget (nano-dollars; -1 where the key has none of
+         these), the lease asked for (`app.access.lease`: 1 none, 0 also not waiting for other
+         processes' leases), and a test's clock (µs, optional).
+         Answers "second remaining-requests remaining-tokens reset(ms) leased life(ms)" when
+         admitted; {code, …} when not: 1 budget, 2 rpm, 3 tpm, 4 max_concurrency (each with
+         Retry-After in ms, the window's requests, tokens and when its oldest second leaves),
+         5 the period's spend not loaded, 6 wait this many ms for other processes' leases.
+SETTLE   the same keys; ARGV groups of six: request id, second, tokens' difference, cost
+         reserved (-1: no budget), cost spent, and what it is: `-` a request in flight (taken off
+         the in-flight set), `=` settlements summed, a number a lease given back with that many
+         requests unused.
+LOAD     the period's spend, set only if still absent.
+"""
+
+from __future__ import annotations
+
+from app.access.lease import GRACE_S, LEASE_MIN, LEASE_S
+
+ADMIT = """
+local now, sec
+if ARGV[10] then
+  now = tonumber(ARGV[10]) / 1000000
+  sec = math.floor(now)
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  sec = tonumber(t[1])
+end
+local tokens, cost = tonumber(ARGV[2]), tonumber(ARGV[3])
+local rpm, tpm = tonumber(ARGV[4]), tonumber(ARGV[5])
+local conc, hold, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local want = tonumber(ARGV[9])
+local spend
+local spent, reserved = 0, 0
+if budget >= 0 then
+  spend = redis.call('HMGET', KEYS[3], 's', 'r')
+  if not spend[1] then return {5} end
+  spent, reserved = tonumber(spend[1]), tonumber(spend[2] or '0')
+end
+local w = KEYS[1]
+local head = redis.call('HMGET', w, 'R', 'T', 'o')
+local reqs, toks = tonumber(head[1] or '0'), tonumber(head[2] or '0')
+local oldest = tonumber(head[3] or sec)
+local dead = {}
+if oldest < sec - 120 then
+  reqs, toks, oldest = 0, 0, sec
+  local all = redis.call('HGETALL', w)
+  for i = 1, #all, 2 do
+    local f = all[i]
+    local kind, s = string.sub(f, 1, 1), tonumber(string.sub(f, 2))
+    if kind == 'r' or kind == 't' then
+      if s <= sec - 60 then dead[#dead + 1] = f
+      elseif kind == 'r' then reqs = reqs + tonumber(all[i + 1]); oldest = math.min(oldest, s)
+      else toks = toks + tonumber(all[i + 1]) end
+    end
+  end
+elseif oldest <= sec - 60 then
+  while oldest <= sec - 60 do
+    local f = redis.call('HMGET', w, 'r' .. oldest, 't' .. oldest)
+    if f[1] then
+      reqs, toks = reqs - tonumber(f[1]), toks - tonumber(f[2] or '0')
+      dead[#dead + 1], dead[#dead + 2] = 'r' .. oldest, 't' .. oldest
+    end
+    oldest = oldest + 1
+  end
+  while oldest < sec and redis.call('HEXISTS', w, 'r' .. oldest) == 0 do oldest = oldest + 1 end
+end
+local function wait(kind, excess)
+  local freed = 0
+  for s = oldest, sec do
+    freed = freed + tonumber(redis.call('HGET', w, kind .. s) or '0')
+    if freed >= excess then return math.max(1000, math.ceil((s + 60 - now) * 1000)) end
+  end
+  return 60000
+end
+local function over(lr, lt, lc)
+  if budget >= 0 and spent + reserved - lc + cost > budget then return 1 end
+  if rpm >= 0 and reqs - lr + 1 > rpm then return 2 end
+  if tpm >= 0 and toks - lt + tokens > tpm then return 3 end
+  return false
+end
+local held = math.max(0, math.ceil((oldest + 60 - now) * 1000))
+local code = over(0, 0, 0)
+if code then
+  if want > 0 then
+    local all, lr, lt, lc, soon = redis.call('HGETALL', KEYS[4]), 0, 0, 0, nil
+    for i = 1, #all, 2 do
+      local n, t, c, ends = string.match(all[i + 1], '(%d+) (%d+) (%d+) (%d+)')
+      ends = tonumber(ends)
+      if ends + GRACE_MS < now * 1000 then redis.call('HDEL', KEYS[4], all[i])
+      else
+        lr, lt, lc, soon = lr + tonumber(n), lt + tonumber(t), lc + tonumber(c), math.min(soon or ends, ends)
+      end
+    end
+    if soon and not over(lr, lt, lc) then return {6, math.max(5, math.ceil(soon - now * 1000))} end
+  end
+  if code == 1 then return {1, 0, reqs, toks, held, spend[1]} end
+  if code == 2 then return {2, wait('r', reqs + 1 - rpm), reqs, toks, held} end
+  return {3, wait('t', toks + tokens - tpm), reqs, toks, held}
+end
+if conc >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now * 1000)
+  if redis.call('ZCARD', KEYS[2]) >= conc then return {4, 1000, reqs, toks, held} end
+  redis.call('ZADD', KEYS[2], now * 1000 + hold, ARGV[1])
+  redis.call('PEXPIRE', KEYS[2], hold)
+end
+local n, life = 1, 0
+if want > 1 and conc < 0 then
+  n = want
+  if rpm >= 0 then n = math.min(n, math.floor((rpm - reqs) / 4)) end
+  if tpm >= 0 and tokens > 0 then n = math.min(n, math.floor((tpm - toks) / (4 * tokens))) end
+  if budget >= 0 and cost > 0 then n = math.min(n, math.floor((budget - spent - reserved) / (4 * cost))) end
+  local ms = math.floor(now * 1000)
+  local ends = math.min(ms + LEASE_MS, (sec + 1) * 1000)
+  life = ends - ms
+  if n < LEASE_MIN or life < 10 then n, life = 1, 0 else
+    redis.call('HSET', KEYS[4], ARGV[1], string.format('%d %d %d %d', n - 1, (n - 1) * tokens, (n - 1) * cost, ends))
+    redis.call('PEXPIRE', KEYS[4], LEASE_MS + GRACE_MS + 1000)
+  end
+end
+if #dead > 0 then redis.call('HDEL', w, unpack(dead)) end
+redis.call('HINCRBY', w, 'r' .. sec, n)
+redis.call('HINCRBY', w, 't' .. sec, string.format('%d', n * tokens))
+reqs, toks = reqs + n, toks + n * tokens
+redis.call('HSET', w, 'R', string.format('%d', reqs), 'T', string.format('%d', toks), 'o', string.format('%d', oldest))
+redis.call('EXPIRE', w, 61)
+if budget >= 0 then redis.call('HINCRBY', KEYS[3], 'r', string.format('%d', n * cost)) end
+local reset = math.max(0, math.ceil((oldest + 60 - now) * 1000))
+return string.format('%d %d %d %d %d %d', sec, rpm - reqs, tpm - toks, reset, n, life)
+"""
+for _name, _value in (("LEASE_MS", int(LEASE_S * 1000)), ("GRACE_MS", int(GRACE_S * 1000)), ("LEASE_MIN", LEASE_MIN)):
+    ADMIT = ADMIT.replace(_name, str(_value))
+
+SETTLE = """
+for i = 1, #ARGV, 6 do
+  local at, delta, reserved, back = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 5]
+  if delta ~= '0' and redis.call('HEXISTS', KEYS[1], 't' .. at) == 1 then
+    redis.call('HINCRBY', KEYS[1], 't' .. at, delta)
+    redis.call('HINCRBY', KEYS[1], 'T', delta)
+  end
+  if back == '-' then
+    redis.call('ZREM', KEYS[2], ARGV[i])
+  elseif back ~= '=' then
+    redis.call('HDEL', KEYS[4], ARGV[i])
+    if back ~= '0' and redis.call('HEXISTS', KEYS[1], 'r' .. at) == 1 then
+      redis.call('HINCRBY', KEYS[1], 'r' .. at, '-' .. back)
+      redis.call('HINCRBY', KEYS[1], 'R', '-' .. back)
+    end
+  end
+  if reserved ~= '-1' and redis.call('EXISTS', KEYS[3]) == 1 then
+    if reserved ~= '0' then redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved) end
+    if ARGV[i + 4] ~= '0' then redis.call('HINCRBY', KEYS[3], 's', ARGV[i + 4]) end
+  end
+end
+return 0
+"""
+
+LOAD = """
+if redis.call('HSETNX', KEYS[1], 's', ARGV[1]) == 1 then
+  redis.call('HSETNX', KEYS[1], 'r', '0')
+  if tonumber(ARGV[2]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+end
+return 0
+"""

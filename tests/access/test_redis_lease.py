@@ -1,0 +1,101 @@
+"""Leases of admissions (`app.access.lease`) against the real Redis on this machine: two limiters
+are two processes. A lease spares Redis the admissions it holds, counts in full in Redis until its
+unused part is given back, and never makes another process refuse a request that fits the limit:
+that process waits for the lease to end instead."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis import Redis
+
+from app.access.lease import LEASE_MIN, LEASE_S
+from app.access.limiter import Ask
+from app.access.redis_limiter import RedisLimiter
+from app.settings import RedisSettings
+from tests.access.test_redis_limiter import URL, _Tap
+
+
+@pytest.fixture
+async def prefix() -> AsyncIterator[str]:
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    client = Redis.from_url(URL)
+    keys = list(client.scan_iter(match=f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def _ask(request_id: str, rpm: int = 1000) -> Ask:
+    return Ask(key_id="k1", request_id=request_id, period="total", rpm=rpm, tpm=10**6, tokens=100)
+
+
+def _window(prefix: str) -> dict[bytes, bytes]:
+    client = Redis.from_url(URL)
+    try:
+        return dict(client.hgetall(f"{prefix}:lim:{{k1}}:window"))  # type: ignore[arg-type]
+    finally:
+        client.close()
+
+
+async def test_a_lease_admits_without_redis_and_gives_back_what_it_did_not_use(prefix: str) -> None:
+    tap = _Tap()
+    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), lambda *_: None)
+    try:
+        first = await limiter.admit(_ask("r1"))
+        assert first.refused is None
+        # the admission took a lease of LEASE_MIN: Redis counts all of them, and says so
+        window = _window(prefix)
+        assert (window[b"R"], window[b"T"]) == (b"%d" % LEASE_MIN, b"%d" % (100 * LEASE_MIN))
+        assert first.remaining_requests == 1000 - 1  # Redis's remaining plus what the lease holds
+        for n in range(2, LEASE_MIN + 1):
+            verdict = await limiter.admit(_ask(f"r{n}"))
+            assert (verdict.refused, verdict.second) == (None, first.second)
+            assert verdict.remaining_requests == 1000 - n
+        admissions = b"".join(tap.writes).count(limiter.admit_script.sha.encode())
+        assert admissions == 1, "the lease's other admissions never reached Redis"
+
+        await limiter.admit(_ask("beyond"))  # the lease is used up: Redis again, and a new lease
+        assert b"".join(tap.writes).count(limiter.admit_script.sha.encode()) == 2
+        await limiter.drain()  # gives the new lease back: Redis counts what was admitted, no more
+        window = _window(prefix)
+        assert (window[b"R"], window[b"T"]) == (b"%d" % (LEASE_MIN + 1), b"%d" % (100 * (LEASE_MIN + 1)))
+        lease = Redis.from_url(URL)
+        assert lease.hlen(f"{prefix}:lim:{{k1}}:lease") == 0
+        lease.close()
+    finally:
+        await limiter.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_another_process_waits_for_a_lease_rather_than_being_refused(prefix: str) -> None:
+    """rpm 40: the first process's lease holds 8 (a quarter of 40, at most `LEASE_MIN` asked) and
+    uses one. The second process admits the 32 Redis has left, then the 33rd: Redis would refuse it,
+    but 7 of the lease are unused, so it waits for the lease's end and is admitted. The 41st is
+    refused, with every process's admissions counted exactly."""
+    settings = RedisSettings(url=URL, key_prefix=prefix)
+    holder, other = RedisLimiter(settings, lambda *_: None), RedisLimiter(settings, lambda *_: None)
+    try:
+        assert (await holder.admit(_ask("h1", rpm=40))).refused is None
+        for n in range(32):
+            assert (await other.admit(_ask(f"o{n}", rpm=40))).refused is None
+        started = time.monotonic()
+        waited = await other.admit(_ask("o32", rpm=40))
+        assert waited.refused is None
+        assert 0 < time.monotonic() - started < LEASE_S + 0.2
+        for n in range(33, 39):
+            assert (await other.admit(_ask(f"o{n}", rpm=40))).refused is None
+        refused = await other.admit(_ask("o39", rpm=40))
+        assert refused.refused == "rpm"
+        assert _window(prefix)[b"R"] == b"40"
+    finally:
+        await holder.close()
+        await other.close()
