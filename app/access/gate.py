@@ -253,6 +253,15 @@ class AccessGate:
 
 
 def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
+    if verdict.refused is None and entry.rpm >= 0 and entry.tpm >= 0:  # an admission's, both windows
+        return (
+            entry.limit_headers[0],
+            (b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests),
+            (b"x-ratelimit-reset-requests", _duration(verdict.reset_requests_s)),
+            entry.limit_headers[1],
+            (b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens),
+            (b"x-ratelimit-reset-tokens", _duration(verdict.reset_tokens_s)),
+        )
     headers: Headers = ()
     # a refusal's own limit resets when a request would pass (its Retry-After); the others, and an
     # admission's, when the window's oldest second leaves it

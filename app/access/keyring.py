@@ -95,7 +95,7 @@ class KeyRing:
         self._engine = engine
         self._redis_settings = redis
         self._log = log
-        self._by_hash: dict[str, Entry] = {}
+        self._by_hash: dict[bytes, Entry] = {}  # by the raw SHA-256 of the secret (no hex per request)
         self.by_id: dict[str, Entry] = {}
         self._admin: Entry | None = None
         secret = os.environ.get(auth.admin_key_env)
@@ -121,8 +121,8 @@ class KeyRing:
                 secret = value.strip()
         entry = None
         if secret:  # an ASCII secret (every key's) hashes as its bytes: no text is made of it
-            digest = sha256(secret).hexdigest() if secret.isascii() else hash_secret(secret.decode("latin-1"))
-            entry = self._by_hash.get(digest)
+            digest = sha256(secret if secret.isascii() else secret.decode("latin-1").encode("utf-8", "surrogateescape"))
+            entry = self._by_hash.get(digest.digest())
         if entry is None or (entry.expires is not None and entry.expires <= datetime.now(UTC).timestamp()):
             raise AuthenticationFailed(INVALID)
         return entry
@@ -148,17 +148,17 @@ class KeyRing:
         entries = [Entry(record) for record in await list_keys(self._engine) if record.revoked_at is None]
         if self._admin is not None:
             entries.append(self._admin)
-        self._by_hash = {entry.record.secret_hash: entry for entry in entries}
+        self._by_hash = {bytes.fromhex(entry.record.secret_hash): entry for entry in entries}
         self.by_id = {entry.record.id: entry for entry in entries}
 
     def apply(self, record: KeyRecord) -> None:
         """One key as it now is (revoked: gone from the ring)."""
         old = self.by_id.pop(record.id, None)
         if old is not None:
-            self._by_hash.pop(old.record.secret_hash, None)
+            self._by_hash.pop(bytes.fromhex(old.record.secret_hash), None)
         if record.revoked_at is None:
             entry = Entry(record)
-            self.by_id[record.id] = self._by_hash[record.secret_hash] = entry
+            self.by_id[record.id] = self._by_hash[bytes.fromhex(record.secret_hash)] = entry
 
     async def reload_one(self, key_id: str) -> None:
         record = await get_key(self._engine, key_id)

@@ -148,6 +148,7 @@ class RedisLimiter:
         self._unsent: dict[_Commands, list[bytes]] = {}  # settlements waiting to be sent, by key
         self._unsent_timer: asyncio.TimerHandle | None = None
         self._unsent_due = 0.0  # when the timer fires (the loop's time)
+        self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
 
     def _of(self, ask: Ask) -> _Commands:
         key = (ask.key_id, ask.period, ask.rpm, ask.tpm, ask.max_concurrency, ask.hold_ms, ask.budget)
@@ -162,7 +163,7 @@ class RedisLimiter:
         """An admission from this process's lease of the key, without Redis; None when there is
         none that holds `ask` (then `admit`)."""
         lease = self._of(ask).lease
-        if lease is None or asyncio.get_running_loop().time() >= lease.deadline or not self.redis.connected:
+        if lease is None or self._loop.time() >= lease.deadline or not self.redis.connected:
             return None
         return lease.take(ask)
 
