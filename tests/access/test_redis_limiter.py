@@ -177,3 +177,20 @@ async def test_a_budget_refusal_tells_the_window_as_it_stands(
     assert (refused.refused, refused.retry_after, refused.spent) == ("budget", None, 10**9 - 10_000)
     assert (refused.remaining_requests, refused.remaining_tokens) == (99, 9_500)
     assert 59 < refused.reset_requests_s == refused.reset_tokens_s <= 60
+
+
+async def test_a_free_request_of_a_budgeted_key_settles(
+    limiter: tuple[RedisLimiter, list[tuple[str, str]], str],
+) -> None:
+    """A worst case of $0 (a model priced at zero) reserves 0: its settlement must not send Redis
+    `HINCRBY r -0`, which Redis refuses (not an integer), leaving the settlement undone."""
+    redis, failures, _prefix = limiter
+    free = Ask(key_id="k1", request_id="r1", period="total", max_concurrency=5, budget=10**9, cost=0)
+    await redis.load_spend(free, 0, 0)
+    verdict = await redis.admit(free)
+    assert verdict.refused is None
+    redis.settle(free, verdict.second, tokens=0, cost=0)
+    await redis.drain()
+    assert await _spend(redis) == (0, 0)
+    flight = await redis.redis.call("ZCARD", f"{redis.prefix}:lim:{{k1}}:flight")
+    assert (flight, failures) == (0, [])
