@@ -85,12 +85,16 @@ async def test_another_process_waits_for_a_lease_rather_than_being_refused(prefi
     holder, other = RedisLimiter(settings, lambda *_: None), RedisLimiter(settings, lambda *_: None)
     try:
         assert (await holder.admit(_ask("h1", rpm=40))).refused is None
+        client = Redis.from_url(URL)
+        leases = list(client.hvals(f"{prefix}:lim:{{k1}}:lease"))
+        client.close()
+        assert [lease.split()[:3] for lease in leases] == [[b"7", b"700", b"0"]]  # requests, tokens, cost unused
         for n in range(32):
             assert (await other.admit(_ask(f"o{n}", rpm=40))).refused is None
         started = time.monotonic()
         waited = await other.admit(_ask("o32", rpm=40))
         assert waited.refused is None
-        assert 0 < time.monotonic() - started < LEASE_S + 0.2
+        assert 0.005 <= time.monotonic() - started < LEASE_S + 0.2  # waited (at least 5 ms a wait) for the lease
         for n in range(33, 39):
             assert (await other.admit(_ask(f"o{n}", rpm=40))).refused is None
         refused = await other.admit(_ask("o39", rpm=40))
