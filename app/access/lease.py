@@ -39,12 +39,7 @@ remaining). Near a limit, where the numbers matter, there are no leases (above).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from app.access.limiter import Ask, Verdict
-
-if TYPE_CHECKING:
-    from app.access.redis_limiter import _Commands
 
 LEASE_S = 0.25  # the longest a lease lasts (it also ends with its second of the sliding minute)
 GRACE_S = 0.25  # after its end, how long an unreturned lease is waited for before it counts as spent
@@ -57,7 +52,6 @@ class Lease:
     """One process's block of one key's admissions (module doc)."""
 
     __slots__ = (
-        "commands",
         "cost",
         "deadline",
         "granted",
@@ -71,8 +65,8 @@ class Lease:
         "used",
     )
 
-    def __init__(self, commands: _Commands, lease_id: bytes, granted: int, ask: Ask, verdict: Verdict) -> None:
-        self.commands, self.lease_id, self.granted, self.second = commands, lease_id, granted, verdict.second
+    def __init__(self, lease_id: bytes, granted: int, ask: Ask, verdict: Verdict) -> None:
+        self.lease_id, self.granted, self.second = lease_id, granted, verdict.second
         self.requests, self.tokens, self.cost = granted - 1, (granted - 1) * ask.tokens, (granted - 1) * ask.cost
         self.left_requests, self.left_tokens = verdict.remaining_requests, verdict.remaining_tokens
         self.reset_s = verdict.reset_requests_s

@@ -60,15 +60,14 @@ from typing import Any
 from msgspec import Struct
 
 from app.access.lease import GRACE_S, LEASE_MAX, LEASE_MIN, LEASE_S, Lease
-from app.access.limiter import Ask, LimiterDown, Refusal, Verdict
-from app.access.redis_scripts import ADMIT, LOAD, SETTLE
+from app.access.limiter import Ask, LimiterDown, Verdict
+from app.access.redis_scripts import ADMIT, LOAD, SETTLE, refused
 from app.access.resp import RespClient, RespError, Script, bulk
 from app.settings import RedisSettings
 
 LAZY_S = 0.002  # the longest a request in flight's settlement waits to be sent (module doc)
 SUMMED_S = 0.02  # the longest summed settlements wait to be sent (module doc)
 WAIT_S = LEASE_S + GRACE_S + 0.1  # the longest an admission waits for other processes' leases
-_REFUSALS: dict[int, Refusal] = {1: "budget", 2: "rpm", 3: "tpm", 4: "max_concurrency", 5: "budget_missing"}
 _THREE = b"$%d\r\n%s\r\n" * 3  # three arguments, each `bulk`
 _SIX = b"$%d\r\n%s\r\n" * 6
 
@@ -175,7 +174,7 @@ class RedisLimiter:
                 verdict = lease.take(ask)
                 if verdict is not None:
                     return verdict
-            self._end(lease)
+            self._end(commands, lease)
         if self._unsent:  # before this admission, in the same write: they may free what it asks for
             self._send_settlements()
         want = 1 if commands.asking else commands.want
@@ -196,7 +195,7 @@ class RedisLimiter:
             await asyncio.sleep(wait)
         if type(reply) is bytes:  # admitted: "second remaining-requests remaining-tokens reset lease life"
             return self._admitted(commands, ask, reply, sent_at)
-        return _refused(ask, reply)
+        return refused(ask, reply)
 
     async def _admission(self, commands: _Commands, ask: Ask, want: int) -> Any:
         """The admission script's reply (`want`: the lease asked for; 0: do not wait for leases)."""
@@ -225,12 +224,12 @@ class RedisLimiter:
         )
         if granted < 2:
             return verdict
-        lease = Lease(commands, ask.request_id.encode(), granted, ask, verdict)
+        lease = Lease(ask.request_id.encode(), granted, ask, verdict)
         lease.deadline = sent_at + life / 1000  # no later than Redis's end of it: sent before Redis read its clock
         if commands.lease is not None:
-            self._end(commands.lease)
+            self._end(commands, commands.lease)
         commands.lease = lease
-        asyncio.get_running_loop().call_at(lease.deadline, self._expire, lease)
+        asyncio.get_running_loop().call_at(lease.deadline, self._expire, commands, lease)
         return Verdict(
             second=second,
             remaining_requests=verdict.remaining_requests + lease.requests,
@@ -239,14 +238,13 @@ class RedisLimiter:
             reset_tokens_s=verdict.reset_tokens_s,
         )
 
-    def _expire(self, lease: Lease) -> None:
-        if lease.commands.lease is lease:
-            self._end(lease)
+    def _expire(self, commands: _Commands, lease: Lease) -> None:
+        if commands.lease is lease:
+            self._end(commands, lease)
             self._send_settlements()  # at once: another process may wait for it
 
-    def _end(self, lease: Lease) -> None:
+    def _end(self, commands: _Commands, lease: Lease) -> None:
         """The lease is over: what it still holds goes back with the next settlements."""
-        commands = lease.commands
         if commands.lease is lease:
             commands.lease = None
             commands.want = lease.next_size(self.lease_max)
@@ -328,7 +326,7 @@ class RedisLimiter:
         the client's timeout)."""
         for commands in list(self._commands.values()):
             if commands.lease is not None:
-                self._end(commands.lease)
+                self._end(commands, commands.lease)
         if self._unsent:
             self._send_settlements()
         await self.redis.drain()
@@ -362,22 +360,6 @@ def _summed(commands: _Commands) -> bytes:
     second, delta, reserved, spent = commands.summed or (0, 0, -1, 0)
     commands.summed = None
     return _item(b"=", b"%d" % second, b"%d" % delta, b"%d" % reserved, b"%d" % spent, b"=")
-
-
-def _refused(ask: Ask, reply: list[Any]) -> Verdict:
-    code = reply[0]
-    if len(reply) < 5:  # budget_missing
-        return Verdict(refused=_REFUSALS[code])
-    held = int(reply[4]) / 1000  # the window as it stands, for the refusal's x-ratelimit-* headers
-    return Verdict(
-        refused=_REFUSALS[code],
-        retry_after=int(reply[1]) / 1000 if code != 1 else None,
-        spent=int(reply[5]) if code == 1 else 0,
-        remaining_requests=max(0, ask.rpm - int(reply[2])),
-        reset_requests_s=held,
-        remaining_tokens=max(0, ask.tpm - int(reply[3])),
-        reset_tokens_s=held,
-    )
 
 
 class _Settlement(Struct):

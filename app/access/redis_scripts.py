@@ -17,7 +17,10 @@ LOAD     the period's spend, set only if still absent.
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.access.lease import GRACE_S, LEASE_MIN, LEASE_S
+from app.access.limiter import Ask, Refusal, Verdict
 
 ADMIT = """
 local now, sec
@@ -165,3 +168,22 @@ if redis.call('HSETNX', KEYS[1], 's', ARGV[1]) == 1 then
 end
 return 0
 """
+
+_REFUSALS: dict[int, Refusal] = {1: "budget", 2: "rpm", 3: "tpm", 4: "max_concurrency", 5: "budget_missing"}
+
+
+def refused(ask: Ask, reply: list[Any]) -> Verdict:
+    """The verdict of an admission the script refused (its codes: module doc)."""
+    code = reply[0]
+    if len(reply) < 5:  # budget_missing
+        return Verdict(refused=_REFUSALS[code])
+    held = int(reply[4]) / 1000  # the window as it stands, for the refusal's x-ratelimit-* headers
+    return Verdict(
+        refused=_REFUSALS[code],
+        retry_after=int(reply[1]) / 1000 if code != 1 else None,
+        spent=int(reply[5]) if code == 1 else 0,
+        remaining_requests=max(0, ask.rpm - int(reply[2])),
+        reset_requests_s=held,
+        remaining_tokens=max(0, ask.tpm - int(reply[3])),
+        reset_tokens_s=held,
+    )
