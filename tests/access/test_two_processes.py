@@ -221,6 +221,25 @@ async def test_rpm_is_exact_across_both_processes(pair: Pair, up: PeakUpstream) 
     assert remaining == list(range(10))
 
 
+async def test_rpm_is_exact_across_both_processes_with_leases(pair: Pair, up: PeakUpstream) -> None:
+    """rpm 200: each process's first admission also takes a lease of 8 (app.access.lease), and so
+    on while the limit is far; near it every admission is Redis's own. No lease lets a request
+    past the limit: exactly 200 of 300 pass, in both processes. (The wait for another process's
+    lease is tested against the limiter itself, tests/access/test_redis_lease.py.)"""
+    up.set_default(answer("ok"))
+    key = pair.key("--rpm", "200")
+
+    responses = await _burst(pair, key["secret"], 300)
+
+    assert sorted(r.status_code for r in responses) == [200] * 200 + [429] * 100
+    assert {r.json()["error"]["message"] for r in responses if r.status_code == 429} == {
+        "rate limit reached for this API key (rpm)"
+    }
+    served_by = {pair.urls[i % 2] for i, r in enumerate(responses) if r.status_code == 200}
+    assert len(served_by) == 2
+    await wait_until(lambda: _count(pair, key["id"], 300), within=5.0, what="300 ledger rows")
+
+
 async def test_max_concurrency_holds_at_the_upstream(pair: Pair, up: PeakUpstream) -> None:
     up.set_default(played(answer("ok"), first_byte_delay_s=1.0))
     key = pair.key("--max-concurrency", "3")
