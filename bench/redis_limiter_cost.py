@@ -62,7 +62,7 @@ def main() -> None:
     options = parser.parse_args()
     sys.path.insert(0, str(options.tree.resolve()))
     served, per_call, per_request = asyncio.run(measure(options.seconds))
-    print(f"{options.tree}: {served:,} requests, EVALSHA {per_call:.2f} us per call, {per_request:.1f} us per request")
+    print(f"{options.tree}: {served:,} requests, EVALSHA {per_call:.2f} us per call, {per_request:.3f} us per request")
 
 
 if __name__ == "__main__":
