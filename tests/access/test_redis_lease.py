@@ -103,3 +103,49 @@ async def test_another_process_waits_for_a_lease_rather_than_being_refused(prefi
     finally:
         await holder.close()
         await other.close()
+
+
+async def test_settlements_of_one_second_leave_summed_in_one_item(prefix: str) -> None:
+    """Without `max_concurrency` nothing is taken off the in-flight set, so the settlements of one
+    second of the window travel as one item (its tokens' difference, reservations and spend summed)
+    and Redis ends exactly where one settlement per request would have left it."""
+    tap = _Tap()
+    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), lambda *_: None)
+
+    def ask(request_id: str) -> Ask:
+        return Ask(
+            key_id="k1", request_id=request_id, period="total", rpm=1000, tpm=10**6, tokens=100, budget=10**9, cost=7000
+        )
+
+    try:
+        await limiter.load_spend(ask("r0"), 0, 0)
+        verdicts = [await limiter.admit(ask(f"r{n}")) for n in range(1, 4)]
+        assert len({v.second for v in verdicts}) == 1  # one lease, one second
+        for n, (tokens, cost) in enumerate(((40, 1000), (60, 2000), (80, 500)), start=1):
+            limiter.settle(ask(f"r{n}"), verdicts[0].second, tokens=tokens, cost=cost)
+        await limiter.drain()  # the lease given back and the summed settlements: one command, two items
+        sent = b"".join(tap.writes)
+        settle = limiter.settle_script
+        assert sent.count(settle.sha.encode()) == 1
+        command = sent[sent.index(settle.head(12)) :]
+        assert b"$4\r\n-120\r\n$5\r\n21000\r\n$4\r\n3500\r\n$1\r\n=\r\n" in command  # 180 - 300 tokens
+        unused = LEASE_MIN - 3  # the lease's requests not admitted, their tokens and reservations
+        returned = b"$%d\r\n%d\r\n$%d\r\n%d\r\n$1\r\n0\r\n$1\r\n%d\r\n" % (
+            len(b"%d" % (-100 * unused)),
+            -100 * unused,
+            len(b"%d" % (7000 * unused)),
+            7000 * unused,
+            unused,
+        )
+        assert returned in command
+        client = Redis.from_url(URL)
+        spend = client.hmget(f"{prefix}:lim:{{k1}}:spend:total", "s", "r")
+        window = client.hmget(f"{prefix}:lim:{{k1}}:window", "R", "T")
+        client.close()
+        assert (spend, window) == ([b"3500", b"0"], [b"3", b"180"])
+    finally:
+        await limiter.close()
+        server.close()
+        await server.wait_closed()
