@@ -35,6 +35,14 @@ def _ask(request_id: str, rpm: int = 1000) -> Ask:
     return Ask(key_id="k1", request_id=request_id, period="total", rpm=rpm, tpm=10**6, tokens=100)
 
 
+async def _early_in_a_second() -> None:
+    """A lease ends with its second of the window (Redis's clock: this machine's): start where it
+    has at least `LEASE_S` to live, so the test's admissions all meet the same lease."""
+    into = time.time() % 1
+    if into > 1 - LEASE_S - 0.2:
+        await asyncio.sleep(1.02 - into)
+
+
 def _window(prefix: str) -> dict[bytes, bytes]:
     client = Redis.from_url(URL)
     try:
@@ -49,6 +57,7 @@ async def test_a_lease_admits_without_redis_and_gives_back_what_it_did_not_use(p
     port = server.sockets[0].getsockname()[1]
     limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), lambda *_: None)
     try:
+        await _early_in_a_second()
         first = await limiter.admit(_ask("r1"))
         assert first.refused is None
         # the admission took a lease of LEASE_MIN: Redis counts all of them, and says so
@@ -84,6 +93,7 @@ async def test_another_process_waits_for_a_lease_rather_than_being_refused(prefi
     settings = RedisSettings(url=URL, key_prefix=prefix)
     holder, other = RedisLimiter(settings, lambda *_: None), RedisLimiter(settings, lambda *_: None)
     try:
+        await _early_in_a_second()
         assert (await holder.admit(_ask("h1", rpm=40))).refused is None
         client = Redis.from_url(URL)
         leases = list(client.hvals(f"{prefix}:lim:{{k1}}:lease"))
@@ -121,6 +131,7 @@ async def test_settlements_of_one_second_leave_summed_in_one_item(prefix: str) -
 
     try:
         await limiter.load_spend(ask("r0"), 0, 0)
+        await _early_in_a_second()
         verdicts = [await limiter.admit(ask(f"r{n}")) for n in range(1, 4)]
         assert len({v.second for v in verdicts}) == 1  # one lease, one second
         for n, (tokens, cost) in enumerate(((40, 1000), (60, 2000), (80, 500)), start=1):
