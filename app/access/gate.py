@@ -34,7 +34,7 @@ request that can never pass.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
@@ -67,9 +67,6 @@ from providers.types import AnyRequest
 
 Headers = tuple[tuple[bytes, bytes], ...]
 DAY_S = 86_400
-_NEVER = datetime.min.replace(tzinfo=UTC)
-_FOREVER = datetime.max.replace(tzinfo=UTC)
-_UNKNOWN = ("", _NEVER, _NEVER)
 
 
 class Ticket(Struct):
@@ -99,7 +96,6 @@ class AccessGate:
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
         self._rates_of: CatalogSnapshot | None = None
         self._worst: dict[tuple[str, ...], WorstRates] = {}
-        self._periods: dict[str, tuple[str, datetime, datetime]] = {}  # by kind: the current one's tag and bounds
 
     async def close(self) -> None:
         if self._shared is not None:
@@ -176,13 +172,8 @@ class AccessGate:
         tokens_in = input_bound(request)
         tokens_out = output_bound(request, model) if budget >= 0 or entry.tpm >= 0 else 0
         if budget >= 0:
-            when = ctx.started_at
-            cost = worst_cost_nano(tokens_in, tokens_out, self._rates(snapshot, model, providers, when))
-            kind = entry.record.budget_period or "total"
-            period, start, end = self._periods.get(kind, _UNKNOWN)
-            if not (start <= when < end):  # a calendar period is worked out once, for every key's requests in it
-                period, first, after = period_bounds(kind, when)
-                self._periods[kind] = (period, first or _NEVER, after or _FOREVER)
+            cost = worst_cost_nano(tokens_in, tokens_out, self._rates(snapshot, model, providers, ctx.started_at))
+            period = period_bounds(entry.record.budget_period or "total", ctx.started_at)[0]  # cached by the day
         return Ask(
             key_id=entry.record.id,
             request_id=ctx.request_id,
@@ -253,15 +244,6 @@ class AccessGate:
 
 
 def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
-    if verdict.refused is None and entry.rpm >= 0 and entry.tpm >= 0:  # an admission's, both windows
-        return (
-            entry.limit_headers[0],
-            (b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests),
-            (b"x-ratelimit-reset-requests", _duration(verdict.reset_requests_s)),
-            entry.limit_headers[1],
-            (b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens),
-            (b"x-ratelimit-reset-tokens", _duration(verdict.reset_tokens_s)),
-        )
     headers: Headers = ()
     # a refusal's own limit resets when a request would pass (its Retry-After); the others, and an
     # admission's, when the window's oldest second leaves it

@@ -121,8 +121,11 @@ class KeyRing:
                 secret = value.strip()
         entry = None
         if secret:  # an ASCII secret (every key's) hashes as its bytes: no text is made of it
-            digest = sha256(secret if secret.isascii() else secret.decode("latin-1").encode("utf-8", "surrogateescape"))
-            entry = self._by_hash.get(digest.digest())
+            if secret.isascii():
+                digest = sha256(secret).digest()
+            else:
+                digest = bytes.fromhex(hash_secret(secret.decode("latin-1")))
+            entry = self._by_hash.get(digest)
         if entry is None or (entry.expires is not None and entry.expires <= datetime.now(UTC).timestamp()):
             raise AuthenticationFailed(INVALID)
         return entry

@@ -45,7 +45,6 @@ LEASE_S = 0.25  # the longest a lease lasts (it also ends with its second of the
 GRACE_S = 0.25  # after its end, how long an unreturned lease is waited for before it counts as spent
 LEASE_MIN = 8  # the fewest admissions a lease holds (fewer save too little: module doc)
 LEASE_MAX = 1024  # the most admissions one lease holds
-_UNUSED = b"$%d\r\n%s\r\n" * 6  # six arguments, each `bulk`
 
 
 class Lease:
@@ -65,12 +64,15 @@ class Lease:
         "used",
     )
 
-    def __init__(self, lease_id: bytes, granted: int, ask: Ask, verdict: Verdict) -> None:
-        self.lease_id, self.granted, self.second = lease_id, granted, verdict.second
+    def __init__(self, ask: Ask, granted: int, window: Verdict, deadline: float) -> None:
+        """`ask`: the admission that took it (its request id names the lease, and its tokens and
+        cost are what each of its admissions reserves); `window`: Redis's answer to it, the lease
+        counted; `deadline`: the loop's time at which it ends."""
+        self.lease_id, self.granted, self.deadline = ask.request_id.encode(), granted, deadline
+        self.second = window.second
         self.requests, self.tokens, self.cost = granted - 1, (granted - 1) * ask.tokens, (granted - 1) * ask.cost
-        self.left_requests, self.left_tokens = verdict.remaining_requests, verdict.remaining_tokens
-        self.reset_s = verdict.reset_requests_s
-        self.deadline = 0.0  # the loop's time at which it ends (set by the limiter)
+        self.left_requests, self.left_tokens = window.remaining_requests, window.remaining_tokens
+        self.reset_s = window.reset_requests_s
         self.used = 1  # the admission that took it
 
     def take(self, ask: Ask) -> Verdict | None:
@@ -81,6 +83,11 @@ class Lease:
         self.tokens -= ask.tokens
         self.cost -= ask.cost
         self.used += 1
+        return self.verdict()
+
+    def verdict(self) -> Verdict:
+        """An admission's verdict from this process's view: Redis's remaining at the grant plus
+        what the block still holds (module doc)."""
         return Verdict(
             second=self.second,
             remaining_requests=self.left_requests + self.requests,
@@ -89,25 +96,11 @@ class Lease:
             reset_tokens_s=self.reset_s,
         )
 
-    def unused(self, budget: bool) -> bytes:
-        """The settlement item that gives the block's remainder back: (lease id, second, -tokens,
-        cost reserved or -1 without a budget, 0 spent, requests)."""
-        lease_id, at, tokens = self.lease_id, b"%d" % self.second, b"%d" % -self.tokens
-        cost, requests = (b"%d" % self.cost if budget else b"-1"), b"%d" % self.requests
-        return _UNUSED % (
-            len(lease_id),
-            lease_id,
-            len(at),
-            at,
-            len(tokens),
-            tokens,
-            len(cost),
-            cost,
-            1,
-            b"0",
-            len(requests),
-            requests,
-        )
+    def unused(self, budget: bool) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes]:
+        """The settlement script's arguments that give the block's remainder back: lease id,
+        second, -tokens, cost reserved (-1 without a budget), 0 spent, requests."""
+        cost = b"%d" % self.cost if budget else b"-1"
+        return self.lease_id, b"%d" % self.second, b"%d" % -self.tokens, cost, b"0", b"%d" % self.requests
 
     def next_size(self, most: int) -> int:
         """What the key's next lease should ask for: twice this one's when it ran out, twice what

@@ -162,18 +162,22 @@ class RedisLimiter:
         """An admission from this process's lease of the key, without Redis; None when there is
         none that holds `ask` (then `admit`)."""
         lease = self._of(ask).lease
-        if lease is None or self._loop.time() >= lease.deadline or not self.redis.connected:
+        return None if lease is None else self._take(lease, ask)
+
+    def _take(self, lease: Lease, ask: Ask) -> Verdict | None:
+        """`lease.take`, while the lease lasts and the connection is not known lost (Redis down
+        is a 503, lease or not)."""
+        if self._loop.time() >= lease.deadline or not self.redis.connected:
             return None
         return lease.take(ask)
 
     async def admit(self, ask: Ask) -> Verdict:
         commands = self._of(ask)
         lease = commands.lease
-        if lease is not None:  # not used once the connection is known lost: Redis down is a 503
-            if asyncio.get_running_loop().time() < lease.deadline and self.redis.connected:
-                verdict = lease.take(ask)
-                if verdict is not None:
-                    return verdict
+        if lease is not None:
+            verdict = self._take(lease, ask)
+            if verdict is not None:
+                return verdict
             self._end(commands, lease)
         if self._unsent:  # before this admission, in the same write: they may free what it asks for
             self._send_settlements()
@@ -182,7 +186,7 @@ class RedisLimiter:
         while True:
             if want > 1:
                 commands.asking = True
-            sent_at = asyncio.get_running_loop().time()
+            sent_at = self._loop.time()
             try:
                 reply = await self._admission(commands, ask, want if waited < WAIT_S else 0)
             finally:
@@ -224,19 +228,13 @@ class RedisLimiter:
         )
         if granted < 2:
             return verdict
-        lease = Lease(ask.request_id.encode(), granted, ask, verdict)
-        lease.deadline = sent_at + life / 1000  # no later than Redis's end of it: sent before Redis read its clock
+        # it ends no later than Redis's end of it: the admission was sent before Redis read its clock
+        lease = Lease(ask, granted, verdict, sent_at + life / 1000)
         if commands.lease is not None:
             self._end(commands, commands.lease)
         commands.lease = lease
-        asyncio.get_running_loop().call_at(lease.deadline, self._expire, commands, lease)
-        return Verdict(
-            second=second,
-            remaining_requests=verdict.remaining_requests + lease.requests,
-            reset_requests_s=verdict.reset_requests_s,
-            remaining_tokens=verdict.remaining_tokens + lease.tokens,
-            reset_tokens_s=verdict.reset_tokens_s,
-        )
+        self._loop.call_at(lease.deadline, self._expire, commands, lease)
+        return lease.verdict()
 
     def _expire(self, commands: _Commands, lease: Lease) -> None:
         if commands.lease is lease:
@@ -248,7 +246,7 @@ class RedisLimiter:
         if commands.lease is lease:
             commands.lease = None
             commands.want = lease.next_size(self.lease_max)
-        self._queue(commands, lease.unused(commands.budgeted), LAZY_S)
+        self._queue(commands, _item(*lease.unused(commands.budgeted)), LAZY_S)
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         args = (b"%d" % spent, b"%d" % ttl_s)
@@ -286,7 +284,7 @@ class RedisLimiter:
         timer = self._unsent_timer
         if timer is not None and within >= SUMMED_S:
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         due = loop.time() + within
         if timer is not None:
             if self._unsent_due <= due:
