@@ -1,6 +1,8 @@
-"""Redis's own CPU per limited request: one admission and one settlement of the Redis limiter
-(`app.access.redis_limiter`), in 16 concurrent callers for `--seconds`, read from Redis's
-`INFO commandstats` (`usec` of `EVALSHA`, which counts the scripts' run time in Redis).
+"""Redis's own CPU per limited request: an admission and a settlement through the Redis limiter
+(`app.access.redis_limiter`; since leases, most admissions of this busy key come from its lease and
+most settlements travel summed, so Redis sees a fraction of a script call per request), in 16
+concurrent callers for `--seconds`, read from Redis's `INFO commandstats` (`usec` of `EVALSHA`,
+which counts the scripts' run time in Redis).
 
     .venv/bin/python bench/redis_limiter_cost.py [--tree PATH] [--seconds 8]
 
