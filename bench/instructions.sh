@@ -25,6 +25,17 @@
 # this checkout's config, bodies, mock upstream and virtualenv: DIR's packages come first on the
 # path (cwd and PYTHONPATH), the config must be one DIR's settings accept.
 #
+# INSTRUCTIONS_STEADY=1 counts only what a request costs, not what the clock does. Under valgrind
+# the gateway runs ~50x slower, so work that runs every so many seconds (the catalog watch's poll,
+# 5 s: ~15M instructions each; the key ring's, 10 s) or waits a fixed time (summed settlements sent
+# within 20 ms: at valgrind's ~80 requests a second that is a Redis command per request or two,
+# against one per ~60 at full speed) weighs ~50x more per request than it does at full speed, and
+# varies with how many requests a run got through (±3 % between identical runs). It measures a
+# copy of the tree in the work directory with those intervals 50x longer (`CATALOG_POLL_S`,
+# `REDIS_POLL_S`, `SUMMED_S`, `LAZY_S`): the same code per request, its periodic work scaled as a
+# full-speed gateway's. A lease still ends with its second of the window (Redis's clock, not
+# scaled): one admission per ~80 requests here, per several hundred at full speed.
+#
 # The machine is shared: the ports come from $INSTRUCTIONS_PORT (the gateway's; the mock's is the
 # next one), and valgrind's control pipes live in the work directory (`--vgdb-prefix`), so another
 # session's `callgrind_control -z`/`-d` (which address every callgrind they can find in /tmp)
@@ -43,6 +54,20 @@ GATEWAY_PORT=${INSTRUCTIONS_PORT:-47100}
 MOCK_PORT=$((GATEWAY_PORT + 1))
 VGDB="$WORK/vgdb-pipe"
 cd "$WORK"
+if [ "${INSTRUCTIONS_STEADY:-0}" = 1 ]; then
+    mkdir "$WORK/tree"
+    (cd "$TREE" && tar -cf - --exclude=.venv --exclude=.git --exclude='__pycache__' app catalog providers migrations) | tar -xf - -C "$WORK/tree"
+    sed -i 's/^CATALOG_POLL_S = 5.0/CATALOG_POLL_S = 250.0/' "$WORK/tree/app/catalog_watch.py"
+    sed -i 's/^REDIS_POLL_S = 10.0/REDIS_POLL_S = 500.0/' "$WORK/tree/app/access/keyring.py"
+    sed -i 's/^LAZY_S = 0.002 /LAZY_S = 0.1 /; s/^SUMMED_S = 0.02 /SUMMED_S = 1.0 /' "$WORK/tree/app/access/redis_limiter.py"
+    if [ "$(grep -c '^CATALOG_POLL_S = 250.0\|^REDIS_POLL_S = 500.0\|^LAZY_S = 0.1 \|^SUMMED_S = 1.0 ' \
+        "$WORK/tree/app/catalog_watch.py" "$WORK/tree/app/access/keyring.py" "$WORK/tree/app/access/redis_limiter.py" \
+        | awk -F: '{s += $2} END {print s}')" != 4 ]; then
+        echo "instructions.sh: INSTRUCTIONS_STEADY could not scale the four intervals (renamed?)" >&2
+        exit 1
+    fi
+    TREE="$WORK/tree"
+fi
 
 cleanup() { fuser -k "$GATEWAY_PORT/tcp" "$MOCK_PORT/tcp" >/dev/null 2>&1 || true; }
 trap cleanup EXIT

@@ -43,8 +43,9 @@ from msgspec import Struct
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.access.keyring import Entry, KeyRing
+from app.access.lease import Lease
 from app.access.limiter import Ask, Limiter, LimiterDown, LocalLimiter, Verdict
-from app.access.redis_limiter import RedisLimiter
+from app.access.redis_limiter import Lane, RedisLimiter
 from app.access.worstcase import (
     WorstRates,
     from_nano,
@@ -71,12 +72,16 @@ DAY_S = 86_400
 
 class Ticket(Struct):
     """One admitted request's reservation, until it is settled (a Struct: made per request without
-    a Python `__init__`)."""
+    a Python `__init__`): its `ask`, or for an admission from a lease (`AccessGate.admit`) the
+    lane it came from and the `tokens` and `cost` it reserved."""
 
-    ask: Ask
-    second: int
     limiter: Limiter
+    second: int
     headers: Headers
+    ask: Ask | None = None
+    lane: Lane | None = None
+    tokens: int = 0
+    cost: int = 0
 
 
 class AccessGate:
@@ -96,6 +101,7 @@ class AccessGate:
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
         self._rates_of: CatalogSnapshot | None = None
         self._worst: dict[tuple[str, ...], WorstRates] = {}
+        self._lanes: dict[Entry, tuple[datetime | None, Lane]] = {}  # Redis's lane of a key, until its period ends
 
     async def close(self) -> None:
         if self._shared is not None:
@@ -126,15 +132,47 @@ class AccessGate:
         providers: Sequence[str],
         snapshot: CatalogSnapshot,
     ) -> Ticket | None:
-        """`entry`: what `permit` returned for this request."""
+        """`entry`: what `permit` returned for this request. A busy key's admission is taken from
+        this process's lease (`app.access.lease`) in the key's lane, kept here by the key's entry
+        until its budget period ends: no `Ask`, no coroutine step, no verdict (keys mode's cost
+        per request: bench/RESULTS.md)."""
         if entry is None or not entry.limited:
             return None
-        ask = self._ask(entry, ctx, request, model, providers, snapshot)
+        now = ctx.started_at
+        tokens_in = input_bound(request)
+        budget = entry.budget_nano
+        tokens_out = output_bound(request, model) if budget >= 0 or entry.tpm >= 0 else 0
+        tokens = tokens_in + tokens_out if entry.tpm >= 0 else 0
+        cost = 0
+        if budget >= 0:
+            cost = worst_cost_nano(tokens_in, tokens_out, self._rates(snapshot, model, providers, now))
         shared = self._shared
-        if shared is not None:  # from this process's lease of the key, when it holds one: no await
-            taken = shared.take(ask)
-            if taken is not None:
-                return Ticket(ask, taken.second, shared, rate_headers(entry, taken))
+        if shared is not None:
+            lane = self._lanes.get(entry)
+            if lane is not None and (lane[0] is None or now < lane[0]):
+                lease = shared.take(lane[1], tokens, cost)
+                if lease is not None:
+                    headers = lease_headers(entry, lease)
+                    return Ticket(shared, lease.second, headers, None, lane[1], tokens, cost)
+        period, until = "total", None
+        if budget >= 0:
+            period, _start, until = period_bounds(entry.record.budget_period or "total", now)  # cached by the day
+        ask = Ask(
+            key_id=entry.record.id,
+            request_id=ctx.request_id,
+            period=period,
+            rpm=entry.rpm,
+            tpm=entry.tpm,
+            tokens=tokens,
+            max_concurrency=entry.concurrency,
+            hold_ms=self._hold_ms,
+            budget=budget,
+            cost=cost,
+        )
+        if shared is not None and entry.concurrency < 0:  # a key with max_concurrency is not leased
+            if len(self._lanes) > 4096:
+                self._lanes.clear()
+            self._lanes[entry] = (until, shared.lane(ask))
         try:
             limiter = shared if shared is not None else self._limiter()
             verdict = await limiter.admit(ask)  # `_decide`'s first step, without its coroutine
@@ -150,7 +188,7 @@ class AccessGate:
         headers = rate_headers(entry, verdict)
         if verdict.refused is not None:
             raise _refusal(entry, ask, verdict, headers, ctx.started_at)
-        return Ticket(ask, verdict.second, limiter, headers)
+        return Ticket(limiter, verdict.second, headers, ask)
 
     def _limiter(self) -> Limiter:
         if self._shared is not None:
@@ -158,34 +196,6 @@ class AccessGate:
         if self._alone:
             return self._local
         raise LimiterDown("several processes share these limits, and [redis] is not configured")
-
-    def _ask(
-        self,
-        entry: Entry,
-        ctx: RequestContext,
-        request: AnyRequest,
-        model: ModelEntry,
-        providers: Sequence[str],
-        snapshot: CatalogSnapshot,
-    ) -> Ask:
-        cost, budget, period = 0, entry.budget_nano, "total"
-        tokens_in = input_bound(request)
-        tokens_out = output_bound(request, model) if budget >= 0 or entry.tpm >= 0 else 0
-        if budget >= 0:
-            cost = worst_cost_nano(tokens_in, tokens_out, self._rates(snapshot, model, providers, ctx.started_at))
-            period = period_bounds(entry.record.budget_period or "total", ctx.started_at)[0]  # cached by the day
-        return Ask(
-            key_id=entry.record.id,
-            request_id=ctx.request_id,
-            period=period,
-            rpm=entry.rpm,
-            tpm=entry.tpm,
-            tokens=tokens_in + tokens_out if entry.tpm >= 0 else 0,
-            max_concurrency=entry.concurrency,
-            hold_ms=self._hold_ms,
-            budget=budget,
-            cost=cost,
-        )
 
     def _rates(
         self, snapshot: CatalogSnapshot, model: ModelEntry, providers: Sequence[str], when: datetime
@@ -223,7 +233,10 @@ class AccessGate:
     # -- settlement ----------------------------------------------------------------------------
 
     def settle(self, ticket: Ticket, cost: Decimal | None, tokens: int) -> None:
-        ticket.limiter.settle(ticket.ask, ticket.second, tokens, to_nano(cost))
+        if ticket.lane is not None and self._shared is not None:
+            self._shared.settle_summed(ticket.lane, ticket.second, tokens - ticket.tokens, ticket.cost, to_nano(cost))
+        elif ticket.ask is not None:
+            ticket.limiter.settle(ticket.ask, ticket.second, tokens, to_nano(cost))
 
     def _settle_failed(self, key_id: str, reason: str) -> None:
         self._log.error("limits_settle_failed", key_id=key_id, reason=reason)
@@ -244,24 +257,38 @@ class AccessGate:
 
 
 def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
-    headers: Headers = ()
     # a refusal's own limit resets when a request would pass (its Retry-After); the others, and an
     # admission's, when the window's oldest second leaves it
+    requests = verdict.retry_after if verdict.refused == "rpm" and verdict.retry_after is not None else None
+    tokens = verdict.retry_after if verdict.refused == "tpm" and verdict.retry_after is not None else None
+    return _headers(
+        entry,
+        verdict.remaining_requests,
+        _duration(verdict.reset_requests_s if requests is None else requests),
+        verdict.remaining_tokens,
+        _duration(verdict.reset_tokens_s if tokens is None else tokens),
+    )
+
+
+def lease_headers(entry: Entry, lease: Lease) -> Headers:
+    """An admission's headers from the lease it was taken from (`Lease.verdict`'s numbers)."""
+    reset = _duration(lease.reset_s)
+    return _headers(entry, lease.left_requests + lease.requests, reset, lease.left_tokens + lease.tokens, reset)
+
+
+def _headers(entry: Entry, requests: int, requests_reset: bytes, tokens: int, tokens_reset: bytes) -> Headers:
+    headers: Headers = ()
     if entry.rpm >= 0:
-        refused = verdict.refused == "rpm" and verdict.retry_after is not None
-        reset = _duration(verdict.retry_after if refused else verdict.reset_requests_s)
         headers = (
             entry.limit_headers[0],
-            (b"x-ratelimit-remaining-requests", b"%d" % verdict.remaining_requests),
-            (b"x-ratelimit-reset-requests", reset),
+            (b"x-ratelimit-remaining-requests", b"%d" % requests),
+            (b"x-ratelimit-reset-requests", requests_reset),
         )
     if entry.tpm >= 0:
-        refused = verdict.refused == "tpm" and verdict.retry_after is not None
-        reset = _duration(verdict.retry_after if refused else verdict.reset_tokens_s)
         headers += (
             entry.limit_headers[1],
-            (b"x-ratelimit-remaining-tokens", b"%d" % verdict.remaining_tokens),
-            (b"x-ratelimit-reset-tokens", reset),
+            (b"x-ratelimit-remaining-tokens", b"%d" % tokens),
+            (b"x-ratelimit-reset-tokens", tokens_reset),
         )
     return headers
 

@@ -75,15 +75,15 @@ class Lease:
         self.reset_s = window.reset_requests_s
         self.used = 1  # the admission that took it
 
-    def take(self, ask: Ask) -> Verdict | None:
-        """An admission from the block, or None when it cannot hold `ask`."""
-        if self.requests < 1 or self.tokens < ask.tokens or self.cost < ask.cost:
-            return None
+    def take(self, tokens: int, cost: int) -> bool:
+        """One admission of `tokens` and `cost` from the block; False when it cannot hold them."""
+        if self.requests < 1 or self.tokens < tokens or self.cost < cost:
+            return False
         self.requests -= 1
-        self.tokens -= ask.tokens
-        self.cost -= ask.cost
+        self.tokens -= tokens
+        self.cost -= cost
         self.used += 1
-        return self.verdict()
+        return True
 
     def verdict(self) -> Verdict:
         """An admission's verdict from this process's view: Redis's remaining at the grant plus

@@ -81,7 +81,7 @@ def _spend_key(prefix: str, key_id: str, period: str) -> str:
     return f"{_base(prefix, key_id)}:spend:{period}"
 
 
-class _Commands:
+class Lane:
     """One key's commands in one budget period, encoded but for their per-request arguments: the
     admission's head (`EVALSHA`, its keys) and tail (the key's limits), the settlement's head. Made
     once per key, period and limits, so a request only formats its own arguments. Also what this
@@ -143,41 +143,42 @@ class RedisLimiter:
         self.clock = clock
         self.lease_max = lease_max
         self.retries: set[asyncio.Future[Any]] = set()
-        self._commands: dict[tuple[str, str, int, int, int, int, int], _Commands] = {}
-        self._unsent: dict[_Commands, list[bytes]] = {}  # settlements waiting to be sent, by key
+        self._commands: dict[tuple[str, str, int, int, int, int, int], Lane] = {}
+        self._unsent: dict[Lane, list[bytes]] = {}  # settlements waiting to be sent, by key
         self._unsent_timer: asyncio.TimerHandle | None = None
         self._unsent_due = 0.0  # when the timer fires (the loop's time)
         self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
 
-    def _of(self, ask: Ask) -> _Commands:
+    def lane(self, ask: Ask) -> Lane:
+        """The key's lane for `ask`'s period and limits (made once; a caller may keep it for
+        `take` and `settle_summed` while they hold)."""
         key = (ask.key_id, ask.period, ask.rpm, ask.tpm, ask.max_concurrency, ask.hold_ms, ask.budget)
         commands = self._commands.get(key)
         if commands is None:
             if len(self._commands) > 10_000:
+                for old in self._commands.values():  # a lane kept by a caller stops leasing
+                    if old.lease is not None:
+                        self._end(old, old.lease)
                 self._commands.clear()
-            commands = self._commands[key] = _Commands(self, ask.key_id, ask.period, key[2:])
+            commands = self._commands[key] = Lane(self, ask.key_id, ask.period, key[2:])
         return commands
 
-    def take(self, ask: Ask) -> Verdict | None:
-        """An admission from this process's lease of the key, without Redis; None when there is
-        none that holds `ask` (then `admit`)."""
-        lease = self._of(ask).lease
-        return None if lease is None else self._take(lease, ask)
-
-    def _take(self, lease: Lease, ask: Ask) -> Verdict | None:
-        """`lease.take`, while the lease lasts and the connection is not known lost (Redis down
-        is a 503, lease or not)."""
-        if self._loop.time() >= lease.deadline or not self.redis.connected:
+    def take(self, lane: Lane, tokens: int, cost: int) -> Lease | None:
+        """An admission of `tokens` and `cost` from this process's lease of the key, without Redis,
+        while the lease lasts and the connection is not known lost (Redis down is a 503, lease or
+        not): the lease it came from (its numbers are the admission's view), or None (then
+        `admit`)."""
+        lease = lane.lease
+        if lease is None or self._loop.time() >= lease.deadline or not self.redis.connected:
             return None
-        return lease.take(ask)
+        return lease if lease.take(tokens, cost) else None
 
     async def admit(self, ask: Ask) -> Verdict:
-        commands = self._of(ask)
+        commands = self.lane(ask)
         lease = commands.lease
         if lease is not None:
-            verdict = self._take(lease, ask)
-            if verdict is not None:
-                return verdict
+            if self.take(commands, ask.tokens, ask.cost) is not None:
+                return lease.verdict()
             self._end(commands, lease)
         if self._unsent:  # before this admission, in the same write: they may free what it asks for
             self._send_settlements()
@@ -201,7 +202,7 @@ class RedisLimiter:
             return self._admitted(commands, ask, reply, sent_at)
         return refused(ask, reply)
 
-    async def _admission(self, commands: _Commands, ask: Ask, want: int) -> Any:
+    async def _admission(self, commands: Lane, ask: Ask, want: int) -> Any:
         """The admission script's reply (`want`: the lease asked for; 0: do not wait for leases)."""
         rid, tokens, cost = ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost
         own = _THREE % (len(rid), rid, len(tokens), tokens, len(cost), cost)
@@ -217,7 +218,7 @@ class RedisLimiter:
             raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
         return reply
 
-    def _admitted(self, commands: _Commands, ask: Ask, reply: bytes, sent_at: float) -> Verdict:
+    def _admitted(self, commands: Lane, ask: Ask, reply: bytes, sent_at: float) -> Verdict:
         second, left_r, left_t, reset, granted, life = map(int, reply.split())
         verdict = Verdict(
             second=second,
@@ -236,12 +237,12 @@ class RedisLimiter:
         self._loop.call_at(lease.deadline, self._expire, commands, lease)
         return lease.verdict()
 
-    def _expire(self, commands: _Commands, lease: Lease) -> None:
+    def _expire(self, commands: Lane, lease: Lease) -> None:
         if commands.lease is lease:
             self._end(commands, lease)
             self._send_settlements()  # at once: another process may wait for it
 
-    def _end(self, commands: _Commands, lease: Lease) -> None:
+    def _end(self, commands: Lane, lease: Lease) -> None:
         """The lease is over: what it still holds goes back with the next settlements."""
         if commands.lease is lease:
             commands.lease = None
@@ -250,30 +251,37 @@ class RedisLimiter:
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         args = (b"%d" % spent, b"%d" % ttl_s)
-        await self._call(self._load, self._load.command(self._of(ask).spend_keys, args))
+        await self._call(self._load, self._load.command(self.lane(ask).spend_keys, args))
 
     def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
         """Kept until the next admission's write, or `LAZY_S` (one script call per key for all the
         settlements waiting then: module doc); nobody waits for it. Without `max_concurrency` (no
         request to take off the in-flight set) the settlements of one second are summed."""
-        commands = self._of(ask)
-        reserved = ask.cost if commands.budgeted else -1
-        if ask.max_concurrency >= 0:
-            rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
-            self._queue(commands, _item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"), LAZY_S)
+        commands = self.lane(ask)
+        if ask.max_concurrency < 0:
+            self.settle_summed(commands, second, tokens - ask.tokens, ask.cost, cost)
             return
-        summed = commands.summed
+        rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
+        reserved = ask.cost if commands.budgeted else -1
+        self._queue(commands, _item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"), LAZY_S)
+
+    def settle_summed(self, lane: Lane, second: int, tokens: int, reserved: int, cost: int) -> None:
+        """A settlement of a key without `max_concurrency`, summed with the others of its second:
+        `tokens` used minus reserved, the cost `reserved` and the `cost` spent (nano-dollars)."""
+        if not lane.budgeted:
+            reserved = -1
+        summed = lane.summed
         if summed is not None and summed[0] == second:
-            summed[1] += tokens - ask.tokens
+            summed[1] += tokens
             summed[2] += reserved
             summed[3] += cost
             return
         if summed is not None:
-            self._queue(commands, _summed(commands), SUMMED_S)
-        commands.summed = [second, tokens - ask.tokens, reserved, cost]
-        self._queue(commands, None, SUMMED_S)
+            self._queue(lane, _summed(lane), SUMMED_S)
+        lane.summed = [second, tokens, reserved, cost]
+        self._queue(lane, None, SUMMED_S)
 
-    def _queue(self, commands: _Commands, item: bytes | None, within: float) -> None:
+    def _queue(self, commands: Lane, item: bytes | None, within: float) -> None:
         """`item` (None: the key's summed settlements) to leave with the next admission, or within
         `within` seconds."""
         unsent = self._unsent.get(commands)
@@ -354,7 +362,7 @@ def _item(rid: bytes, at: bytes, delta: bytes, reserved: bytes, spent: bytes, ki
     )
 
 
-def _summed(commands: _Commands) -> bytes:
+def _summed(commands: Lane) -> bytes:
     second, delta, reserved, spent = commands.summed or (0, 0, -1, 0)
     commands.summed = None
     return _item(b"=", b"%d" % second, b"%d" % delta, b"%d" % reserved, b"%d" % spent, b"=")

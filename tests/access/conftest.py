@@ -8,16 +8,19 @@ would; the admin key's secret is in `SWITCHYARD_TEST_ADMIN_KEY`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from redis import Redis
 
 from app.logging import configure_logging
 from tests.support.catalog import catalog_toml, model, price
 from tests.support.gateway import GatewayHandle, StartGateway, provider_table
 from tests.support.upstream import ReplayUpstream, upstream_fixture
 
+REDIS_URL = "redis://127.0.0.1:6379/0"
 ADMIN = "sy-admin-secret-for-tests-0123456789abcdefghijkl"
 ADMIN_ENV = "SWITCHYARD_TEST_ADMIN_KEY"
 CATALOG = catalog_toml(
@@ -29,6 +32,18 @@ CATALOG = catalog_toml(
 )
 
 up = upstream_fixture("up")
+
+
+@pytest.fixture
+async def prefix() -> AsyncIterator[str]:
+    """A Redis key prefix of the test's own, its keys deleted afterwards (the limiter's tests)."""
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    client = Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 @pytest.fixture(autouse=True)

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator
 
-import pytest
 from redis import Redis
 
 from app.access.lease import LEASE_MIN, LEASE_S
@@ -18,17 +15,6 @@ from app.access.limiter import Ask
 from app.access.redis_limiter import RedisLimiter
 from app.settings import RedisSettings
 from tests.access.test_redis_limiter import URL, _Tap
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    client = Redis.from_url(URL)
-    keys = list(client.scan_iter(match=f"{prefix}:*"))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def _ask(request_id: str, rpm: int = 1000) -> Ask:

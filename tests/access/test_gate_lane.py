@@ -1,0 +1,139 @@
+"""The gate's leased path (`AccessGate.admit`): a busy key's requests are admitted from this
+process's lease in the key's lane, with no Redis command, their `x-ratelimit-*` headers counting
+down, and settle summed — against the real Redis on this machine, through a tap that sees every
+command."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import msgspec
+import pytest
+import structlog
+from redis import Redis
+
+from app.access.gate import AccessGate, Ticket
+from app.access.keyring import Entry, KeyRing
+from app.access.lease import LEASE_MIN
+from app.context import new_context
+from app.metrics import Counter
+from app.settings import RedisSettings, Settings
+from catalog.database import open_engine
+from catalog.keys import KeyRecord
+from providers.types import CompletionRequest, Message, TextPart
+from tests.access.test_redis_lease import _early_in_a_second, _window
+from tests.access.test_redis_limiter import URL, _Tap
+from tests.access.test_worstcase import _snapshot
+
+
+@pytest.fixture
+async def tap() -> AsyncIterator[tuple[_Tap, int]]:
+    tap = _Tap()
+    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
+    yield tap, server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+
+
+def _header(ticket: Ticket, name: bytes) -> bytes:
+    return dict(ticket.headers)[name]
+
+
+async def test_a_busy_key_is_admitted_from_its_lane_without_redis(prefix: str, tap: tuple[_Tap, int]) -> None:
+    wire, port = tap
+    settings = msgspec.structs.replace(
+        Settings(), redis=RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix)
+    )
+    engine = open_engine("sqlite+aiosqlite://")  # never connected: the key has no budget to load
+    log = structlog.get_logger("test")
+    gate = AccessGate(settings, engine, KeyRing(engine, settings.auth, None, log), log, Counter("c", "c", ()))
+    now = datetime.now(UTC)
+    entry = Entry(
+        KeyRecord(
+            id="k1", name="n", secret_hash="00" * 32, prefix="sy-x", created_at=now, updated_at=now, rpm=1000, tpm=10**6
+        )
+    )
+    snapshot, model = _snapshot(("a", "2026-01-01T00:00:00+00:00", "1", "4"))
+    request = CompletionRequest(messages=[Message(role="user", content=[TextPart(data="hi")])], max_tokens=16)
+    reserved = 57 + 2 * 16 + 16  # its messages' JSON, an allowance per message and one more, max_tokens
+    try:
+        await _early_in_a_second()
+        tickets = []
+        for n in range(LEASE_MIN):
+            ctx = new_context(f"r{n}", "native", stream=False, deadline=0.0, principal=entry.principal)
+            ticket = await gate.admit(entry, ctx, request, model, ["a"], snapshot)
+            assert ticket is not None
+            tickets.append(ticket)
+        first, *leased = tickets
+        assert first.ask is not None
+        assert first.lane is None
+        assert all(t.ask is None and t.lane is not None and t.second == first.second for t in leased)
+        assert b"".join(wire.writes).count(gate._shared.admit_script.sha.encode()) == 1  # type: ignore[union-attr]
+        remaining = [int(_header(t, b"x-ratelimit-remaining-requests")) for t in tickets]
+        assert remaining == [1000 - n for n in range(1, LEASE_MIN + 1)]
+        tokens = [int(_header(t, b"x-ratelimit-remaining-tokens")) for t in tickets]
+        assert tokens == [10**6 - reserved * n for n in range(1, LEASE_MIN + 1)]
+        assert first.ask.tokens == reserved
+        assert leased[0].tokens == reserved
+
+        for ticket in tickets:
+            gate.settle(ticket, Decimal("0.000001"), 40)  # each used 40 of its 100 tokens
+        await gate.close()  # the summed settlements sent and answered
+        sent = b"".join(wire.writes)
+        assert sent.count(gate._shared.settle_script.sha.encode()) == 1  # type: ignore[union-attr]
+        window = _window(prefix)
+        assert (window[b"R"], window[b"T"]) == (b"%d" % LEASE_MIN, b"%d" % (40 * LEASE_MIN))
+    finally:
+        await engine.dispose()
+
+
+async def test_a_new_budget_period_takes_a_new_lane(prefix: str) -> None:
+    """A lane is kept until its key's budget period ends: an admission in the next period goes to
+    Redis under that period's spend, never to the old period's lease."""
+    settings = msgspec.structs.replace(Settings(), redis=RedisSettings(url=URL, key_prefix=prefix))
+    engine = open_engine("sqlite+aiosqlite://")
+    log = structlog.get_logger("test")
+    gate = AccessGate(settings, engine, KeyRing(engine, settings.auth, None, log), log, Counter("c", "c", ()))
+    now = datetime.now(UTC)
+    record = KeyRecord(
+        id="k1",
+        name="n",
+        secret_hash="00" * 32,
+        prefix="sy-x",
+        created_at=now,
+        updated_at=now,
+        budget_usd=Decimal(1000),
+        budget_period="day",
+        rpm=1000,
+    )
+    entry = Entry(record)
+    snapshot, model = _snapshot(("a", "2026-01-01T00:00:00+00:00", "1", "4"))
+    request = CompletionRequest(messages=[Message(role="user", content=[TextPart(data="hi")])], max_tokens=16)
+    client = Redis.from_url(URL)
+    try:
+        for day in ("2026-12-03", "2026-12-04"):  # the spend of each day is there: no ledger to read
+            client.hset(f"{prefix}:lim:{{k1}}:spend:d{day.replace('-', '')}", mapping={"s": 0, "r": 0})
+        await _early_in_a_second()
+        tickets = []
+        for n, when in enumerate(("2026-12-03T23:59:59.5", "2026-12-03T23:59:59.6", "2026-12-04T00:00:00")):
+            ctx = new_context(f"r{n}", "native", stream=False, deadline=0.0, principal=entry.principal)
+            ctx = msgspec.structs.replace(ctx, started_at=datetime.fromisoformat(when).replace(tzinfo=UTC))
+            ticket = await gate.admit(entry, ctx, request, model, ["a"], snapshot)
+            assert ticket is not None
+            tickets.append(ticket)
+        assert tickets[1].lane is not None  # the same day: from the lease
+        assert tickets[2].ask is not None
+        assert tickets[2].ask.period == "d20261204"
+        reserved = {key: client.hget(key, "r") for key in client.scan_iter(match=f"{prefix}:lim:*:spend:*")}
+        assert set(reserved) == {
+            f"{prefix}:lim:{{k1}}:spend:d20261203".encode(),
+            f"{prefix}:lim:{{k1}}:spend:d20261204".encode(),
+        }
+        assert all(int(value or 0) > 0 for value in reserved.values())  # each day's lease reserved its own
+        await gate.close()
+    finally:
+        client.close()
+        await engine.dispose()
