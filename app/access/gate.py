@@ -259,15 +259,10 @@ class AccessGate:
 def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
     # a refusal's own limit resets when a request would pass (its Retry-After); the others, and an
     # admission's, when the window's oldest second leaves it
-    requests = verdict.retry_after if verdict.refused == "rpm" and verdict.retry_after is not None else None
-    tokens = verdict.retry_after if verdict.refused == "tpm" and verdict.retry_after is not None else None
-    return _headers(
-        entry,
-        verdict.remaining_requests,
-        _duration(verdict.reset_requests_s if requests is None else requests),
-        verdict.remaining_tokens,
-        _duration(verdict.reset_tokens_s if tokens is None else tokens),
-    )
+    wait = verdict.retry_after
+    requests = wait if wait is not None and verdict.refused == "rpm" else verdict.reset_requests_s
+    tokens = wait if wait is not None and verdict.refused == "tpm" else verdict.reset_tokens_s
+    return _headers(entry, verdict.remaining_requests, _duration(requests), verdict.remaining_tokens, _duration(tokens))
 
 
 def lease_headers(entry: Entry, lease: Lease) -> Headers:

@@ -82,7 +82,7 @@ def _spend_key(prefix: str, key_id: str, period: str) -> str:
 
 
 class Lane:
-    """One key's commands in one budget period, encoded but for their per-request arguments: the
+    """A key's lane: its commands in one budget period, encoded but for their per-request arguments: the
     admission's head (`EVALSHA`, its keys) and tail (the key's limits), the settlement's head. Made
     once per key, period and limits, so a request only formats its own arguments. Also what this
     process holds of that key: its lease, the size of the next, the settlements summed (`summed`:
@@ -143,7 +143,7 @@ class RedisLimiter:
         self.clock = clock
         self.lease_max = lease_max
         self.retries: set[asyncio.Future[Any]] = set()
-        self._commands: dict[tuple[str, str, int, int, int, int, int], Lane] = {}
+        self._lanes: dict[tuple[str, str, int, int, int, int, int], Lane] = {}
         self._unsent: dict[Lane, list[bytes]] = {}  # settlements waiting to be sent, by key
         self._unsent_timer: asyncio.TimerHandle | None = None
         self._unsent_due = 0.0  # when the timer fires (the loop's time)
@@ -153,15 +153,15 @@ class RedisLimiter:
         """The key's lane for `ask`'s period and limits (made once; a caller may keep it for
         `take` and `settle_summed` while they hold)."""
         key = (ask.key_id, ask.period, ask.rpm, ask.tpm, ask.max_concurrency, ask.hold_ms, ask.budget)
-        commands = self._commands.get(key)
-        if commands is None:
-            if len(self._commands) > 10_000:
-                for old in self._commands.values():  # a lane kept by a caller stops leasing
+        lane = self._lanes.get(key)
+        if lane is None:
+            if len(self._lanes) > 10_000:
+                for old in self._lanes.values():  # a lane kept by a caller stops leasing
                     if old.lease is not None:
                         self._end(old, old.lease)
-                self._commands.clear()
-            commands = self._commands[key] = Lane(self, ask.key_id, ask.period, key[2:])
-        return commands
+                self._lanes.clear()
+            lane = self._lanes[key] = Lane(self, ask.key_id, ask.period, key[2:])
+        return lane
 
     def take(self, lane: Lane, tokens: int, cost: int) -> Lease | None:
         """An admission of `tokens` and `cost` from this process's lease of the key, without Redis,
@@ -174,42 +174,42 @@ class RedisLimiter:
         return lease if lease.take(tokens, cost) else None
 
     async def admit(self, ask: Ask) -> Verdict:
-        commands = self.lane(ask)
-        lease = commands.lease
+        lane = self.lane(ask)
+        lease = lane.lease
         if lease is not None:
-            if self.take(commands, ask.tokens, ask.cost) is not None:
+            if self.take(lane, ask.tokens, ask.cost) is not None:
                 return lease.verdict()
-            self._end(commands, lease)
+            self._end(lane, lease)
         if self._unsent:  # before this admission, in the same write: they may free what it asks for
             self._send_settlements()
-        want = 1 if commands.asking else commands.want
+        want = 1 if lane.asking else lane.want
         waited = 0.0
         while True:
             if want > 1:
-                commands.asking = True
+                lane.asking = True
             sent_at = self._loop.time()
             try:
-                reply = await self._admission(commands, ask, want if waited < WAIT_S else 0)
+                reply = await self._admission(lane, ask, want if waited < WAIT_S else 0)
             finally:
                 if want > 1:
-                    commands.asking = False
+                    lane.asking = False
             if type(reply) is bytes or reply[0] != 6:  # 6: would pass once other processes' leases end
                 break
             wait = int(reply[1]) / 1000
             waited += wait
             await asyncio.sleep(wait)
         if type(reply) is bytes:  # admitted: "second remaining-requests remaining-tokens reset lease life"
-            return self._admitted(commands, ask, reply, sent_at)
+            return self._admitted(lane, ask, reply, sent_at)
         return refused(ask, reply)
 
-    async def _admission(self, commands: Lane, ask: Ask, want: int) -> Any:
+    async def _admission(self, lane: Lane, ask: Ask, want: int) -> Any:
         """The admission script's reply (`want`: the lease asked for; 0: do not wait for leases)."""
         rid, tokens, cost = ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost
         own = _THREE % (len(rid), rid, len(tokens), tokens, len(cost), cost)
-        tail = commands.admit_tail + bulk(b"%d" % want)
+        tail = lane.admit_tail + bulk(b"%d" % want)
         if self.clock is not None:
             tail += bulk(b"%d" % self.clock())
-        command = b"".join((commands.admit_head, own, tail))
+        command = b"".join((lane.admit_head, own, tail))
         try:  # `RespClient.evalsha`, unrolled: the reply is awaited here, one coroutine fewer
             reply = await self.redis.post(command)
             if isinstance(reply, RespError):
@@ -218,7 +218,7 @@ class RedisLimiter:
             raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
         return reply
 
-    def _admitted(self, commands: Lane, ask: Ask, reply: bytes, sent_at: float) -> Verdict:
+    def _admitted(self, lane: Lane, ask: Ask, reply: bytes, sent_at: float) -> Verdict:
         second, left_r, left_t, reset, granted, life = map(int, reply.split())
         verdict = Verdict(
             second=second,
@@ -231,23 +231,23 @@ class RedisLimiter:
             return verdict
         # it ends no later than Redis's end of it: the admission was sent before Redis read its clock
         lease = Lease(ask, granted, verdict, sent_at + life / 1000)
-        if commands.lease is not None:
-            self._end(commands, commands.lease)
-        commands.lease = lease
-        self._loop.call_at(lease.deadline, self._expire, commands, lease)
+        if lane.lease is not None:
+            self._end(lane, lane.lease)
+        lane.lease = lease
+        self._loop.call_at(lease.deadline, self._expire, lane, lease)
         return lease.verdict()
 
-    def _expire(self, commands: Lane, lease: Lease) -> None:
-        if commands.lease is lease:
-            self._end(commands, lease)
+    def _expire(self, lane: Lane, lease: Lease) -> None:
+        if lane.lease is lease:
+            self._end(lane, lease)
             self._send_settlements()  # at once: another process may wait for it
 
-    def _end(self, commands: Lane, lease: Lease) -> None:
+    def _end(self, lane: Lane, lease: Lease) -> None:
         """The lease is over: what it still holds goes back with the next settlements."""
-        if commands.lease is lease:
-            commands.lease = None
-            commands.want = lease.next_size(self.lease_max)
-        self._queue(commands, _item(*lease.unused(commands.budgeted)), LAZY_S)
+        if lane.lease is lease:
+            lane.lease = None
+            lane.want = lease.next_size(self.lease_max)
+        self._queue(lane, _item(*lease.unused(lane.budgeted)), LAZY_S)
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         args = (b"%d" % spent, b"%d" % ttl_s)
@@ -257,13 +257,13 @@ class RedisLimiter:
         """Kept until the next admission's write, or `LAZY_S` (one script call per key for all the
         settlements waiting then: module doc); nobody waits for it. Without `max_concurrency` (no
         request to take off the in-flight set) the settlements of one second are summed."""
-        commands = self.lane(ask)
+        lane = self.lane(ask)
         if ask.max_concurrency < 0:
-            self.settle_summed(commands, second, tokens - ask.tokens, ask.cost, cost)
+            self.settle_summed(lane, second, tokens - ask.tokens, ask.cost, cost)
             return
         rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
-        reserved = ask.cost if commands.budgeted else -1
-        self._queue(commands, _item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"), LAZY_S)
+        reserved = ask.cost if lane.budgeted else -1
+        self._queue(lane, _item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"), LAZY_S)
 
     def settle_summed(self, lane: Lane, second: int, tokens: int, reserved: int, cost: int) -> None:
         """A settlement of a key without `max_concurrency`, summed with the others of its second:
@@ -281,12 +281,12 @@ class RedisLimiter:
         lane.summed = [second, tokens, reserved, cost]
         self._queue(lane, None, SUMMED_S)
 
-    def _queue(self, commands: Lane, item: bytes | None, within: float) -> None:
+    def _queue(self, lane: Lane, item: bytes | None, within: float) -> None:
         """`item` (None: the key's summed settlements) to leave with the next admission, or within
         `within` seconds."""
-        unsent = self._unsent.get(commands)
+        unsent = self._unsent.get(lane)
         if unsent is None:
-            unsent = self._unsent[commands] = []
+            unsent = self._unsent[lane] = []
         if item is not None:
             unsent.append(item)
         timer = self._unsent_timer
@@ -307,12 +307,12 @@ class RedisLimiter:
             self._unsent_timer.cancel()
             self._unsent_timer = None
         unsent, self._unsent = self._unsent, {}
-        for commands, items in unsent.items():
-            if commands.summed is not None:
-                items.append(_summed(commands))
+        for lane, items in unsent.items():
+            if lane.summed is not None:
+                items.append(_summed(lane))
             if items:
-                command = commands.settlement(items)
-                self.redis.post_to(command, _Settlement(self, commands.key_id, command))
+                command = lane.settlement(items)
+                self.redis.post_to(command, _Settlement(self, lane.key_id, command))
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
@@ -330,9 +330,9 @@ class RedisLimiter:
     async def drain(self) -> None:
         """Give the leases back, send the settlements waiting and wait for every answer (at most
         the client's timeout)."""
-        for commands in list(self._commands.values()):
-            if commands.lease is not None:
-                self._end(commands, commands.lease)
+        for lane in list(self._lanes.values()):
+            if lane.lease is not None:
+                self._end(lane, lane.lease)
         if self._unsent:
             self._send_settlements()
         await self.redis.drain()
@@ -362,9 +362,9 @@ def _item(rid: bytes, at: bytes, delta: bytes, reserved: bytes, spent: bytes, ki
     )
 
 
-def _summed(commands: Lane) -> bytes:
-    second, delta, reserved, spent = commands.summed or (0, 0, -1, 0)
-    commands.summed = None
+def _summed(lane: Lane) -> bytes:
+    second, delta, reserved, spent = lane.summed or (0, 0, -1, 0)
+    lane.summed = None
     return _item(b"=", b"%d" % second, b"%d" % delta, b"%d" % reserved, b"%d" % spent, b"=")
 
 
