@@ -16,11 +16,11 @@ import pytest
 from redis import Redis
 
 from app.logging import configure_logging
+from tests.access.test_redis_limiter import URL
 from tests.support.catalog import catalog_toml, model, price
 from tests.support.gateway import GatewayHandle, StartGateway, provider_table
 from tests.support.upstream import ReplayUpstream, upstream_fixture
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 ADMIN = "sy-admin-secret-for-tests-0123456789abcdefghijkl"
 ADMIN_ENV = "SWITCHYARD_TEST_ADMIN_KEY"
 CATALOG = catalog_toml(
@@ -39,7 +39,7 @@ async def prefix() -> AsyncIterator[str]:
     """A Redis key prefix of the test's own, its keys deleted afterwards (the limiter's tests)."""
     prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
     yield prefix
-    client = Redis.from_url(REDIS_URL)
+    client = Redis.from_url(URL)
     keys = list(client.scan_iter(match=f"{prefix}:*"))
     if keys:
         client.delete(*keys)
