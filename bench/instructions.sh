@@ -25,7 +25,7 @@
 # this checkout's config, bodies, mock upstream and virtualenv: DIR's packages come first on the
 # path (cwd and PYTHONPATH), the config must be one DIR's settings accept.
 #
-# INSTRUCTIONS_STEADY=1 counts only what a request costs, not what the clock does. Under valgrind
+# INSTRUCTIONS_STEADY=1 takes most of what the clock does out of the count. Under valgrind
 # the gateway runs ~50x slower, so work that runs every so many seconds (the catalog watch's poll,
 # 5 s: ~15M instructions each; the key ring's, 10 s) or waits a fixed time (summed settlements sent
 # within 20 ms: at valgrind's ~80 requests a second that is a Redis command per request or two,
@@ -34,7 +34,8 @@
 # copy of the tree in the work directory with those intervals 50x longer (`CATALOG_POLL_S`,
 # `REDIS_POLL_S`, `SUMMED_S`, `LAZY_S`): the same code per request, its periodic work scaled as a
 # full-speed gateway's. A lease still ends with its second of the window (Redis's clock, not
-# scaled): one admission per ~80 requests here, per several hundred at full speed.
+# scaled): one admission per ~80 requests here, per several hundred at full speed. Counts still
+# move with the requests a run got through (bench/RESULTS.md, 2026-12-03): compare trees side by side.
 #
 # The machine is shared: the ports come from $INSTRUCTIONS_PORT (the gateway's; the mock's is the
 # next one), and valgrind's control pipes live in the work directory (`--vgdb-prefix`), so another
