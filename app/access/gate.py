@@ -1,15 +1,19 @@
 """The access gate: what the pipeline asks about a key once its request's route is known.
 
-    permit(ctx, model)                  the key's entry, or 403 when the key may not use the model
-    admit(entry, ctx, request, model, route)   the key's limits: a `Ticket` (a reservation), or a 429/503
-    settle(ticket, cost, tokens)        the reservation becomes the real cost and tokens
+    permit(ctx, model)          the key's entry, or 403 when the key may not use the model
+    reserve(entry, ctx, request, model, providers, snapshot)
+                                a limited key's `Ticket` from this process's lease, or the request's
+                                reservation (tokens, worst-case cost) for `admit`
+    admit(entry, ctx, reservation)   the key's limiter's `Ticket`, or a 429/503
+    settle(ticket, cost, tokens)     the reservation becomes the real cost and tokens
 
 `permit` runs as soon as the model is resolved, before routing: a model the key may not use is a
 403 whether or not a backend could serve it now (a 503 would tell the caller which forbidden
-models have backends, and invite a retry). `admit` runs after routing decided which backends may
+models have backends, and invite a retry). `reserve` runs after routing decided which backends may
 serve the request and before any of them is tried, so the reservation covers the most expensive
-of them (`app.access.worstcase`); `settle`
-runs from the pipeline's `_close`, which every request passes once (success, failure, client
+of them (`app.access.worstcase`). It is not a coroutine: a busy key's request is admitted from the
+lease without an await, and only the others go on to `admit` (Redis, or this process's limiter).
+`settle` runs from the pipeline's `_close`, which every request passes once (success, failure, client
 cancellation): a failure without usage settles to 0. Settling is one Redis command sent without
 waiting for its answer (the pipeline closes synchronously; no task per request). A settlement
 Redis could not take is logged (`limits_settle_failed`) and its reservation stays held until the
@@ -33,8 +37,9 @@ request that can never pass.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
@@ -43,10 +48,10 @@ from msgspec import Struct
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.access.keyring import Entry, KeyRing
-from app.access.lease import Lease
 from app.access.limiter import Ask, Limiter, LimiterDown, LocalLimiter, Verdict
 from app.access.redis_limiter import Lane, RedisLimiter
 from app.access.worstcase import (
+    NANO,
     WorstRates,
     from_nano,
     input_bound,
@@ -68,6 +73,9 @@ from providers.types import AnyRequest
 
 Headers = tuple[tuple[bytes, bytes], ...]
 DAY_S = 86_400
+_DAWN = datetime.min.replace(tzinfo=UTC)  # a span's start or end that has none
+_FOREVER = datetime.max.replace(tzinfo=UTC)
+_Quote = tuple[datetime, datetime, WorstRates]  # worst-case rates, from when and until when their prices hold
 
 
 class Ticket(Struct):
@@ -100,8 +108,8 @@ class AccessGate:
         timeouts = [p.timeouts.total for p in settings.providers.values()] or [600.0]
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
         self._rates_of: CatalogSnapshot | None = None
-        self._worst: dict[tuple[str, ...], WorstRates] = {}
-        self._lanes: dict[Entry, tuple[datetime | None, Lane]] = {}  # Redis's lane of a key, until its period ends
+        self._worst: dict[tuple[str, str | None], _Quote] = {}
+        self._lanes: dict[Entry, tuple[datetime, Lane]] = {}  # Redis's lane of a key, until its period ends
 
     async def close(self) -> None:
         if self._shared is not None:
@@ -123,21 +131,22 @@ class AccessGate:
 
     # -- admission -----------------------------------------------------------------------------
 
-    async def admit(
+    def reserve(
         self,
-        entry: Entry | None,
+        entry: Entry,
         ctx: RequestContext,
         request: AnyRequest,
         model: ModelEntry,
         providers: Sequence[str],
         snapshot: CatalogSnapshot,
-    ) -> Ticket | None:
-        """`entry`: what `permit` returned for this request. A busy key's admission is taken from
-        this process's lease (`app.access.lease`) in the key's lane, kept here by the key's entry
-        until its budget period ends: no `Ask`, no coroutine step, no verdict (keys mode's cost
-        per request: bench/RESULTS.md)."""
-        if entry is None or not entry.limited:
-            return None
+    ) -> Ticket | tuple[int, int]:
+        """A limited key's admission from this process's lease in the key's lane, with no Redis
+        call and no coroutine (a `Ticket`), when the lease holds it; otherwise the request's
+        reservation, (tokens, worst-case nano-dollars), for `admit`. `providers`: the route's
+        (`Route.names`), which the router makes of the model and the pinned provider for one
+        snapshot. The lane is kept here by the key's entry until its budget period ends, and the
+        route's worst-case rates by (model, pinned provider) while their prices are in effect and
+        the snapshot is the same (keys mode's cost per request: bench/RESULTS.md)."""
         now = ctx.started_at
         tokens_in = input_bound(request)
         budget = entry.budget_nano
@@ -145,18 +154,34 @@ class AccessGate:
         tokens = tokens_in + tokens_out if entry.tpm >= 0 else 0
         cost = 0
         if budget >= 0:
-            cost = worst_cost_nano(tokens_in, tokens_out, self._rates(snapshot, model, providers, now))
+            if snapshot is not self._rates_of:
+                self._rates_of, self._worst = snapshot, {}
+            quote = self._worst.get((model.id, request.provider))
+            if quote is None or not quote[0] <= now < quote[1]:
+                quote = self._quote(snapshot, model, request.provider, providers, now)
+            cost = worst_cost_nano(tokens_in, tokens_out, quote[2])
         shared = self._shared
         if shared is not None:
             lane = self._lanes.get(entry)
-            if lane is not None and (lane[0] is None or now < lane[0]):
+            if lane is not None and now < lane[0]:
                 lease = shared.take(lane[1], tokens, cost)
                 if lease is not None:
-                    headers = lease_headers(entry, lease)
+                    reset = _duration(lease.reset_s)
+                    requests, left = lease.left_requests + lease.requests, lease.left_tokens + lease.tokens
+                    headers = _headers(entry, requests, reset, left, reset)
                     return Ticket(shared, lease.second, headers, None, lane[1], tokens, cost)
-        period, until = "total", None
+        return tokens, cost
+
+    async def admit(self, entry: Entry, ctx: RequestContext, reservation: tuple[int, int]) -> Ticket:
+        """A limited key's admission by its limiter (Redis, or this process's), for `reservation`
+        (what `reserve` computed when the lease could not hold it): a `Ticket`, or a 429/503."""
+        now = ctx.started_at
+        tokens, cost = reservation
+        budget = entry.budget_nano
+        period, until = "total", _FOREVER
         if budget >= 0:
-            period, _start, until = period_bounds(entry.record.budget_period or "total", now)  # cached by the day
+            period, _start, end = period_bounds(entry.record.budget_period or "total", now)  # cached by the day
+            until = end if end is not None else _FOREVER
         ask = Ask(
             key_id=entry.record.id,
             request_id=ctx.request_id,
@@ -169,6 +194,7 @@ class AccessGate:
             budget=budget,
             cost=cost,
         )
+        shared = self._shared
         if shared is not None and entry.concurrency < 0:  # a key with max_concurrency is not leased
             if len(self._lanes) > 4096:
                 self._lanes.clear()
@@ -177,17 +203,17 @@ class AccessGate:
             limiter = shared if shared is not None else self._limiter()
             verdict = await limiter.admit(ask)  # `_decide`'s first step, without its coroutine
             if verdict.refused == "budget_missing":
-                verdict = await self._decide(limiter, ask, ctx.started_at, verdict)
+                verdict = await self._decide(limiter, ask, now, verdict)
             self._outage = False
         except LimiterDown as exc:
             if not self._fail_open:
                 raise LimitsUnavailable("limits cannot be checked") from None
             self._note_outage(exc)
             limiter = self._local
-            verdict = await self._decide(limiter, ask, ctx.started_at)
+            verdict = await self._decide(limiter, ask, now)
         headers = rate_headers(entry, verdict)
         if verdict.refused is not None:
-            raise _refusal(entry, ask, verdict, headers, ctx.started_at)
+            raise _refusal(entry, ask, verdict, headers, now)
         return Ticket(limiter, verdict.second, headers, ask)
 
     def _limiter(self) -> Limiter:
@@ -197,20 +223,18 @@ class AccessGate:
             return self._local
         raise LimiterDown("several processes share these limits, and [redis] is not configured")
 
-    def _rates(
-        self, snapshot: CatalogSnapshot, model: ModelEntry, providers: Sequence[str], when: datetime
-    ) -> WorstRates:
-        """The route's worst-case rates, kept per (model, backends) while the prices they come
-        from are in effect (`WorstRates.start`/`end`) and the catalog snapshot is the same."""
-        if snapshot is not self._rates_of:
-            self._rates_of, self._worst = snapshot, {}
-        key = (model.id, *providers)
-        rates = self._worst.get(key)
-        if rates is None or not rates.hold_at(when):
-            if len(self._worst) > 4096:
-                self._worst.clear()
-            rates = self._worst[key] = worst_rates(snapshot, model, providers, when)
-        return rates
+    def _quote(
+        self, snapshot: CatalogSnapshot, model: ModelEntry, pin: str | None, providers: Sequence[str], when: datetime
+    ) -> _Quote:
+        """The route's worst-case rates (`worst_rates`) and the span in which their prices are in
+        effect, kept by (model, pinned provider): the route is the router's function of the two
+        and of the snapshot, whose change clears them (`reserve`)."""
+        if len(self._worst) > 4096:
+            self._worst.clear()
+        rates = worst_rates(snapshot, model, providers, when)
+        quote = (rates.start or _DAWN, rates.end or _FOREVER, rates)
+        self._worst[(model.id, pin)] = quote
+        return quote
 
     async def _decide(self, limiter: Limiter, ask: Ask, now: datetime, first: Verdict | None = None) -> Verdict:
         """The limiter's verdict (`first`, when the caller asked already); when it has no spend for
@@ -233,10 +257,12 @@ class AccessGate:
     # -- settlement ----------------------------------------------------------------------------
 
     def settle(self, ticket: Ticket, cost: Decimal | None, tokens: int) -> None:
-        if ticket.lane is not None and self._shared is not None:
-            self._shared.settle_summed(ticket.lane, ticket.second, tokens - ticket.tokens, ticket.cost, to_nano(cost))
+        nano = math.ceil(cost * NANO) if cost is not None and cost > 0 else 0  # `to_nano`, without its call
+        lane, shared = ticket.lane, self._shared
+        if lane is not None and shared is not None:  # leased: Redis's
+            shared.settle_summed(lane, ticket.second, tokens - ticket.tokens, ticket.cost, nano)
         elif ticket.ask is not None:
-            ticket.limiter.settle(ticket.ask, ticket.second, tokens, to_nano(cost))
+            ticket.limiter.settle(ticket.ask, ticket.second, tokens, nano)
 
     def _settle_failed(self, key_id: str, reason: str) -> None:
         self._log.error("limits_settle_failed", key_id=key_id, reason=reason)
@@ -265,27 +291,29 @@ def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
     return _headers(entry, verdict.remaining_requests, _duration(requests), verdict.remaining_tokens, _duration(tokens))
 
 
-def lease_headers(entry: Entry, lease: Lease) -> Headers:
-    """An admission's headers from the lease it was taken from (`Lease.verdict`'s numbers)."""
-    reset = _duration(lease.reset_s)
-    return _headers(entry, lease.left_requests + lease.requests, reset, lease.left_tokens + lease.tokens, reset)
-
-
 def _headers(entry: Entry, requests: int, requests_reset: bytes, tokens: int, tokens_reset: bytes) -> Headers:
-    headers: Headers = ()
     if entry.rpm >= 0:
-        headers = (
+        if entry.tpm >= 0:
+            return (
+                entry.limit_headers[0],
+                (b"x-ratelimit-remaining-requests", b"%d" % requests),
+                (b"x-ratelimit-reset-requests", requests_reset),
+                entry.limit_headers[1],
+                (b"x-ratelimit-remaining-tokens", b"%d" % tokens),
+                (b"x-ratelimit-reset-tokens", tokens_reset),
+            )
+        return (
             entry.limit_headers[0],
             (b"x-ratelimit-remaining-requests", b"%d" % requests),
             (b"x-ratelimit-reset-requests", requests_reset),
         )
     if entry.tpm >= 0:
-        headers += (
+        return (
             entry.limit_headers[1],
             (b"x-ratelimit-remaining-tokens", b"%d" % tokens),
             (b"x-ratelimit-reset-tokens", tokens_reset),
         )
-    return headers
+    return ()
 
 
 @lru_cache(maxsize=4096)

@@ -17,20 +17,7 @@ form); comparisons use Lua numbers, exact for integers below 2^53 (nano-dollars:
 The spend hash of a calendar period expires a day after the period, `total` never; a missing one
 (first use in the period, or a Redis that lost its data) is loaded from the ledger by the gate.
 
-Work in Redis per admission does not grow with the traffic: the window keeps its sums (`R`, `T`)
-and its oldest second (`o`) beside the per-second buckets, so an admission reads three fields and
-writes four; once per second of traffic an admission also drops the second that left the minute
-(after an idle spell, each second that left it: at most 60; after a jump of the clock by more than
-two minutes it reads the hash once instead). Only a refusal walks the buckets, to tell when enough
-of them leave the minute (`Retry-After`); it writes nothing, so the window's sums always hold
-exactly the buckets left in the hash. A rate or concurrency refusal also answers the window as it
-stands (requests, tokens, when its oldest second leaves), so the 429's `x-ratelimit-*` headers
-tell the truth about the limits it did not hit; so does a budget refusal (checked first, its
-message the one to act on, but after the window is read). The script used to read the whole hash
-(up to 120 fields) on every admission: Redis's CPU per request (admission and settlement) went
-from 31.3 to 23.8 µs (bench/RESULTS.md), on the one Redis every replica shares. The window lives under `:window`, not
-the old script's `:rate`, so a rolling upgrade never mixes the two layouts (old hashes expire
-within 61 seconds; until then the two generations of processes count apart).
+What the admission script does per call, and why it stays cheap: `app.access.redis_scripts`.
 
 Every Redis failure becomes `LimiterDown` here, the one boundary; the gate decides what follows.
 The client (`app.access.resp`: one pipelined connection, not redis-py, whose per-call overhead
@@ -114,7 +101,7 @@ class Lane:
         self.budgeted = limits[-1] >= 0
         self.lease: Lease | None = None
         self.want = LEASE_MIN if limiter.lease_max >= LEASE_MIN and limits[2] < 0 else 1  # none with max_concurrency
-        self.asking = False  # an admission asking for a lease is on its way
+        self.asking: asyncio.Future[None] | None = None  # done when the admission asking for a lease is back
         self.summed: list[int] | None = None
 
     def settlement(self, items: list[bytes]) -> bytes:
@@ -166,33 +153,49 @@ class RedisLimiter:
     def take(self, lane: Lane, tokens: int, cost: int) -> Lease | None:
         """An admission of `tokens` and `cost` from this process's lease of the key, without Redis,
         while the lease lasts and the connection is not known lost (Redis down is a 503, lease or
-        not): the lease it came from (its numbers are the admission's view), or None (then
-        `admit`)."""
+        not): the lease (its numbers are the admission's view), or None (then `admit`)."""
         lease = lane.lease
-        if lease is None or self._loop.time() >= lease.deadline or not self.redis.connected:
+        if lease is None or lease.requests < 1 or lease.tokens < tokens or lease.cost < cost:
+            return None  # no lease, or one that cannot hold it
+        if self._loop.time() >= lease.deadline or not self.redis.connected:
             return None
-        return lease if lease.take(tokens, cost) else None
+        lease.requests -= 1
+        lease.tokens -= tokens
+        lease.cost -= cost
+        lease.used += 1
+        return lease
 
     async def admit(self, ask: Ask) -> Verdict:
+        """Redis's verdict, or the lease's. While an admission asking for a lease is on its way,
+        others of the key wait for it once and take from its lease, else ask for themselves only
+        (alone they made ~20 single admissions per lease under load: bench/RESULTS.md)."""
         lane = self.lane(ask)
         lease = lane.lease
         if lease is not None:
             if self.take(lane, ask.tokens, ask.cost) is not None:
                 return lease.verdict()
             self._end(lane, lease)
+        want = lane.want
+        if lane.asking is not None:
+            await asyncio.shield(lane.asking)  # shielded: this request's cancellation is its own
+            lease = lane.lease
+            if lease is not None and self.take(lane, ask.tokens, ask.cost) is not None:
+                return lease.verdict()
+            want = 1
         if self._unsent:  # before this admission, in the same write: they may free what it asks for
             self._send_settlements()
-        want = 1 if lane.asking else lane.want
         waited = 0.0
         while True:
+            asking = None
             if want > 1:
-                lane.asking = True
+                asking = lane.asking = self._loop.create_future()
             sent_at = self._loop.time()
             try:
                 reply = await self._admission(lane, ask, want if waited < WAIT_S else 0)
             finally:
-                if want > 1:
-                    lane.asking = False
+                if asking is not None:
+                    lane.asking = None
+                    asking.set_result(None)
             if type(reply) is bytes or reply[0] != 6:  # 6: would pass once other processes' leases end
                 break
             wait = int(reply[1]) / 1000

@@ -202,11 +202,12 @@ class Pipeline:
         request, deadline = run.request, run.ctx.deadline
         run.model = model = self.router.resolve_model(request.model, now)
         admit(request, model)
-        entry = self.access.permit(run.ctx, model) if self.access is not None else None
+        access = self.access
+        entry = access.permit(run.ctx, model) if access is not None else None
         route = self.router.route(model, request.provider)
-        if self.access is not None:
-            providers = [backend.name for backend in route.backends]
-            run.ticket = await self.access.admit(entry, run.ctx, request, model, providers, self.router.snapshot)
+        if access is not None and entry is not None and entry.limited:
+            ticket = access.reserve(entry, run.ctx, request, model, route.names, self.router.snapshot)
+            run.ticket = ticket if isinstance(ticket, Ticket) else await access.admit(entry, run.ctx, ticket)
         candidates = Candidates(route.backends, now, self._probe_interval_s, self._quota_recheck_s)
         failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:

@@ -92,11 +92,15 @@ class Backend:
 
 
 class Route:
-    __slots__ = ("backends", "model")
+    """A model's backends for one request, and their providers' names (`names`: kept by the router
+    per model, not made per request)."""
 
-    def __init__(self, model: ModelEntry, backends: list[Backend]) -> None:
+    __slots__ = ("backends", "model", "names")
+
+    def __init__(self, model: ModelEntry, backends: list[Backend], names: tuple[str, ...]) -> None:
         self.model = model
         self.backends = backends
+        self.names = names
 
 
 BackendKey = tuple[str, str, str]  # provider, model id, upstream model
@@ -107,6 +111,7 @@ class Router:
         self.providers = providers
         self.by_key: dict[BackendKey, Backend] = {}
         self._backends: dict[str, list[Backend]] = {}
+        self._names: dict[str, tuple[str, ...]] = {}  # per model: its backends' provider names
         self.snapshot = snapshot
         self.replace_snapshot(snapshot)
 
@@ -131,6 +136,7 @@ class Router:
                 found.append(by_key.setdefault(key, backend))
             found.sort(key=lambda b: (b.priority, b.provider.config.priority), reverse=True)
             backends[entry.id] = found
+        self._names = {model: tuple(backend.name for backend in found) for model, found in backends.items()}
         self.snapshot, self._backends, self.by_key = snapshot, backends, by_key
 
     def all_backends(self) -> list[Backend]:
@@ -152,15 +158,17 @@ class Router:
 
     def route(self, model: ModelEntry, pin: str | None) -> Route:
         backends = self.backends(model)
+        names = self._names.get(model.id, ())
         if pin is not None:
             if pin not in self.providers:
                 raise InvalidRequest(f"provider: unknown provider '{clip(pin)}'", param="provider")
             backends = [b for b in backends if b.name == pin]
             if not backends:
                 raise InvalidRequest(f"provider: provider '{pin}' does not serve model '{model.id}'", param="provider")
+            names = (pin,)
         if not backends:
             raise NoBackendAvailable("no backend is available for this model")
-        return Route(model, backends)
+        return Route(model, backends, names)
 
     def _default_model(self, now: float) -> ModelEntry:
         """The default model whose best ready backend ranks highest. When none has a ready backend,

@@ -18,11 +18,12 @@ from redis import Redis
 from app.access.gate import AccessGate, Ticket
 from app.access.keyring import Entry, KeyRing
 from app.access.lease import LEASE_MIN
-from app.context import new_context
+from app.context import RequestContext, new_context
 from app.metrics import Counter
 from app.settings import RedisSettings, Settings
 from catalog.database import open_engine
 from catalog.keys import KeyRecord
+from catalog.snapshot import CatalogSnapshot, ModelEntry
 from providers.types import CompletionRequest, Message, TextPart
 from tests.access.test_redis_lease import _early_in_a_second, _window
 from tests.access.test_redis_limiter import URL, _Tap
@@ -36,6 +37,19 @@ async def tap() -> AsyncIterator[tuple[_Tap, int]]:
     yield tap, server.sockets[0].getsockname()[1]
     server.close()
     await server.wait_closed()
+
+
+async def _admit(
+    gate: AccessGate,
+    entry: Entry,
+    ctx: RequestContext,
+    request: CompletionRequest,
+    model: ModelEntry,
+    snapshot: CatalogSnapshot,
+) -> Ticket:
+    """As the pipeline admits: from the lease (`reserve`), else by the limiter (`admit`); route: "a"."""
+    ticket = gate.reserve(entry, ctx, request, model, ("a",), snapshot)
+    return ticket if isinstance(ticket, Ticket) else await gate.admit(entry, ctx, ticket)
 
 
 def _header(ticket: Ticket, name: bytes) -> bytes:
@@ -64,7 +78,7 @@ async def test_a_busy_key_is_admitted_from_its_lane_without_redis(prefix: str, t
         tickets = []
         for n in range(LEASE_MIN):
             ctx = new_context(f"r{n}", "native", stream=False, deadline=0.0, principal=entry.principal)
-            ticket = await gate.admit(entry, ctx, request, model, ["a"], snapshot)
+            ticket = await _admit(gate, entry, ctx, request, model, snapshot)
             assert ticket is not None
             tickets.append(ticket)
         first, *leased = tickets
@@ -121,7 +135,7 @@ async def test_a_new_budget_period_takes_a_new_lane(prefix: str) -> None:
         for n, when in enumerate(("2026-12-03T23:59:59.5", "2026-12-03T23:59:59.6", "2026-12-04T00:00:00")):
             ctx = new_context(f"r{n}", "native", stream=False, deadline=0.0, principal=entry.principal)
             ctx = msgspec.structs.replace(ctx, started_at=datetime.fromisoformat(when).replace(tzinfo=UTC))
-            ticket = await gate.admit(entry, ctx, request, model, ["a"], snapshot)
+            ticket = await _admit(gate, entry, ctx, request, model, snapshot)
             assert ticket is not None
             tickets.append(ticket)
         assert tickets[1].lane is not None  # the same day: from the lease

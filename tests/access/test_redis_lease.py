@@ -71,6 +71,35 @@ async def test_a_lease_admits_without_redis_and_gives_back_what_it_did_not_use(p
         await server.wait_closed()
 
 
+async def test_admissions_that_arrive_while_a_lease_is_asked_for_wait_for_it(prefix: str) -> None:
+    """`LEASE_MIN` admissions of one key at once, before it has a lease: the first asks Redis for
+    a lease, the others wait for it and take from it, so one admission reaches Redis (each used
+    to send its own while the lease was on its way). Near a limit, where Redis grants no lease,
+    the waiters then ask for themselves, and every admission is counted exactly."""
+    tap = _Tap()
+    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), lambda *_: None)
+    try:
+        await _early_in_a_second()
+        verdicts = await asyncio.gather(*(limiter.admit(_ask(f"r{n}")) for n in range(LEASE_MIN)))
+        assert [v.refused for v in verdicts] == [None] * LEASE_MIN
+        assert sorted(v.remaining_requests for v in verdicts) == list(range(1000 - LEASE_MIN, 1000))
+        assert b"".join(tap.writes).count(limiter.admit_script.sha.encode()) == 1
+
+        # rpm 20 (a lease needs 4 x LEASE_MIN left): no lease, so the waiters each go to Redis
+        near = await asyncio.gather(*(limiter.admit(_ask(f"n{n}", rpm=20)) for n in range(4)))
+        assert [v.refused for v in near] == [None] * 4
+        assert b"".join(tap.writes).count(limiter.admit_script.sha.encode()) == 1 + 4
+        await limiter.drain()
+        window = _window(prefix)
+        assert window[b"R"] == b"%d" % (LEASE_MIN + 4)
+    finally:
+        await limiter.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_another_process_waits_for_a_lease_rather_than_being_refused(prefix: str) -> None:
     """rpm 40: the first process's lease holds 8 (a quarter of 40, at most `LEASE_MIN` asked) and
     uses one. The second process admits the 32 Redis has left, then the 33rd: Redis would refuse it,

@@ -6,16 +6,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
 
+import msgspec
 import pytest
 import structlog
 
 from app.access.gate import AccessGate
-from app.access.keyring import KeyRing
+from app.access.keyring import Entry, KeyRing
 from app.access.worstcase import WorstRates, scaled, to_nano, worst_cost_nano, worst_rates
+from app.context import new_context
 from app.metrics import Counter
 from app.settings import Settings
 from catalog.database import open_engine
+from catalog.keys import KeyRecord
 from catalog.snapshot import CatalogSnapshot, ModelEntry, PriceRow
+from providers.types import CompletionRequest, Message, TextPart
 
 
 @pytest.mark.parametrize(
@@ -82,6 +86,9 @@ def test_worst_rates_hold_until_a_price_of_the_route_changes() -> None:
 
 
 async def test_the_gate_keeps_rates_only_while_their_prices_are_in_effect() -> None:
+    """The gate's reservation (`AccessGate.reserve`, no Redis: it answers the request's tokens and
+    worst-case cost) follows the price in effect at the request's start, from its first
+    microsecond, while the rates it computed once are kept."""
     snapshot, model = _snapshot(
         ("a", "2026-01-01T00:00:00+00:00", "1", "4"), ("a", "2026-06-01T00:00:00+00:00", "2", "4")
     )
@@ -89,12 +96,26 @@ async def test_the_gate_keeps_rates_only_while_their_prices_are_in_effect() -> N
     engine = open_engine("sqlite+aiosqlite://")  # never connected: the rates need no database
     log = structlog.get_logger("test")
     gate = AccessGate(settings, engine, KeyRing(engine, settings.auth, None, log), log, Counter("c", "c", ()))
-    before = gate._rates(snapshot, model, ["a"], datetime(2026, 5, 31, 23, 59, 59, tzinfo=UTC))
-    assert (before.rate_in, before.rate_out) == (1, 4)
-    assert gate._rates(snapshot, model, ["a"], datetime(2026, 5, 1, tzinfo=UTC)) is before  # kept
-    after = gate._rates(snapshot, model, ["a"], datetime(2026, 6, 1, tzinfo=UTC))
-    assert (after.rate_in, after.rate_out) == (2, 4)  # the new price, from its first microsecond
-    assert gate._rates(snapshot, model, ["a"], datetime(2026, 5, 1, tzinfo=UTC)).rate_in == 1  # and back
+    now = datetime.now(UTC)
+    record = KeyRecord(
+        id="k1", name="n", secret_hash="00" * 32, prefix="sy-x", created_at=now, updated_at=now, budget_usd=Decimal(100)
+    )
+    entry = Entry(record)
+    request = CompletionRequest(messages=[Message(role="user", content=[TextPart(data="hi")])], max_tokens=16)
+
+    def cost(snapshot: CatalogSnapshot, when: datetime) -> int:
+        ctx = msgspec.structs.replace(new_context("r", "native", stream=False, deadline=0.0), started_at=when)
+        reservation = gate.reserve(entry, ctx, request, model, ("a",), snapshot)
+        assert isinstance(reservation, tuple)
+        return reservation[1]
+
+    # 89 input tokens at most (57 bytes of messages' JSON, an allowance per message and one more) and 16 out
+    assert cost(snapshot, datetime(2026, 5, 31, 23, 59, 59, tzinfo=UTC)) == (89 * 1 + 16 * 4) * 1000
+    kept = gate._worst[("m", None)]
+    assert cost(snapshot, datetime(2026, 5, 1, tzinfo=UTC)) == 153_000
+    assert gate._worst[("m", None)] is kept  # the same rates: not computed again
+    assert cost(snapshot, datetime(2026, 6, 1, tzinfo=UTC)) == (89 * 2 + 16 * 4) * 1000  # the new price
+    assert cost(snapshot, datetime(2026, 5, 1, tzinfo=UTC)) == 153_000  # and back
     other, _model = _snapshot(("a", "2026-01-01T00:00:00+00:00", "3", "4"))
-    assert gate._rates(other, model, ["a"], datetime(2026, 7, 1, tzinfo=UTC)).rate_in == 3  # a new catalog
+    assert cost(other, datetime(2026, 7, 1, tzinfo=UTC)) == (89 * 3 + 16 * 4) * 1000  # a new catalog
     await engine.dispose()
