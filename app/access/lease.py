@@ -28,6 +28,11 @@ Why they stay exact near a limit:
   limiter asks again then. A lease not given back `GRACE_S` after its end (its process died) counts
   as spent, as a dead process's own reservations do.
 
+Renewal: while the admission asking for a key's next lease is on its way, the key's other
+requests in this process wait for it once and take from the lease it brings, instead of each
+asking Redis alone (`RedisLimiter.admit`: under load that was about twenty admissions a renewal);
+one the new lease cannot hold (none granted: near a limit) asks Redis for itself only.
+
 What is not leased: keys with `max_concurrency` (a request's end must free its slot for every
 process at once), and admissions of a limiter built with `lease_max` ≤ 1.
 
