@@ -8,6 +8,7 @@ would; the admin key's secret is in `SWITCHYARD_TEST_ADMIN_KEY`.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from redis import Redis
 
 from app.logging import configure_logging
-from tests.access.test_redis_limiter import URL
+from tests.access.test_redis_limiter import URL, _Tap
 from tests.support.catalog import catalog_toml, model, price
 from tests.support.gateway import GatewayHandle, StartGateway, provider_table
 from tests.support.upstream import ReplayUpstream, upstream_fixture
@@ -44,6 +45,16 @@ async def prefix() -> AsyncIterator[str]:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@pytest.fixture
+async def tap() -> AsyncIterator[tuple[_Tap, int]]:
+    """A proxy to the real Redis that keeps every byte sent through it, and its port."""
+    tap = _Tap()
+    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
+    yield tap, server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
 
 
 @pytest.fixture(autouse=True)

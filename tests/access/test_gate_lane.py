@@ -5,13 +5,10 @@ command."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import msgspec
-import pytest
 import structlog
 from redis import Redis
 
@@ -28,15 +25,6 @@ from providers.types import CompletionRequest, Message, TextPart
 from tests.access.test_redis_lease import _early_in_a_second, _window
 from tests.access.test_redis_limiter import URL, _Tap
 from tests.access.test_worstcase import _snapshot
-
-
-@pytest.fixture
-async def tap() -> AsyncIterator[tuple[_Tap, int]]:
-    tap = _Tap()
-    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
-    yield tap, server.sockets[0].getsockname()[1]
-    server.close()
-    await server.wait_closed()
 
 
 async def _admit(

@@ -37,10 +37,10 @@ def _window(prefix: str) -> dict[bytes, bytes]:
         client.close()
 
 
-async def test_a_lease_admits_without_redis_and_gives_back_what_it_did_not_use(prefix: str) -> None:
-    tap = _Tap()
-    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+async def test_a_lease_admits_without_redis_and_gives_back_what_it_did_not_use(
+    prefix: str, tap: tuple[_Tap, int]
+) -> None:
+    wire, port = tap
     limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), lambda *_: None)
     try:
         await _early_in_a_second()
@@ -54,11 +54,11 @@ async def test_a_lease_admits_without_redis_and_gives_back_what_it_did_not_use(p
             verdict = await limiter.admit(_ask(f"r{n}"))
             assert (verdict.refused, verdict.second) == (None, first.second)
             assert verdict.remaining_requests == 1000 - n
-        admissions = b"".join(tap.writes).count(limiter.admit_script.sha.encode())
+        admissions = b"".join(wire.writes).count(limiter.admit_script.sha.encode())
         assert admissions == 1, "the lease's other admissions never reached Redis"
 
         await limiter.admit(_ask("beyond"))  # the lease is used up: Redis again, and a new lease
-        assert b"".join(tap.writes).count(limiter.admit_script.sha.encode()) == 2
+        assert b"".join(wire.writes).count(limiter.admit_script.sha.encode()) == 2
         await limiter.drain()  # gives the new lease back: Redis counts what was admitted, no more
         window = _window(prefix)
         assert (window[b"R"], window[b"T"]) == (b"%d" % (LEASE_MIN + 1), b"%d" % (100 * (LEASE_MIN + 1)))
@@ -67,37 +67,33 @@ async def test_a_lease_admits_without_redis_and_gives_back_what_it_did_not_use(p
         lease.close()
     finally:
         await limiter.close()
-        server.close()
-        await server.wait_closed()
 
 
-async def test_admissions_that_arrive_while_a_lease_is_asked_for_wait_for_it(prefix: str) -> None:
+async def test_admissions_that_arrive_while_a_lease_is_asked_for_wait_for_it(
+    prefix: str, tap: tuple[_Tap, int]
+) -> None:
     """`LEASE_MIN` admissions of one key at once, before it has a lease: the first asks Redis for
     a lease, the others wait for it and take from it, so one admission reaches Redis (each used
     to send its own while the lease was on its way). Near a limit, where Redis grants no lease,
     the waiters then ask for themselves, and every admission is counted exactly."""
-    tap = _Tap()
-    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    wire, port = tap
     limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), lambda *_: None)
     try:
         await _early_in_a_second()
         verdicts = await asyncio.gather(*(limiter.admit(_ask(f"r{n}")) for n in range(LEASE_MIN)))
         assert [v.refused for v in verdicts] == [None] * LEASE_MIN
         assert sorted(v.remaining_requests for v in verdicts) == list(range(1000 - LEASE_MIN, 1000))
-        assert b"".join(tap.writes).count(limiter.admit_script.sha.encode()) == 1
+        assert b"".join(wire.writes).count(limiter.admit_script.sha.encode()) == 1
 
         # rpm 20 (a lease needs 4 x LEASE_MIN left): no lease, so the waiters each go to Redis
         near = await asyncio.gather(*(limiter.admit(_ask(f"n{n}", rpm=20)) for n in range(4)))
         assert [v.refused for v in near] == [None] * 4
-        assert b"".join(tap.writes).count(limiter.admit_script.sha.encode()) == 1 + 4
+        assert b"".join(wire.writes).count(limiter.admit_script.sha.encode()) == 1 + 4
         await limiter.drain()
         window = _window(prefix)
         assert window[b"R"] == b"%d" % (LEASE_MIN + 4)
     finally:
         await limiter.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_another_process_waits_for_a_lease_rather_than_being_refused(prefix: str) -> None:
