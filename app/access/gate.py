@@ -48,8 +48,9 @@ from msgspec import Struct
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.access.keyring import Entry, KeyRing
+from app.access.lane import Lane
 from app.access.limiter import Ask, Limiter, LimiterDown, LocalLimiter, Verdict
-from app.access.redis_limiter import Lane, RedisLimiter
+from app.access.redis_limiter import RedisLimiter
 from app.access.worstcase import (
     NANO,
     WorstRates,

@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from msgspec import Struct
 
-from app.access.lease import GRACE_S, LEASE_MAX, LEASE_MIN, LEASE_S, Lease
+from app.access.lane import Lane, spend_key
+from app.access.lease import GRACE_S, LEASE_MAX, LEASE_S, Lease
 from app.access.limiter import Ask, LimiterDown, Verdict
 from app.access.redis_scripts import ADMIT, LOAD, SETTLE, refused
 from app.access.resp import RespClient, RespError, Script, bulk
@@ -57,56 +59,6 @@ SUMMED_S = 0.02  # the longest summed settlements wait to be sent (module doc)
 WAIT_S = LEASE_S + GRACE_S + 0.1  # the longest an admission waits for other processes' leases
 _THREE = b"$%d\r\n%s\r\n" * 3  # three arguments, each `bulk`
 _SIX = b"$%d\r\n%s\r\n" * 6
-
-
-def _base(prefix: str, key_id: str) -> str:
-    """The start of every Redis key of one API key (its id is the hash tag: module doc)."""
-    return f"{prefix}:lim:{{{key_id}}}"
-
-
-def _spend_key(prefix: str, key_id: str, period: str) -> str:
-    return f"{_base(prefix, key_id)}:spend:{period}"
-
-
-class Lane:
-    """A key's lane: its commands in one budget period, encoded but for their per-request arguments: the
-    admission's head (`EVALSHA`, its keys) and tail (the key's limits), the settlement's head. Made
-    once per key, period and limits, so a request only formats its own arguments. Also what this
-    process holds of that key: its lease, the size of the next, the settlements summed (`summed`:
-    second, tokens' difference, cost reserved, cost spent) that wait to be sent."""
-
-    __slots__ = (
-        "admit_head",
-        "admit_tail",
-        "asking",
-        "budgeted",
-        "key_id",
-        "keys",
-        "lease",
-        "settle_script",
-        "spend_keys",
-        "summed",
-        "want",
-    )
-
-    def __init__(self, limiter: RedisLimiter, key_id: str, period: str, limits: tuple[int, ...]) -> None:
-        base = _base(limiter.prefix, key_id)
-        spend = _spend_key(limiter.prefix, key_id, period)
-        keys = Script.keys(f"{base}:window", f"{base}:flight", spend, f"{base}:lease")
-        self.spend_keys = Script.keys(spend)
-        self.admit_tail = b"".join(bulk(b"%d" % limit) for limit in limits)  # ARGV[4..8]
-        count = 4 + len(limits) + (limiter.clock is not None)  # ARGV[9]: the lease asked, ARGV[10]: the clock
-        self.admit_head = limiter.admit_script.head(count) + keys
-        self.key_id, self.keys, self.settle_script = key_id, keys, limiter.settle_script
-        self.budgeted = limits[-1] >= 0
-        self.lease: Lease | None = None
-        self.want = LEASE_MIN if limiter.lease_max >= LEASE_MIN and limits[2] < 0 else 1  # none with max_concurrency
-        self.asking: asyncio.Future[None] | None = None  # done when the admission asking for a lease is back
-        self.summed: list[int] | None = None
-
-    def settlement(self, items: list[bytes]) -> bytes:
-        """One `EVALSHA` of the settlement script for `items` (each six encoded arguments)."""
-        return b"".join((self.settle_script.head(6 * len(items)), self.keys, *items))
 
 
 class RedisLimiter:
@@ -190,12 +142,16 @@ class RedisLimiter:
             if want > 1:
                 asking = lane.asking = self._loop.create_future()
             sent_at = self._loop.time()
+            admission = self._loop.create_task(self._admission(lane, ask, want if waited < WAIT_S else 0))
             try:
-                reply = await self._admission(lane, ask, want if waited < WAIT_S else 0)
-            finally:
-                if asking is not None:
-                    lane.asking = None
-                    asking.set_result(None)
+                reply = await asyncio.shield(admission)
+            except asyncio.CancelledError:  # the caller went away; Redis will count the admission
+                admission.add_done_callback(partial(self._abandoned, lane, ask, sent_at, asking))
+                raise
+            except BaseException:
+                _answered(lane, asking)
+                raise
+            _answered(lane, asking)
             if type(reply) is bytes or reply[0] != 6:  # 6: would pass once other processes' leases end
                 break
             wait = int(reply[1]) / 1000
@@ -239,6 +195,20 @@ class RedisLimiter:
         lane.lease = lease
         self._loop.call_at(lease.deadline, self._expire, lane, lease)
         return lease.verdict()
+
+    def _abandoned(
+        self, lane: Lane, ask: Ask, sent_at: float, asking: asyncio.Future[None] | None, admission: asyncio.Task[Any]
+    ) -> None:
+        """The answer to an admission whose caller went away before it came: the lease it brought
+        is kept for the key's other requests (those waiting for it among them), and the caller's
+        own admission settles to nothing, as a request cancelled before its upstream answered."""
+        try:
+            if not admission.cancelled() and admission.exception() is None:
+                reply = admission.result()
+                if type(reply) is bytes:
+                    self.settle(ask, self._admitted(lane, ask, reply, sent_at).second, 0, 0)
+        finally:
+            _answered(lane, asking)
 
     def _expire(self, lane: Lane, lease: Lease) -> None:
         if lane.lease is lease:
@@ -319,7 +289,7 @@ class RedisLimiter:
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
-            spent, reserved = await self.redis.call("HMGET", _spend_key(self.prefix, key_id, period), "s", "r")
+            spent, reserved = await self.redis.call("HMGET", spend_key(self.prefix, key_id, period), "s", "r")
         except RespError as exc:
             raise LimiterDown(str(exc)) from None
         return None if spent is None else (int(spent), int(reserved or 0))
@@ -344,6 +314,14 @@ class RedisLimiter:
 
     async def close(self) -> None:
         await self.redis.close()
+
+
+def _answered(lane: Lane, asking: asyncio.Future[None] | None) -> None:
+    """The admission that asked for a lease is back (or gone): the requests waiting for it go on."""
+    if asking is not None:
+        if lane.asking is asking:
+            lane.asking = None
+        asking.set_result(None)
 
 
 def _item(rid: bytes, at: bytes, delta: bytes, reserved: bytes, spent: bytes, kind: bytes) -> bytes:

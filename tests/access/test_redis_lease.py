@@ -96,6 +96,41 @@ async def test_admissions_that_arrive_while_a_lease_is_asked_for_wait_for_it(
         await limiter.close()
 
 
+async def test_an_admission_whose_caller_went_away_keeps_its_lease_and_settles_to_nothing(
+    prefix: str, tap: tuple[_Tap, int]
+) -> None:
+    """The request asking for a lease is cancelled (its client went away) with its admission on
+    the wire, while another request of the key waits for that lease. Redis counts the admission
+    and its lease all the same: the answer is taken when it comes, the lease serves the waiter
+    (no second admission), and the cancelled request's own reservation settles to nothing, so
+    Redis ends with exactly the waiter's request and tokens once the lease is given back."""
+    wire, port = tap
+    limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), lambda *_: None)
+    try:
+        await limiter.spend("k0", "total")  # connected: only the admission's answer is held back below
+        await _early_in_a_second()
+        wire.answering.clear()
+        asker = asyncio.create_task(limiter.admit(_ask("gone")))
+        sha = limiter.admit_script.sha.encode()
+        while sha not in b"".join(wire.writes):  # its admission is on the wire, its answer held
+            wire.written.clear()
+            await wire.written.wait()
+        waiter = asyncio.create_task(limiter.admit(_ask("stays")))
+        await asyncio.sleep(0.01)  # it waits for the lease
+        asker.cancel()
+        await asyncio.sleep(0.01)
+        wire.answering.set()
+        verdict = await waiter
+        assert verdict.refused is None
+        assert asker.cancelled()
+        assert b"".join(wire.writes).count(sha) == 1
+        await limiter.drain()  # the cancelled request's settlement and the lease's unused part
+        window = _window(prefix)
+        assert (window[b"R"], window[b"T"]) == (b"2", b"100")  # both admitted; only the waiter's tokens held
+    finally:
+        await limiter.close()
+
+
 async def test_another_process_waits_for_a_lease_rather_than_being_refused(prefix: str) -> None:
     """rpm 40: the first process's lease holds 8 (a quarter of 40, at most `LEASE_MIN` asked) and
     uses one. The second process admits the 32 Redis has left, then the 33rd: Redis would refuse it,

@@ -89,16 +89,21 @@ async def test_a_settlement_redis_cannot_take_is_reported(
 
 
 class _Tap:
-    """A loopback proxy in front of the real Redis that keeps every chunk the client wrote."""
+    """A loopback proxy in front of the real Redis that keeps every chunk the client wrote (`written`
+    is set at each), and holds Redis's answers back while `answering` is cleared."""
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
+        self.answering = asyncio.Event()
+        self.answering.set()
+        self.written = asyncio.Event()  # set at each chunk the client writes
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", 6379)
 
         async def answers() -> None:
             while data := await upstream_reader.read(65536):
+                await self.answering.wait()
                 writer.write(data)
                 await writer.drain()
 
@@ -106,6 +111,7 @@ class _Tap:
         try:
             while data := await reader.read(65536):
                 self.writes.append(data)
+                self.written.set()
                 upstream_writer.write(data)
                 await upstream_writer.drain()
         finally:

@@ -1,0 +1,72 @@
+"""A key's lane in the Redis limiter (`app.access.redis_limiter`): the commands of one key, period and
+limits, encoded once, and what this process holds of that key (its lease, the settlements waiting).
+The Redis keys of one API key share its id as their hash tag (`redis_limiter`'s module doc)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+from app.access.lease import LEASE_MIN, Lease
+from app.access.resp import Script, bulk
+
+
+class Owner(Protocol):
+    """What a lane reads of its limiter (`RedisLimiter`) when it is made."""
+
+    prefix: str
+    admit_script: Script
+    settle_script: Script
+    clock: Callable[[], int] | None
+    lease_max: int
+
+
+def _base(prefix: str, key_id: str) -> str:
+    """The start of every Redis key of one API key (its id is the hash tag: module doc)."""
+    return f"{prefix}:lim:{{{key_id}}}"
+
+
+def spend_key(prefix: str, key_id: str, period: str) -> str:
+    return f"{_base(prefix, key_id)}:spend:{period}"
+
+
+class Lane:
+    """A key's lane: its commands in one budget period, encoded but for their per-request arguments: the
+    admission's head (`EVALSHA`, its keys) and tail (the key's limits), the settlement's head. Made
+    once per key, period and limits, so a request only formats its own arguments. Also what this
+    process holds of that key: its lease, the size of the next, the settlements summed (`summed`:
+    second, tokens' difference, cost reserved, cost spent) that wait to be sent."""
+
+    __slots__ = (
+        "admit_head",
+        "admit_tail",
+        "asking",
+        "budgeted",
+        "key_id",
+        "keys",
+        "lease",
+        "settle_script",
+        "spend_keys",
+        "summed",
+        "want",
+    )
+
+    def __init__(self, limiter: Owner, key_id: str, period: str, limits: tuple[int, ...]) -> None:
+        base = _base(limiter.prefix, key_id)
+        spend = spend_key(limiter.prefix, key_id, period)
+        keys = Script.keys(f"{base}:window", f"{base}:flight", spend, f"{base}:lease")
+        self.spend_keys = Script.keys(spend)
+        self.admit_tail = b"".join(bulk(b"%d" % limit) for limit in limits)  # ARGV[4..8]
+        count = 4 + len(limits) + (limiter.clock is not None)  # ARGV[9]: the lease asked, ARGV[10]: the clock
+        self.admit_head = limiter.admit_script.head(count) + keys
+        self.key_id, self.keys, self.settle_script = key_id, keys, limiter.settle_script
+        self.budgeted = limits[-1] >= 0
+        self.lease: Lease | None = None
+        self.want = LEASE_MIN if limiter.lease_max >= LEASE_MIN and limits[2] < 0 else 1  # none with max_concurrency
+        self.asking: asyncio.Future[None] | None = None  # done when the admission asking for a lease is back
+        self.summed: list[int] | None = None
+
+    def settlement(self, items: list[bytes]) -> bytes:
+        """One `EVALSHA` of the settlement script for `items` (each six encoded arguments)."""
+        return b"".join((self.settle_script.head(6 * len(items)), self.keys, *items))
