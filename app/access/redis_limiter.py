@@ -169,7 +169,7 @@ class RedisLimiter:
         if self.clock is not None:
             tail += bulk(b"%d" % self.clock())
         command = b"".join((lane.admit_head, own, tail))
-        try:  # `RespClient.evalsha`, unrolled: the reply is awaited here, one coroutine fewer
+        try:  # `RespClient.evalsha`, unrolled
             reply = await self.redis.post(command)
             if isinstance(reply, RespError):
                 reply = await self.redis.after_error(self.admit_script, command, reply)
