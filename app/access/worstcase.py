@@ -85,10 +85,6 @@ class WorstRates(NamedTuple):
     start: datetime | None
     end: datetime | None
 
-    def hold_at(self, when: datetime) -> bool:
-        """Whether the prices these rates come from are the ones in effect at `when`."""
-        return (self.start is None or self.start <= when) and (self.end is None or when < self.end)
-
 
 def worst_rates(snapshot: CatalogSnapshot, model: ModelEntry, providers: Iterable[str], when: datetime) -> WorstRates:
     """The highest input-side and output-side rates over `providers` at `when` (module doc)."""
