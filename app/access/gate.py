@@ -37,7 +37,6 @@ request that can never pass.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -52,7 +51,6 @@ from app.access.lane import Lane
 from app.access.limiter import Ask, Limiter, LimiterDown, LocalLimiter, Verdict
 from app.access.redis_limiter import RedisLimiter
 from app.access.worstcase import (
-    NANO,
     WorstRates,
     from_nano,
     input_bound,
@@ -258,7 +256,7 @@ class AccessGate:
     # -- settlement ----------------------------------------------------------------------------
 
     def settle(self, ticket: Ticket, cost: Decimal | None, tokens: int) -> None:
-        nano = math.ceil(cost * NANO) if cost is not None and cost > 0 else 0  # `to_nano`, without its call
+        nano = to_nano(cost)
         lane, shared = ticket.lane, self._shared
         if lane is not None and shared is not None:  # leased: Redis's
             shared.settle_summed(lane, ticket.second, tokens - ticket.tokens, ticket.cost, nano)
