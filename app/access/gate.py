@@ -291,28 +291,20 @@ def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
 
 
 def _headers(entry: Entry, requests: int, requests_reset: bytes, tokens: int, tokens_reset: bytes) -> Headers:
+    headers: Headers = ()
     if entry.rpm >= 0:
-        if entry.tpm >= 0:
-            return (
-                entry.limit_headers[0],
-                (b"x-ratelimit-remaining-requests", b"%d" % requests),
-                (b"x-ratelimit-reset-requests", requests_reset),
-                entry.limit_headers[1],
-                (b"x-ratelimit-remaining-tokens", b"%d" % tokens),
-                (b"x-ratelimit-reset-tokens", tokens_reset),
-            )
-        return (
+        headers = (
             entry.limit_headers[0],
             (b"x-ratelimit-remaining-requests", b"%d" % requests),
             (b"x-ratelimit-reset-requests", requests_reset),
         )
     if entry.tpm >= 0:
-        return (
+        headers += (
             entry.limit_headers[1],
             (b"x-ratelimit-remaining-tokens", b"%d" % tokens),
             (b"x-ratelimit-reset-tokens", tokens_reset),
         )
-    return ()
+    return headers
 
 
 @lru_cache(maxsize=4096)
