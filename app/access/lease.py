@@ -53,9 +53,7 @@ LEASE_MAX = 1024  # the most admissions one lease holds
 
 
 class Lease:
-    """One process's block of one key's admissions (module doc). `RedisLimiter.take` draws an
-    admission from it: one request, its tokens and its cost off `requests`, `tokens` and `cost`,
-    and one more `used`."""
+    """One process's block of one key's admissions (module doc)."""
 
     __slots__ = (
         "cost",
@@ -81,6 +79,16 @@ class Lease:
         self.left_requests, self.left_tokens = window.remaining_requests, window.remaining_tokens
         self.reset_s = window.reset_requests_s
         self.used = 1  # the admission that took it
+
+    def take(self, tokens: int, cost: int) -> bool:
+        """One admission of `tokens` and `cost` from the block; False when it cannot hold them."""
+        if self.requests < 1 or self.tokens < tokens or self.cost < cost:
+            return False
+        self.requests -= 1
+        self.tokens -= tokens
+        self.cost -= cost
+        self.used += 1
+        return True
 
     def verdict(self) -> Verdict:
         """An admission's verdict from this process's view: Redis's remaining at the grant plus

@@ -107,15 +107,9 @@ class RedisLimiter:
         while the lease lasts and the connection is not known lost (Redis down is a 503, lease or
         not): the lease (its numbers are the admission's view), or None (then `admit`)."""
         lease = lane.lease
-        if lease is None or lease.requests < 1 or lease.tokens < tokens or lease.cost < cost:
-            return None  # no lease, or one that cannot hold it
-        if self._loop.time() >= lease.deadline or not self.redis.connected:
+        if lease is None or self._loop.time() >= lease.deadline or not self.redis.connected:
             return None
-        lease.requests -= 1
-        lease.tokens -= tokens
-        lease.cost -= cost
-        lease.used += 1
-        return lease
+        return lease if lease.take(tokens, cost) else None
 
     async def admit(self, ask: Ask) -> Verdict:
         """Redis's verdict, or the lease's. While an admission asking for a lease is on its way,
