@@ -105,7 +105,7 @@ async def serve(
             watch.stop()
             payload = door.answer(ctx, outcome)
             scope["state"][RESPONSE_STARTED] = True
-            await send_json(send, payload, request_id, extra=outcome.headers + own if own else outcome.headers)
+            await send_json(send, payload, request_id, extra=own, made=outcome.headers)
             return
         events = service.pipeline.stream(ctx, door.request)
         relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s)
@@ -221,13 +221,19 @@ _sweeper = _Sweeper()
 
 
 async def send_json(
-    send: Send, payload: bytes, request_id: str, status: int = 200, extra: tuple[tuple[bytes, bytes], ...] = ()
+    send: Send,
+    payload: bytes,
+    request_id: str,
+    status: int = 200,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+    made: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
+    """The JSON response; `made`: an API key's rate-limit headers (`write_head`)."""
     headers = [*JSON_HEADERS, (b"x-request-id", request_id.encode()), (b"content-length", b"%d" % len(payload))]
     if extra:
         headers += extra
-    if not write_head(send, status, headers):
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+    if not write_head(send, status, headers, made):
+        await send({"type": "http.response.start", "status": status, "headers": [*headers, *made]})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
@@ -247,10 +253,8 @@ async def send_stream(
     if state is not None:
         state[RESPONSE_STARTED] = True
     headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode()), *extra]
-    if relay.headers:
-        headers += relay.headers
-    if not write_head(send, 200, headers):
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+    if not write_head(send, 200, headers, relay.headers):
+        await send({"type": "http.response.start", "status": 200, "headers": [*headers, *relay.headers]})
     async with contextlib.aclosing(relay.frames(first)) as frames:
         async for chunk in frames:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

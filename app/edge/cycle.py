@@ -104,10 +104,19 @@ class HeldHead:
         return self.transport.is_closing()
 
 
-def write_head(send: Callable[..., Any], status: int, headers: Sequence[Sequence[bytes]]) -> bool:
+def write_head(
+    send: Callable[..., Any], status: int, headers: Sequence[Sequence[bytes]], made: Sequence[Sequence[bytes]] = ()
+) -> bool:
     """Start the response of `send` (an ASGI `send`) with `status` and `headers` as uvicorn's cycle
     would, when it is a uvicorn cycle's and the head a common one (module doc); False when nothing
-    was done: send the `http.response.start` message instead."""
+    was done: send the `http.response.start` message instead, with `made` after `headers`.
+
+    `made`: headers the gateway formatted itself, which pass uvicorn's checks by construction and
+    are none of its special ones — an API key's `x-ratelimit-*` (`app.access.gate._headers`:
+    constant lowercase names, values of digits and `duration`'s `0-9 . m s`). They are written
+    after `headers` without the byte checks, which cost as much again as a common head's own
+    (bench/RESULTS.md); `tests/access` checks every value the gate can make against uvicorn's
+    patterns."""
     cycle = getattr(send, "__self__", None)
     if type(cycle) is not RequestResponseCycle:
         return False
@@ -130,6 +139,8 @@ def write_head(send: Callable[..., Any], status: int, headers: Sequence[Sequence
     cycle.response_started = True
     cycle.waiting_for_100_continue = False
     lines = [*map(b": ".join, pairs)]
+    if made:
+        lines += map(b": ".join, made)
     if not cycle.keep_alive:
         lines.append(b"connection: close")
     if cycle.chunked_encoding is None and cycle.scope["method"] != "HEAD" and status not in (204, 304):

@@ -3,13 +3,19 @@ limits' answers and headers, expiry, and what the ledger records (access.md)."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 from litestar import Litestar
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE
 
-from app.access.gate import duration
+from app.access.gate import duration, rate_headers
+from app.access.keyring import Entry
+from app.access.limiter import Verdict
+from app.edge.cycle import _SPECIAL
+from catalog.keys import KeyRecord
 from tests.access.conftest import ADMIN, MakeKey, bearer
 from tests.support.client import COMPLETIONS, body, parse_sse
 from tests.support.gateway import GatewayHandle
@@ -209,3 +215,34 @@ async def test_rejected_requests_are_in_the_ledger_under_their_key(
         (key["id"], "ok", None),
         (key["id"], "error", "rate_limit_error"),
     ]
+
+
+def test_every_rate_header_the_gate_makes_is_one_uvicorn_would_pass_unchanged() -> None:
+    """`write_head` writes a key's `x-ratelimit-*` headers without uvicorn's byte checks (`made`): so
+    every name and value `rate_headers` (and the lease's headers, the same `_headers`) can make must
+    be one those checks pass unchanged — lowercase, none of uvicorn's special names, no byte its
+    patterns refuse — for counts from -1 to 10^12 and resets from 0 to a month."""
+    now = datetime.now(UTC)
+    record = KeyRecord(
+        id="k", name="n", secret_hash="00" * 32, prefix="sy-x", created_at=now, updated_at=now, rpm=10**9, tpm=10**12
+    )
+    entry = Entry(record)
+    for seconds in (0.0, 0.0004, 0.001, 0.5, 0.999, 1.0, 1.5, 59.9999, 60.0, 61.25, 3_599.999, 86_400.0, 2_678_400.0):
+        for count in (-1, 0, 7, 10**12):
+            for refused in (None, "rpm", "tpm"):
+                verdict = Verdict(
+                    refused=refused,  # type: ignore[arg-type]
+                    retry_after=seconds if refused else None,
+                    remaining_requests=count,
+                    reset_requests_s=seconds,
+                    remaining_tokens=count,
+                    reset_tokens_s=seconds,
+                )
+                headers = rate_headers(entry, verdict)
+                assert len(headers) == 6
+                for name, value in headers:
+                    assert name == name.lower()
+                    assert name not in _SPECIAL
+                    assert HEADER_RE.search(name) is None
+                    assert HEADER_VALUE_RE.search(value) is None
+                    assert re.fullmatch(rb"-?[0-9][0-9.ms]*", value), value
