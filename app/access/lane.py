@@ -45,6 +45,7 @@ class Lane:
         "budgeted",
         "key_id",
         "keys",
+        "late",
         "lease",
         "settle_script",
         "spend_keys",
@@ -65,6 +66,7 @@ class Lane:
         self.lease: Lease | None = None
         self.want = LEASE_MIN if limiter.lease_max >= LEASE_MIN and limits[2] < 0 else 1  # none with max_concurrency
         self.asking: asyncio.Future[None] | None = None  # done when the admission asking for a lease is back
+        self.late = False  # its answer came too late in its second for a lease (`RedisLimiter.admit`)
         self.summed: list[int] | None = None
 
     def settlement(self, items: list[bytes]) -> bytes:

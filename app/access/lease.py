@@ -31,7 +31,11 @@ Why they stay exact near a limit:
 Renewal: while the admission asking for a key's next lease is on its way, the key's other
 requests in this process wait for it once and take from the lease it brings, instead of each
 asking Redis alone (`RedisLimiter.admit`: under load that was about twenty admissions a renewal);
-one the new lease cannot hold (none granted: near a limit) asks Redis for itself only.
+one the new lease cannot hold (none granted: near a limit) asks Redis for itself only. None
+granted only because Redis's second was ending (a lease cut short by its second is renewed as the
+second ends, and Redis may still be in it) is asked for again, by the first waiter to go on, and
+the others wait for that one too (they used to go to Redis one by one: about thirty admissions
+at each second's end under load).
 
 What is not leased: keys with `max_concurrency` (a request's end must free its slot for every
 process at once), and admissions of a limiter built with `lease_max` ≤ 1.

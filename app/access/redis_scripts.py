@@ -5,9 +5,11 @@ ADMIT    KEYS window, flight, spend, lease; ARGV request id, tokens, cost (nano-
          these), the lease asked for (`app.access.lease`: 1 none, 0 also not waiting for other
          processes' leases), and a test's clock (µs, optional).
          Answers "second remaining-requests remaining-tokens reset(ms) leased life(ms)" when
-         admitted; {code, …} when not: 1 budget, 2 rpm, 3 tpm, 4 max_concurrency (each with
-         Retry-After in ms, the window's requests, tokens and when its oldest second leaves),
-         5 the period's spend not loaded, 6 wait this many ms for other processes' leases.
+         admitted (life -1: a lease was asked for and the limits allow one, but the second
+         ends within 10 ms, so none was granted); {code, …} when not: 1 budget, 2 rpm, 3 tpm,
+         4 max_concurrency (each with Retry-After in ms, the window's requests, tokens and when
+         its oldest second leaves), 5 the period's spend not loaded, 6 wait this many ms for
+         other processes' leases.
 SETTLE   the same keys; ARGV groups of six: request id, second, tokens' difference, cost
          reserved (-1: no budget), cost spent, and what it is: `-` a request in flight (taken off
          the in-flight set), `=` settlements summed, a number a lease given back with that many
@@ -134,7 +136,7 @@ if want > 1 and conc < 0 then
   local ms = math.floor(now * 1000)
   local ends = math.min(ms + LEASE_MS, (sec + 1) * 1000)
   life = ends - ms
-  if n < LEASE_MIN or life < 10 then n, life = 1, 0 else
+  if n < LEASE_MIN then n, life = 1, 0 elseif life < 10 then n, life = 1, -1 else
     redis.call('HSET', KEYS[4], ARGV[1], string.format('%d %d %d %d', n - 1, (n - 1) * tokens, (n - 1) * cost, ends))
     redis.call('PEXPIRE', KEYS[4], LEASE_MS + GRACE_MS + 1000)
   end

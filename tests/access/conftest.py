@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from redis import Redis
 
+from app.access.redis_scripts import ADMIT, LOAD, SETTLE
 from app.logging import configure_logging
 from tests.access.test_redis_limiter import URL, _Tap
 from tests.support.catalog import catalog_toml, model, price
@@ -49,7 +50,13 @@ async def prefix() -> AsyncIterator[str]:
 
 @pytest.fixture
 async def tap() -> AsyncIterator[tuple[_Tap, int]]:
-    """A proxy to the real Redis that keeps every byte sent through it, and its port."""
+    """A proxy to the real Redis that keeps every byte sent through it, and its port. The limiter's
+    scripts are loaded first (not through it), so a test that counts `EVALSHA`s on the wire does
+    not also count one refused with `NOSCRIPT` when it happens to be the first on a fresh Redis."""
+    client = Redis.from_url(URL)
+    for script in (ADMIT, SETTLE, LOAD):
+        client.script_load(script)
+    client.close()
     tap = _Tap()
     server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
     yield tap, server.sockets[0].getsockname()[1]

@@ -96,6 +96,45 @@ async def test_admissions_that_arrive_while_a_lease_is_asked_for_wait_for_it(
         await limiter.close()
 
 
+async def test_a_lease_asked_for_as_redis_second_ends_is_asked_for_again_by_one_waiter(
+    prefix: str, tap: tuple[_Tap, int]
+) -> None:
+    """Redis grants no lease in the last 10 ms of a second, and says so (life -1). Asked for then,
+    with others of the key waiting for it, the first waiter to go on asks again, in the new
+    second, and the rest take from the lease it brings: two admissions on the wire, not one per
+    waiter (about thirty at every second's end under load, before)."""
+    wire, port = tap
+    second = int(time.time()) * 1_000_000
+    times = iter([second + 995_000])  # Redis's clock at the first admission; the next second's after
+
+    def clock() -> int:
+        return next(times, second + 1_100_000)
+
+    settings = RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix)
+    limiter = RedisLimiter(settings, lambda *_: None, clock=clock)
+    sha = limiter.admit_script.sha.encode()
+    try:
+        await limiter.spend("k0", "total")  # connected: only the first admission's answer is held back below
+        wire.answering.clear()
+        asker = asyncio.create_task(limiter.admit(_ask("r0")))
+        while sha not in b"".join(wire.writes):
+            wire.written.clear()
+            await wire.written.wait()
+        waiters = [asyncio.create_task(limiter.admit(_ask(f"w{n}"))) for n in range(4)]
+        await asyncio.sleep(0.01)  # they wait for the asker's lease
+        wire.answering.set()
+        verdicts = await asyncio.gather(asker, *waiters)
+        assert [v.refused for v in verdicts] == [None] * 5
+        assert [v.second for v in verdicts] == [second // 1_000_000] + [second // 1_000_000 + 1] * 4
+        assert b"".join(wire.writes).count(sha) == 2, wire.writes
+        await limiter.drain()  # the lease's unused part goes back
+        window = _window(prefix)
+        assert (window[b"R"], window[b"T"]) == (b"5", b"500")
+    finally:
+        wire.answering.set()
+        await limiter.close()
+
+
 async def test_an_admission_whose_caller_went_away_keeps_its_lease_and_settles_to_nothing(
     prefix: str, tap: tuple[_Tap, int]
 ) -> None:
