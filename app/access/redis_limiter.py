@@ -126,19 +126,14 @@ class RedisLimiter:
                 return lease.verdict()
             self._end(lane, lease)
         want = lane.want
-        if lane.asking is not None:
+        waits = 0  # once; twice when the first was answered too late in its second (`late`)
+        while lane.asking is not None and (waits == 0 or (lane.late and waits == 1)):
+            waits += 1
             await asyncio.shield(lane.asking)  # shielded: this request's cancellation is its own
             lease = lane.lease
             if lease is not None and self.take(lane, ask.tokens, ask.cost) is not None:
                 return lease.verdict()
-            want = 1
-            if lane.late and lane.asking is None:  # Redis's second ended as it was asked: ask again
-                want = lane.want
-            elif lane.late:  # another waiter asks again: wait for it once more
-                await asyncio.shield(lane.asking)
-                lease = lane.lease
-                if lease is not None and self.take(lane, ask.tokens, ask.cost) is not None:
-                    return lease.verdict()
+            want = lane.want if lane.late and lane.asking is None else 1  # the first to go on asks again
         if self._unsent:  # before this admission, in the same write: they may free what it asks for
             self._send_settlements()
         waited = 0.0
