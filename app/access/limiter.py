@@ -78,10 +78,11 @@ class Limiter(Protocol):
 
 
 class _KeyState:
-    __slots__ = ("buckets", "budgets", "flight")
+    __slots__ = ("buckets", "budgets", "flight", "requests", "tokens")
 
     def __init__(self) -> None:
         self.buckets: deque[list[int]] = deque()  # [second, requests, tokens], oldest first
+        self.requests = self.tokens = 0  # the buckets' sums, kept with them (no sum per admission)
         self.flight: dict[str, float] = {}  # request id → expiry (monotonic seconds)
         self.budgets: dict[str, list[int]] = {}  # period → [base, spent, reserved]
 
@@ -99,9 +100,10 @@ class LocalLimiter:
         second = int(now)
         buckets = state.buckets
         while buckets and buckets[0][0] <= second - WINDOW_S:
-            buckets.popleft()
-        requests = sum(bucket[1] for bucket in buckets)
-        tokens = sum(bucket[2] for bucket in buckets)
+            _second, gone_requests, gone_tokens = buckets.popleft()
+            state.requests -= gone_requests
+            state.tokens -= gone_tokens
+        requests, tokens = state.requests, state.tokens
         refused = self._refusal(ask, state, now, requests, tokens)
         if refused is not None:
             return refused
@@ -109,6 +111,8 @@ class LocalLimiter:
             buckets.append([second, 0, 0])
         buckets[-1][1] += 1
         buckets[-1][2] += ask.tokens
+        state.requests += 1
+        state.tokens += ask.tokens
         if ask.max_concurrency >= 0:
             state.flight[ask.request_id] = time.monotonic() + ask.hold_ms / 1000
         if ask.budget >= 0:
@@ -179,9 +183,10 @@ class LocalLimiter:
         if state is None:
             return
         state.flight.pop(ask.request_id, None)
-        for bucket in state.buckets:
+        for bucket in reversed(state.buckets):  # its second is among the newest
             if bucket[0] == second:
                 bucket[2] += tokens - ask.tokens
+                state.tokens += tokens - ask.tokens
                 break
         budget = state.budgets.get(ask.period)
         if budget is not None and ask.budget >= 0:

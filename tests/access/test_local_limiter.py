@@ -1,0 +1,59 @@
+"""The in-process limiter (`app.access.limiter.LocalLimiter`: one process, no Redis) over a walk
+through several minutes of its clock: after every admission and settlement its window's
+requests and tokens (`remaining_*` of each verdict) equal a plain recount of the admissions of
+the last sixty seconds, settlements included. The limiter keeps the window's sums beside its
+buckets rather than adding the buckets up per admission, and this checks the sums against the
+slide of the window (buckets leaving it) and settlements of older seconds."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from app.access import limiter as limiter_module
+from app.access.limiter import WINDOW_S, Ask, LocalLimiter
+
+RPM, TPM = 10**6, 10**9
+
+
+class _Clock:
+    def __init__(self, start: float) -> None:
+        self.now = start
+
+    def time(self) -> float:
+        return self.now
+
+
+@dataclass
+class _Admitted:
+    """An admission as the recount sees it: its second, the tokens it counts now, settled or not."""
+
+    second: int
+    tokens: int
+    ask: Ask
+    settled: bool = False
+
+
+async def test_the_window_sums_follow_every_admission_settlement_and_slide(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock(1_796_400_000.25)
+    monkeypatch.setattr(limiter_module.time, "time", clock.time)
+    rng = random.Random(11)  # noqa: S311 - a reproducible walk, not secrets
+    local = LocalLimiter()
+    admitted: list[_Admitted] = []
+    for n in range(2_000):
+        clock.now += rng.choice((0.01, 0.2, 0.9, 3.0, 17.0))
+        unsettled = [entry for entry in admitted if not entry.settled]
+        if unsettled and rng.random() < 0.5:  # some of them from seconds the window has left
+            entry = rng.choice(unsettled)
+            used = rng.randrange(0, entry.ask.tokens + 50)
+            local.settle(entry.ask, entry.second, used, 0)
+            entry.tokens, entry.settled = used, True
+        ask = Ask(key_id="k", request_id=f"r{n}", period="total", rpm=RPM, tpm=TPM, tokens=rng.randrange(1, 500))
+        verdict = await local.admit(ask)
+        assert verdict.refused is None
+        admitted.append(_Admitted(verdict.second, ask.tokens, ask))
+        window = [entry for entry in admitted if entry.second > int(clock.now) - WINDOW_S]
+        assert verdict.remaining_requests == RPM - len(window)
+        assert verdict.remaining_tokens == TPM - sum(entry.tokens for entry in window)
