@@ -159,6 +159,7 @@ class RedisLimiter:
             await asyncio.sleep(wait)
         if type(reply) is bytes:  # admitted: "second remaining-requests remaining-tokens reset lease life"
             return self._admitted(lane, ask, reply, sent_at)
+        lane.late = False  # refused: its waiters ask for themselves, as near any limit
         return refused(ask, reply)
 
     async def _admission(self, lane: Lane, ask: Ask, want: int) -> Any:
