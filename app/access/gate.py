@@ -74,7 +74,6 @@ Headers = tuple[tuple[bytes, bytes], ...]
 DAY_S = 86_400
 _DAWN = datetime.min.replace(tzinfo=UTC)  # a span's start or end that has none
 _FOREVER = datetime.max.replace(tzinfo=UTC)
-_Quote = tuple[datetime, datetime, WorstRates]  # worst-case rates, from when and until when their prices hold
 
 
 class Ticket(Struct):
@@ -89,6 +88,31 @@ class Ticket(Struct):
     lane: Lane | None = None
     tokens: int = 0
     cost: int = 0
+
+
+class Reservation(Struct):
+    """What `reserve` worked out for a request the lease could not hold, for `admit`: its tokens,
+    its worst-case cost (nano-dollars) and its route's `Plan`."""
+
+    tokens: int
+    cost: int
+    plan: Plan
+
+
+class Plan:
+    """What `reserve` needs of one key on one route, worked out once and kept by (key entry, model,
+    pinned provider) while it holds: for one catalog snapshot, from `start` until `end` (the span
+    in which the route's prices are the ones in effect, within the key's budget period). The
+    route's worst-case rates (`worst_rates`, scaled to integers) when the key has a budget, the
+    period, and Redis's lane of the key once an admission has made it (`admit`)."""
+
+    __slots__ = ("end", "lane", "period", "rates", "snapshot", "start")
+
+    def __init__(
+        self, snapshot: CatalogSnapshot, start: datetime, end: datetime, period: str, rates: WorstRates | None
+    ) -> None:
+        self.snapshot, self.start, self.end, self.period, self.rates = snapshot, start, end, period, rates
+        self.lane: Lane | None = None
 
 
 class AccessGate:
@@ -106,9 +130,7 @@ class AccessGate:
         self._outage = False
         timeouts = [p.timeouts.total for p in settings.providers.values()] or [600.0]
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
-        self._rates_of: CatalogSnapshot | None = None
-        self._worst: dict[tuple[str, str | None], _Quote] = {}
-        self._lanes: dict[Entry, tuple[datetime, Lane]] = {}  # Redis's lane of a key, until its period ends
+        self._plans: dict[tuple[Entry, str, str | None], Plan] = {}
 
     async def close(self) -> None:
         if self._shared is not None:
@@ -138,66 +160,83 @@ class AccessGate:
         model: ModelEntry,
         providers: Sequence[str],
         snapshot: CatalogSnapshot,
-    ) -> Ticket | tuple[int, int]:
+    ) -> Ticket | Reservation:
         """A limited key's admission from this process's lease in the key's lane, with no Redis
         call and no coroutine (a `Ticket`), when the lease holds it; otherwise the request's
-        reservation, (tokens, worst-case nano-dollars), for `admit`. `providers`: the route's
-        (`Route.names`), which the router makes of the model and the pinned provider for one
-        snapshot. The lane is kept here by the key's entry until its budget period ends, and the
-        route's worst-case rates by (model, pinned provider) while their prices are in effect and
-        the snapshot is the same (keys mode's cost per request: bench/RESULTS.md)."""
+        `Reservation` for `admit`. `providers`: the route's (`Route.names`), which the router
+        makes of the model and the pinned provider for one snapshot, so the route's `Plan` is kept
+        by the two (keys mode's cost per request: bench/RESULTS.md)."""
         now = ctx.started_at
-        tokens_in = input_bound(request)
-        budget = entry.budget_nano
-        tokens_out = output_bound(request, model) if budget >= 0 or entry.tpm >= 0 else 0
-        tokens = tokens_in + tokens_out if entry.tpm >= 0 else 0
-        cost = 0
-        if budget >= 0:
-            if snapshot is not self._rates_of:
-                self._rates_of, self._worst = snapshot, {}
-            quote = self._worst.get((model.id, request.provider))
-            if quote is None or not quote[0] <= now < quote[1]:
-                quote = self._quote(snapshot, model, request.provider, providers, now)
-            cost = worst_cost_nano(tokens_in, tokens_out, quote[2])
-        shared = self._shared
-        if shared is not None:
-            lane = self._lanes.get(entry)
-            if lane is not None and now < lane[0]:
-                lease = shared.take(lane[1], tokens, cost)
-                if lease is not None:
-                    reset = _duration(lease.reset_s)
-                    requests, left = lease.left_requests + lease.requests, lease.left_tokens + lease.tokens
-                    headers = _headers(entry, requests, reset, left, reset)
-                    return Ticket(shared, lease.second, headers, None, lane[1], tokens, cost)
-        return tokens, cost
+        budget, tpm = entry.budget_nano, entry.tpm
+        tokens = tokens_in = tokens_out = 0
+        if budget >= 0 or tpm >= 0:
+            tokens_in, tokens_out = input_bound(request), request.max_tokens or output_bound(request, model)
+            if tpm >= 0:
+                tokens = tokens_in + tokens_out
+        plan = self._plans.get((entry, model.id, request.provider))
+        if plan is None or plan.snapshot is not snapshot or not plan.start <= now < plan.end:
+            plan = self._plan(entry, snapshot, model, request.provider, providers, now)
+        cost = worst_cost_nano(tokens_in, tokens_out, plan.rates) if plan.rates is not None else 0
+        lane = plan.lane
+        if lane is not None:
+            shared = self._shared
+            assert shared is not None  # a lane is Redis's
+            lease = shared.take(lane, tokens, cost)
+            if lease is not None:
+                reset = _duration(lease.reset_s)
+                requests, left = lease.left_requests + lease.requests, lease.left_tokens + lease.tokens
+                headers = _headers(entry, requests, reset, left, reset)
+                return Ticket(shared, lease.second, headers, None, lane, tokens, cost)
+        return Reservation(tokens, cost, plan)
 
-    async def admit(self, entry: Entry, ctx: RequestContext, reservation: tuple[int, int]) -> Ticket:
+    def _plan(
+        self,
+        entry: Entry,
+        snapshot: CatalogSnapshot,
+        model: ModelEntry,
+        pin: str | None,
+        providers: Sequence[str],
+        now: datetime,
+    ) -> Plan:
+        """The key's `Plan` for the route of (model, pinned provider) at `now` (`reserve`); it keeps
+        the lane of the plan it replaces in the same period (a new catalog, a price change)."""
+        period, start, end = "total", _DAWN, _FOREVER
+        if entry.budget_nano >= 0:
+            period, period_start, period_end = period_bounds(entry.record.budget_period or "total", now)
+            start, end = period_start or _DAWN, period_end or _FOREVER
+        rates = None
+        if entry.budget_nano >= 0:
+            rates = worst_rates(snapshot, model, providers, now)
+            start, end = max(start, rates.start or _DAWN), min(end, rates.end or _FOREVER)
+        plan = Plan(snapshot, start, end, period, rates)
+        if len(self._plans) > 4096:
+            self._plans.clear()
+        old = self._plans.get((entry, model.id, pin))
+        if old is not None and old.period == period:
+            plan.lane = old.lane
+        self._plans[(entry, model.id, pin)] = plan
+        return plan
+
+    async def admit(self, entry: Entry, ctx: RequestContext, reservation: Reservation) -> Ticket:
         """A limited key's admission by its limiter (Redis, or this process's), for `reservation`
         (what `reserve` computed when the lease could not hold it): a `Ticket`, or a 429/503."""
         now = ctx.started_at
-        tokens, cost = reservation
-        budget = entry.budget_nano
-        period, until = "total", _FOREVER
-        if budget >= 0:
-            period, _start, end = period_bounds(entry.record.budget_period or "total", now)  # cached by the day
-            until = end if end is not None else _FOREVER
+        plan = reservation.plan
         ask = Ask(
             key_id=entry.record.id,
             request_id=ctx.request_id,
-            period=period,
+            period=plan.period,
             rpm=entry.rpm,
             tpm=entry.tpm,
-            tokens=tokens,
+            tokens=reservation.tokens,
             max_concurrency=entry.concurrency,
             hold_ms=self._hold_ms,
-            budget=budget,
-            cost=cost,
+            budget=entry.budget_nano,
+            cost=reservation.cost,
         )
         shared = self._shared
         if shared is not None and entry.concurrency < 0:  # a key with max_concurrency is not leased
-            if len(self._lanes) > 4096:
-                self._lanes.clear()
-            self._lanes[entry] = (until, shared.lane(ask))
+            plan.lane = shared.lane(ask)
         try:
             limiter = shared if shared is not None else self._limiter()
             verdict = await limiter.admit(ask)  # `_decide`'s first step, without its coroutine
@@ -221,19 +260,6 @@ class AccessGate:
         if self._alone:
             return self._local
         raise LimiterDown("several processes share these limits, and [redis] is not configured")
-
-    def _quote(
-        self, snapshot: CatalogSnapshot, model: ModelEntry, pin: str | None, providers: Sequence[str], when: datetime
-    ) -> _Quote:
-        """The route's worst-case rates (`worst_rates`) and the span in which their prices are in
-        effect, kept by (model, pinned provider): the route is the router's function of the two
-        and of the snapshot, whose change clears them (`reserve`)."""
-        if len(self._worst) > 4096:
-            self._worst.clear()
-        rates = worst_rates(snapshot, model, providers, when)
-        quote = (rates.start or _DAWN, rates.end or _FOREVER, rates)
-        self._worst[(model.id, pin)] = quote
-        return quote
 
     async def _decide(self, limiter: Limiter, ask: Ask, now: datetime, first: Verdict | None = None) -> Verdict:
         """The limiter's verdict (`first`, when the caller asked already); when it has no spend for
@@ -291,20 +317,30 @@ def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
 
 
 def _headers(entry: Entry, requests: int, requests_reset: bytes, tokens: int, tokens_reset: bytes) -> Headers:
-    headers: Headers = ()
-    if entry.rpm >= 0:
-        headers = (
+    """The headers of an admission (module doc); both windows' in one tuple display (per request)."""
+    if entry.rpm >= 0 and entry.tpm >= 0:
+        return (
             entry.limit_headers[0],
             (b"x-ratelimit-remaining-requests", b"%d" % requests),
             (b"x-ratelimit-reset-requests", requests_reset),
-        )
-    if entry.tpm >= 0:
-        headers += (
             entry.limit_headers[1],
             (b"x-ratelimit-remaining-tokens", b"%d" % tokens),
             (b"x-ratelimit-reset-tokens", tokens_reset),
         )
-    return headers
+    if entry.rpm >= 0:
+        return _headers_of(entry, 0, b"requests", requests, requests_reset)
+    if entry.tpm >= 0:
+        return _headers_of(entry, 1, b"tokens", tokens, tokens_reset)
+    return ()
+
+
+def _headers_of(entry: Entry, index: int, window: bytes, remaining: int, reset: bytes) -> Headers:
+    """The headers of one window (`requests` or `tokens`)."""
+    return (
+        entry.limit_headers[index],
+        (b"x-ratelimit-remaining-" + window, b"%d" % remaining),
+        (b"x-ratelimit-reset-" + window, reset),
+    )
 
 
 @lru_cache(maxsize=4096)

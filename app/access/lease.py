@@ -70,7 +70,6 @@ class Lease:
         "reset_s",
         "second",
         "tokens",
-        "used",
     )
 
     def __init__(self, ask: Ask, granted: int, window: Verdict, deadline: float) -> None:
@@ -82,16 +81,15 @@ class Lease:
         self.requests, self.tokens, self.cost = granted - 1, (granted - 1) * ask.tokens, (granted - 1) * ask.cost
         self.left_requests, self.left_tokens = window.remaining_requests, window.remaining_tokens
         self.reset_s = window.reset_requests_s
-        self.used = 1  # the admission that took it
 
-    def take(self, tokens: int, cost: int) -> bool:
-        """One admission of `tokens` and `cost` from the block; False when it cannot hold them."""
-        if self.requests < 1 or self.tokens < tokens or self.cost < cost:
+    def take(self, tokens: int, cost: int, now: float) -> bool:
+        """One admission of `tokens` and `cost` from the block at the loop's time `now`; False when
+        it cannot hold them or has ended."""
+        if self.requests < 1 or self.tokens < tokens or self.cost < cost or now >= self.deadline:
             return False
         self.requests -= 1
         self.tokens -= tokens
         self.cost -= cost
-        self.used += 1
         return True
 
     def verdict(self) -> Verdict:
@@ -117,4 +115,4 @@ class Lease:
         leasing)."""
         if self.requests < 1:
             return min(most, 2 * self.granted)
-        return max(LEASE_MIN, min(most, 2 * self.used))
+        return max(LEASE_MIN, min(most, 2 * (self.granted - self.requests)))  # served: the rest was taken

@@ -107,9 +107,9 @@ class RedisLimiter:
         while the lease lasts and the connection is not known lost (Redis down is a 503, lease or
         not): the lease (its numbers are the admission's view), or None (then `admit`)."""
         lease = lane.lease
-        if lease is None or self._loop.time() >= lease.deadline or not self.redis.connected:
+        if lease is None or not self.redis.connected or not lease.take(tokens, cost, self._loop.time()):
             return None
-        return lease if lease.take(tokens, cost) else None
+        return lease
 
     async def admit(self, ask: Ask) -> Verdict:
         """Redis's verdict, or the lease's. While an admission asking for a lease is on its way,

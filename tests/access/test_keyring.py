@@ -4,6 +4,7 @@ any other byte string the way the table's hash of its text would be."""
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
 
 import pytest
@@ -46,3 +47,29 @@ def test_an_unknown_or_missing_secret_is_refused() -> None:
     for headers in ([(b"authorization", b"Bearer sy-" + b"c" * 43)], [(b"x-api-key", b"sy-caf\xe9")], []):
         with pytest.raises(AuthenticationFailed):
             ring.authenticate(headers)
+
+
+_A, _B = b"sy-" + b"a" * 43, b"sy-" + b"b" * 43
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ([(b"x-api-key", _A), (b"authorization", b"Bearer " + _B)], "k1"),
+        ([(b"authorization", b"Bearer " + _B), (b"x-api-key", _A)], "k0"),
+        ([(b"authorization", b"Bearer " + _A), (b"authorization", b"bearer " + _B)], "k1"),
+        ([(b"x-api-key", _A), (b"authorization", b"Token " + _B)], "k0"),  # another scheme is not a key
+        ([(b"x-api-key", _B), (b"authorization", b"Basic " + base64.b64encode(b"u:" + _A))], "k0"),
+        ([(b"authorization", b"Basic " + base64.b64encode(b"spend:" + _B))], "k1"),
+        ([(b"x-api-key", b"  " + _A + b" ")], "k0"),
+    ],
+)
+def test_the_last_credential_sent_is_the_one_used(headers: list[tuple[bytes, bytes]], expected: str) -> None:
+    ring = _ring(_A.decode(), _B.decode())
+    assert ring.authenticate(headers).record.id == expected
+
+
+def test_an_authorization_of_another_scheme_alone_is_refused() -> None:
+    ring = _ring(_A.decode())
+    with pytest.raises(AuthenticationFailed):
+        ring.authenticate([(b"authorization", b"Token " + _A)])

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 from litestar import Litestar
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE
 
@@ -246,3 +247,50 @@ def test_every_rate_header_the_gate_makes_is_one_uvicorn_would_pass_unchanged() 
                     assert HEADER_RE.search(name) is None
                     assert HEADER_VALUE_RE.search(value) is None
                     assert re.fullmatch(rb"-?[0-9][0-9.ms]*", value), value
+
+
+@pytest.mark.parametrize(
+    ("rpm", "tpm", "expected"),
+    [
+        (
+            5,
+            1000,
+            [
+                (b"x-ratelimit-limit-requests", b"5"),
+                (b"x-ratelimit-remaining-requests", b"3"),
+                (b"x-ratelimit-reset-requests", b"1.5s"),
+                (b"x-ratelimit-limit-tokens", b"1000"),
+                (b"x-ratelimit-remaining-tokens", b"996"),
+                (b"x-ratelimit-reset-tokens", b"20ms"),
+            ],
+        ),
+        (
+            5,
+            None,
+            [
+                (b"x-ratelimit-limit-requests", b"5"),
+                (b"x-ratelimit-remaining-requests", b"3"),
+                (b"x-ratelimit-reset-requests", b"1.5s"),
+            ],
+        ),
+        (
+            None,
+            1000,
+            [
+                (b"x-ratelimit-limit-tokens", b"1000"),
+                (b"x-ratelimit-remaining-tokens", b"996"),
+                (b"x-ratelimit-reset-tokens", b"20ms"),
+            ],
+        ),
+        (None, None, []),  # a budget or a concurrency cap alone: no window to describe
+    ],
+)
+def test_a_keys_rate_headers_describe_the_windows_it_has(
+    rpm: int | None, tpm: int | None, expected: list[tuple[bytes, bytes]]
+) -> None:
+    now = datetime.now(UTC)
+    record = KeyRecord(
+        id="k", name="n", secret_hash="00" * 32, prefix="sy-x", created_at=now, updated_at=now, rpm=rpm, tpm=tpm
+    )
+    verdict = Verdict(remaining_requests=3, reset_requests_s=1.5, remaining_tokens=996, reset_tokens_s=0.02)
+    assert list(rate_headers(Entry(record), verdict)) == expected

@@ -10,16 +10,37 @@ import msgspec
 import pytest
 import structlog
 
-from app.access.gate import AccessGate
+from app.access.gate import AccessGate, Plan, Reservation
 from app.access.keyring import Entry, KeyRing
-from app.access.worstcase import WorstRates, scaled, to_nano, worst_cost_nano, worst_rates
+from app.access.worstcase import (
+    MEDIA_ALLOWANCE,
+    MESSAGE_ALLOWANCE,
+    TOOL_ALLOWANCE,
+    WorstRates,
+    input_bound,
+    scaled,
+    to_nano,
+    worst_cost_nano,
+    worst_rates,
+)
 from app.context import new_context
 from app.metrics import Counter
 from app.settings import Settings
 from catalog.database import open_engine
 from catalog.keys import KeyRecord
 from catalog.snapshot import CatalogSnapshot, ModelEntry, PriceRow
-from providers.types import CompletionRequest, Message, TextPart
+from providers.types import (
+    AudioPart,
+    CompletionRequest,
+    DocumentPart,
+    FileData,
+    ImageData,
+    ImagePart,
+    Message,
+    TextCompletionRequest,
+    TextPart,
+    ToolDefinition,
+)
 
 
 @pytest.mark.parametrize(
@@ -57,6 +78,36 @@ def test_worst_cost_is_the_exact_sum_rounded_up_to_a_nano_dollar(
 )
 def test_to_nano_rounds_up(usd: Decimal | None, nano: int) -> None:
     assert to_nano(usd) == nano
+
+
+def test_the_input_bound_counts_every_byte_sent_and_an_allowance_per_message_tool_and_medium() -> None:
+    """`input_bound`: the JSON of the messages, the system text, the tools and the schema, plus the
+    allowances; each image, audio and document part (sent by URL here: few bytes) adds
+    `MEDIA_ALLOWANCE`, text and tool parts nothing more."""
+    image = ImagePart(data=ImageData(url="https://example.test/cat.png"))
+    audio, document = AudioPart(data=FileData(url="https://x.test/a.wav")), DocumentPart(data=FileData(url="d"))
+    messages = [
+        Message(role="user", content=[TextPart(data="caf\u00e9"), image, audio]),
+        Message(role="assistant", content=[TextPart(data="ok")]),
+        Message(role="user", content=[document, image]),
+    ]
+    tools = [ToolDefinition(name="lookup", parameters={"type": "object"})]
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    request = CompletionRequest(messages=messages, system="Be br\u00efef.", tools=tools, schema=schema)
+    expected = (
+        len(msgspec.json.encode(messages))
+        + MESSAGE_ALLOWANCE * 4
+        + len("Be br\u00efef.".encode())
+        + len(msgspec.json.encode(tools))
+        + TOOL_ALLOWANCE
+        + len(msgspec.json.encode(schema))
+        + MEDIA_ALLOWANCE * 4
+    )
+    assert input_bound(request) == expected
+    plain = CompletionRequest(messages=[Message(role="user", content=[TextPart(data="hi")])])
+    sent = b'[{"role":"user","content":[{"kind":"text","data":"hi"}]}]'
+    assert input_bound(plain) == len(sent) + 2 * MESSAGE_ALLOWANCE
+    assert input_bound(TextCompletionRequest(prompt="na\u00efve")) == 6 + MESSAGE_ALLOWANCE
 
 
 def _snapshot(*prices: tuple[str, str, str, str]) -> tuple[CatalogSnapshot, ModelEntry]:
@@ -103,17 +154,19 @@ async def test_the_gate_keeps_rates_only_while_their_prices_are_in_effect() -> N
     entry = Entry(record)
     request = CompletionRequest(messages=[Message(role="user", content=[TextPart(data="hi")])], max_tokens=16)
 
+    plans: list[Plan] = []
+
     def cost(snapshot: CatalogSnapshot, when: datetime) -> int:
         ctx = msgspec.structs.replace(new_context("r", "native", stream=False, deadline=0.0), started_at=when)
         reservation = gate.reserve(entry, ctx, request, model, ("a",), snapshot)
-        assert isinstance(reservation, tuple)
-        return reservation[1]
+        assert isinstance(reservation, Reservation)
+        plans.append(reservation.plan)
+        return reservation.cost
 
     # 89 input tokens at most (57 bytes of messages' JSON, an allowance per message and one more) and 16 out
     assert cost(snapshot, datetime(2026, 5, 31, 23, 59, 59, tzinfo=UTC)) == (89 * 1 + 16 * 4) * 1000
-    kept = gate._worst[("m", None)]
     assert cost(snapshot, datetime(2026, 5, 1, tzinfo=UTC)) == 153_000
-    assert gate._worst[("m", None)] is kept  # the same rates: not computed again
+    assert plans[1] is plans[0]  # the same rates: not computed again
     assert cost(snapshot, datetime(2026, 6, 1, tzinfo=UTC)) == (89 * 2 + 16 * 4) * 1000  # the new price
     assert cost(snapshot, datetime(2026, 5, 1, tzinfo=UTC)) == 153_000  # and back
     other, _model = _snapshot(("a", "2026-01-01T00:00:00+00:00", "3", "4"))
