@@ -200,14 +200,12 @@ class AccessGate:
     ) -> Plan:
         """The key's `Plan` for the route of (model, pinned provider) at `now` (`reserve`); it keeps
         the lane of the plan it replaces in the same period (a new catalog, a price change)."""
-        period, start, end = "total", _DAWN, _FOREVER
+        period, start, end, rates = "total", _DAWN, _FOREVER, None
         if entry.budget_nano >= 0:
             period, period_start, period_end = period_bounds(entry.record.budget_period or "total", now)
-            start, end = period_start or _DAWN, period_end or _FOREVER
-        rates = None
-        if entry.budget_nano >= 0:
             rates = worst_rates(snapshot, model, providers, now)
-            start, end = max(start, rates.start or _DAWN), min(end, rates.end or _FOREVER)
+            start = max(period_start or _DAWN, rates.start or _DAWN)
+            end = min(period_end or _FOREVER, rates.end or _FOREVER)
         plan = Plan(snapshot, start, end, period, rates)
         if len(self._plans) > 4096:
             self._plans.clear()

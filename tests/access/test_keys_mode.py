@@ -249,39 +249,24 @@ def test_every_rate_header_the_gate_makes_is_one_uvicorn_would_pass_unchanged() 
                     assert re.fullmatch(rb"-?[0-9][0-9.ms]*", value), value
 
 
+_REQUESTS = [
+    (b"x-ratelimit-limit-requests", b"5"),
+    (b"x-ratelimit-remaining-requests", b"3"),
+    (b"x-ratelimit-reset-requests", b"1.5s"),
+]
+_TOKENS = [
+    (b"x-ratelimit-limit-tokens", b"1000"),
+    (b"x-ratelimit-remaining-tokens", b"996"),
+    (b"x-ratelimit-reset-tokens", b"20ms"),
+]
+
+
 @pytest.mark.parametrize(
     ("rpm", "tpm", "expected"),
     [
-        (
-            5,
-            1000,
-            [
-                (b"x-ratelimit-limit-requests", b"5"),
-                (b"x-ratelimit-remaining-requests", b"3"),
-                (b"x-ratelimit-reset-requests", b"1.5s"),
-                (b"x-ratelimit-limit-tokens", b"1000"),
-                (b"x-ratelimit-remaining-tokens", b"996"),
-                (b"x-ratelimit-reset-tokens", b"20ms"),
-            ],
-        ),
-        (
-            5,
-            None,
-            [
-                (b"x-ratelimit-limit-requests", b"5"),
-                (b"x-ratelimit-remaining-requests", b"3"),
-                (b"x-ratelimit-reset-requests", b"1.5s"),
-            ],
-        ),
-        (
-            None,
-            1000,
-            [
-                (b"x-ratelimit-limit-tokens", b"1000"),
-                (b"x-ratelimit-remaining-tokens", b"996"),
-                (b"x-ratelimit-reset-tokens", b"20ms"),
-            ],
-        ),
+        (5, 1000, _REQUESTS + _TOKENS),
+        (5, None, _REQUESTS),
+        (None, 1000, _TOKENS),
         (None, None, []),  # a budget or a concurrency cap alone: no window to describe
     ],
 )
