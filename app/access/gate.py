@@ -3,7 +3,7 @@
     permit(ctx, model)          the key's entry, or 403 when the key may not use the model
     reserve(entry, ctx, request, model, providers, snapshot)
                                 a limited key's `Ticket` from this process's lease, or the request's
-                                reservation (tokens, worst-case cost) for `admit`
+                                `Reservation` (tokens, worst-case cost, the route's plan) for `admit`
     admit(entry, ctx, reservation)   the key's limiter's `Ticket`, or a 429/503
     settle(ticket, cost, tokens)     the reservation becomes the real cost and tokens
 

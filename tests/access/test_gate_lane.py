@@ -136,3 +136,36 @@ async def test_a_new_budget_period_takes_a_new_lane(prefix: str) -> None:
         await gate.close()
         client.close()
         await engine.dispose()
+
+
+async def test_a_new_catalog_keeps_the_keys_lease(prefix: str, tap: tuple[_Tap, int]) -> None:
+    """A new catalog snapshot (a reload, a price change) makes the route's plan again, but the key's
+    lane and its lease go on: the next request is still admitted from the lease, without Redis."""
+    wire, port = tap
+    settings = msgspec.structs.replace(
+        Settings(), redis=RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix)
+    )
+    engine = open_engine("sqlite+aiosqlite://")
+    log = structlog.get_logger("test")
+    gate = AccessGate(settings, engine, KeyRing(engine, settings.auth, None, log), log, Counter("c", "c", ()))
+    now = datetime.now(UTC)
+    entry = Entry(
+        KeyRecord(id="k1", name="n", secret_hash="00" * 32, prefix="sy-x", created_at=now, updated_at=now, rpm=1000)
+    )
+    snapshot, model = _snapshot(("a", "2026-01-01T00:00:00+00:00", "1", "4"))
+    reloaded, _model = _snapshot(("a", "2026-01-01T00:00:00+00:00", "1", "4"))
+    request = CompletionRequest(messages=[Message(role="user", content=[TextPart(data="hi")])], max_tokens=16)
+    try:
+        await _early_in_a_second()
+        first = await _admit(
+            gate, entry, new_context("r0", "native", stream=False, deadline=0.0), request, model, snapshot
+        )
+        assert first.ask is not None  # Redis's admission, which brought the lease
+        ctx = new_context("r1", "native", stream=False, deadline=0.0)
+        leased = gate.reserve(entry, ctx, request, model, ("a",), reloaded)
+        assert isinstance(leased, Ticket)
+        assert leased.lane is not None
+        assert b"".join(wire.writes).count(gate._shared.admit_script.sha.encode()) == 1  # type: ignore[union-attr]
+    finally:
+        await gate.close()
+        await engine.dispose()
