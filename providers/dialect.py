@@ -17,7 +17,7 @@ from providers.events import Event
 from providers.openai_chat import ChatStreamParser, build_chat_body, parse_chat_response
 from providers.openai_stream import OpenAIStreamParser
 from providers.openai_text import TextStreamParser, build_text_body, parse_text_response
-from providers.types import AnyRequest, TextCompletionRequest
+from providers.types import AnyRequest, CompletionRequest, TextCompletionRequest
 
 
 class Dialect(NamedTuple):
@@ -33,6 +33,7 @@ DIALECTS = (CHAT, TEXT)
 
 def build_body(req: AnyRequest, upstream_model: str, cfg: ProviderConfig, *, stream: bool) -> tuple[Dialect, bytes]:
     """The dialect `req` is spoken in, and its encoded upstream body."""
-    if isinstance(req, TextCompletionRequest):
-        return TEXT, build_text_body(req, upstream_model, cfg, stream=stream)
-    return CHAT, build_chat_body(req, upstream_model, cfg, stream=stream)
+    if type(req) is CompletionRequest:  # exact types (`providers.types.MEDIA_PARTS`)
+        return CHAT, build_chat_body(req, upstream_model, cfg, stream=stream)
+    assert isinstance(req, TextCompletionRequest)
+    return TEXT, build_text_body(req, upstream_model, cfg, stream=stream)

@@ -264,7 +264,7 @@ class _UpstreamErrors:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if isinstance(exc, _FOREIGN):
+        if exc is not None and isinstance(exc, _FOREIGN):
             raise classify_transport(exc) from exc
 
 

@@ -293,8 +293,8 @@ def _message(message: Message, wire: WireProfile) -> list[WireMessage]:
     if message.role in ("system", "developer"):
         role = "developer" if message.role == "developer" and wire.developer_role else "system"
         return [WireMessage(role=role, content=_joined_text(message.content))]
-    results = [_tool_message(part.data) for part in message.content if isinstance(part, ToolResultPart)]
-    rest = [part for part in message.content if not isinstance(part, ToolResultPart)]
+    results = [_tool_message(part.data) for part in message.content if type(part) is ToolResultPart]  # exact
+    rest = [part for part in message.content if type(part) is not ToolResultPart]  # (`types.MEDIA_PARTS`)
     if not rest:
         return results
     if message.role == "tool":

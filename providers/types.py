@@ -103,6 +103,10 @@ ContentPart = (
     | RedactedThinkingPart
 )
 MediaPart = ImagePart | AudioPart | DocumentPart
+# The media classes for exact-type tests (`type(part) in MEDIA_PARTS`) on the per-request path: the
+# decoder makes these classes and none has subclasses, and an `isinstance` against a msgspec Struct
+# class that does not match leaves CPython's fast path (the metaclass): ~80 ns a check, against ~20.
+MEDIA_PARTS: frozenset[type] = frozenset({ImagePart, AudioPart, DocumentPart})
 
 
 class Message(Struct, omit_defaults=True):

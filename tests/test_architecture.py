@@ -7,6 +7,7 @@ Read from the source with `ast`, so every import counts: module level, inside fu
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -122,3 +123,45 @@ def test_the_sqlite_ledger_writer_process_imports_no_sqlalchemy() -> None:
     probe = f"import sys, catalog.sqlite_child; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert done.stdout.strip() == ""
+
+
+_EXACT_PROBE = """
+import ast, importlib, json, sys
+from pathlib import Path
+names, paths, packages = json.loads(sys.argv[1])
+found, subclassed = set(), {}
+for name, path in zip(names, paths):
+    module = importlib.import_module(name)
+    for node in ast.walk(ast.parse(Path(path).read_text())):
+        if not (isinstance(node, ast.Compare) and isinstance(node.left, ast.Call)):
+            continue
+        if not (isinstance(node.left.func, ast.Name) and node.left.func.id == "type"):
+            continue
+        for op, right in zip(node.ops, node.comparators):
+            if not isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
+                continue
+            value = eval(compile(ast.Expression(right), path, "eval"), vars(module))
+            for cls in value if isinstance(value, (frozenset, set, tuple)) else (value,):
+                if isinstance(cls, type) and cls.__module__.split(".")[0] in packages:
+                    label = f"{cls.__module__}.{cls.__qualname__}"
+                    found.add(label)
+                    if cls.__subclasses__():
+                        subclassed[label] = [sub.__qualname__ for sub in cls.__subclasses__()]
+print(json.dumps({"found": sorted(found), "subclassed": subclassed}))
+"""
+
+
+def test_our_classes_tested_by_exact_type_have_no_subclasses() -> None:
+    """The per-request path tests some of our classes by exact type (`type(x) is C`, `type(x) in
+    MEDIA_PARTS`; `providers.types` says why): right only while no class derives from them. Every
+    service module is imported and every such comparison's classes checked."""
+    known = {name: path for name, path in modules().items() if not name.startswith("devtools")}
+    argument = json.dumps([list(known), [str(path) for path in known.values()], list(PACKAGES)])
+    done = subprocess.run(
+        [sys.executable, "-c", _EXACT_PROBE, argument], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    result = json.loads(done.stdout)
+    assert {"providers.types.ImagePart", "providers.events.Finish", "providers.types.CompletionRequest"} <= set(
+        result["found"]
+    )
+    assert result["subclassed"] == {}

@@ -35,13 +35,12 @@ import msgspec
 from app.errors import InvalidRequest, PermissionDenied
 from catalog.keys import BudgetPeriod
 from catalog.snapshot import CatalogSnapshot, ModelEntry
-from providers.types import AnyRequest, AudioPart, CompletionRequest, DocumentPart, ImagePart, TextCompletionRequest
+from providers.types import MEDIA_PARTS, AnyRequest, CompletionRequest, TextCompletionRequest
 
 MESSAGE_ALLOWANCE = 16
 TOOL_ALLOWANCE = 16
 MEDIA_ALLOWANCE = 8192
 NANO = Decimal(1_000_000_000)
-_MEDIA = frozenset({ImagePart, AudioPart, DocumentPart})  # by exact type (`input_bound`)
 _encode = msgspec.json.encode
 NO_PRICE = "this model has no price, so a budget cannot be enforced"
 
@@ -63,7 +62,7 @@ def input_bound(request: AnyRequest) -> int:
         size += len(_encode(request.schema))
     for message in request.messages:  # a loop, not a generator: this runs per request
         for part in message.content:
-            if type(part) in _MEDIA:
+            if type(part) in MEDIA_PARTS:
                 size += MEDIA_ALLOWANCE
     return size
 

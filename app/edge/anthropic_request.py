@@ -166,12 +166,12 @@ def _tool_choice(wire: fmt.MessagesRequest) -> tuple[ToolChoice | None, bool | N
 
 
 def _effort(wire: fmt.MessagesRequest) -> ReasoningEffort | None:
-    thinking = wire.thinking
-    if isinstance(thinking, fmt.ThinkingEnabled) and thinking.budget_tokens >= wire.max_tokens:
+    thinking = wire.thinking  # its type exactly: usually None (`providers.types.MEDIA_PARTS` on why)
+    if type(thinking) is fmt.ThinkingEnabled and thinking.budget_tokens >= wire.max_tokens:
         raise _invalid("thinking.budget_tokens", f"must be less than max_tokens ({wire.max_tokens})")
     if wire.output_config is not None and wire.output_config.effort is not None:
         return wire.output_config.effort
-    if not isinstance(thinking, fmt.ThinkingEnabled):
+    if type(thinking) is not fmt.ThinkingEnabled:
         return None
     if thinking.budget_tokens < 4096:
         return "low"

@@ -102,7 +102,7 @@ def _check_tools(chat: wire.ChatRequest) -> None:
             raise _invalid(f"tools[{index}].function.name", f"duplicate tool name '{name}'")
         names.add(name)
     choice = chat.tool_choice
-    if isinstance(choice, wire.NamedToolChoice) and choice.function.name not in names:
+    if type(choice) is wire.NamedToolChoice and choice.function.name not in names:  # exact (`_schema`)
         raise _invalid("tool_choice.function.name", f"names no declared tool: '{choice.function.name}'")
     if choice == "required" and not names:
         raise _invalid("tool_choice", "'required' needs at least one tool in `tools`")
@@ -237,16 +237,19 @@ def _tool_choice(choice: Literal["auto", "none", "required"] | wire.NamedToolCho
 
 
 def _schema(response_format: object) -> wire.JSONSchemaSpec | None:
-    """The `json_schema` format's spec when it has a schema (one without is `json_object`)."""
-    if isinstance(response_format, wire.JSONSchemaFormat) and response_format.json_schema.schema is not None:
+    """The `json_schema` format's spec when it has a schema (one without is `json_object`).
+    This and `_json_object` test the format's type exactly (the decoder's classes, none
+    subclassed): most requests have none, and `isinstance(None, <a Struct class>)` is the slow path
+    (`providers.types.MEDIA_PARTS`)."""
+    if type(response_format) is wire.JSONSchemaFormat and response_format.json_schema.schema is not None:
         return response_format.json_schema
     return None
 
 
 def _json_object(response_format: object) -> bool | None:
-    if isinstance(response_format, wire.JSONObjectFormat):
+    if type(response_format) is wire.JSONObjectFormat:
         return True
-    if isinstance(response_format, wire.JSONSchemaFormat) and response_format.json_schema.schema is None:
+    if type(response_format) is wire.JSONSchemaFormat and response_format.json_schema.schema is None:
         return True
     return None
 

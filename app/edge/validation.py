@@ -33,7 +33,7 @@ import binascii
 import json
 import re
 from collections.abc import Collection, Iterable
-from typing import TypeVar
+from typing import TypeVar, cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -41,6 +41,7 @@ import msgspec
 from app.errors import ECHO_CHARS, InvalidRequest, clip
 from providers.openai_request import BOUNDING_OPTIONS
 from providers.types import (
+    MEDIA_PARTS,
     AudioPart,
     CompletionRequest,
     ContentPart,
@@ -48,6 +49,7 @@ from providers.types import (
     FileData,
     ImageData,
     ImagePart,
+    MediaPart,
     Message,
     RedactedThinkingPart,
     TextPart,
@@ -173,10 +175,10 @@ def _check_message(message: Message, path: str) -> None:
                 kind = type(part).__struct_config__.tag
                 raise _invalid(f"{part_path}.kind", f"a '{kind}' part cannot appear in a '{message.role}' message")
             _check_part_nesting(part, part_path)
-        if message.role in _TEXT_ONLY_ROLES and not isinstance(part, TextPart):
+        if message.role in _TEXT_ONLY_ROLES and type(part) is not TextPart:
             raise _invalid(f"{part_path}.kind", f"'{message.role}' messages carry only text parts")
-        if isinstance(part, ImagePart | AudioPart | DocumentPart):
-            _check_media(part.data, f"{part_path}.data")
+        if type(part) in MEDIA_PARTS:
+            _check_media(cast(MediaPart, part).data, f"{part_path}.data")
 
 
 def _check_part_nesting(part: ContentPart, path: str) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterator
 from app.errors import InvalidRequest
 from app.pipeline.estimate import prompt_chars
 from catalog.snapshot import ModelEntry
-from providers.types import AnyRequest, AudioPart, CompletionRequest, ContentPart, DocumentPart, ImagePart
+from providers.types import MEDIA_PARTS, AnyRequest, AudioPart, CompletionRequest, ContentPart, DocumentPart, ImagePart
 
 MAX_CHARS_PER_TOKEN = 8
 _CAPABILITY = {ImagePart: "vision", AudioPart: "audio", DocumentPart: "documents"}
@@ -69,7 +69,7 @@ def check_capabilities(request: CompletionRequest, model: str, capabilities: Col
 def _media_parts(request: CompletionRequest) -> Iterator[tuple[str, ContentPart]]:
     for m_index, message in enumerate(request.messages):
         for p_index, part in enumerate(message.content):
-            if isinstance(part, ImagePart | AudioPart | DocumentPart):
+            if type(part) in MEDIA_PARTS:
                 yield f"messages[{m_index}].content[{p_index}]", part
 
 

@@ -16,7 +16,15 @@ from __future__ import annotations
 
 import msgspec
 
-from providers.types import AnyRequest, TextCompletionRequest, TextPart, ThinkingPart, ToolCallPart, ToolResultPart
+from providers.types import (
+    AnyRequest,
+    CompletionRequest,
+    TextCompletionRequest,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+    ToolResultPart,
+)
 
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD = 4  # role and separators, per message
@@ -25,19 +33,20 @@ _encode = msgspec.json.encode
 
 def prompt_chars(request: AnyRequest) -> int:
     """Characters of everything the upstream will tokenize as input (media parts aside)."""
-    if isinstance(request, TextCompletionRequest):
+    if type(request) is not CompletionRequest:  # exact types (`providers.types.MEDIA_PARTS`)
+        assert isinstance(request, TextCompletionRequest)  # a match: `isinstance`'s fast path
         return len(request.prompt)
     chars = len(request.system) if request.system else 0
     for message in request.messages:
         for part in message.content:
-            if isinstance(part, TextPart):
+            if type(part) is TextPart:
                 chars += len(part.data)
-            elif isinstance(part, ThinkingPart):
+            elif type(part) is ThinkingPart:
                 chars += len(part.data.text)
-            elif isinstance(part, ToolCallPart):
+            elif type(part) is ToolCallPart:
                 data = part.data
                 chars += len(data.name) + len(data.raw_arguments or _encode(data.arguments))
-            elif isinstance(part, ToolResultPart):
+            elif type(part) is ToolResultPart:
                 content = part.data.content
                 chars += len(content) if isinstance(content, str) else len(_encode(content))
     if request.tools:

@@ -76,35 +76,37 @@ class Fold:
         self._calls: dict[int, _Call] = {}
 
     def feed(self, event: ev.Event) -> None:
+        """One adapter event into the message. Dispatched by exact type, the per-chunk deltas
+        first: the events are final Structs (`providers.types.MEDIA_PARTS` on why not `isinstance`)."""
         kind = type(event)
-        if kind is ev.TextDelta or kind is ev.ReasoningDelta:  # the per-chunk case first, by identity
+        if kind is ev.TextDelta or kind is ev.ReasoningDelta:
             if event.text:  # type: ignore[union-attr]
                 self._delta(event, kind)  # type: ignore[arg-type]
-        elif isinstance(event, ev.ToolCallStart):
+        elif type(event) is ev.ToolCallStart:
             self._close_block()
             call = _Call(len(self._calls), event.id, event.name)
             self._calls[event.key] = call
             self.parts.append(call)
             if self.emit:
                 self.out.append(out.ToolCallStart(call.index, call.id, call.name))
-        elif isinstance(event, ev.ToolCallArgs):
+        elif type(event) is ev.ToolCallArgs:
             call = self._calls[event.key]
             call.fragments.append(event.fragment)
             self.relayed_output += 1
             if self.emit:
                 self.out.append(out.ToolCallDelta(call.index, call.id, call.name, event.fragment))
-        elif isinstance(event, ev.UsageReport):
+        elif type(event) is ev.UsageReport:
             self.usage = event
-        elif isinstance(event, ev.Finish):
+        elif type(event) is ev.Finish:
             self.finish_reason = event.reason
             self.stop_sequence = event.stop_sequence
-        elif isinstance(event, ev.Logprobs):
+        elif type(event) is ev.Logprobs:
             if self.logprobs is None:
                 self.logprobs = []
             self.logprobs.extend(event.tokens)
             if self.emit:
                 self.out.append(event)
-        elif isinstance(event, ev.UpstreamMeta):
+        elif type(event) is ev.UpstreamMeta:
             self.upstream_request_id = event.upstream_request_id
 
     def _delta(self, event: ev.TextDelta | ev.ReasoningDelta, kind: _DeltaKind) -> None:
@@ -147,7 +149,7 @@ class Fold:
         self._close_block()
         content: list[ContentPart] = []
         for part in self.parts:
-            if isinstance(part, _Call):
+            if isinstance(part, _Call):  # a plain class: the fast path
                 raw = "".join(part.fragments)
                 call = ToolCallData(part.id, part.name, _parse_arguments(raw), raw_arguments=raw)
                 if self.emit:

@@ -62,7 +62,7 @@ from providers.errors import Failure, UpstreamError
 from providers.timers import deadline_at
 from providers.types import AnyRequest, Message
 
-_CONTENT = (ev.TextDelta, ev.ReasoningDelta, ev.ToolCallStart, ev.ToolCallArgs, ev.Finish)
+_CONTENT = frozenset((ev.TextDelta, ev.ReasoningDelta, ev.ToolCallStart, ev.ToolCallArgs, ev.Finish))  # by exact type
 Upstream = AsyncGenerator[list[ev.Event], None]  # the adapter's batches (`Provider.batches`)
 
 
@@ -326,7 +326,7 @@ async def _until_content(upstream: Upstream, run: _Run) -> None:
         content = False
         for event in batch:
             fold.feed(event)
-            if not content and isinstance(event, _CONTENT):
+            if not content and type(event) in _CONTENT:
                 content = True
                 run.first_content = time.perf_counter()
         if content:
