@@ -65,3 +65,14 @@ def test_forked_child_does_not_repeat_parent_ids() -> None:
         return {value.replace("-", "")[13:] for value in ids}
 
     assert not random_bits(child) & random_bits(parent)
+
+
+def test_every_random_digit_of_uuid7_varies() -> None:
+    """The 74 random bits are spread over the id's digits (after the version nibble, the variant's
+    digit, the rest): across 2,000 ids every random digit takes most of its 16 values, and the
+    variant's digit each of its four (8, 9, a, b: the variant's `10` then two random bits)."""
+    digits = [value.replace("-", "") for value in (uuid7() for _ in range(2_000))]
+    assert {value[12] for value in digits} == {"7"}
+    assert {value[16] for value in digits} == set("89ab")
+    for position in [*range(13, 16), *range(17, 32)]:
+        assert len({value[position] for value in digits}) >= 14, position

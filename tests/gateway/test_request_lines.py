@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import pytest
 import structlog
 
 from app.logging import LineWriter
@@ -126,3 +128,16 @@ def test_without_the_services_writer_the_line_goes_through_structlog_with_the_sa
     expected = json.loads(direct.getvalue())
     del expected["timestamp"], expected["level"]
     assert event == expected
+
+
+def test_a_lines_timestamp_is_utc_to_the_millisecond(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`2026-12-01T10:00:05.045Z`: the second from `time.gmtime`, the milliseconds truncated and
+    zero-padded, both ends of the second included."""
+    writer = LineWriter(io.BytesIO())
+    second = datetime(2026, 12, 1, 10, 0, 5, tzinfo=UTC).timestamp()
+    cases = [(0.0, "000"), (0.0456, "045"), (0.5, "500"), (0.9995, "999")]
+    for fraction, millis in cases:
+        monkeypatch.setattr(time, "time", lambda fraction=fraction: second + fraction)
+        assert writer.stamp.text() == f"2026-12-01T10:00:05.{millis}Z"
+    monkeypatch.setattr(time, "time", lambda: second + 61.25)  # a new second: a new prefix
+    assert writer.stamp.text() == "2026-12-01T10:01:06.250Z"
