@@ -83,7 +83,7 @@ async def serve(
     answer: the same for every door but `translate` (body → `Door`) and what the `Door` renders."""
     request_id = begin(scope)
     check_json_headers(scope["headers"])
-    service: Service = scope["litestar_app"].state.service
+    service: Service = scope["litestar_app"].state["service"]  # by key: `.service` raises and catches (0.4 µs)
     assert service.pipeline is not None
     server = service.settings.server
     body = await read_body(receive, server.max_body_bytes)
