@@ -140,7 +140,10 @@ for name, path in zip(names, paths):
         for op, right in zip(node.ops, node.comparators):
             if not isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
                 continue
-            value = eval(compile(ast.Expression(right), path, "eval"), vars(module))
+            try:
+                value = eval(compile(ast.Expression(right), path, "eval"), vars(module))
+            except NameError:  # a function's local (`type(x) is cls`): not a module-level class
+                continue
             for cls in value if isinstance(value, (frozenset, set, tuple)) else (value,):
                 if isinstance(cls, type) and cls.__module__.split(".")[0] in packages:
                     label = f"{cls.__module__}.{cls.__qualname__}"
