@@ -218,3 +218,24 @@ async def test_a_committed_segment_is_rotated_away_so_a_restart_replays_little(
     assert len(await ledger(engine)) == 100
     assert len(journal_rows(directory)) < 10  # about 600 bytes a row: at most the last few stay
     await writer.close()
+
+
+async def test_under_load_a_segment_is_rotated_though_the_writer_is_a_batch_behind(
+    engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """Rows keep coming while batches are written: the active segment always holds rows the
+    database has not taken yet, and is still rotated once it passes `committed_bytes`, so the
+    committed ones are deleted instead of piling up until `segment_bytes`."""
+    directory = tmp_path / "journal"
+    writer = LedgerWriter(engine, journal=opened(directory, committed_bytes=3000), batch_size=10, flush_interval=60)
+    writer.start()
+    for n in range(5):
+        writer.submit(record(n))
+    for n in range(5, 205):
+        writer.submit(record(n))
+        if n % 10 == 4:  # a batch of 10 is due: wait until it is written, 5 rows still pending
+            await wait_until(lambda: writer.pending == 5, what="the batch to be written")
+    assert 5 <= len(journal_rows(directory)) < 30  # about 600 bytes a row: the last segments only
+    await writer.flush()
+    assert len(await ledger(engine)) == 205
+    await writer.close()
