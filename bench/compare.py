@@ -9,6 +9,8 @@ or `--ledger-cost`: "base" `[ledger] enabled = false` and "new" the SQLite ledge
 tree, against issue 12's bar (the ledger costs ≤ 5 %). The SQLite ledger's writer process
 (`catalog.sqlite_child`) inherits the gateway's CPU, so its work is charged to the gateway in full;
 `--writer-cpus 1` pins it to the load CPUs instead, as run.py pins a PostgreSQL server.
+`--ledger-cost postgres`: "new" is the PostgreSQL ledger instead (a fresh `switchyard_bench`
+database, as run.py's scenario 5), the PostgreSQL server pinned to the load CPUs for the run.
 
 One run of bench/run.py drifts by several per cent over minutes on this machine, so a before/after
 comparison is a series of pairs instead: in each pair every scenario is measured on both trees back
@@ -48,8 +50,9 @@ SIDES = ("base", "new")
 BAR = 0.03  # the largest slowdown the bar allows, as a fraction: issue 9's, tree against tree
 DOOR_BAR = 0.10  # issue 10's: a front door against the native endpoint
 KEYS_BAR = 0.10  # issue 11's: keys mode against `none`
-LEDGER_BAR = 0.05  # issue 12's: the SQLite ledger (journal and writer) against ledger off
+LEDGER_BAR = 0.05  # issue 12's: a ledger (journal and writer) against ledger off
 MARK = "bench-compare imports:"
+_LEDGERS = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 PROBE = (  # the gateway's entry point: `python -m app.cli …`, after printing where its packages come from
     "import runpy, sys\nimport app, catalog, providers\n"
     f"print({MARK!r}, app.__file__, catalog.__file__, providers.__file__, flush=True)\n"
@@ -81,6 +84,18 @@ class TreeSwitchyard(Switchyard):
         return _from_tree(super().server(run_dir, cpus), self.tree)
 
 
+class TreePostgres(TreeSwitchyard):
+    """run.py's Switchyard with the PostgreSQL ledger (scenario 5's), started from a checkout: a fresh
+    bench database with the schema applied before it starts."""
+
+    def __init__(self, mocks: Mocks, label: str, tree: Path, plan: Plan) -> None:
+        super().__init__(mocks, SwitchyardOptions(run.PG_URL, label=label), tree)
+        self.plan = plan
+
+    def prepare(self, run_dir: Path) -> str | None:
+        return run.prepare_postgres(self.plan, self)
+
+
 class TreeIngress(SwitchyardIngress):
     """run.py's Switchyard through one of its other front doors, started from a checkout."""
 
@@ -101,7 +116,7 @@ class Job:
     door: str = ""  # set: "base" is the native endpoint and "new" this front door, both from the new tree
     interleave: bool = False  # both gateways up for the whole run, measured in turn (`run_interleaved`)
     keys: bool = False  # "base" is auth none and "new" keys mode, both from the new tree (bench/keyed.py)
-    ledger_cost: bool = False  # "base" is ledger off and "new" the SQLite ledger, both from the new tree
+    ledger_cost: str = ""  # "sqlite"/"postgres": "base" is ledger off and "new" that ledger, both from the new tree
     writer_cpus: str = ""  # set: the SQLite writer processes are pinned there (`writers_pinned`)
     imports: dict[str, str] = field(default_factory=dict)  # side -> what its last process imported
     described: dict[str, str] = field(default_factory=dict)  # side -> `git describe` at the start
@@ -120,7 +135,14 @@ def _parser() -> argparse.ArgumentParser:
     add("--duration", type=float, default=10.0, help="measured seconds per scenario and tree (default 10)")
     add("--warmup", type=float, default=2.0, help="warm-up seconds before each measure (default 2)")
     add("--ledger", choices=("sqlite", "off"), default="sqlite", help="the gateways' ledger (default sqlite)")
-    add("--ledger-cost", action="store_true", help="ledger off (base) against the SQLite ledger (new), one tree")
+    add(
+        "--ledger-cost",
+        nargs="?",
+        const="sqlite",
+        default="",
+        choices=("sqlite", "postgres"),
+        help="ledger off (base) against the SQLite (default) or the PostgreSQL ledger (new), one tree",
+    )
     add("--writer-cpus", default="", help="taskset list for the SQLite writer processes (default: the gateway's)")
     add(
         "--interleave",
@@ -141,10 +163,10 @@ def _job(argv: list[str]) -> Job:
     if not picked or any(s not in METRICS for s in picked):
         raise SystemExit(f"compare: --scenarios takes 1, 2 and 4, not {ns.scenarios!r}")
     picked = sorted(set(picked), key=list(METRICS).index)
-    if sum((ns.base is not None, ns.door is not None, ns.keys, ns.ledger_cost)) != 1:
+    if sum((ns.base is not None, ns.door is not None, ns.keys, bool(ns.ledger_cost))) != 1:
         raise SystemExit(
             "compare: give one of --base (tree against tree), --door (door against the native endpoint), "
-            "--keys (keys mode against none) and --ledger-cost (the SQLite ledger against ledger off)"
+            "--keys (keys mode against none) and --ledger-cost (a ledger against ledger off)"
         )
     if ns.keys and ns.new.resolve() != REPO:
         raise SystemExit(f"compare: --keys measures this checkout ({REPO}); --new is not for it")
@@ -199,6 +221,8 @@ def side_target(job: Job, mocks: Mocks, side: str, label: str) -> Switchyard:
     if job.keys:
         stamp = f"{job.plan.run_dir.name.lower()}-{label.replace(' ', '-')}"
         return SwitchyardServices(mocks, free_port(), label, side == "new", stamp)
+    if job.ledger_cost == "postgres" and side == "new":
+        return TreePostgres(mocks, label, job.trees[side], job.plan)
     options = SwitchyardOptions("", ledger_enabled=side == "new" if job.ledger_cost else job.ledger, label=label)
     if job.door and side == "new":
         return TreeIngress(mocks, options, job.trees[side], job.door)
@@ -356,7 +380,7 @@ def render(job: Job, machine: list[str]) -> str:
     if job.keys:
         title = f"auth none (base) vs keys with budget, rpm and tpm (new), PostgreSQL and Redis, both {new}"
     if job.ledger_cost:
-        title = f"ledger off (base) vs the SQLite ledger (new), both {new}"
+        title = f"ledger off (base) vs the {_LEDGERS[job.ledger_cost]} ledger (new), both {new}"
     lines = [f"## A/B comparison {now}: {title}", ""]
     lines += [f"- {s}: {trees[s]}; its gateways imported {job.imports.get(s, 'nothing (none started)')}" for s in SIDES]
     lines += [
@@ -385,6 +409,8 @@ def render(job: Job, machine: list[str]) -> str:
 def ledger_words(job: Job) -> str:
     if job.keys:
         return "PostgreSQL ledger and Redis, their servers pinned to the load CPUs, as run.py's scenario 7"
+    if job.ledger_cost == "postgres":
+        return f"ledger off against the PostgreSQL ledger; the PostgreSQL server pinned to CPUs {job.plan.load_cpus}"
     if job.ledger_cost:
         where = f"pinned to CPUs {job.writer_cpus}" if job.writer_cpus else "on the gateway's CPU (inherited)"
         return f"ledger off against the SQLite ledger; its writer processes {where}"
@@ -427,7 +453,9 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"compare: the mock upstream does not start; see {mocks.fast.log}")
     try:
         with (
-            run.postgres_on(job.plan.load_cpus, job.plan.all_cpus, redis=True) if job.keys else nullcontext(),
+            run.postgres_on(job.plan.load_cpus, job.plan.all_cpus, redis=job.keys)
+            if job.keys or job.ledger_cost == "postgres"
+            else nullcontext(),
             writers_pinned(job.writer_cpus) if job.writer_cpus else nullcontext(),
         ):
             (run_interleaved if job.interleave else run_pairs)(job, mocks)
