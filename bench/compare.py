@@ -86,7 +86,8 @@ class TreeSwitchyard(Switchyard):
 
 class TreePostgres(TreeSwitchyard):
     """run.py's Switchyard with the PostgreSQL ledger (scenario 5's), started from a checkout: a fresh
-    bench database with the schema applied before it starts."""
+    bench database before it starts, with the schema of this checkout's migrations (run.py's
+    `prepare_postgres`), whichever tree the gateway comes from."""
 
     def __init__(self, mocks: Mocks, label: str, tree: Path, plan: Plan) -> None:
         super().__init__(mocks, SwitchyardOptions(run.PG_URL, label=label), tree)
