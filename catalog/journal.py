@@ -21,16 +21,13 @@ File format (a directory, `[ledger] journal`, relative to the config file):
 A segment is rotated when it reaches `segment_bytes` (64 MiB: a long outage at full load makes
 few files, each holding one descriptor and its lock) or, once the database has taken some of its
 rows, when it passes `committed_bytes` (1 MiB), and deleted once every row in it is committed to
-the database (`release(committed)`). So while the writer keeps up, a segment lives for about a
-megabyte of rows: what a `kill -9` leaves for the next start to replay stays small, and a segment
-is usually deleted before the next `fsync`, so its pages leave the page cache without ever being
-written to the disk (a committed row needs the journal no more). Under load the writer is always a
-batch behind, so "every row committed" (the rule before) never held for the active segment: it
-grew to 64 MiB, the next start replayed up to 90,000 rows, and every row was fsync'd to the disk
-(50 MiB for 79,000 rows in the bench, against 6 MiB now: bench/RESULTS.md). In an outage no row
-is committed, and the active segment grows to `segment_bytes` as before. Rows are
-numbered in append order (`seq`, starting at the adopted segments' rows); a segment knows its
-first seq and its row count.
+the database (`release(committed)`). "Some", not "all": under load the writer is always a batch
+behind, so the active segment never has every row committed. So while the writer keeps up, a
+segment holds about a megabyte of rows: a `kill -9` leaves little to replay, and a segment is
+usually deleted before the next `fsync`, its pages never written to the disk (50 MiB for 79,000
+rows in the bench became 6 MiB: bench/RESULTS.md). In an outage nothing is committed and the
+active segment grows to `segment_bytes`. Rows are numbered in append order (`seq`, starting at
+the adopted segments' rows); a segment knows its first seq and its row count.
 
 Who owns a segment: the process that holds its `flock`, for as long as the file exists. At start
 a journal adopts every segment no live process holds (a killed process's, or a clean shutdown's
