@@ -97,6 +97,7 @@ class KeyRing:
         self._log = log
         self._by_hash: dict[bytes, Entry] = {}  # by the raw SHA-256 of the secret (no hex per request)
         self.by_id: dict[str, Entry] = {}
+        self._revoked: set[str] = set()  # ids of keys seen revoked: a revocation is final (`merge`)
         self._admin: Entry | None = None
         secret = os.environ.get(auth.admin_key_env)
         if secret:
@@ -147,21 +148,50 @@ class KeyRing:
                 await task
 
     async def reload(self) -> None:
-        """Every key from the database (replacing the whole ring at once)."""
-        entries = [Entry(record) for record in await list_keys(self._engine) if record.revoked_at is None]
-        if self._admin is not None:
-            entries.append(self._admin)
+        """Every key from the database (`merge`)."""
+        self.merge(await list_keys(self._engine))
+
+    def merge(self, records: Iterable[KeyRecord]) -> None:
+        """The ring rebuilt from a snapshot of the table, without undoing what reached it while the
+        snapshot was on its way: `apply` (pub/sub, this process's HTTP) may have brought a newer
+        version of a key, a revocation or a new key meanwhile. Keys are never deleted and a
+        revocation is final, so a key revoked here stays out, a key held here but not in the
+        snapshot is newer than the snapshot, and of two versions of a key the later `updated_at`
+        wins (a stale snapshot used to bring a revoked key back until the next poll, 10 s with
+        Redis)."""
+        held = self.by_id
+        entries = [] if self._admin is None else [self._admin]
+        seen = set()
+        for record in records:
+            seen.add(record.id)
+            if record.revoked_at is not None:
+                self._revoked.add(record.id)
+            if record.id in self._revoked:
+                continue
+            entry = held.get(record.id)
+            entries.append(
+                entry if entry is not None and entry.record.updated_at > record.updated_at else Entry(record)
+            )
+        entries.extend(entry for key_id, entry in held.items() if key_id not in seen and key_id != ADMIN_ID)
         self._by_hash = {bytes.fromhex(entry.record.secret_hash): entry for entry in entries}
         self.by_id = {entry.record.id: entry for entry in entries}
 
     def apply(self, record: KeyRecord) -> None:
-        """One key as it now is (revoked: gone from the ring)."""
-        old = self.by_id.pop(record.id, None)
+        """One key as it now is (revoked: gone from the ring for good); a version older than the
+        one held (two reloads of one key answered out of order) changes nothing."""
+        if record.id in self._revoked:
+            return
+        old = self.by_id.get(record.id)
+        if old is not None and old.record.updated_at > record.updated_at:
+            return
         if old is not None:
+            del self.by_id[record.id]
             self._by_hash.pop(bytes.fromhex(old.record.secret_hash), None)
-        if record.revoked_at is None:
-            entry = Entry(record)
-            self.by_id[record.id] = self._by_hash[bytes.fromhex(record.secret_hash)] = entry
+        if record.revoked_at is not None:
+            self._revoked.add(record.id)
+            return
+        entry = Entry(record)
+        self.by_id[record.id] = self._by_hash[bytes.fromhex(record.secret_hash)] = entry
 
     async def reload_one(self, key_id: str) -> None:
         record = await get_key(self._engine, key_id)

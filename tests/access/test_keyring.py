@@ -5,16 +5,21 @@ any other byte string the way the table's hash of its text would be."""
 from __future__ import annotations
 
 import base64
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
 
 import pytest
 import structlog
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.access.keyring import KeyRing
 from app.errors import AuthenticationFailed
 from app.settings import Settings
 from catalog.database import open_engine
-from catalog.keys import KeyRecord, hash_secret
+from catalog.keys import KeyChanges, KeyRecord, create_key, hash_secret, list_keys, revoke_key, update_key
+from catalog.migrate import upgrade_async
 
 
 def _ring(*secrets: str) -> KeyRing:
@@ -73,3 +78,63 @@ def test_an_authorization_of_another_scheme_alone_is_refused() -> None:
     ring = _ring(_A.decode())
     with pytest.raises(AuthenticationFailed):
         ring.authenticate([(b"authorization", b"Token " + _A)])
+
+
+@pytest.fixture
+async def table(tmp_path: Any) -> AsyncIterator[AsyncEngine]:
+    """A migrated SQLite database of the test's own, for the ring's snapshots of the keys table."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"
+    await upgrade_async(url)
+    engine = open_engine(url)
+    yield engine
+    await engine.dispose()
+
+
+def _table_ring(engine: AsyncEngine) -> KeyRing:
+    return KeyRing(engine, Settings().auth, None, structlog.get_logger("test"))
+
+
+def _headers(secret: str) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", b"Bearer " + secret.encode())]
+
+
+async def test_a_snapshot_taken_before_a_revocation_does_not_bring_the_key_back(table: AsyncEngine) -> None:
+    """The poll's snapshot read before a revocation, arriving after the revocation's pub/sub
+    reload was applied: the key stays refused, and a late reload of its pre-revocation version
+    changes nothing either."""
+    ring = _table_ring(table)
+    record, secret = await create_key(table, KeyChanges(name="agent"))
+    await ring.reload()
+    assert ring.authenticate(_headers(secret)).record.id == record.id
+    stale = await list_keys(table)
+    revoked = await revoke_key(table, record.id)
+    assert revoked is not None
+    ring.apply(revoked)
+    ring.merge(stale)
+    with pytest.raises(AuthenticationFailed):
+        ring.authenticate(_headers(secret))
+    ring.apply(record)
+    with pytest.raises(AuthenticationFailed):
+        ring.authenticate(_headers(secret))
+    assert record.id not in ring.by_id
+
+
+async def test_a_snapshot_older_than_a_change_keeps_the_change_and_the_new_key(table: AsyncEngine) -> None:
+    """A key created and a budget changed in this process while a snapshot of the table was on its
+    way: the merge keeps both (the older version of the changed key loses by `updated_at`)."""
+    ring = _table_ring(table)
+    first, _ = await create_key(table, KeyChanges(name="first", budget_usd=Decimal(1), budget_period="day"))
+    await ring.reload()
+    stale = await list_keys(table)
+    changed = await update_key(table, first.id, KeyChanges(budget_usd=Decimal(5)))
+    assert changed is not None
+    ring.apply(changed)
+    second, secret = await create_key(table, KeyChanges(name="second"))
+    ring.apply(second)
+    ring.merge(stale)
+    assert ring.by_id[first.id].record.budget_usd == Decimal(5)
+    assert ring.by_id[first.id].budget_nano == 5_000_000_000
+    assert ring.authenticate(_headers(secret)).record.id == second.id
+    await ring.reload()  # a fresh snapshot has both as they are
+    assert ring.by_id[first.id].record.budget_usd == Decimal(5)
+    assert ring.authenticate(_headers(secret)).record.id == second.id
