@@ -359,13 +359,14 @@ def duration(seconds: float) -> str:
 def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: Headers, now: datetime) -> GatewayError:
     """The 429 of a refused admission. A request that reserves more tokens than the key's `tpm`
     could never pass, however long it waited: it gets no `Retry-After` (a client would retry it
-    forever) and a message saying what to change, as OpenAI's "Request too large" does."""
+    forever), and access.md's message goes on to say what to change, as OpenAI's "Request too
+    large" does."""
     record = entry.record
     error: GatewayError
     if verdict.refused == "tpm" and ask.tokens > entry.tpm:
         message = (
-            f"request too large for this API key (tpm): it reserves {ask.tokens} tokens (its input "
-            f"and max_tokens), the limit is {entry.tpm} a minute; lower max_tokens"
+            f"rate limit reached for this API key (tpm): this request alone reserves {ask.tokens} tokens "
+            f"(its input and max_tokens), more than the limit of {entry.tpm} a minute; lower max_tokens"
         )
         error = KeyRateLimited(message)
     elif verdict.refused == "budget":

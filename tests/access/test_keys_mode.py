@@ -156,8 +156,8 @@ async def test_tpm_refuses_what_would_exceed_it(gw: GatewayHandle, make_key: Mak
     # 1039 on its own: it could never pass, so no Retry-After to wait for (a client would retry forever)
     too_large = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=950), headers=headers)
     message = (
-        "request too large for this API key (tpm): it reserves 1039 tokens (its input and max_tokens), "
-        "the limit is 1000 a minute; lower max_tokens"
+        "rate limit reached for this API key (tpm): this request alone reserves 1039 tokens (its input and "
+        "max_tokens), more than the limit of 1000 a minute; lower max_tokens"
     )
     assert _error(too_large) == (429, "rate_limit_error", message)
     assert "retry-after" not in too_large.headers
