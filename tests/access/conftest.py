@@ -9,19 +9,23 @@ would; the admin key's secret is in `SWITCHYARD_TEST_ADMIN_KEY`.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.access.redis_scripts import ADMIT, LOAD, SETTLE
 from app.logging import configure_logging
 from tests.access.test_redis_limiter import URL, _Tap
 from tests.support.catalog import catalog_toml, model, price
 from tests.support.gateway import GatewayHandle, StartGateway, provider_table
+from tests.support.ports import free_port
 from tests.support.upstream import ReplayUpstream, upstream_fixture
+from tests.support.waiting import wait_until_sync
 
 ADMIN = "sy-admin-secret-for-tests-0123456789abcdefghijkl"
 ADMIN_ENV = "SWITCHYARD_TEST_ADMIN_KEY"
@@ -62,6 +66,36 @@ async def tap() -> AsyncIterator[tuple[_Tap, int]]:
     yield tap, server.sockets[0].getsockname()[1]
     server.close()
     await server.wait_closed()
+
+
+class PrivateRedis:
+    """A `redis-server` of the test's own on a free port, that the test may stop."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until_sync(self._answers, what=f"redis-server on {self.port}")
+
+    def _answers(self) -> bool:
+        try:
+            with Redis.from_url(self.url) as client:
+                return bool(client.ping())
+        except RedisConnectionError:
+            return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    server = PrivateRedis()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(autouse=True)

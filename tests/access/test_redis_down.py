@@ -1,53 +1,19 @@
 """Redis unreachable: keys with limits fail closed (503 `unavailable`, `limits cannot be checked`)
 unless `[auth] fail_open`, when the process enforces its share and says so in its log and
-`/metrics`; keys without limits never need Redis. Uses a private `redis-server` on a free port,
-stopped in the middle of the test."""
+`/metrics`; keys without limits never need Redis. Uses a private `redis-server` on a free port
+(`private_redis`), stopped in the middle of the test; tests/access/test_two_processes.py stops one
+under two `serve` processes on PostgreSQL."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
-
 import pytest
-from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
-from tests.access.conftest import ADMIN, bearer, keyed_gateway
+from tests.access.conftest import ADMIN, PrivateRedis, bearer, keyed_gateway
 from tests.support.client import COMPLETIONS, body
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.logs import Logs
-from tests.support.ports import free_port
 from tests.support.replies import answer
 from tests.support.upstream import ReplayUpstream
-from tests.support.waiting import wait_until_sync
-
-
-class PrivateRedis:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until_sync(self._answers, what=f"redis-server on {self.port}")
-
-    def _answers(self) -> bool:
-        try:
-            with Redis.from_url(self.url) as client:
-                return bool(client.ping())
-        except RedisConnectionError:
-            return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-
-@pytest.fixture
-def private_redis() -> Iterator[PrivateRedis]:
-    server = PrivateRedis()
-    yield server
-    server.stop()
 
 
 async def _two_keys(gw: GatewayHandle) -> tuple[str, str]:

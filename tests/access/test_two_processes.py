@@ -11,6 +11,8 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,9 @@ import httpx
 import pytest
 from redis import Redis
 
-from tests.access.conftest import ADMIN, bearer
+from tests.access.conftest import ADMIN, PrivateRedis, bearer
 from tests.support.catalog import catalog_toml, model, price
-from tests.support.cli import Process, cli_env, processes, run_cli
+from tests.support.cli import Process, cli_env, processes, request_lines, run_cli
 from tests.support.client import COMPLETIONS, body
 from tests.support.ports import free_port
 from tests.support.replies import answer
@@ -111,6 +113,21 @@ async def up() -> AsyncIterator[PeakUpstream]:
 
 @pytest.fixture
 async def pair(tmp_path: Path, up: PeakUpstream, database: str, prefix: str) -> AsyncIterator[Pair]:
+    async with _pair(tmp_path, up, database, "redis://127.0.0.1:6379/0", prefix) as pair:
+        yield pair
+
+
+@pytest.fixture
+async def private_pair(
+    tmp_path: Path, up: PeakUpstream, database: str, private_redis: PrivateRedis
+) -> AsyncIterator[Pair]:
+    """The two processes on a `redis-server` of the test's own, which it may stop."""
+    async with _pair(tmp_path, up, database, private_redis.url, "t") as pair:
+        yield pair
+
+
+@asynccontextmanager
+async def _pair(tmp_path: Path, up: PeakUpstream, database: str, redis: str, prefix: str) -> AsyncIterator[Pair]:
     (tmp_path / "models.toml").write_text(CATALOG)
     (tmp_path / "config.toml").write_text(f"""
 [server]
@@ -124,7 +141,7 @@ mode = "keys"
 admin_key_env = "SWITCHYARD_TEST_ADMIN_KEY"
 
 [redis]
-url = "redis://127.0.0.1:6379/0"
+url = "{redis}"
 key_prefix = "{prefix}"
 
 [catalog]
@@ -298,3 +315,94 @@ async def test_a_revocation_on_one_process_is_refused_by_the_other_within_a_seco
         lambda: _count(pair, key["id"], admitted[key["secret"]]), within=10.0, what="a ledger row per admitted call"
     )
     assert len(await pair.ledger(other["id"])) == admitted[other["secret"]]
+
+
+async def test_redis_stopped_both_processes_refuse_limited_keys_and_serve_the_others(
+    private_pair: Pair, up: PeakUpstream, private_redis: PrivateRedis
+) -> None:
+    up.set_default(answer("ok"))
+    limited, plain = private_pair.key("--rpm", "100"), private_pair.key()
+    async with httpx.AsyncClient(timeout=10.0) as client:
+
+        async def post(url: str, secret: str) -> httpx.Response:
+            return await client.post(f"{url}{COMPLETIONS}", json=body("chat"), headers=bearer(secret))
+
+        for url in private_pair.urls:
+            assert (await post(url, limited["secret"])).status_code == 200
+
+        private_redis.stop()
+
+        for url in private_pair.urls:
+            refused = await post(url, limited["secret"])
+            assert refused.status_code == 503, refused.text
+            error = refused.json()["error"]
+            assert (error["type"], error["message"]) == ("unavailable", "limits cannot be checked")
+            assert (await post(url, plain["secret"])).status_code == 200
+    await wait_until(lambda: _count(private_pair, limited["id"], 4), within=5.0, what="the limited key's 4 rows")
+    rows = await private_pair.ledger(limited["id"])
+    assert sorted(row["status"] for row in rows) == ["error", "error", "ok", "ok"]
+    assert len(await private_pair.ledger(plain["id"])) == 2
+
+
+async def test_a_key_expires_at_its_time_on_both_processes(pair: Pair, up: PeakUpstream) -> None:
+    up.set_default(answer("ok"))
+    expires = datetime.now(UTC) + timedelta(seconds=6)
+    key = pair.key("--rpm", "100", "--expires", expires.isoformat())
+    assert datetime.fromisoformat(key["expires_at"]) == expires
+    async with httpx.AsyncClient(timeout=10.0) as client:
+
+        async def status(url: str) -> int:
+            response = await client.post(f"{url}{COMPLETIONS}", json=body("chat"), headers=bearer(key["secret"]))
+            return response.status_code
+
+        assert [await status(url) for url in pair.urls] == [200, 200]
+        assert datetime.now(UTC) < expires  # both answered before the key expired
+        await asyncio.sleep((expires - datetime.now(UTC)).total_seconds() + 0.05)
+        assert [await status(url) for url in pair.urls] == [401, 401]
+
+
+async def test_no_secret_in_any_table_redis_key_log_or_metric_of_either_process(
+    pair: Pair, up: PeakUpstream, prefix: str
+) -> None:
+    """Keys made by the CLI and over HTTP, used on both processes with both headers, a wrong
+    secret, `/keys/me`, then revoked: the secrets (whole, without `sy-`, and their tails) are in no
+    PostgreSQL table, Redis key or value, log line or metric; the key's id is (the scan reads)."""
+    up.set_default(answer("ok"))
+    cli_key = pair.key("--rpm", "50", "--tpm", "100000", "--budget-usd", "1", "--budget-period", "day")
+    metrics = []
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        made = await client.post(
+            f"{pair.urls[0]}/api/v1/keys", json={"name": "h", "max_concurrency": 2}, headers=bearer(ADMIN)
+        )
+        assert made.status_code == 201, made.text
+        secrets = [cli_key["secret"], made.json()["secret"]]
+        for url in pair.urls:
+            for secret in secrets:
+                for headers in (bearer(secret), {"x-api-key": secret}, bearer(secret + "x")):
+                    await client.post(f"{url}{COMPLETIONS}", json=body("chat"), headers=headers)
+                assert (await client.get(f"{url}/api/v1/keys/me", headers=bearer(secret))).status_code == 200
+            metrics.append((await client.get(f"{url}/metrics")).text)
+        revoked = await client.delete(f"{pair.urls[1]}/api/v1/keys/{made.json()['id']}", headers=bearer(ADMIN))
+        assert revoked.status_code == 200
+    pair.cli("keys", "revoke", cli_key["id"])
+    await wait_until(lambda: _count(pair, cli_key["id"], 4), within=5.0, what="the CLI key's 4 rows")
+
+    conn = await asyncpg.connect(pair.database.replace("+asyncpg", ""))
+    try:
+        names = await conn.fetch("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+        dumped = [str(dict(row)) for name in names for row in await conn.fetch(f'SELECT * FROM "{name[0]}"')]  # noqa: S608
+    finally:
+        await conn.close()
+    redis = Redis.from_url("redis://127.0.0.1:6379/0")
+    stored = [repr((key, redis.dump(key))) for key in redis.scan_iter(match=f"{prefix}:*")]
+    redis.close()
+    logs = "".join(text for process in pair.started for text in process.output())
+    assert any(cli_key["id"] in row for row in dumped)
+    assert any(cli_key["id"] in entry for entry in stored)
+    for process in pair.started:  # each logged its 4 completions and its 2 refusals (the wrong secrets)
+        assert sorted(line["status"] for line in request_lines(process.output()[0])) == ["ok"] * 4 + ["rejected"] * 2
+    for needle in (*(s for secret in secrets for s in (secret, secret[3:], secret[-24:])), ADMIN):
+        assert not any(needle in row for row in dumped), needle
+        assert not any(needle in entry for entry in stored), needle
+        assert needle not in logs
+        assert not any(needle in text for text in metrics)
