@@ -27,7 +27,7 @@ from tests.support.catalog import catalog_toml, model, price
 from tests.support.cli import Process, cli_env, processes, request_lines, run_cli
 from tests.support.client import COMPLETIONS, body
 from tests.support.ports import free_port
-from tests.support.replies import answer
+from tests.support.replies import answer, error
 from tests.support.upstream import ReplayUpstream, played
 from tests.support.waiting import wait_until
 
@@ -406,3 +406,45 @@ async def test_no_secret_in_any_table_redis_key_log_or_metric_of_either_process(
         assert not any(needle in entry for entry in stored), needle
         assert needle not in logs
         assert not any(needle in text for text in metrics)
+
+
+async def test_a_failed_or_a_cancelled_request_gives_its_reservation_back(pair: Pair, up: PeakUpstream) -> None:
+    """A key whose budget, tpm and max_concurrency each hold one request's reservation and not two
+    (worst case 89 + 1000 tokens, $0.002089): after an upstream failure, and after a client that
+    went away mid-request, the next request passes only because the reservation was settled (to
+    nothing for the failure, to its row's estimated cost for the cancellation)."""
+    key = pair.key("--budget-usd", "0.003", "--budget-period", "day", "--tpm", "1100", "--max-concurrency", "1")
+    url = pair.urls[0]  # one process: its own next admission sends its settlements first
+    async with httpx.AsyncClient(timeout=10.0) as client:
+
+        async def post(**options: Any) -> httpx.Response:
+            return await client.post(
+                f"{url}{COMPLETIONS}", json=body("chat", max_tokens=1000), headers=bearer(key["secret"]), **options
+            )
+
+        up.set_default(error(400, "invalid_request_error"))  # a failure that does not cool the backend down
+        assert (await post()).status_code == 400
+        up.set_default(answer("ok"))
+        assert (await post()).status_code == 200
+
+        up.set_default(played(answer("ok"), first_byte_delay_s=5.0))
+        with pytest.raises(httpx.ReadTimeout):
+            await post(timeout=0.5)
+
+        async def cancelled() -> bool:
+            return [row["status"] for row in await pair.ledger(key["id"])].count("cancelled") == 1
+
+        await wait_until(cancelled, within=5.0, what="the cancelled request's row")
+        up.set_default(answer("ok"))
+        assert (await post()).status_code == 200
+        await wait_until(lambda: _count(pair, key["id"], 4), within=5.0, what="4 ledger rows")
+        me = (await client.get(f"{url}/api/v1/keys/me", headers=bearer(key["secret"]))).json()
+    rows = sorted((row["status"], row["cost_usd"]) for row in await pair.ledger(key["id"]))
+    # the cancelled one is charged the estimate of its prompt (README: a cancellation is not free)
+    assert rows == [
+        ("cancelled", Decimal("0.000005")),
+        ("error", None),
+        ("ok", Decimal("0.000005")),
+        ("ok", Decimal("0.000005")),
+    ]
+    assert Decimal(me["spent_usd"]) == Decimal("0.000015")  # what the ledger says, settled in Redis
