@@ -1,9 +1,10 @@
 """A gateway with `[auth] mode = "keys"` in the test's event loop, over one loopback upstream.
 
 Catalog: `chat` (priced: $1 in, $2 out per million tokens, max_output 1000), `other` (priced
-the same), `free` (served, unpriced) and `idle` (no backend: its only provider is not
-configured). Keys are made through the admin API (`make_key`), as an operator's automation
-would; the admin key's secret is in `SWITCHYARD_TEST_ADMIN_KEY`.
+the same; both also take raw-prompt completions), `free` (served, unpriced) and `idle` (no
+backend: its only provider is not configured). Keys are made through the admin API
+(`make_key`), as an operator's automation would; the admin key's secret is in
+`SWITCHYARD_TEST_ADMIN_KEY`.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from tests.support.waiting import wait_until_sync
 
 ADMIN = "sy-admin-secret-for-tests-0123456789abcdefghijkl"
 ADMIN_ENV = "SWITCHYARD_TEST_ADMIN_KEY"
+LEGACY = ("completions",)  # raw-prompt completions (`/v1/completions`)
 CATALOG = catalog_toml(
-    model("chat", ("up", "up-chat"), max_output=1000, default=True, aliases=("chat-latest",)),
-    model("other", ("up", "up-other"), max_output=1000),
+    model("chat", ("up", "up-chat"), max_output=1000, default=True, aliases=("chat-latest",), capabilities=LEGACY),
+    model("other", ("up", "up-other"), max_output=1000, capabilities=LEGACY),
     model("free", ("up", "up-free")),
     model("idle", ("gone", "up-idle")),  # deployed only on a provider this gateway does not configure
     prices=[price("up", "chat", "1", "2"), price("up", "other", "1", "2")],

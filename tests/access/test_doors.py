@@ -1,6 +1,7 @@
 """Each front door answers 401/403/429 in its own shape, and the official SDKs raise their matching
 exception classes: the native API's two views, OpenAI's through the `openai` SDK on
-`/v1/chat/completions`, Anthropic's through the `anthropic` SDK on `/v1/messages`."""
+`/v1/chat/completions` and on the legacy `/v1/completions`, Anthropic's through the `anthropic` SDK
+on `/v1/messages`; each success carries the key's `x-ratelimit-*` headers."""
 
 from __future__ import annotations
 
@@ -14,11 +15,28 @@ from tests.access.conftest import MakeKey, bearer
 from tests.support.client import COMPLETIONS, body
 from tests.support.gateway import GatewayHandle
 from tests.support.replies import answer
-from tests.support.upstream import ReplayUpstream
+from tests.support.upstream import ReplayUpstream, Reply, reply_json
 
 INVALID = "invalid or missing API key"
 NOT_ALLOWED = "this API key may not use model 'other'"
 RPM = "rate limit reached for this API key (rpm)"
+
+
+def text_answer(text: str) -> Reply:
+    """An upstream's legacy text completion (what `/v1/completions` is sent to)."""
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    return reply_json(
+        200,
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 0,
+            "model": "up-chat",
+            "choices": [choice],
+            "usage": usage,
+        },
+    )
 
 
 def _message(error: openai.APIStatusError) -> object:
@@ -81,6 +99,32 @@ async def test_openai_door_through_the_openai_sdk(gw: GatewayHandle, make_key: M
     assert [m.id async for m in sdk.models.list()] == ["chat"]
 
 
+async def test_legacy_completions_door_through_the_openai_sdk(
+    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
+) -> None:
+    up.set_default(text_answer("ok"))
+    limited, _ = await _keys(make_key)
+
+    def client(secret: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=secret, max_retries=0)
+
+    with pytest.raises(openai.AuthenticationError) as unknown:
+        await client("sy-nope").completions.create(model="chat", prompt="hi", max_tokens=8)
+    assert (_message(unknown.value), unknown.value.type) == (INVALID, "authentication_error")
+    sdk = client(limited["secret"])
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        await sdk.completions.create(model="other", prompt="hi", max_tokens=8)
+    assert (_message(denied.value), denied.value.type) == (NOT_ALLOWED, "permission_error")
+    raw = await sdk.completions.with_raw_response.create(model="chat", prompt="hi", max_tokens=8)
+    assert raw.parse().choices[0].text == "ok"
+    assert (raw.headers["x-ratelimit-limit-requests"], raw.headers["x-ratelimit-remaining-requests"]) == ("1", "0")
+    with pytest.raises(openai.RateLimitError) as limited_error:
+        await sdk.completions.create(model="chat", prompt="hi", max_tokens=8)
+    assert (_message(limited_error.value), limited_error.value.type) == (RPM, "rate_limit_error")
+    assert 1 <= int(limited_error.value.response.headers["retry-after"]) <= 60
+    assert [request.path for request in up.requests] == ["/v1/completions"]
+
+
 async def test_anthropic_door_through_the_anthropic_sdk(
     gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
 ) -> None:
@@ -102,8 +146,9 @@ async def test_anthropic_door_through_the_anthropic_sdk(
     with pytest.raises(anthropic.PermissionDeniedError) as denied:
         await sdk.messages.create(model="other", max_tokens=16, messages=messages)
     assert denied.value.body["error"] == {"type": "permission_error", "message": NOT_ALLOWED}  # type: ignore[index]
-    message = await sdk.messages.create(model="chat", max_tokens=16, messages=messages)
-    assert message.content[0].type == "text"
+    raw = await sdk.messages.with_raw_response.create(model="chat", max_tokens=16, messages=messages)
+    assert (await raw.parse()).content[0].type == "text"
+    assert (raw.headers["x-ratelimit-limit-requests"], raw.headers["x-ratelimit-remaining-requests"]) == ("1", "0")
     with pytest.raises(anthropic.RateLimitError) as limited_error:
         await sdk.messages.create(model="chat", max_tokens=16, messages=messages)
     assert limited_error.value.body["error"] == {"type": "rate_limit_error", "message": RPM}  # type: ignore[index]
@@ -124,6 +169,9 @@ async def test_an_exhausted_budget_is_insufficient_quota_at_every_door(
     with pytest.raises(openai.RateLimitError) as quota:
         await sdk.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
     assert (quota.value.type, _message(quota.value)) == ("insufficient_quota", message)
+    with pytest.raises(openai.RateLimitError) as legacy:  # its worst case: 18 tokens in, 1000 out
+        await sdk.completions.create(model="chat", prompt="hi", max_tokens=1000)
+    assert (legacy.value.type, _message(legacy.value)) == ("insufficient_quota", message)
     claude = anthropic.AsyncAnthropic(base_url=gw.url, api_key=key["secret"], max_retries=0)
     with pytest.raises(anthropic.RateLimitError):
         await claude.messages.create(model="chat", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
