@@ -65,12 +65,12 @@ from app.access.worstcase import (
 from app.context import RequestContext
 from app.errors import BudgetExceeded, GatewayError, KeyRateLimited, LimitsUnavailable, PermissionDenied, clip
 from app.metrics import Counter
+from app.pipeline.events import RateHeaders, header_pairs
 from app.settings import Settings
 from catalog.keys import KeyRecord, spent_since
 from catalog.snapshot import CatalogSnapshot, ModelEntry
 from providers.types import AnyRequest
 
-Headers = tuple[tuple[bytes, bytes], ...]
 DAY_S = 86_400
 _DAWN = datetime.min.replace(tzinfo=UTC)  # a span's start or end that has none
 _FOREVER = datetime.max.replace(tzinfo=UTC)
@@ -83,7 +83,7 @@ class Ticket(Struct):
 
     limiter: Limiter
     second: int
-    headers: Headers
+    headers: RateHeaders
     ask: Ask | None = None
     lane: Lane | None = None
     tokens: int = 0
@@ -305,7 +305,7 @@ class AccessGate:
         return await spent_since(self._engine, record.id, start), start, end
 
 
-def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
+def rate_headers(entry: Entry, verdict: Verdict) -> RateHeaders:
     # a refusal's own limit resets when a request would pass (its Retry-After); the others, and an
     # admission's, when the window's oldest second leaves it
     wait = verdict.retry_after
@@ -314,31 +314,16 @@ def rate_headers(entry: Entry, verdict: Verdict) -> Headers:
     return _headers(entry, verdict.remaining_requests, _duration(requests), verdict.remaining_tokens, _duration(tokens))
 
 
-def _headers(entry: Entry, requests: int, requests_reset: bytes, tokens: int, tokens_reset: bytes) -> Headers:
-    """The headers of an admission (module doc); both windows' in one tuple display (per request)."""
-    if entry.rpm >= 0 and entry.tpm >= 0:
-        return (
-            entry.limit_headers[0],
-            (b"x-ratelimit-remaining-requests", b"%d" % requests),
-            (b"x-ratelimit-reset-requests", requests_reset),
-            entry.limit_headers[1],
-            (b"x-ratelimit-remaining-tokens", b"%d" % tokens),
-            (b"x-ratelimit-reset-tokens", tokens_reset),
-        )
+def _headers(entry: Entry, requests: int, requests_reset: bytes, tokens: int, tokens_reset: bytes) -> RateHeaders:
+    """The headers of an admission (module doc): the key's template (`Entry.rate_template`, its
+    limits in place) filled in by one format per request."""
     if entry.rpm >= 0:
-        return _headers_of(entry, 0, b"requests", requests, requests_reset)
+        if entry.tpm >= 0:
+            return entry.rate_template % (requests, requests_reset, tokens, tokens_reset)
+        return entry.rate_template % (requests, requests_reset)
     if entry.tpm >= 0:
-        return _headers_of(entry, 1, b"tokens", tokens, tokens_reset)
-    return ()
-
-
-def _headers_of(entry: Entry, index: int, window: bytes, remaining: int, reset: bytes) -> Headers:
-    """The headers of one window (`requests` or `tokens`)."""
-    return (
-        entry.limit_headers[index],
-        (b"x-ratelimit-remaining-" + window, b"%d" % remaining),
-        (b"x-ratelimit-reset-" + window, reset),
-    )
+        return entry.rate_template % (tokens, tokens_reset)
+    return b""
 
 
 @lru_cache(maxsize=4096)
@@ -356,7 +341,7 @@ def duration(seconds: float) -> str:
     return f"{int(minutes)}m{text}s" if minutes else f"{text}s"
 
 
-def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: Headers, now: datetime) -> GatewayError:
+def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now: datetime) -> GatewayError:
     """The 429 of a refused admission. A request that reserves more tokens than the key's `tpm`
     could never pass, however long it waited: it gets no `Retry-After` (a client would retry it
     forever), and access.md's message goes on to say what to change, as OpenAI's "Request too
@@ -378,5 +363,5 @@ def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: Headers, now: da
     else:
         which = verdict.refused
         error = KeyRateLimited(f"rate limit reached for this API key ({which})", retry_after=verdict.retry_after)
-    error.extra_headers = {name.decode(): value.decode() for name, value in headers}
+    error.extra_headers = {name.decode(): value.decode() for name, value in header_pairs(headers)}
     return error

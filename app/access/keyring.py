@@ -40,6 +40,9 @@ REDIS_POLL_S = 10.0
 ADMIN_ID = "admin"
 INVALID = "invalid or missing API key"
 _BEARER = b"bearer "
+# the rate headers of a key's windows, their limit filled in once (`Entry.rate_template`)
+_REQUESTS = b"x-ratelimit-limit-requests: %d\r\nx-ratelimit-remaining-requests: %%d\r\nx-ratelimit-reset-requests: %%s"
+_TOKENS = b"x-ratelimit-limit-tokens: %d\r\nx-ratelimit-remaining-tokens: %%d\r\nx-ratelimit-reset-tokens: %%s"
 _BASIC = b"basic "
 
 
@@ -66,9 +69,9 @@ class Entry:
         "budget_nano",
         "concurrency",
         "expires",
-        "limit_headers",
         "limited",
         "principal",
+        "rate_template",
         "record",
         "rpm",
         "tpm",
@@ -84,10 +87,10 @@ class Entry:
         self.rpm = record.rpm if record.rpm is not None else -1
         self.tpm = record.tpm if record.tpm is not None else -1
         self.concurrency = record.max_concurrency if record.max_concurrency is not None else -1
-        self.limit_headers = (  # the constant ones of `app.access.gate.rate_headers`
-            (b"x-ratelimit-limit-requests", b"%d" % self.rpm),
-            (b"x-ratelimit-limit-tokens", b"%d" % self.tpm),
-        )
+        windows = [_REQUESTS % self.rpm] if self.rpm >= 0 else []
+        if self.tpm >= 0:
+            windows.append(_TOKENS % self.tpm)
+        self.rate_template = b"\r\n".join(windows)  # `app.access.gate._headers` fills in the rest
 
 
 class KeyRing:

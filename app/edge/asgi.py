@@ -44,7 +44,7 @@ from app.edge.guards import check_json_headers
 from app.edge.relay import Relay, StreamRenderer
 from app.errors import MethodNotAllowed, PayloadTooLarge, UsageNotRecordable
 from app.ids import uuid7
-from app.pipeline.events import Outcome
+from app.pipeline.events import Outcome, RateHeaders, header_pairs
 from app.service import Service
 from providers.types import AnyRequest
 
@@ -226,14 +226,14 @@ async def send_json(
     request_id: str,
     status: int = 200,
     extra: tuple[tuple[bytes, bytes], ...] = (),
-    made: tuple[tuple[bytes, bytes], ...] = (),
+    made: RateHeaders = b"",
 ) -> None:
     """The JSON response; `made`: an API key's rate-limit headers (`write_head`)."""
     headers = [*JSON_HEADERS, (b"x-request-id", request_id.encode()), (b"content-length", b"%d" % len(payload))]
     if extra:
         headers += extra
     if not write_head(send, status, headers, made):
-        await send({"type": "http.response.start", "status": status, "headers": [*headers, *made]})
+        await send({"type": "http.response.start", "status": status, "headers": [*headers, *header_pairs(made)]})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
@@ -254,7 +254,7 @@ async def send_stream(
         state[RESPONSE_STARTED] = True
     headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode()), *extra]
     if not write_head(send, 200, headers, relay.headers):
-        await send({"type": "http.response.start", "status": 200, "headers": [*headers, *relay.headers]})
+        await send({"type": "http.response.start", "status": 200, "headers": [*headers, *header_pairs(relay.headers)]})
     async with contextlib.aclosing(relay.frames(first)) as frames:
         async for chunk in frames:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -104,19 +104,17 @@ class HeldHead:
         return self.transport.is_closing()
 
 
-def write_head(
-    send: Callable[..., Any], status: int, headers: Sequence[Sequence[bytes]], made: Sequence[Sequence[bytes]] = ()
-) -> bool:
+def write_head(send: Callable[..., Any], status: int, headers: Sequence[Sequence[bytes]], made: bytes = b"") -> bool:
     """Start the response of `send` (an ASGI `send`) with `status` and `headers` as uvicorn's cycle
     would, when it is a uvicorn cycle's and the head a common one (module doc); False when nothing
     was done: send the `http.response.start` message instead, with `made` after `headers`.
 
-    `made`: headers the gateway formatted itself, which pass uvicorn's checks by construction and
-    are none of its special ones — an API key's `x-ratelimit-*` (`app.access.gate._headers`:
-    constant lowercase names, values of digits and `duration`'s `0-9 . m s`). They are written
-    after `headers` without the byte checks, which cost as much again as a common head's own
-    (bench/RESULTS.md); `tests/access` checks every value the gate can make against uvicorn's
-    patterns."""
+    `made`: header lines the gateway formatted itself (`app.pipeline.events.RateHeaders`), which
+    pass uvicorn's checks by construction and are none of its special ones — an API key's
+    `x-ratelimit-*` (`app.access.gate._headers`: constant lowercase names, values of digits and
+    `duration`'s `0-9 . m s`). They are written after `headers` as they are, without the byte
+    checks, which cost as much again as a common head's own (bench/RESULTS.md); `tests/access`
+    checks every value the gate can make against uvicorn's patterns."""
     cycle = getattr(send, "__self__", None)
     if type(cycle) is not RequestResponseCycle:
         return False
@@ -140,7 +138,7 @@ def write_head(
     cycle.waiting_for_100_continue = False
     lines = [*map(b": ".join, pairs)]
     if made:
-        lines += map(b": ".join, made)
+        lines.append(made)
     if not cycle.keep_alive:
         lines.append(b"connection: close")
     if cycle.chunked_encoding is None and cycle.scope["method"] != "HEAD" and status not in (204, 304):

@@ -27,7 +27,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
 from app.errors import GatewayError, InternalError
-from app.pipeline.events import Event, Started
+from app.pipeline.events import Event, RateHeaders, Started
 
 _END = object()
 
@@ -48,7 +48,7 @@ class Relay:
     def __init__(self, source: AsyncIterator[list[Event]], renderer: StreamRenderer, interval: float) -> None:
         self._source = source
         self._renderer = renderer
-        self.headers: tuple[tuple[bytes, bytes], ...] = ()  # the `Started` event's (module doc)
+        self.headers: RateHeaders = b""  # the `Started` event's (module doc)
         self._interval = interval
         self._items: deque[object] = deque()
         self._waiter: asyncio.Future[None] | None = None

@@ -47,10 +47,24 @@ STOP_REASONS: dict[str, StopReason] = {
 }
 
 
+RateHeaders = bytes
+"""An API key's `x-ratelimit-*` headers as the response head carries them (`app.access.gate`):
+`name: value` lines joined by CRLF, without the last line's end; b"" for none. Made in one format
+per request and written into the head as they are (`app.edge.cycle.write_head`)."""
+
+
+def header_pairs(block: RateHeaders) -> list[tuple[bytes, bytes]]:
+    """`block` as ASGI's (name, value) pairs, for a head not written by `write_head` and for an
+    error's `extra_headers`."""
+    if not block:
+        return []
+    return [(name, value) for name, _, value in (line.partition(b": ") for line in block.split(b"\r\n"))]
+
+
 class Started(Struct, frozen=True):
     model: str
     provider: str
-    headers: tuple[tuple[bytes, bytes], ...] = ()  # the API key's `x-ratelimit-*` (app.access.gate)
+    headers: RateHeaders = b""  # the API key's `x-ratelimit-*` (app.access.gate)
 
 
 class TextStart(Struct, frozen=True):
@@ -125,7 +139,7 @@ class Outcome(Struct, kw_only=True):
     cost: Cost = UNPRICED
     error: GatewayError | None = None
     first_content: float | None = None  # `time.perf_counter()` of the first content event
-    headers: tuple[tuple[bytes, bytes], ...] = ()  # the API key's `x-ratelimit-*` (app.access.gate)
+    headers: RateHeaders = b""  # the API key's `x-ratelimit-*` (app.access.gate)
 
     @property
     def stop_reason(self) -> StopReason | None:

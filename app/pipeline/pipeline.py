@@ -50,7 +50,7 @@ from app.metrics import Metrics
 from app.pipeline.accounting import ledger_record, log_line, price
 from app.pipeline.admission import admit
 from app.pipeline.estimate import estimate_input_tokens
-from app.pipeline.events import UNPRICED, Event, Outcome, Started
+from app.pipeline.events import UNPRICED, Event, Outcome, Started, header_pairs
 from app.pipeline.fold import Fold
 from app.pipeline.gpu_time import GpuTicket, GpuTime
 from app.routing.failover import Candidates, apply_failure, exhausted
@@ -167,7 +167,7 @@ class Pipeline:
             assert fold is not None
             assert run.model is not None
             assert run.backend is not None
-            yield [Started(run.model.id, run.backend.name, run.ticket.headers if run.ticket is not None else ())]
+            yield [Started(run.model.id, run.backend.name, run.ticket.headers if run.ticket is not None else b"")]
             try:
                 if fold.out:
                     yield fold.take()
@@ -313,7 +313,7 @@ class Pipeline:
             cost=cost,
             error=run.error,
             first_content=run.first_content,
-            headers=run.ticket.headers if run.ticket is not None else (),
+            headers=run.ticket.headers if run.ticket is not None else b"",
         )
 
 
@@ -359,7 +359,7 @@ def _tokens(outcome: Outcome) -> int:
 def _with_headers(exc: GatewayError, ticket: Ticket | None) -> GatewayError:
     """An error after admission still tells the key where its limits stand (access.md)."""
     if ticket is not None and ticket.headers and exc.extra_headers is None:
-        exc.extra_headers = {name.decode(): value.decode() for name, value in ticket.headers}
+        exc.extra_headers = {name.decode(): value.decode() for name, value in header_pairs(ticket.headers)}
     return exc
 
 

@@ -17,6 +17,7 @@ from app.access.keyring import Entry, KeyRing
 from app.access.lease import LEASE_MIN
 from app.context import RequestContext, new_context
 from app.metrics import Counter
+from app.pipeline.events import header_pairs
 from app.settings import RedisSettings, Settings
 from catalog.database import open_engine
 from catalog.keys import KeyRecord
@@ -41,7 +42,7 @@ async def _admit(
 
 
 def _header(ticket: Ticket, name: bytes) -> bytes:
-    return dict(ticket.headers)[name]
+    return dict(header_pairs(ticket.headers))[name]
 
 
 async def test_a_busy_key_is_admitted_from_its_lane_without_redis(prefix: str, tap: tuple[_Tap, int]) -> None:

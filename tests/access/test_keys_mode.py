@@ -16,6 +16,7 @@ from app.access.gate import duration, rate_headers
 from app.access.keyring import Entry
 from app.access.limiter import Verdict
 from app.edge.cycle import _SPECIAL
+from app.pipeline.events import header_pairs
 from catalog.keys import KeyRecord
 from tests.access.conftest import ADMIN, MakeKey, bearer
 from tests.support.client import COMPLETIONS, body, parse_sse
@@ -239,8 +240,10 @@ def test_every_rate_header_the_gate_makes_is_one_uvicorn_would_pass_unchanged() 
                     remaining_tokens=count,
                     reset_tokens_s=seconds,
                 )
-                headers = rate_headers(entry, verdict)
+                block = rate_headers(entry, verdict)
+                headers = header_pairs(block)
                 assert len(headers) == 6
+                assert b"\r\n".join(b": ".join(pair) for pair in headers) == block  # lines, nothing else
                 for name, value in headers:
                     assert name == name.lower()
                     assert name not in _SPECIAL
@@ -278,4 +281,4 @@ def test_a_keys_rate_headers_describe_the_windows_it_has(
         id="k", name="n", secret_hash="00" * 32, prefix="sy-x", created_at=now, updated_at=now, rpm=rpm, tpm=tpm
     )
     verdict = Verdict(remaining_requests=3, reset_requests_s=1.5, remaining_tokens=996, reset_tokens_s=0.02)
-    assert list(rate_headers(Entry(record), verdict)) == expected
+    assert header_pairs(rate_headers(Entry(record), verdict)) == expected
