@@ -169,6 +169,14 @@ async def list_keys(engine: AsyncEngine) -> list[KeyRecord]:
     return [_record(row) for row in rows]  # type: ignore[arg-type]  # a Row reads like the model
 
 
+async def keys_watermark(engine: AsyncEngine) -> tuple[int, datetime | None]:
+    """The table's number of keys and its latest `updated_at`: every creation, change and
+    revocation moves one of them (a cheap check before reading every key again)."""
+    async with engine.connect() as conn:
+        count, latest = (await conn.execute(select(func.count(), func.max(ApiKey.updated_at)))).one()
+    return int(count), latest
+
+
 async def update_key(engine: AsyncEngine, key_id: str, changes: KeyChanges) -> KeyRecord | None:
     values = {**changes.values(), "updated_at": datetime.now(UTC)}
     async with engine.begin() as conn:

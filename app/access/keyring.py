@@ -10,8 +10,10 @@ Changes reach the ring three ways:
 - at once, in the process that made them over HTTP (`apply`);
 - through Redis pub/sub (`{prefix}:keys`, the message is the key id) from any process or the
   CLI: the receiver reloads that key from the database — within a second everywhere;
-- by polling the table (`POLL_S`, every `REDIS_POLL_S` with Redis as a safety net for a missed
-  message), for CLI changes when there is no Redis: within 5 seconds.
+- by polling the table: with Redis every `REDIS_POLL_S`, a safety net for a missed message; without
+  it every `POLL_S` a look at the table's watermark (`catalog.keys.keys_watermark`: its count and
+  latest `updated_at`), reading every key again when it moved (and every `REDIS_POLL_S` anyway) —
+  so a change made over HTTP in one worker, or by the CLI, reaches every worker within a second.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ from app.access.worstcase import to_nano
 from app.context import Principal
 from app.errors import AuthenticationFailed
 from app.settings import AuthSettings, RedisSettings
-from catalog.keys import KeyRecord, get_key, hash_secret, list_keys
+from catalog.keys import KeyRecord, get_key, hash_secret, keys_watermark, list_keys
 
-POLL_S = 2.0
-REDIS_POLL_S = 10.0
+POLL_S = 0.5  # without Redis: how often the table's watermark is read
+REDIS_POLL_S = 10.0  # how often the whole table is read again regardless
 ADMIN_ID = "admin"
 INVALID = "invalid or missing API key"
 _BEARER = b"bearer "
@@ -202,9 +204,20 @@ class KeyRing:
             self.apply(record)
 
     async def _poll(self, interval: float) -> None:
+        """Read the table again every `interval`; without Redis (`POLL_S`), only when its watermark
+        moved since the last reading, or `REDIS_POLL_S` passed (module doc). The watermark is read
+        before the keys, so a change made between the two is read again at the next poll."""
+        loop = asyncio.get_running_loop()
+        seen: tuple[int, datetime | None] | None = None
+        read_at = loop.time()
         while True:
             await asyncio.sleep(interval)
             try:
+                if self._redis_settings is None:
+                    mark = await keys_watermark(self._engine)
+                    if mark == seen and loop.time() - read_at < REDIS_POLL_S:
+                        continue
+                    seen, read_at = mark, loop.time()
                 await self.reload()
             except Exception as exc:  # the database is down: keep the keys known, try again later
                 self._log.warning("keys_reload_failed", error=type(exc).__name__)

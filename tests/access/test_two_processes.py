@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -126,9 +126,17 @@ async def private_pair(
         yield pair
 
 
+@pytest.fixture
+async def pair_without_redis(tmp_path: Path, up: PeakUpstream, database: str) -> AsyncIterator[Pair]:
+    """The two processes with no `[redis]`: allowed while no key has limits."""
+    async with _pair(tmp_path, up, database, None, "") as pair:
+        yield pair
+
+
 @asynccontextmanager
-async def _pair(tmp_path: Path, up: PeakUpstream, database: str, redis: str, prefix: str) -> AsyncIterator[Pair]:
+async def _pair(tmp_path: Path, up: PeakUpstream, database: str, redis: str | None, prefix: str) -> AsyncIterator[Pair]:
     (tmp_path / "models.toml").write_text(CATALOG)
+    shared = "" if redis is None else f'[redis]\nurl = "{redis}"\nkey_prefix = "{prefix}"\n'
     (tmp_path / "config.toml").write_text(f"""
 [server]
 replicas = 2
@@ -140,10 +148,7 @@ url = "{database}"
 mode = "keys"
 admin_key_env = "SWITCHYARD_TEST_ADMIN_KEY"
 
-[redis]
-url = "{redis}"
-key_prefix = "{prefix}"
-
+{shared}
 [catalog]
 files = ["models.toml"]
 
@@ -448,3 +453,39 @@ async def test_a_failed_or_a_cancelled_request_gives_its_reservation_back(pair: 
         ("ok", Decimal("0.000005")),
     ]
     assert Decimal(me["spent_usd"]) == Decimal("0.000015")  # what the ledger says, settled in Redis
+
+
+async def test_without_redis_a_change_reaches_the_other_process_within_a_second(
+    pair_without_redis: Pair, up: PeakUpstream
+) -> None:
+    """No pub/sub: each process reads the table's watermark every 0.5 s. A key made over HTTP on one
+    process is accepted by the other, and a revocation over HTTP on one, or by the CLI, is refused
+    by both, each within a second."""
+    pair = pair_without_redis
+    up.set_default(answer("ok"))
+    cli_key = pair.key()
+    async with httpx.AsyncClient(timeout=10.0) as client:
+
+        async def status(url: str, secret: str) -> int:
+            response = await client.post(f"{url}{COMPLETIONS}", json=body("chat"), headers=bearer(secret))
+            assert response.status_code in (200, 401), response.text
+            return response.status_code
+
+        made = await client.post(f"{pair.urls[0]}/api/v1/keys", json={"name": "h"}, headers=bearer(ADMIN))
+        secret = made.json()["secret"]
+        assert await status(pair.urls[0], secret) == 200  # at once where it was made
+        await wait_until(lambda: _is(status(pair.urls[1], secret), 200), within=1.0, what="the other accepting it")
+
+        revoked = await client.delete(f"{pair.urls[0]}/api/v1/keys/{made.json()['id']}", headers=bearer(ADMIN))
+        assert revoked.status_code == 200
+        assert await status(pair.urls[0], secret) == 401
+        await wait_until(lambda: _is(status(pair.urls[1], secret), 401), within=1.0, what="the other refusing it")
+
+        assert [await status(url, cli_key["secret"]) for url in pair.urls] == [200, 200]
+        pair.cli("keys", "revoke", cli_key["id"])
+        for url in pair.urls:
+            await wait_until(lambda url=url: _is(status(url, cli_key["secret"]), 401), within=1.0, what=f"{url}")
+
+
+async def _is(answer: Awaitable[int], expected: int) -> bool:
+    return await answer == expected
