@@ -42,10 +42,10 @@ REDIS_POLL_S = 10.0  # how often the whole table is read again regardless
 ADMIN_ID = "admin"
 INVALID = "invalid or missing API key"
 _BEARER = b"bearer "
+_BASIC = b"basic "
 # the rate headers of a key's windows, their limit filled in once (`Entry.rate_template`)
 _REQUESTS = b"x-ratelimit-limit-requests: %d\r\nx-ratelimit-remaining-requests: %%d\r\nx-ratelimit-reset-requests: %%s"
 _TOKENS = b"x-ratelimit-limit-tokens: %d\r\nx-ratelimit-remaining-tokens: %%d\r\nx-ratelimit-reset-tokens: %%s"
-_BASIC = b"basic "
 
 
 def keys_channel(redis: RedisSettings) -> str:
@@ -162,8 +162,8 @@ class KeyRing:
         version of a key, a revocation or a new key meanwhile. Keys are never deleted and a
         revocation is final, so a key revoked here stays out, a key held here but not in the
         snapshot is newer than the snapshot, and of two versions of a key the later `updated_at`
-        wins (a stale snapshot used to bring a revoked key back until the next poll, 10 s with
-        Redis)."""
+        wins, the one held when they are the same (a stale snapshot used to bring a revoked key
+        back until the next poll, 10 s with Redis)."""
         held = self.by_id
         entries = [] if self._admin is None else [self._admin]
         seen = set()
@@ -173,9 +173,9 @@ class KeyRing:
                 self._revoked.add(record.id)
             if record.id in self._revoked:
                 continue
-            entry = held.get(record.id)
+            entry = held.get(record.id)  # kept unless the snapshot's is newer (the gate keys its plans by it)
             entries.append(
-                entry if entry is not None and entry.record.updated_at > record.updated_at else Entry(record)
+                entry if entry is not None and entry.record.updated_at >= record.updated_at else Entry(record)
             )
         entries.extend(entry for key_id, entry in held.items() if key_id not in seen and key_id != ADMIN_ID)
         self._by_hash = {bytes.fromhex(entry.record.secret_hash): entry for entry in entries}
