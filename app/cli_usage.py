@@ -87,7 +87,8 @@ def render(report: UsageReport, form: str) -> str:
         return out.getvalue()
     rows = [[cell or ("(none)" if i < len(report.group_by) else "-") for i, cell in enumerate(row)] for row in rows]
     head = list(report.group_by) or [""]
-    total = ["total"] + [""] * (len(head) - 1) + _cells(msgspec.to_builtins(report.totals), figures)
+    totals = [cell or "-" for cell in _cells(msgspec.to_builtins(report.totals), figures)]  # as a row's
+    total = ["total"] + [""] * (len(head) - 1) + totals
     lines = [[*head, *figures], *(rows if report.group_by else []), total]
     return f"usage from {report.start} to {report.end}\n" + _table(lines, len(head))
 

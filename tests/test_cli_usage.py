@@ -88,6 +88,18 @@ def test_the_table_ends_with_the_exact_totals(seeded: tuple[Path, list[dict[str,
     assert totals["cost_usd"] in total
 
 
+def test_a_total_with_no_known_cost_shows_a_dash_as_a_row_does(seeded: tuple[Path, list[dict[str, Any]]]) -> None:
+    """A period with no rows: its totals' `cost_usd` and percentiles are null, shown `-` (as in a
+    group's row), so every column of the totals line is there to read."""
+    config, _ = seeded
+    empty = ("--from", "2020-01-01", "--to", "2020-01-02", "--group-by", "model")
+    assert json.loads(usage(config, *empty, "--format", "json"))["totals"]["cost_usd"] is None
+    head, total = usage(config, *empty).splitlines()[1:]
+    assert len(total.split()) == len(head.split())  # `total` under the group's column, a figure under each
+    named = dict(zip(head.split()[1:], total.split()[1:], strict=True))
+    assert (named["requests"], named["cost_usd"], named["p50_ms"], named["p95_ms"]) == ("0", "-", "-", "-")
+
+
 @pytest.mark.parametrize(
     ("args", "option"),
     [(("--group-by", "colour"), "--group-by"), (("--from", "last week"), "--from"), (("--status", "fine"), "--status")],
