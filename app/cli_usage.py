@@ -46,6 +46,11 @@ def add_parser(commands: Any) -> None:
     usage.add_argument("--to", dest="end", help="exclusive, ISO 8601 (default: now)")
     for name in FILTERS:
         usage.add_argument(f"--{name}", help=f"only these {name} values (comma-separated)")
+    usage.add_argument(
+        "--no-latency",
+        action="store_true",
+        help="leave out p50/p95 (exact, from raw rows: slow over millions of rows); the rest is from roll-ups",
+    )
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
 
 
@@ -53,6 +58,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     given = {"group_by": args.group_by, "from": args.start, "to": args.end}
     given.update({name: getattr(args, name) for name in FILTERS})
     params = {name: value for name, value in given.items() if value is not None}
+    if args.no_latency:
+        params["latency"] = "false"
     try:
         query = parse_query(params, datetime.now(UTC))
     except QueryError as exc:

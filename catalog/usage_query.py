@@ -10,6 +10,9 @@ cost.md is silent:
   (what an empty field of the page's form sends). `api` filters too, like the other group-bys.
 - An unknown parameter is a 400: a misspelt filter (`modle=x`) would otherwise report everything.
 - `group_by` values are kept in the order given; a repeated one counts once.
+- `latency=false` (the command's `--no-latency`) leaves the p50/p95 out where they would come:
+  they are exact values over the period's raw rows (seconds at ten million rows), while every
+  other figure comes from the roll-ups (milliseconds). `true` is the default, as cost.md asks.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ TIME_GROUPS = frozenset({"day", "hour"})
 FILTERS = ("model", "provider", "key", "owner", "api", "status")
 STATUSES = ("ok", "error", "cancelled")
 APIS = ("unified", "openai_chat", "openai_completions", "anthropic_messages")  # ingress.md's, `app.context.Ingress`
-PARAMETERS = frozenset({"from", "to", "group_by", *FILTERS})
+PARAMETERS = frozenset({"from", "to", "group_by", "latency", *FILTERS})
+_SWITCH = {"true": True, "false": False}
 
 
 class UsageQuery(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,8 +116,17 @@ def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | Non
             if value not in known:
                 raise QueryError(name, f"unknown {name} {value!r} (one of {', '.join(known)})")
     status = filters.pop("status")
+    latency = _SWITCH.get(params.get("latency", "true").strip().lower())
+    if latency is None:
+        raise QueryError("latency", f"{params['latency'][:32]!r} is not true or false")
     return UsageQuery(
-        start=period.start, end=period.end, group_by=group_by, status=status, only_key=only_key, **filters
+        start=period.start,
+        end=period.end,
+        group_by=group_by,
+        status=status,
+        only_key=only_key,
+        latency=latency,
+        **filters,
     )
 
 

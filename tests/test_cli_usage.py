@@ -88,6 +88,18 @@ def test_the_table_ends_with_the_exact_totals(seeded: tuple[Path, list[dict[str,
     assert totals["cost_usd"] in total
 
 
+def test_no_latency_leaves_out_only_the_percentiles(seeded: tuple[Path, list[dict[str, Any]]]) -> None:
+    config, _ = seeded
+    options = (*PERIOD, "--group-by", "model", "--format", "json")
+    whole = json.loads(usage(config, *options))
+    fast = json.loads(usage(config, *options, "--no-latency"))
+    for row in [*whole["rows"], whole["totals"]]:
+        assert row.pop("p50_ms") is not None
+        del row["p95_ms"]
+    assert fast == whole
+    assert "p50_ms" not in usage(config, *PERIOD, "--group-by", "model", "--no-latency").splitlines()[1]
+
+
 def test_a_total_with_no_known_cost_shows_a_dash_as_a_row_does(seeded: tuple[Path, list[dict[str, Any]]]) -> None:
     """A period with no rows: its totals' `cost_usd` and percentiles are null, shown `-` (as in a
     group's row), so every column of the totals line is there to read."""

@@ -62,6 +62,7 @@ async def test_a_completion_is_in_the_report(gw: GatewayHandle, primary: ReplayU
         {**PERIOD, "group_by": "key,owner", "status": "ok,cancelled"},
         {**PERIOD, "group_by": "hour", "provider": "local", "api": "unified"},
         {**PERIOD, "model": "gemma"},
+        {**PERIOD, "group_by": "model,key", "latency": "false"},  # every figure but p50/p95
     ],
 )
 async def test_the_report_is_the_ledgers_aggregate(gw: GatewayHandle, params: dict[str, str]) -> None:
@@ -71,6 +72,8 @@ async def test_the_report_is_the_ledgers_aggregate(gw: GatewayHandle, params: di
     answer = response.json()
     assert (answer["from"], answer["to"]) == ("2026-11-28T03:17:42.500000Z", "2026-11-30T16:45:00Z")
     assert {k: answer[k] for k in ("group_by", "rows", "totals")} == expected(rows, parse_query(params, NOW))
+    if params.get("latency") == "false":  # grouped by model and key, which would have them
+        assert not any("p50_ms" in row or "p95_ms" in row for row in [*answer["rows"], answer["totals"]])
 
 
 @pytest.mark.parametrize(
@@ -81,6 +84,7 @@ async def test_the_report_is_the_ledgers_aggregate(gw: GatewayHandle, params: di
         ("status=fine", "status"),
         ("api=foo", "api"),
         ("mdoel=x", "mdoel"),
+        ("group_by=model&latency=maybe", "latency"),
     ],
 )
 async def test_a_bad_parameter_is_a_400_naming_it(gw: GatewayHandle, query: str, param: str) -> None:
