@@ -65,7 +65,7 @@ from app.access.worstcase import (
 from app.context import RequestContext
 from app.errors import BudgetExceeded, GatewayError, KeyRateLimited, LimitsUnavailable, PermissionDenied, clip
 from app.metrics import Counter
-from app.pipeline.events import RateHeaders, header_pairs
+from app.pipeline.events import RateHeaders, header_texts
 from app.settings import Settings
 from catalog.keys import KeyRecord, spent_since
 from catalog.snapshot import CatalogSnapshot, ModelEntry
@@ -363,5 +363,5 @@ def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now
     else:
         which = verdict.refused
         error = KeyRateLimited(f"rate limit reached for this API key ({which})", retry_after=verdict.retry_after)
-    error.extra_headers = {name.decode(): value.decode() for name, value in header_pairs(headers)}
+    error.extra_headers = header_texts(headers)
     return error

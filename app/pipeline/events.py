@@ -61,6 +61,11 @@ def header_pairs(block: RateHeaders) -> list[tuple[bytes, bytes]]:
     return [(name, value) for name, _, value in (line.partition(b": ") for line in block.split(b"\r\n"))]
 
 
+def header_texts(block: RateHeaders) -> dict[str, str]:
+    """`block` as a `GatewayError.extra_headers` mapping."""
+    return {name.decode(): value.decode() for name, value in header_pairs(block)}
+
+
 class Started(Struct, frozen=True):
     model: str
     provider: str

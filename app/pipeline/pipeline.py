@@ -50,7 +50,7 @@ from app.metrics import Metrics
 from app.pipeline.accounting import ledger_record, log_line, price
 from app.pipeline.admission import admit
 from app.pipeline.estimate import estimate_input_tokens
-from app.pipeline.events import UNPRICED, Event, Outcome, Started, header_pairs
+from app.pipeline.events import UNPRICED, Event, Outcome, Started, header_texts
 from app.pipeline.fold import Fold
 from app.pipeline.gpu_time import GpuTicket, GpuTime
 from app.routing.failover import Candidates, apply_failure, exhausted
@@ -359,7 +359,7 @@ def _tokens(outcome: Outcome) -> int:
 def _with_headers(exc: GatewayError, ticket: Ticket | None) -> GatewayError:
     """An error after admission still tells the key where its limits stand (access.md)."""
     if ticket is not None and ticket.headers and exc.extra_headers is None:
-        exc.extra_headers = {name.decode(): value.decode() for name, value in header_pairs(ticket.headers)}
+        exc.extra_headers = header_texts(ticket.headers)
     return exc
 
 

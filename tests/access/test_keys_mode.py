@@ -21,7 +21,7 @@ from catalog.keys import KeyRecord
 from tests.access.conftest import ADMIN, MakeKey, bearer
 from tests.support.client import COMPLETIONS, body, parse_sse
 from tests.support.gateway import GatewayHandle
-from tests.support.replies import answer, stream_answer
+from tests.support.replies import answer, error, stream_answer
 from tests.support.upstream import ReplayUpstream
 from tests.support.waiting import wait_until
 
@@ -142,6 +142,20 @@ async def test_limited_keys_get_openai_headers_on_json_and_streams(
         assert response.headers["x-ratelimit-reset-requests"].endswith("s")
         assert response.headers["x-ratelimit-limit-tokens"] == "10000"
         assert response.headers["x-ratelimit-remaining-tokens"] == str(tokens_left)
+
+
+async def test_an_upstream_failure_after_admission_still_carries_the_rate_headers(
+    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
+) -> None:
+    up.set_default(error(500))
+    key = await make_key(rpm=5, tpm=10000)
+    failed = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=10), headers=bearer(key["secret"]))
+    assert failed.status_code == 502, failed.text
+    assert (failed.headers["x-ratelimit-limit-requests"], failed.headers["x-ratelimit-remaining-requests"]) == (
+        "5",
+        "4",
+    )
+    assert failed.headers["x-ratelimit-remaining-tokens"] == str(10000 - 89 - 10)  # its reservation, not yet settled
 
 
 async def test_tpm_refuses_what_would_exceed_it(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:
