@@ -1,4 +1,4 @@
-"""API keys at rest: the secret's shape and hash, the key's record, and the `api_keys` store.
+"""API keys at rest: the secret's shape and hash, the key's record, and the `keys` table.
 
 Secrets are `sy-` followed by 32 random bytes in base64url (43 characters): 256 bits from
 `secrets`, so a plain SHA-256 of the secret is a safe thing to store and to look up by — there is

@@ -331,7 +331,7 @@ class ApiKey(Base):
     of it (random 32-byte secrets need no salt or slow hash), `prefix` what lists show (`sy-3fA9`).
     `updated_at` changes with every change, so a process polling the table sees what the CLI did."""
 
-    __tablename__ = "api_keys"
+    __tablename__ = "keys"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     secret_hash: Mapped[str] = mapped_column(String(64), unique=True)

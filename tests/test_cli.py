@@ -40,7 +40,7 @@ SCHEMA = {
     "deployments",
     "prices",
     "ledger",
-    "api_keys",
+    "keys",
     "usage_hourly",
     "usage_daily",
     "usage_hourly_models",

@@ -71,7 +71,7 @@ def test_create_list_update_revoke(tmp_path: Path) -> None:
     assert revoked.splitlines()[1].split()[-1] == "revoked"
     assert _list(tmp_path)[0]["revoked_at"] is not None
 
-    rows = query(tmp_path / "switchyard.db", "SELECT * FROM api_keys")
+    rows = query(tmp_path / "switchyard.db", "SELECT * FROM keys")
     assert hashlib.sha256(secret.encode()).hexdigest() in rows[0]
     assert not any(secret in str(value) or secret[7:] in str(value) for value in rows[0])
 

@@ -30,7 +30,7 @@ TABLES = (
     "deployments",
     "model_aliases",
     "models",
-    "api_keys",
+    "keys",
 )
 
 

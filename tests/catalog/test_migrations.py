@@ -24,13 +24,13 @@ TABLES = {
     "deployments",
     "prices",
     "ledger",
-    "api_keys",
+    "keys",
     "usage_hourly",
     "usage_daily",
     "usage_hourly_models",
     "usage_hourly_model_status",
 }
-FIRST_TABLES = TABLES - {"api_keys", "usage_hourly", "usage_daily", "usage_hourly_models", "usage_hourly_model_status"}
+FIRST_TABLES = TABLES - {"keys", "usage_hourly", "usage_daily", "usage_hourly_models", "usage_hourly_model_status"}
 LEDGER_INDEXES = {"ix_ledger_reporting": ["started_at", "model", "provider", "api_key_id", "status"]}
 FIRST_LEDGER_INDEXES = {
     "ix_ledger_started_at": ["started_at"],
@@ -66,10 +66,12 @@ async def test_upgrade_downgrade_upgrade(fresh_url: Callable[[], Awaitable[str]]
     url = await fresh_url()
     assert await migrate.current_async(url) is None
     await migrate.upgrade_async(url)
-    assert await migrate.current_async(url) == migrate.head() == "0008"
+    assert await migrate.current_async(url) == migrate.head() == "0009"
     assert await inspect_db(url, _schema) == {"tables": TABLES, "indexes": LEDGER_INDEXES}
+    await migrate.downgrade_async(url, "0008")
+    assert await inspect_db(url, _schema) == {"tables": TABLES - {"keys"} | {"api_keys"}, "indexes": LEDGER_INDEXES}
     await migrate.downgrade_async(url, "0007")
-    without = TABLES - {"usage_hourly_model_status"}
+    without = TABLES - {"usage_hourly_model_status", "keys"} | {"api_keys"}
     assert await inspect_db(url, _schema) == {"tables": without, "indexes": LEDGER_INDEXES}
     await migrate.downgrade_async(url, "0006")
     assert await inspect_db(url, _schema) == {"tables": without - {"usage_hourly_models"}, "indexes": LEDGER_INDEXES}
@@ -81,7 +83,7 @@ async def test_upgrade_downgrade_upgrade(fresh_url: Callable[[], Awaitable[str]]
     assert await migrate.current_async(url) is None
     assert await inspect_db(url, _schema) == {"tables": set(), "indexes": {}}
     await migrate.upgrade_async(url)
-    assert await migrate.current_async(url) == "0008"
+    assert await migrate.current_async(url) == "0009"
     assert await inspect_db(url, _schema) == {"tables": TABLES, "indexes": LEDGER_INDEXES}
 
 
@@ -94,7 +96,7 @@ async def test_the_migrated_schema_matches_the_models(fresh_url: Callable[[], Aw
 async def test_the_sync_api_works_outside_an_event_loop(fresh_url: Callable[[], Awaitable[str]]) -> None:
     url = await fresh_url()
     await asyncio.to_thread(migrate.upgrade, url)
-    assert await asyncio.to_thread(migrate.current, url) == "0008"
+    assert await asyncio.to_thread(migrate.current, url) == "0009"
     await asyncio.to_thread(migrate.downgrade, url, "base")
     assert await asyncio.to_thread(migrate.current, url) is None
 
