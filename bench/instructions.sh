@@ -70,7 +70,10 @@ if [ "${INSTRUCTIONS_STEADY:-0}" = 1 ]; then
     TREE="$WORK/tree"
 fi
 
-cleanup() { fuser -k "$GATEWAY_PORT/tcp" "$MOCK_PORT/tcp" >/dev/null 2>&1 || true; }
+cleanup() {  # the two servers, and the Redis keys of `keys`/`redis` runs (their prefix is the work directory's)
+    fuser -k "$GATEWAY_PORT/tcp" "$MOCK_PORT/tcp" >/dev/null 2>&1 || true
+    redis-cli --scan --pattern "instructions-$(basename "$WORK"):*" 2>/dev/null | xargs -r redis-cli del >/dev/null 2>&1 || true
+}
 trap cleanup EXIT
 
 # `postgres`: the ledger in a fresh database of its own on 127.0.0.1:5432 (user postgres, trust),
