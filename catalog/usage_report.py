@@ -51,12 +51,13 @@ from collections.abc import Sequence
 from decimal import Context, Decimal, Inexact, Rounded, localcontext
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+import msgspec
+from sqlalchemy import bindparam, select, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from catalog.exact_sum import decimal_text
 from catalog.rollup import TOKENS, UNPRICED
-from catalog.tables import UTCDateTime
+from catalog.tables import ModelAlias, UTCDateTime
 from catalog.usage_query import FILTERS, UsageFigures, UsageQuery, UsageReport, UsageRow, iso
 from catalog.usage_sql import COUNTS, Dialect, day_ceiling, day_floor, dialect_for, hour_ceiling, hour_floor
 
@@ -67,6 +68,8 @@ _EXACT = Context(prec=80, traps=[Inexact, Rounded])  # a total of costs is exact
 async def usage_report(engine: AsyncEngine, query: UsageQuery) -> UsageReport:
     dialect = dialect_for(engine.dialect.name)
     async with engine.connect() as connection:
+        if query.model:
+            query = msgspec.structs.replace(query, model=await _canonical_models(connection, query.model))
         result = await connection.execute(_sums_statement(dialect, query), _bounds(query))
         printed = dialect.printed(result.all(), len(query.group_by))
         latency: dict[tuple[Any, ...], tuple[Any, Any]] | None = None
@@ -83,6 +86,16 @@ async def usage_report(engine: AsyncEngine, query: UsageQuery) -> UsageReport:
         rows=rows,
         totals=_totals(printed, len(query.group_by), None if latency is None else latency.get(())),
     )
+
+
+async def _canonical_models(connection: AsyncConnection, models: tuple[str, ...]) -> tuple[str, ...]:
+    """The `model` filter in the ledger's terms: a catalog alias (`mock`) stands for its model
+    (`mock-model`), as it does in a request; any other name is kept as given (a model no longer in
+    the catalog still has its rows)."""
+    table = ModelAlias.__table__
+    found = await connection.execute(select(table.c.alias, table.c.model_id).where(table.c.alias.in_(models)))
+    canonical: dict[str, str] = dict(found.all())  # rows of (alias, model)
+    return tuple(dict.fromkeys(canonical.get(model, model) for model in models))
 
 
 def _bounds(query: UsageQuery) -> dict[str, Any]:

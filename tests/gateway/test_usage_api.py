@@ -53,6 +53,11 @@ async def test_a_completion_is_in_the_report(gw: GatewayHandle, primary: ReplayU
     assert row == {"model": "chat-1", "provider": "primary", "owner": None, "api": "unified", "status": "ok", **figures}
     assert latency[0] == latency[1] > 0
     assert answer["totals"] == {**figures, "p50_ms": latency[0], "p95_ms": latency[0]}
+    # a model filter takes the catalog's alias (`chat`) as a request does; an unknown name is kept
+    by_alias = (await gw.client.get(USAGE, params={"group_by": "model", "model": "chat,gone"})).json()
+    by_id = (await gw.client.get(USAGE, params={"group_by": "model", "model": "chat-1"})).json()
+    assert by_alias["rows"] == by_id["rows"]
+    assert [row["model"] for row in by_alias["rows"]] == ["chat-1"]
 
 
 @pytest.mark.parametrize(
