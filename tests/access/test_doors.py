@@ -62,6 +62,9 @@ async def test_native_door(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstr
     for headers, model, status, kind, message in cases:
         response = await gw.client.post(COMPLETIONS, json=body(model), headers=headers)
         assert response.status_code == status, response.text
+        if status == 200:
+            limit, left = (response.headers[f"x-ratelimit-{n}-requests"] for n in ("limit", "remaining"))
+            assert (limit, left) == ("1", "0")
         if kind is not None:
             data = response.json()
             assert (data["error"]["type"], data["error"]["message"], data["error"]["code"]) == (kind, message, status)

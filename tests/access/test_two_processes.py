@@ -484,7 +484,11 @@ async def test_without_redis_a_change_reaches_the_other_process_within_a_second(
         assert [await status(url, cli_key["secret"]) for url in pair.urls] == [200, 200]
         pair.cli("keys", "revoke", cli_key["id"])
         for url in pair.urls:
-            await wait_until(lambda url=url: _is(status(url, cli_key["secret"]), 401), within=1.0, what=f"{url}")
+            await wait_until(
+                lambda url=url: _is(status(url, cli_key["secret"]), 401),
+                within=1.0,
+                what=f"{url} refusing the CLI's revocation",
+            )
 
 
 async def _is(answer: Awaitable[int], expected: int) -> bool:
