@@ -3,9 +3,9 @@
 Secrets are `sy-` followed by 32 random bytes in base64url (43 characters): 256 bits from
 `secrets`, so a plain SHA-256 of the secret is a safe thing to store and to look up by — there is
 nothing to brute-force, no salt or slow hash is needed, and a lookup is an index probe on the hash,
-never a comparison of plain-text secrets. The one comparison left (the admin key from the
-environment) uses `hmac.compare_digest` on the hashes. A display prefix (`sy-` and 4 characters)
-lets a person tell keys apart in lists without the secret.
+never a comparison of plain-text secrets (the admin key from the environment is looked up the same
+way, by its hash: `app.access.keyring`). A display prefix (`sy-` and 4 characters) lets a person
+tell keys apart in lists without the secret.
 
 Key ids are `key_` and 16 hex digits: short enough for a log line and a metrics label, random so
 they say nothing about the order or number of keys.
@@ -18,7 +18,6 @@ NUMERIC exactly in the database.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -45,11 +44,6 @@ def new_secret() -> str:
 
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def same_secret(secret: str, expected_hash: str) -> bool:
-    """Constant-time: the two hashes are compared, never the plain texts."""
-    return hmac.compare_digest(hash_secret(secret), expected_hash)
 
 
 def display_prefix(secret: str) -> str:

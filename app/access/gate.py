@@ -1,6 +1,7 @@
 """The access gate: what the pipeline asks about a key once its request's route is known.
 
-    permit(ctx, model)          the key's entry, or 403 when the key may not use the model
+    permit(ctx, model)          the key's entry, or 403 when the key may not use the model (401:
+                                revoked since the edge authenticated it)
     reserve(entry, ctx, request, model, providers, snapshot)
                                 a limited key's `Ticket` from this process's lease, or the request's
                                 `Reservation` (tokens, worst-case cost, the route's plan) for `admit`
@@ -46,7 +47,7 @@ from typing import Any
 from msgspec import Struct
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.access.keyring import Entry, KeyRing
+from app.access.keyring import INVALID, Entry, KeyRing
 from app.access.lane import Lane
 from app.access.limiter import Ask, Limiter, LimiterDown, LocalLimiter, Verdict
 from app.access.redis_limiter import RedisLimiter
@@ -63,7 +64,15 @@ from app.access.worstcase import (
     worst_rates,
 )
 from app.context import RequestContext
-from app.errors import BudgetExceeded, GatewayError, KeyRateLimited, LimitsUnavailable, PermissionDenied, clip
+from app.errors import (
+    AuthenticationFailed,
+    BudgetExceeded,
+    GatewayError,
+    KeyRateLimited,
+    LimitsUnavailable,
+    PermissionDenied,
+    clip,
+)
 from app.metrics import Counter
 from app.pipeline.events import RateHeaders, header_texts
 from app.settings import Settings
@@ -140,13 +149,16 @@ class AccessGate:
     # -- permission ----------------------------------------------------------------------------
 
     def permit(self, ctx: RequestContext, model: ModelEntry) -> Entry | None:
-        """The request's key's entry (None: no key, or revoked meanwhile, so no limits apply);
-        403 for a model it may not use."""
+        """The request's key's entry (None: no key); 403 for a model it may not use, 401 for a key
+        revoked since the edge authenticated the request (it fails closed: a key no longer held
+        has no limits left to apply)."""
         key_id = ctx.principal.key_id
         if key_id is None:
             return None
         entry = self.keyring.by_id.get(key_id)
-        if entry is not None and entry.record.models is not None and model.id not in entry.record.models:
+        if entry is None:
+            raise AuthenticationFailed(INVALID)
+        if entry.record.models is not None and model.id not in entry.record.models:
             raise PermissionDenied(f"this API key may not use model '{clip(model.id)}'")
         return entry
 

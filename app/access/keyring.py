@@ -1,8 +1,8 @@
 """Every API key in memory, by the hash of its secret: authentication without a database call.
 
-`authenticate(headers)` reads `Authorization: Bearer <key>` or `x-api-key: <key>`, hashes the
-secret (SHA-256) and looks the hash up in a dict: the secret is never compared as text, and the
-lookup takes the same path for every unknown key. Missing, unknown, revoked and expired keys get
+`authenticate(headers)` reads `Authorization: Bearer <key>` or `x-api-key: <key>` (and, on the
+spend page's routes only, an HTTP Basic password), hashes the secret (SHA-256) and looks the hash
+up in a dict: the secret is never compared as text. Missing, unknown, revoked and expired keys get
 the same 401. The admin key (its secret in the environment variable `[auth] admin_key_env`) is a
 key like the others, with the id `admin`, no limits and every right.
 
@@ -115,23 +115,29 @@ class KeyRing:
             log.warning("admin_key_missing", reason=f"{auth.admin_key_env} is unset: /api/v1/keys answers 403")
         self._tasks: list[asyncio.Task[None]] = []
 
-    def authenticate(self, headers: Iterable[tuple[bytes, bytes]]) -> Entry:
+    def authenticate(self, headers: Iterable[tuple[bytes, bytes]], *, basic: bool = False) -> Entry:
+        """The entry of the key the headers carry, or 401. `basic`: an HTTP Basic credential's
+        password counts too — only on the spend page's routes (`require_page_key`), which a
+        browser opens: a browser sends a cached Basic credential with any request to the origin,
+        a cross-site form's POST included, so elsewhere it would let another site use the key.
+
+        A secret is hashed as the bytes sent (every key's is ASCII). One that is not ASCII (an
+        admin secret of the operator's choosing) may come as UTF-8 (curl) or as Latin-1 (clients
+        that encode header text so): the bytes are looked up first, then their Latin-1 text."""
         secret = None
         for name, value in headers:
             if name == b"authorization":
                 if value[:7].lower() == _BEARER:
                     secret = value[7:].strip()
-                elif value[:6].lower() == _BASIC:
+                elif basic and value[:6].lower() == _BASIC:
                     secret = _basic_password(value[6:].strip())
             elif name == b"x-api-key":
                 secret = value.strip()
         entry = None
-        if secret:  # an ASCII secret (every key's) hashes as its bytes: no text is made of it
-            if secret.isascii():
-                digest = sha256(secret).digest()
-            else:
-                digest = bytes.fromhex(hash_secret(secret.decode("latin-1")))
-            entry = self._by_hash.get(digest)
+        if secret:
+            entry = self._by_hash.get(sha256(secret).digest())
+            if entry is None and not secret.isascii():
+                entry = self._by_hash.get(bytes.fromhex(hash_secret(secret.decode("latin-1"))))
         if entry is None or (entry.expires is not None and entry.expires <= datetime.now(UTC).timestamp()):
             raise AuthenticationFailed(INVALID)
         return entry

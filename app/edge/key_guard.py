@@ -3,7 +3,8 @@
 `require_admin` on the key-management API and the fleet-wide cost reports (drift, GPU cost),
 `require_page_key` on the spend page: a browser cannot send a bearer header, so a refusal there
 asks for the key with HTTP Basic authentication (`WWW-Authenticate`; the key is the password, and
-the browser sends it again with the page's script).
+the browser sends it again with the page's script). Basic is taken there only: a browser would
+send the cached credential with another site's form POST to any route.
 
 With `[auth] mode = "none"` both let everything through. The authenticated key is kept in the
 request's state (`caller`), for handlers that show a key only what it may see (`/v1/models`,
@@ -26,10 +27,14 @@ _STATE = "api_key"
 
 
 def require_key(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
+    _authenticate(connection, basic=False)
+
+
+def _authenticate(connection: ASGIConnection[Any, Any, Any, Any], *, basic: bool) -> None:
     service: Service = connection.app.state.service
     if service.access is not None:
         connection.scope.setdefault("state", {})[_STATE] = service.access.keyring.authenticate(
-            connection.scope["headers"]
+            connection.scope["headers"], basic=basic
         )
 
 
@@ -41,9 +46,11 @@ def require_admin(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseR
         raise PermissionDenied(f"this API key may not {what}: use the admin key")
 
 
-def require_page_key(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+def require_page_key(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
+    """`require_key` that also takes an HTTP Basic password: only on the page's own routes (GET),
+    never on a route that changes or spends anything (`KeyRing.authenticate` says why)."""
     try:
-        require_key(connection, handler)
+        _authenticate(connection, basic=True)
     except AuthenticationFailed as exc:
         exc.extra_headers = {"www-authenticate": 'Basic realm="switchyard usage", charset="UTF-8"'}
         raise

@@ -9,7 +9,8 @@
 
 A change applies in this process at once and reaches the others through Redis (within a second)
 or their poll of the table (`app.access.keyring`). With `[auth] mode = "none"` the routes answer
-404: there are no keys to manage through a server that does not check them.
+404: there are no keys to manage through a server that does not check them. A body is JSON, its
+`Content-Type` checked as the completion doors check it (`app.edge.guards`): a form's body is a 415.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from litestar.response import Response
 from msgspec import UNSET, Struct, UnsetType
 
 from app.access.keyring import REDIS_POLL_S, announce
+from app.edge.guards import check_json_headers
 from app.edge.key_guard import caller, require_admin, require_key
 from app.errors import InvalidRequest, NotFound
 from app.service import Service
@@ -121,6 +123,7 @@ def _json(data: object, status: int = 200) -> Response[bytes]:
 
 @post("/", guards=[require_admin], status_code=201)
 async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
+    check_json_headers(request.scope["headers"])
     service = _service(request)
     changes = _changes(await request.body())
     if changes.name is UNSET:
@@ -160,6 +163,7 @@ async def me(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @patch("/{key_id:str}", guards=[require_admin])
 async def change(request: Request[Any, Any, Any]) -> Response[bytes]:
+    check_json_headers(request.scope["headers"])
     service, key_id = _service(request), request.path_params["key_id"]
     assert service.engine is not None
     current = await get_key(service.engine, key_id)

@@ -1,6 +1,6 @@
 """The key ring's lookup (`app.access.keyring.KeyRing.authenticate`): by the SHA-256 of the secret as
 the table stores it (`catalog.keys.hash_secret`), for an ASCII secret hashed from its bytes and for
-any other byte string the way the table's hash of its text would be."""
+any other byte string as UTF-8 or Latin-1 text; and the gate's check that the key is still held."""
 
 from __future__ import annotations
 
@@ -10,16 +10,21 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import msgspec
 import pytest
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.access.gate import AccessGate
 from app.access.keyring import KeyRing
+from app.context import new_context
 from app.errors import AuthenticationFailed
+from app.metrics import Counter
 from app.settings import Settings
 from catalog.database import open_engine
 from catalog.keys import KeyChanges, KeyRecord, create_key, hash_secret, list_keys, revoke_key, update_key
 from catalog.migrate import upgrade_async
+from catalog.snapshot import ModelEntry
 
 
 def _ring(*secrets: str) -> KeyRing:
@@ -71,7 +76,23 @@ _A, _B = b"sy-" + b"a" * 43, b"sy-" + b"b" * 43
 )
 def test_the_last_credential_sent_is_the_one_used(headers: list[tuple[bytes, bytes]], expected: str) -> None:
     ring = _ring(_A.decode(), _B.decode())
-    assert ring.authenticate(headers).record.id == expected
+    assert ring.authenticate(headers, basic=True).record.id == expected
+
+
+def test_a_basic_credential_counts_only_where_asked() -> None:
+    """Only the spend page's routes take a Basic password (`require_page_key`)."""
+    ring = _ring(_A.decode(), _B.decode())
+    credential = (b"authorization", b"Basic " + base64.b64encode(b"u:" + _A))
+    assert ring.authenticate([credential], basic=True).record.id == "k0"
+    with pytest.raises(AuthenticationFailed):
+        ring.authenticate([credential])
+    assert ring.authenticate([(b"x-api-key", _B), credential]).record.id == "k1"  # ignored, not a refusal
+
+
+def test_a_secret_of_other_bytes_sent_as_utf8_is_found_too() -> None:
+    secret = "sy-caf\u00e9-" + "a" * 40  # curl sends the terminal's bytes: UTF-8
+    ring = _ring(secret)
+    assert ring.authenticate([(b"x-api-key", secret.encode())]).record.id == "k0"
 
 
 def test_an_authorization_of_another_scheme_alone_is_refused() -> None:
@@ -138,3 +159,20 @@ async def test_a_snapshot_older_than_a_change_keeps_the_change_and_the_new_key(t
     await ring.reload()  # a fresh snapshot has both as they are
     assert ring.by_id[first.id].record.budget_usd == Decimal(5)
     assert ring.authenticate(_headers(secret)).record.id == second.id
+
+
+def test_a_key_revoked_after_the_edge_authenticated_it_is_refused_at_the_gate() -> None:
+    """The edge authenticates before the body is decoded; a revocation applied before the pipeline
+    asks the gate is a 401 there, not a request with no key's limits (the gate fails closed)."""
+    settings = Settings()
+    ring = _ring(_A.decode())
+    engine = open_engine("sqlite+aiosqlite://")  # never connected
+    log = structlog.get_logger("test")
+    gate = AccessGate(settings, engine, ring, log, Counter("c", "c", ()))
+    entry = ring.authenticate([(b"x-api-key", _A)])
+    ctx = new_context("r1", "unified", stream=False, deadline=0.0, principal=entry.principal)
+    model = ModelEntry("m", (), 8192, 1024, frozenset(), True, ())
+    assert gate.permit(ctx, model) is entry
+    ring.apply(msgspec.structs.replace(entry.record, revoked_at=datetime.now(UTC), updated_at=datetime.now(UTC)))
+    with pytest.raises(AuthenticationFailed):
+        gate.permit(ctx, model)

@@ -76,3 +76,30 @@ async def test_the_spend_page_asks_for_a_key(gw: GatewayHandle, up: ReplayUpstre
     admin_page = await gw.client.get("/usage", headers=basic(ADMIN))
     assert a["id"] in admin_page.text
     assert b["id"] in admin_page.text
+
+
+async def test_a_basic_credential_counts_on_the_spend_page_only(gw: GatewayHandle, make_key: MakeKey) -> None:
+    """A browser sends a cached Basic credential with another site's form POST too: anywhere but
+    the page's own routes it would let that site create keys or spend with the admin's key."""
+    key = await make_key()
+    assert (await gw.client.get("/usage", headers=basic(ADMIN))).status_code == 200
+    form = {**basic(ADMIN), "content-type": "text/plain"}  # what `<form enctype="text/plain">` sends
+    created = await gw.client.post("/api/v1/keys", headers=form, content=b'{"name": "csrf"}')
+    assert (created.status_code, created.json()["error"]["type"]) == (401, "authentication_error")
+    assert (await gw.client.get("/api/v1/keys/me", headers=basic(key["secret"]))).status_code == 401
+    spent = await gw.client.post(COMPLETIONS, json=body("chat"), headers=basic(key["secret"]))
+    assert spent.status_code == 401
+    listed = (await gw.client.get("/api/v1/keys", headers=bearer(ADMIN))).json()
+    assert [item["name"] for item in listed["data"]] == [key["name"]]
+
+
+async def test_the_keys_api_takes_a_json_body_only(gw: GatewayHandle) -> None:
+    as_form = {**bearer(ADMIN), "content-type": "text/plain"}
+    refused = await gw.client.post("/api/v1/keys", headers=as_form, content=b'{"name": "form"}')
+    assert (refused.status_code, refused.json()["error"]["type"]) == (415, "invalid_request_error")
+    made = await gw.client.post("/api/v1/keys", headers=bearer(ADMIN), json={"name": "json"})
+    assert made.status_code == 201
+    changed = await gw.client.patch(f"/api/v1/keys/{made.json()['id']}", headers=as_form, content=b'{"rpm": 1}')
+    assert changed.status_code == 415
+    listed = (await gw.client.get("/api/v1/keys", headers=bearer(ADMIN))).json()
+    assert [(item["name"], item["rpm"]) for item in listed["data"]] == [("json", None)]
