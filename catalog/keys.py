@@ -216,9 +216,11 @@ def parse_expires(text: str) -> datetime:
     """`2027-01-01` (midnight UTC) or an ISO 8601 date-time (UTC when it names no offset)."""
     try:
         value = datetime.fromisoformat(text)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     except ValueError:
         raise ValueError(f"expires: '{text[:64]}' is not a date or an ISO 8601 date-time") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # an offset that moves it out of the years 1 to 9999
+        raise ValueError(f"expires: '{text[:64]}' is out of range") from None
 
 
 MIN_BUDGET = Decimal("0.000000001")  # a nano-dollar: the unit limits count in

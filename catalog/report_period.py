@@ -15,6 +15,10 @@ from datetime import UTC, datetime, timedelta
 from msgspec import Struct
 
 DEFAULT_SPAN = timedelta(days=30)
+# Instants a report takes: what `datetime` holds, less a margin for the arithmetic done on them
+# (UTC conversion, the 30-day default, rounding to hours and days). Beyond: a 400, not an overflow.
+EARLIEST = datetime(1, 2, 1, tzinfo=UTC)
+LATEST = datetime(9999, 12, 1, tzinfo=UTC)
 
 
 class QueryError(ValueError):
@@ -34,13 +38,17 @@ class Period(Struct, frozen=True):
 
 def parse_instant(param: str, value: str) -> datetime:
     """`value` (ISO 8601) as an aware UTC datetime; QueryError naming `param` when it is not one."""
+    out_of_range = QueryError(param, f"out of range: {value[:64]!r} (from 0001-02-01 to 9999-12-01)")
     try:
         parsed = datetime.fromisoformat(value)
+        instant = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
     except ValueError:
         raise QueryError(param, f"not an ISO 8601 date or time: {value[:64]!r}") from None
-    if parsed.tzinfo is None:
-        return parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
+    except OverflowError:  # an offset that moves it out of the years 1 to 9999
+        raise out_of_range from None
+    if not EARLIEST <= instant < LATEST:
+        raise out_of_range
+    return instant
 
 
 def parse_period(start: str | None, end: str | None, now: datetime | None = None) -> Period:

@@ -104,17 +104,17 @@ def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | Non
     """The `UsageQuery` that `params` ask for; QueryError names the first bad parameter."""
     for name in params:
         if name not in PARAMETERS:
-            raise QueryError(name, "unknown parameter")
+            raise QueryError(name[:64], "unknown parameter")
     period = parse_period(params.get("from"), params.get("to"), now)
     group_by = _values(params, "group_by")
     for name in group_by:
         if name not in GROUPS:
-            raise QueryError("group_by", f"unknown group {name!r} (one of {', '.join(GROUPS)})")
+            raise QueryError("group_by", f"unknown group {name[:64]!r} (one of {', '.join(GROUPS)})")
     filters: dict[str, Any] = {name: _values(params, name) for name in FILTERS}
     for name, known in (("status", STATUSES), ("api", APIS)):
         for value in filters[name]:
             if value not in known:
-                raise QueryError(name, f"unknown {name} {value!r} (one of {', '.join(known)})")
+                raise QueryError(name, f"unknown {name} {value[:64]!r} (one of {', '.join(known)})")
     status = filters.pop("status")
     latency = _SWITCH.get(params.get("latency", "true").strip().lower())
     if latency is None:

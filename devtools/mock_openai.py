@@ -124,7 +124,7 @@ class CompletionRequest(Struct):
     stream: bool = False
     stream_options: _StreamOptions | None = None
     prompt: str | list[Any] | None = None
-    logprobs: int | None = None
+    logprobs: int | bool | None = None  # an int on /v1/completions, a bool on chat (not simulated there)
     echo: bool = False
 
 

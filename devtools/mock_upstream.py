@@ -109,7 +109,7 @@ class ScriptedResponder:
         return Reply(200, [("content-type", "text/plain; version=0.0.4")], [text.encode()])
 
     def _plan(self, path: str, model: str, parsed: CompletionRequest) -> Plan:
-        logprobs = parsed.logprobs if path == TEXT_PATH else None
+        logprobs = parsed.logprobs if path == TEXT_PATH and type(parsed.logprobs) is int else None
         if path == TEXT_PATH and parsed.echo:  # the prompt is part of the reply: built per request
             return build_plan(self.options, self.created, path, model, logprobs, _prompt_of(parsed))
         key = (path, model, logprobs)

@@ -76,6 +76,16 @@ async def test_chat_json_reply_is_exact() -> None:
     assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 8, "total_tokens": prompt + 8}
 
 
+async def test_chat_takes_logprobs_as_openai_sends_them() -> None:
+    """Chat's `logprobs` is a bool (the legacy endpoint's an int): taken, not simulated."""
+    options = ScriptedOptions(chunks=4, tokens_per_chunk=2, text="alpha beta gamma")
+    asked = {"model": "gemma", "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}
+    async with scripted_server(options) as server, httpx.AsyncClient() as client:
+        response = await client.post(f"{server.url}/chat/completions", json=asked)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "alpha beta gamma alpha beta gamma alpha beta"
+
+
 async def test_chat_stream_has_exact_chunks_usage_and_done() -> None:
     async with scripted_server(ScriptedOptions(tokens_per_chunk=3)) as server, httpx.AsyncClient() as client:
         stream = await client.post(f"{server.url}/chat/completions", content=STREAM_BODY)

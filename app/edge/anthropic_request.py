@@ -29,7 +29,7 @@ import msgspec
 
 from app.edge import anthropic_format as fmt
 from app.edge.validation import check_request, decode_body
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, clip
 from providers.types import (
     CompletionRequest,
     ContentPart,
@@ -53,7 +53,8 @@ from providers.types import (
 
 _decoder = msgspec.json.Decoder(fmt.MessagesRequest)
 _encoder = msgspec.json.Encoder()
-_CANONICAL_MEDIA = re.compile(r"(content\[\d+\])\.data(?=\.|$)")
+_CANONICAL_PART = re.compile(r"(content\[\d+\])\.data(\.arguments|\.content)?(?=\.|$)")
+_CANONICAL_TOOL = re.compile(r"^(tools\[\d+\])\.parameters$")
 _ASSISTANT_ONLY = (fmt.ToolUseBlock, fmt.ThinkingBlock, fmt.RedactedThinkingBlock)
 _USER_ONLY = (fmt.ToolResultBlock, fmt.ImageBlock, fmt.DocumentBlock)
 
@@ -161,7 +162,7 @@ def _tool_choice(wire: fmt.MessagesRequest) -> tuple[ToolChoice | None, bool | N
     if isinstance(choice, fmt.ToolChoiceAny):
         return ToolChoice("required"), parallel
     if choice.name not in names:
-        raise _invalid("tool_choice.name", f"names no declared tool: '{choice.name}'")
+        raise _invalid("tool_choice.name", f"names no declared tool: '{clip(choice.name)}'")
     return ToolChoice("named", choice.name), parallel
 
 
@@ -179,15 +180,26 @@ def _effort(wire: fmt.MessagesRequest) -> ReasoningEffort | None:
 
 
 def _in_anthropic_terms(exc: InvalidRequest) -> InvalidRequest:
-    """A rule of `check_request` broken, named by the Anthropic path: a media part's `data` is
-    its block's `source`; every other path is the same in both requests."""
+    """A rule of `check_request` broken, named by the Anthropic path: a tool call's `data.arguments`
+    is its block's `input`, a tool result's `data.content` its `content`, a media part's `data`
+    its `source`; a tool's `parameters` is its `input_schema`, the `schema` is
+    `output_config.format.schema`; every other path is the same in both requests."""
     param = exc.param
     if param is None:
         return exc
-    renamed = _CANONICAL_MEDIA.sub(r"\1.source", param)
+    renamed = _CANONICAL_PART.sub(_anthropic_part, param)
+    renamed = _CANONICAL_TOOL.sub(r"\1.input_schema", renamed)
+    if renamed == "schema":
+        renamed = "output_config.format.schema"
     if renamed == param:
         return exc
     return _invalid(renamed, exc.message.removeprefix(f"{param}: "))
+
+
+def _anthropic_part(match: re.Match[str]) -> str:
+    """`content[j].data…` of a canonical path as the Anthropic block's own field."""
+    field = {".arguments": ".input", ".content": ".content"}.get(match[2] or "", ".source")
+    return match[1] + field
 
 
 def _invalid(param: str, detail: str) -> InvalidRequest:

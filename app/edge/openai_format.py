@@ -23,6 +23,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from app.context import RequestContext
+from app.edge.validation import MAX_TOKENS_LIMIT
 from app.errors import StreamErrorView
 from app.pipeline.events import Outcome
 from catalog.records import CostSource
@@ -167,8 +168,8 @@ class ChatRequest(Struct):
     response_format: TextFormat | JSONObjectFormat | JSONSchemaFormat | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)] | None = None  # both checked, whichever wins
+    max_completion_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     stop: str | list[str] | None = None

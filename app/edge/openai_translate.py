@@ -2,8 +2,11 @@
 
 Pure: decode with the prebuilt decoder, check what a type cannot express, map field by field.
 Every rejection is a 400 whose `param` is the OpenAI field path (`tool_choice.function.name`,
-`messages[2].content[0].image_url.url`), so the native checks on canonical paths
-(`app.edge.validation.check_request`) have nothing left to find and are not run again.
+`messages[2].content[0].image_url.url`). The native checks on canonical paths
+(`app.edge.validation.check_request`) are not run again: this module makes the ones that apply
+here, on the OpenAI paths — the media checks (`check_url`, `check_base64`) and the nesting limit
+on the free-form values (a tool's `parameters`, `response_format`'s schema; tool call arguments
+are strings here, `metadata` is flat).
 
 Mapping decisions (ingress.md; where it is silent, what OpenAI does):
 - messages map one to one and keep their content parts in order, so a canonical path
@@ -31,8 +34,8 @@ from typing import Literal
 import msgspec
 
 from app.edge import openai_format as wire
-from app.edge.validation import check_base64, check_url, decode_body
-from app.errors import InvalidRequest
+from app.edge.validation import MAX_JSON_DEPTH, check_base64, check_url, decode_body, deeper, too_deep
+from app.errors import InvalidRequest, clip
 from providers.types import (
     AudioPart,
     CompletionRequest,
@@ -91,6 +94,9 @@ def _check(chat: wire.ChatRequest) -> None:
         raise _invalid("n", "only one choice per request is supported (n must be 1)")
     if chat.top_logprobs is not None and not chat.logprobs:
         raise _invalid("top_logprobs", "requires `logprobs: true`")
+    schema = _schema(chat.response_format)
+    if schema is not None and deeper(schema.schema, MAX_JSON_DEPTH - 3):
+        raise too_deep("response_format.json_schema.schema")  # the body's level 4 (the native door's 2)
     _check_tools(chat)
 
 
@@ -99,11 +105,13 @@ def _check_tools(chat: wire.ChatRequest) -> None:
     for index, tool in enumerate(chat.tools or ()):
         name = tool.function.name
         if name in names:
-            raise _invalid(f"tools[{index}].function.name", f"duplicate tool name '{name}'")
+            raise _invalid(f"tools[{index}].function.name", f"duplicate tool name '{clip(name)}'")
         names.add(name)
+        if tool.function.parameters is not None and deeper(tool.function.parameters, MAX_JSON_DEPTH - 4):
+            raise too_deep(f"tools[{index}].function.parameters")  # the body's level 5 (the native door's 4)
     choice = chat.tool_choice
     if type(choice) is wire.NamedToolChoice and choice.function.name not in names:  # exact (`_schema`)
-        raise _invalid("tool_choice.function.name", f"names no declared tool: '{choice.function.name}'")
+        raise _invalid("tool_choice.function.name", f"names no declared tool: '{clip(choice.function.name)}'")
     if choice == "required" and not names:
         raise _invalid("tool_choice", "'required' needs at least one tool in `tools`")
 
@@ -195,6 +203,7 @@ def _file(file: wire.FileRef, path: str) -> FileData:
     if file.file_data is None:
         raise _invalid(f"{path}.file_data", "field required")
     if file.file_data.startswith("data:"):
+        check_url(file.file_data, f"{path}.file_data")
         return FileData(url=file.file_data, file_name=file.filename)
     check_base64(file.file_data, f"{path}.file_data")
     return FileData(data=file.file_data, media_type="application/pdf", file_name=file.filename)

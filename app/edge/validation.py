@@ -129,8 +129,8 @@ def _clip_quoted(detail: str) -> str:
 
 
 def check_request(request: CompletionRequest, providers: Collection[str]) -> None:
-    if request.schema is not None and _deeper(request.schema, MAX_JSON_DEPTH - 1):
-        raise _too_deep("schema")
+    if request.schema is not None and deeper(request.schema, MAX_JSON_DEPTH - 1):
+        raise too_deep("schema")
     if request.max_tokens is not None and request.max_tokens > MAX_TOKENS_LIMIT:
         raise _invalid("max_tokens", f"must be at most {MAX_TOKENS_LIMIT}")
     for index, stop in enumerate(request.stop_sequences or ()):
@@ -148,8 +148,8 @@ def _check_tools(request: CompletionRequest) -> None:
         if tool.name in names:
             raise _invalid(f"tools[{index}].name", f"duplicate tool name '{clip(tool.name)}'")
         names.add(tool.name)
-        if tool.parameters is not None and _deeper(tool.parameters, MAX_JSON_DEPTH - 3):
-            raise _too_deep(f"tools[{index}].parameters")
+        if tool.parameters is not None and deeper(tool.parameters, MAX_JSON_DEPTH - 3):
+            raise too_deep(f"tools[{index}].parameters")
     choice = request.tool_choice
     if choice is None:
         return
@@ -183,10 +183,10 @@ def _check_message(message: Message, path: str) -> None:
 
 def _check_part_nesting(part: ContentPart, path: str) -> None:
     """A tool call's `arguments` and a tool result's `content` sit in level 6 of the body."""
-    if isinstance(part, ToolCallPart) and _deeper(part.data.arguments, MAX_JSON_DEPTH - 6):
-        raise _too_deep(f"{path}.data.arguments")
-    if isinstance(part, ToolResultPart) and _deeper(part.data.content, MAX_JSON_DEPTH - 6):
-        raise _too_deep(f"{path}.data.content")
+    if isinstance(part, ToolCallPart) and deeper(part.data.arguments, MAX_JSON_DEPTH - 6):
+        raise too_deep(f"{path}.data.arguments")
+    if isinstance(part, ToolResultPart) and deeper(part.data.content, MAX_JSON_DEPTH - 6):
+        raise too_deep(f"{path}.data.content")
 
 
 def _check_media(data: ImageData | FileData, path: str) -> None:
@@ -214,8 +214,13 @@ def check_url(url: str, path: str) -> None:
     whose base64 payload decodes (it never reads its own disk, and an upstream would only
     refuse the rest later, as a 400 from far away)."""
     url = url.strip()
-    if url.startswith("https://"):
-        if not urlsplit(url).hostname:
+    if url[:8].lower() == "https://":  # a scheme is case-insensitive (RFC 3986)
+        try:
+            parts = urlsplit(url)
+            host, _port = parts.hostname, parts.port
+        except ValueError:  # a malformed IPv6 host, a port out of range, a netloc NFKC normalization changes
+            raise _invalid(path, "is not a valid URL") from None
+        if not host:
             raise _invalid(path, "names no host")
         return
     if not url.startswith("data:"):
@@ -231,6 +236,8 @@ def check_url(url: str, path: str) -> None:
 
 
 def check_base64(data: str, path: str) -> None:
+    if not data:
+        raise _invalid(path, "is empty")
     try:
         base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -247,11 +254,11 @@ def _check_provider_options(request: CompletionRequest, providers: Collection[st
             if key in BOUNDING_OPTIONS:
                 detail = f"may not set '{key}': it bounds the answer's cost (set `max_tokens` in the request)"
                 raise _invalid(f"provider_options.{name}.{key}", detail)
-            if _deeper(value, MAX_JSON_DEPTH - 3):
-                raise _too_deep(f"provider_options.{name}.{clip(key)}")
+            if deeper(value, MAX_JSON_DEPTH - 3):
+                raise too_deep(f"provider_options.{name}.{clip(key)}")
 
 
-def _deeper(value: object, levels: int) -> bool:
+def deeper(value: object, levels: int) -> bool:
     """Whether `value` (decoded JSON) nests more than `levels` arrays and objects."""
     items: Iterable[object]
     if type(value) is dict:
@@ -265,7 +272,7 @@ def _deeper(value: object, levels: int) -> bool:
     levels -= 1
     for item in items:  # a loop, not any(<generator>): a third of the cost
         kind = type(item)
-        if (kind is dict or kind is list) and _deeper(item, levels):
+        if (kind is dict or kind is list) and deeper(item, levels):
             return True
     return False
 
@@ -276,10 +283,10 @@ def nesting_error(body: bytes) -> InvalidRequest:
     path = _deep_path(body)
     if path is None:
         return InvalidRequest(f"request body nests deeper than {MAX_JSON_DEPTH} levels")
-    return _too_deep(_param(_free_form_root(path)))
+    return too_deep(_param(_free_form_root(path)))
 
 
-def _too_deep(param: str) -> InvalidRequest:
+def too_deep(param: str) -> InvalidRequest:
     return _invalid(param, f"nests deeper than {MAX_JSON_DEPTH} levels (the request body counts as one)")
 
 
@@ -328,8 +335,10 @@ def _key(body: bytes, start: int) -> str:
         return string[0][1:-1].decode("utf-8", "replace")
 
 
-# Containers of the typed part of a request (an index stands for any index, "*" for any key): the
-# first step out of them is the free-form field that `param` names.
+# Containers of the typed part of a request, on every door that decodes with `decode_body` (an
+# index stands for any index, "*" for any key): the first step out of them is the free-form field
+# that `param` names — native `tools[0].parameters`, chat `tools[0].function.parameters` and
+# `response_format.json_schema.schema`, Anthropic `output_config.format.schema`.
 _TYPED: frozenset[tuple[str | int, ...]] = frozenset(
     {
         (),
@@ -340,6 +349,11 @@ _TYPED: frozenset[tuple[str | int, ...]] = frozenset(
         ("messages", 0, "content", 0, "data"),
         ("tools",),
         ("tools", 0),
+        ("tools", 0, "function"),
+        ("response_format",),
+        ("response_format", "json_schema"),
+        ("output_config",),
+        ("output_config", "format"),
         ("provider_options",),
         ("provider_options", "*"),
     }

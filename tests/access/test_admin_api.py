@@ -59,7 +59,14 @@ async def test_only_the_admin_key_manages_keys(gw: GatewayHandle, make_key: Make
         response = await gw.client.request(method, path, headers=bearer(key["secret"]))
         assert response.status_code == 403
         assert response.json()["error"]["type"] == "permission_error"
-    for bad in ({"name": "x", "rpm": 0}, {"name": "x", "budget_period": "day"}, {"name": "x", "expires": "soon"}, {}):
+    out_of_range = {"name": "x", "expires": "0001-01-01T00:00:00+14:00"}  # the year 0 in UTC: it was a 500
+    for bad in (
+        {"name": "x", "rpm": 0},
+        {"name": "x", "budget_period": "day"},
+        {"name": "x", "expires": "soon"},
+        {},
+        out_of_range,
+    ):
         response = await gw.client.post("/api/v1/keys", json=bad, headers=bearer(ADMIN))
         assert response.status_code == 400, bad
 

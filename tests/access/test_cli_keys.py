@@ -87,6 +87,7 @@ def test_create_json_and_bad_options(tmp_path: Path) -> None:
         ["--rpm", "x"],
         ["--budget-period", "day"],
         ["--expires", "soon"],
+        ["--expires", "9999-12-31T23:00:00-12:00"],  # the year 10000 in UTC: it was a traceback
         ["--budget-usd", "-1"],
         ["--budget-usd", "0.0000000000001"],  # below a nano-dollar: it was stored as 0
         ["--models", "tiny,nosuch"],  # not in the catalog: it was stored, and matched nothing

@@ -56,6 +56,9 @@ class Case(NamedTuple):
 
 
 LONG = "x" * 5_000_000
+CHAT = "/v1/chat/completions"
+CHAT_USER = {"role": "user", "content": "hi"}
+CHAT_TOOL = b'[{"type":"function","function":{"name":"f","parameters":%s}}]'
 CASES = [
     # JSON nested ~990 deep (msgspec's RecursionError) and 100 deep (past the 64-level limit)
     Case("deep schema", body({"messages": [USER]}, raw={"schema": b'{"a":' + deep(990) + b"}"}), 400, "schema"),
@@ -106,6 +109,9 @@ CASES = [
             ("a data: URL with no comma", {"url": "data:image/png;base64"}, "url"),
             ("an empty data: URL", {"url": "data:image/png;base64,"}, "url"),
             ("an https URL without a host", {"url": "https://"}, "url"),
+            ("an https URL with a broken IPv6 host", {"url": "https://[::1/a.png"}, "url"),
+            ("an https URL that NFKC normalization changes", {"url": "https://exa\uff03mple.com/x"}, "url"),
+            ("an https URL with port 99999", {"url": "https://x.test:99999/a.png"}, "url"),
             ("empty bytes", {"data": []}, "data"),
             ("a media type that is not one", {"data": "iVBORw==", "media_type": 'a"b;c'}, "media_type"),
         )
@@ -162,6 +168,78 @@ CASES = [
         body({"messages": [USER], "provider_options": {LONG: {}}}),
         400,
         f"provider_options.{'x' * 64}…",
+    ),
+    # the OpenAI chat door: its own paths, the same rules
+    *(
+        Case(name, msgspec.json.encode({"messages": [{"role": "user", "content": [part]}]}), 400, param, path=CHAT)
+        for name, part, param in (
+            (
+                "chat: an https URL with a broken IPv6 host",
+                {"type": "image_url", "image_url": {"url": "https://[::1/a.png"}},
+                "messages[0].content[0].image_url.url",
+            ),
+            (
+                "chat: a file's data: URL that does not decode",
+                {"type": "file", "file": {"file_data": "data:application/pdf;base64,@@@"}},
+                "messages[0].content[0].file.file_data",
+            ),
+            (
+                "chat: empty file data",
+                {"type": "file", "file": {"file_data": ""}},
+                "messages[0].content[0].file.file_data",
+            ),
+            (
+                "chat: empty audio",
+                {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
+                "messages[0].content[0].input_audio.data",
+            ),
+        )
+    ),
+    *(
+        Case(
+            f"chat: deep tool parameters, {levels}",
+            body({"messages": [CHAT_USER]}, raw={"tools": CHAT_TOOL % (b'{"p":' + deep(levels) + b"}")}),
+            400,
+            "tools[0].function.parameters",
+            path=CHAT,
+        )
+        for levels in (100, 990)  # 100: decoded, then refused; 990: too deep for msgspec
+    ),
+    *(
+        Case(
+            f"chat: deep response schema, {levels}",
+            body(
+                {"messages": [CHAT_USER]},
+                raw={
+                    "response_format": b'{"type":"json_schema","json_schema":{"name":"s","schema":{"a":%s}}}'
+                    % deep(levels)
+                },
+            ),
+            400,
+            "response_format.json_schema.schema",
+            path=CHAT,
+        )
+        for levels in (100, 990)
+    ),
+    Case(
+        "chat: max_tokens out of range beside max_completion_tokens",
+        body({"messages": [CHAT_USER], "max_completion_tokens": 16, "max_tokens": 2**70}),
+        400,
+        "max_tokens",
+        path=CHAT,
+    ),
+    Case(
+        "chat: 5 MB named tool",
+        body(
+            {
+                "messages": [CHAT_USER],
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": LONG}},
+            }
+        ),
+        400,
+        "tool_choice.function.name",
+        path=CHAT,
     ),
     # media types and encodings
     Case("no content-type is JSON", b"{}", 400, "messages", headers={}),

@@ -81,10 +81,13 @@ def assert_error(
             "messages[0].content[0].data.url",
             None,
         ),
-        (
-            {"messages": [{"role": "user", "content": [{"kind": "image", "data": {"url": "https://x.test/a.png"}}]}]},
-            "messages[0].content[0]",
-            "messages[0].content[0]: model 'chat-1' does not accept 'image' parts (no 'vision' capability)",
+        *(
+            (
+                {"messages": [{"role": "user", "content": [{"kind": "image", "data": {"url": url}}]}]},
+                "messages[0].content[0]",  # the URL is taken (a scheme is case-insensitive); the model is not
+                "messages[0].content[0]: model 'chat-1' does not accept 'image' parts (no 'vision' capability)",
+            )
+            for url in ("https://x.test/a.png", "HTTPS://X.test/a.png")
         ),
         (
             {"messages": [{"role": "user", "content": [{"kind": "tool_call", "data": {"id": "1", "name": "f"}}]}]},

@@ -90,6 +90,10 @@ async def test_the_report_is_the_ledgers_aggregate(gw: GatewayHandle, params: di
         ("api=foo", "api"),
         ("mdoel=x", "mdoel"),
         ("group_by=model&latency=maybe", "latency"),
+        ("to=0001-01-01", "to"),  # the default `from`, 30 days before, is before the year 1
+        ("from=0001-01-01T00:00:00%2B14:00", "from"),  # in UTC, the year 0
+        ("to=9999-12-31T23:59:59-12:00", "to"),  # in UTC, the year 10000
+        ("from=2026-01-01&to=9999-12-31", "to"),  # the report's day and hour rounding would overflow
     ],
 )
 async def test_a_bad_parameter_is_a_400_naming_it(gw: GatewayHandle, query: str, param: str) -> None:

@@ -246,7 +246,7 @@ async def test_deep_json_and_foreign_media_types_are_clean_4xx(gw: GatewayHandle
     tool = '{"type":"function","function":{"name":"f","parameters":{"x":' + deep + "}}}"
     body = '{"model":"chat-1","messages":[{"role":"user","content":"hi"}],"tools":[' + tool + "]}"
     nested = await gw.client.post(CHAT, content=body, headers={"content-type": "application/json"})
-    assert_error(nested, 400, "invalid_request_error", "tools[0].function")
+    assert_error(nested, 400, "invalid_request_error", "tools[0].function.parameters")
     form = await gw.client.post(CHAT, content=b"a=b", headers={"content-type": "application/x-www-form-urlencoded"})
     assert_error(form, 415, "invalid_request_error")
     gzip = await gw.client.post(

@@ -16,6 +16,9 @@ from tests.support.upstream import ReplayUpstream, reply_json
 
 USER = {"role": "user", "content": "hi"}
 BUSY = {"error": {"message": "busy", "type": "rate_limit_error", "code": 429}}
+DEEP: dict[str, Any] = {"a": []}
+for _ in range(100):
+    DEEP = {"a": [DEEP]}
 
 
 def assert_error(response: httpx.Response, status: int, type_: str, message: str | None = None) -> dict[str, Any]:
@@ -143,6 +146,28 @@ def assert_error(response: httpx.Response, status: int, type_: str, message: str
             {"max_tokens": 8, "messages": [USER], "model": "no-such-model"},
             "model",
             "model: unknown model 'no-such-model'",
+        ),
+        # nested past 64 levels: named by the Anthropic field, not the canonical one
+        (
+            {
+                "max_tokens": 8,
+                "messages": [
+                    USER,
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": DEEP}]},
+                ],
+            },
+            "messages[1].content[0].input",
+            None,
+        ),
+        (
+            {"max_tokens": 8, "messages": [USER], "tools": [{"name": "f", "input_schema": DEEP}]},
+            "tools[0].input_schema",
+            None,
+        ),
+        (
+            {"max_tokens": 8, "messages": [USER], "output_config": {"format": {"type": "json_schema", "schema": DEEP}}},
+            "output_config.format.schema",
+            None,
         ),
     ],
 )
