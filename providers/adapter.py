@@ -152,7 +152,7 @@ class Provider:
                         async for batch in batches:
                             yield batch
                 else:
-                    yield dialect.parse_answer(await response.aread())
+                    yield dialect.parse_answer(await _whole(response, deadline))
             finally:
                 await response.aclose()
 
@@ -265,6 +265,17 @@ async def _idle_bounded(
             except StopAsyncIteration:
                 return
         yield data
+
+
+async def _whole(response: Answer, deadline: float) -> bytes:
+    """A non-streamed answer's body, in by `deadline` (the attempt's `total`): each read keeps its
+    `first_byte` bound too, so without this an upstream trickling a byte per read would hold the
+    attempt until the request's deadline, with no failover and no cool-down (a timeout is backend
+    trouble: providers.md). On the plain-HTTP path the body's reads keep it with their own timers."""
+    if type(response) is RawResponse:
+        return await response.aread(deadline)
+    async with deadline_at(deadline):
+        return await response.aread()
 
 
 def _check_deadline(loop: asyncio.AbstractEventLoop, deadline: float) -> None:

@@ -282,8 +282,9 @@ class RawResponse:
         """Header names lower-cased; a repeated header keeps its last value."""
         return {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in self.raw_headers}
 
-    async def aread(self) -> bytes:
-        return await self.body.read_all()
+    async def aread(self, deadline: float | None = None) -> bytes:
+        """The whole body (by the loop time `deadline`, when given: `_Body.read_all`)."""
+        return await self.body.read_all(deadline)
 
     def aiter_raw(self) -> AsyncIterator[bytes]:
         return self.body.__aiter__()
@@ -307,6 +308,7 @@ class _Body(httpx.AsyncByteStream):
         # llhttp's answer: HTTP/1.0 rules, `Connection: close`, and a body that ends with the connection
         self._keep_alive = head.keep_alive
         self._done = False
+        self._deadline: float | None = None  # the loop time by which the whole body must be in (`read_all`)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._chunked:
@@ -320,13 +322,27 @@ class _Body(httpx.AsyncByteStream):
                 yield data
         self._done = True
 
-    async def read_all(self) -> bytes:
-        """The whole body; a `Content-Length` body is one slice of the connection's buffer."""
+    def _wait_s(self) -> float | None:
+        """How long the next read may wait: the read timeout, cut to what is left before the
+        deadline `read_all` was given (httpx.ReadTimeout when none is left)."""
+        deadline = self._deadline
+        if deadline is None:
+            return self._timeout
+        left = deadline - self._conn.loop.time()
+        if left <= 0:
+            raise httpx.ReadTimeout("upstream did not send its whole answer within the total timeout")
+        return left if self._timeout is None or left < self._timeout else self._timeout
+
+    async def read_all(self, deadline: float | None = None) -> bytes:
+        """The whole body, by the loop time `deadline` when given (each read bounded by the read
+        timeout as well); a `Content-Length` body is one slice of the connection's buffer, and
+        one already in the buffer costs no timer."""
+        self._deadline = deadline
         length, conn = self._length, self._conn
         if self._chunked or length is None:
             return b"".join([data async for data in self])
         while len(conn.buffer) < length:
-            await conn.more(self._timeout)
+            await conn.more(self._wait_s())
         data = bytes(conn.buffer[:length])
         del conn.buffer[:length]
         self._done = True
@@ -336,7 +352,7 @@ class _Body(httpx.AsyncByteStream):
         conn = self._conn
         while remaining:
             if not conn.buffer:
-                await conn.more(self._timeout)
+                await conn.more(self._wait_s())
                 continue
             data = bytes(conn.buffer[:remaining])
             del conn.buffer[: len(data)]
@@ -353,7 +369,7 @@ class _Body(httpx.AsyncByteStream):
             elif conn.closed or conn.eof:
                 return
             else:
-                await conn.more(self._timeout)
+                await conn.more(self._wait_s())
 
     async def _chunks(self) -> AsyncIterator[bytes]:
         """Chunk data as it comes. The CRLF that ends a chunk is matched with the next size line
@@ -364,7 +380,7 @@ class _Body(httpx.AsyncByteStream):
             while (line := pattern.match(conn.buffer)) is None:
                 if conn.buffer.find(b"\n", skip) >= 0 or len(conn.buffer) > _MAX_CHUNK_LINE:
                     raise httpx.RemoteProtocolError("malformed chunked body from upstream")
-                await conn.more(self._timeout)
+                await conn.more(self._wait_s())
             size = int(line[1], 16)
             del conn.buffer[: line.end()]
             if size == 0:
@@ -383,7 +399,7 @@ class _Body(httpx.AsyncByteStream):
             elif len(conn.buffer) > _MAX_HEAD:
                 raise httpx.RemoteProtocolError("upstream chunked trailers too large")
             else:
-                await conn.more(self._timeout)
+                await conn.more(self._wait_s())
         del conn.buffer[:2]
 
     async def aclose(self) -> None:

@@ -122,9 +122,16 @@ def counts_tokens(usage: OpenAIUsage) -> bool:
     lacks a total is not: read as a report, it would invent zeros that look like a count
     (ingress.md) — the request's usage stays unknown (NULL in the ledger) unless a later chunk
     reports it. A report without the totals but with a billed `cost` is dropped with them: the
-    buckets cannot be known, and a cost whose tokens are unknown cannot be checked (drift)."""
+    buckets cannot be known, and a cost whose tokens are unknown cannot be checked (drift). A
+    total no count can be (negative, or past `MAX_REPORTED_TOKENS`) makes it no report either:
+    read as zero it would be a count of nothing at no cost."""
     prompt, completion = usage.prompt_tokens, usage.completion_tokens
-    return prompt is not None and completion is not None and max(prompt, completion) <= MAX_REPORTED_TOKENS
+    return (
+        prompt is not None
+        and completion is not None
+        and 0 <= prompt <= MAX_REPORTED_TOKENS
+        and 0 <= completion <= MAX_REPORTED_TOKENS
+    )
 
 
 def openai_cost(usage: OpenAIUsage) -> Decimal | None:

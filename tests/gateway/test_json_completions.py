@@ -344,19 +344,22 @@ async def test_health_readiness_and_metrics_answer_head(gw: GatewayHandle) -> No
 async def test_an_impossible_usage_report_is_no_report_and_the_row_is_kept(
     gw: GatewayHandle, primary: ReplayUpstream
 ) -> None:
-    """2^62 tokens or a trillion-dollar bill is a broken counter, not usage: read as no report
-    (unknown tokens, the catalog estimate for the bill), so the ledger keeps the row (its columns
-    would have refused it) and the reports' sums stay exact."""
+    """2^62 tokens, a negative count or a trillion-dollar bill is a broken counter, not usage:
+    read as no report (unknown tokens, the catalog estimate for the bill), so the ledger keeps the
+    row (its columns would have refused it) and the reports' sums stay exact — and a negative
+    count is not read as a zero that looks like one, at no cost."""
     wrapped = {"prompt_tokens": 2**62, "completion_tokens": 5}
+    negative = {"prompt_tokens": -5, "completion_tokens": -3, "total_tokens": -8}
     billed = {"prompt_tokens": 12, "completion_tokens": 3, "cost": 10**12}
-    primary.enqueue(reply_json(200, chat_response({"content": "a"}, "stop", wrapped)))
-    primary.enqueue(reply_json(200, chat_response({"content": "b"}, "stop", billed)))
-    first = (await post(gw, {"model": "chat", "messages": [user("hi")]})).json(parse_float=Decimal)
-    second = (await post(gw, {"model": "chat", "messages": [user("hi")]})).json(parse_float=Decimal)
-    assert (first["usage"]["input_tokens"], first["cost_usd"], first["cost_source"]) == (0, None, None)
-    assert (second["cost_usd"], second["cost_source"]) == (primary_cost(12, 3), "estimated")
+    for usage, content in ((wrapped, "a"), (negative, "b"), (billed, "c")):
+        primary.enqueue(reply_json(200, chat_response({"content": content}, "stop", usage)))
+    answers = [(await post(gw, {"model": "chat", "messages": [user("hi")]})).json(parse_float=Decimal) for _ in "abc"]
+    for unknown in answers[:2]:
+        assert (unknown["usage"]["input_tokens"], unknown["cost_usd"], unknown["cost_source"]) == (0, None, None)
+    assert (answers[2]["cost_usd"], answers[2]["cost_source"]) == (primary_cost(12, 3), "estimated")
     rows = await gw.ledger_rows()
     assert [(r["input_tokens"], r["output_tokens"], r["cost_source"]) for r in rows] == [
+        (None, None, None),
         (None, None, None),
         (12, 3, "estimated"),
     ]

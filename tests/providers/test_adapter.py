@@ -281,6 +281,31 @@ async def test_first_byte_bounds_the_whole_head_not_each_read(client: Any) -> No
     assert 0.25 < elapsed < 1.0
 
 
+async def test_total_bounds_a_whole_answer_whose_body_trickles(client: Any) -> None:
+    """The head at once, then the body a byte at a time, each within `first_byte`: the attempt is a
+    timeout once `total` has passed (it waited for the request's deadline, so never failed over)."""
+    body = b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}'
+
+    async def trickle(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+        for byte in body:
+            await writer.drain()
+            await asyncio.sleep(0.05)  # slow bytes, each well within `first_byte`
+            writer.write(bytes([byte]))
+
+    server, url = await raw_upstream(trickle)
+    timeouts = Timeouts(first_byte=1.0, total=0.5)
+    config = ProviderConfig(name="local", kind="local", base_url=url, timeouts=timeouts)
+    started = asyncio.get_running_loop().time()
+    events, error = await collect(Provider(config, client).events(REQUEST, "m", stream=False))
+    elapsed = asyncio.get_running_loop().time() - started
+    server.close()
+    assert events == []
+    assert error is not None
+    assert error.kind is Failure.TIMEOUT
+    assert 0.45 < elapsed < 1.0
+
+
 async def test_a_whole_body_shorter_than_its_length_is_transient(client: Any) -> None:
     async def short(writer: asyncio.StreamWriter) -> None:
         writer.write(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{"id": "x"')

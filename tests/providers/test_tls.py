@@ -144,3 +144,27 @@ async def test_a_stream_over_tls_waits_first_byte_for_its_head_and_idle_between_
     assert error is not None
     assert (error.kind, error.message) == (Failure.TIMEOUT, "upstream timed out")
     assert 0.4 <= asyncio.get_running_loop().time() - started < 1.5  # idle, not first_byte
+
+
+async def test_total_bounds_a_whole_answer_whose_body_trickles_over_tls(
+    upstream: ReplayUpstream, client: UpstreamClient
+) -> None:
+    """As on the plain-HTTP transport (`test_adapter`): each body read within `first_byte`, the
+    attempt a timeout once `total` has passed."""
+    body = b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}'
+    chunks = [body[index : index + 1] for index in range(len(body))]
+    upstream.enqueue(Reply(headers=[("content-type", "application/json")], chunks=chunks, chunk_delay_s=0.05))
+    config = ProviderConfig(
+        name="fastrun",
+        kind="fastrun",
+        base_url=upstream.url,
+        api_key="fr_test",
+        timeouts=Timeouts(first_byte=1.0, total=0.5),
+    )
+    started = asyncio.get_running_loop().time()
+    events, error = await collect(Provider(config, client).events(REQUEST, "m", stream=False))
+    elapsed = asyncio.get_running_loop().time() - started
+    assert events == []
+    assert error is not None
+    assert error.kind is Failure.TIMEOUT
+    assert 0.45 < elapsed < 1.0
