@@ -31,7 +31,7 @@ from app.logging import configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine
 from catalog.files import CatalogFileError, load_catalog
-from catalog.migrate import downgrade, require_current, upgrade, upgrade_async
+from catalog.migrate import downgrade, schema_ready, upgrade
 from catalog.saved_snapshot import read_saved_snapshot
 from catalog.sync import sync_catalog
 
@@ -131,10 +131,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 async def _sync(settings: Settings) -> object:
     """Like `serve`, bring the embedded SQLite schema up to date first (`auto_migrate`)."""
     catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
-    if settings.migrate_on_start:
-        await upgrade_async(settings.database.url)
-    else:
-        await require_current(settings.database.url)
+    await schema_ready(settings.database.url, migrate=settings.migrate_on_start)
     engine = open_engine(settings.database.url)
     try:
         return await sync_catalog(engine, catalog)

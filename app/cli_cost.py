@@ -23,6 +23,7 @@ from app.settings import ConfigError, Settings
 from catalog.database import open_engine
 from catalog.drift import DriftReport, price_drift
 from catalog.gpu_cost import GpuCostReport, gpu_costs
+from catalog.migrate import schema_ready
 from catalog.report_period import Period, QueryError, parse_period
 
 COMMANDS = ("drift", "gpu-cost")
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _report(command: str, settings: Settings, period: Period) -> DriftReport | GpuCostReport:
+    await schema_ready(settings.database.url, migrate=settings.migrate_on_start)
     engine = open_engine(settings.database.url)
     try:
         if command == "drift":

@@ -40,7 +40,7 @@ from catalog.keys import (
     update_key,
 )
 from catalog.keys import to_builtins as key_builtins
-from catalog.migrate import upgrade_async
+from catalog.migrate import schema_ready
 
 _NONE = "none"
 _COLUMNS = ("id", "name", "owner", "prefix", "models", "budget", "rpm", "tpm", "max_concurrency", "expires", "state")
@@ -106,8 +106,7 @@ async def check_shared_limits(settings: Settings, engine: Any) -> None:
 
 
 async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges | None) -> int:
-    if settings.migrate_on_start:
-        await upgrade_async(settings.database.url)
+    await schema_ready(settings.database.url, migrate=settings.migrate_on_start)
     engine = open_engine(settings.database.url)
     try:
         command = args.keys_command
@@ -192,7 +191,7 @@ def _amount(text: str) -> Decimal:
 
 def _count(option: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):  # not '²' or '١٢', which `isdigit` also takes
             raise ValueError(f"--{option}: '{text}' is not a whole number")
         return int(text)
 

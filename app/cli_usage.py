@@ -29,7 +29,7 @@ import msgspec
 
 from app.settings import Settings
 from catalog.database import open_engine
-from catalog.migrate import upgrade_async
+from catalog.migrate import schema_ready
 from catalog.report_period import QueryError
 from catalog.usage_query import FILTERS, UsageFigures, UsageReport, parse_query
 from catalog.usage_report import usage_report
@@ -72,8 +72,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _report(settings: Settings, query: Any) -> UsageReport:
-    if settings.migrate_on_start:
-        await upgrade_async(settings.database.url)
+    await schema_ready(settings.database.url, migrate=settings.migrate_on_start)
     engine = open_engine(settings.database.url)
     try:
         return await usage_report(engine, query)

@@ -44,7 +44,7 @@ from catalog.database import database_unreachable, open_engine
 from catalog.files import load_catalog
 from catalog.journal import Journal
 from catalog.ledger import LedgerWriter
-from catalog.migrate import require_current, upgrade_async
+from catalog.migrate import schema_ready
 from catalog.records import LedgerRecord
 from catalog.saved_snapshot import read_saved_snapshot, save_snapshot
 from catalog.snapshot import CatalogSnapshot, load_snapshot
@@ -270,10 +270,7 @@ async def prepare_database(settings: Settings, engine: AsyncEngine) -> bool:
     the journal) and the next start with the database up migrates and syncs."""
     catalog = load_catalog(settings.catalog.files, Path(settings.base_dir)) if settings.catalog.sync_on_start else None
     try:
-        if settings.migrate_on_start:
-            await upgrade_async(settings.database.url)
-        else:
-            await require_current(settings.database.url)
+        await schema_ready(settings.database.url, migrate=settings.migrate_on_start)
         if catalog is not None:
             await sync_catalog(engine, catalog)
     except Exception as exc:

@@ -25,6 +25,7 @@ import tomllib
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta, Struct, field
@@ -35,6 +36,12 @@ BUNDLED_CONFIG = Path(__file__).parent / "config.example.toml"  # the repository
 PROVIDER_NAME = r"^[a-z0-9][a-z0-9_\-]*$"
 GPU_HOUR_USD = r"^[0-9]{1,12}(\.[0-9]{1,18})?$"  # a non-negative decimal string that fits the ledger
 HOSTED_KINDS = frozenset({"fastrun", "primalabs"})  # vendors that bill per token: no GPU of yours behind them
+# Upper bounds of every number a config may set, so that none breaks what is made of it at start-up
+# (an `inf` timeout made into milliseconds, a window of 2**63 made into a deque): seconds up to
+# about 115 days, counts and sizes up to a 32-bit integer.
+MAX_SECONDS = 10_000_000.0
+MAX_COUNT = 2**31 - 1
+NO_NUL = r"^[^\x00]*$"  # a path or a host name the operating system can take
 
 
 class ConfigError(Exception):
@@ -57,16 +64,18 @@ class ProviderPolicy(Struct, frozen=True):
 
 
 class ServerSettings(Struct, frozen=True, forbid_unknown_fields=True):
-    host: str = "127.0.0.1"
+    host: Annotated[str, Meta(min_length=1, pattern=NO_NUL)] = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080
     workers: Annotated[int, Meta(ge=1, le=64)] = 1  # processes on this host (`serve --workers N` sets it)
-    replicas: Annotated[int, Meta(ge=1)] = 1  # hosts running this same config against the same upstreams
-    max_body_bytes: Annotated[int, Meta(ge=1024)] = 10 * 1024 * 1024
-    sse_keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
-    header_timeout_s: Annotated[float, Meta(gt=0)] = 10.0  # request line and headers, from the first byte (or connect)
-    body_timeout_s: Annotated[float, Meta(gt=0)] = 60.0  # the whole body, from the end of the headers
-    max_header_bytes: Annotated[int, Meta(ge=1024)] = 32 * 1024  # request line and headers; more is 431
-    max_headers: Annotated[int, Meta(ge=8)] = 100  # header fields; more is 431
+    replicas: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 1  # hosts running this same config against the same upstreams
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=MAX_COUNT)] = 10 * 1024 * 1024
+    sse_keepalive_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 15.0
+    header_timeout_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = (
+        10.0  # request line and headers, from the first byte (or connect)
+    )
+    body_timeout_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 60.0  # the whole body, from the end of the headers
+    max_header_bytes: Annotated[int, Meta(ge=1024, le=MAX_COUNT)] = 32 * 1024  # request line and headers; more is 431
+    max_headers: Annotated[int, Meta(ge=8, le=MAX_COUNT)] = 100  # header fields; more is 431
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
@@ -90,19 +99,23 @@ class CatalogSettings(Struct, frozen=True, forbid_unknown_fields=True):
 
 class LedgerSettings(Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = True  # false only to measure what accounting costs (bench/): no rows are written
-    queue_size: Annotated[int, Meta(ge=1)] = 10_000
-    batch_size: Annotated[int, Meta(ge=1)] = 256
-    flush_interval_s: Annotated[float, Meta(gt=0)] = 1.0  # a batch has a fixed price (RESULTS.md): fewer is cheaper
-    journal: Annotated[str, Meta(min_length=1)] = "switchyard-journal"  # a directory, relative to the config file
-    fsync_interval_s: Annotated[float, Meta(gt=0)] = 1.0  # a machine crash loses at most this much
+    queue_size: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 10_000
+    batch_size: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 256
+    flush_interval_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = (
+        1.0  # a batch has a fixed price (RESULTS.md): fewer is cheaper
+    )
+    journal: Annotated[str, Meta(min_length=1, pattern=NO_NUL)] = (
+        "switchyard-journal"  # a directory, relative to the config file
+    )
+    fsync_interval_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 1.0  # a machine crash loses at most this much
     required: bool = True  # no journal, no traffic (503); false: serve, rows held in memory only
 
 
 class TimeoutSettings(Struct, frozen=True, forbid_unknown_fields=True):
-    connect: Annotated[float, Meta(gt=0)] = 5.0
-    first_byte: Annotated[float, Meta(gt=0)] = 120.0
-    idle: Annotated[float, Meta(gt=0)] = 60.0
-    total: Annotated[float, Meta(gt=0)] = 600.0
+    connect: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 5.0
+    first_byte: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 120.0
+    idle: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 60.0
+    total: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 600.0
 
 
 class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
@@ -110,15 +123,15 @@ class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
     base_url: Annotated[str, Meta(pattern=r"^https?://")]
     api_key_env: str | None = None
     priority: int = 0
-    max_concurrency: Annotated[int, Meta(ge=1)] = 64
+    max_concurrency: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 64
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
-    max_queue: Annotated[int, Meta(ge=0)] = 256
-    queue_timeout_s: Annotated[float, Meta(ge=0)] = 10.0
-    failure_cooldown_s: Annotated[float, Meta(ge=0)] = 2.0
-    capacity_cooldown_s: Annotated[float, Meta(ge=0)] = 1.0
-    max_cooldown_s: Annotated[float, Meta(ge=0)] = 300.0
-    breaker_window: Annotated[int, Meta(ge=1)] = 20
-    breaker_min_samples: Annotated[int, Meta(ge=1)] = 5
+    max_queue: Annotated[int, Meta(ge=0, le=MAX_COUNT)] = 256
+    queue_timeout_s: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 10.0
+    failure_cooldown_s: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 2.0
+    capacity_cooldown_s: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 1.0
+    max_cooldown_s: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 300.0
+    breaker_window: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 20
+    breaker_min_samples: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 5
     breaker_error_ratio: Annotated[float, Meta(gt=0, le=1)] = 0.5
     developer_role: bool | None = None
     reasoning_history: bool | None = None
@@ -137,9 +150,9 @@ class RedisSettings(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class RoutingSettings(Struct, frozen=True, forbid_unknown_fields=True):
-    request_deadline_s: Annotated[float, Meta(gt=0)] = 300.0  # bounds the whole failover loop
-    probe_interval_s: Annotated[float, Meta(gt=0)] = 10.0  # health probes and /metrics scrapes
-    quota_recheck_s: Annotated[float, Meta(ge=0)] = 300.0  # a provider out of money stays out this long
+    request_deadline_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 300.0  # bounds the whole failover loop
+    probe_interval_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 10.0  # health probes and /metrics scrapes
+    quota_recheck_s: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 300.0  # a provider out of money stays out this long
 
 
 class Settings(Struct, frozen=True, forbid_unknown_fields=True):
@@ -185,6 +198,10 @@ def load_settings(explicit: str | None = None) -> Settings:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (TOML is): byte {exc.start} cannot be read") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     base_dir = Path.cwd() if path == BUNDLED_CONFIG else path.resolve().parent
     return settings_from_mapping(raw, base_dir=base_dir, source=str(path))
 
@@ -201,13 +218,29 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
                 raise ConfigError(f'{source}: providers."{name}": a provider name is [a-z0-9][a-z0-9_-]*')
             _check_gpu_hour(_convert(entry, ProviderSettings, source, f"providers.{name}"), source, name)
     settings = _convert(raw, Settings, source, "")
-    if not settings.database.url.startswith(DATABASE_SCHEMES):
-        message = "must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST:PORT/DB"
-        raise ConfigError(f"{source}: database.url: {message}, not {settings.database.url.split(':', 1)[0]!r}")
+    _check_database_url(settings.database.url, source)
     url = _absolute_sqlite_url(settings.database.url, base_dir)
     return msgspec.structs.replace(
         settings, base_dir=str(base_dir), database=msgspec.structs.replace(settings.database, url=url)
     )
+
+
+def _check_database_url(url: str, source: str) -> None:
+    """One of the two drivers, a URL SQLAlchemy can parse, naming a database: for SQLite a file
+    path after the third slash (`sqlite+aiosqlite://db.sqlite` would name a host)."""
+    message = "must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST:PORT/DB"
+    if not url.startswith(DATABASE_SCHEMES):
+        raise ConfigError(f"{source}: database.url: {message}, not {url.split(':', 1)[0]!r}")
+    parts = urlsplit(url)  # not SQLAlchemy's parser: reading a config imports no SQL (tests/test_architecture.py)
+    try:
+        _port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{source}: database.url: not a database URL ({exc})") from None
+    database = parts.path.removeprefix("/")
+    if url.startswith("sqlite") and (parts.netloc or not database):
+        raise ConfigError(f"{source}: database.url: {message} (a file path after the third slash)")
+    if not database:  # the driver would pick one (the user's name): never a Switchyard database by chance
+        raise ConfigError(f"{source}: database.url: {message} (it names no database)")
 
 
 def _check_gpu_hour(entry: ProviderSettings, source: str, name: str) -> None:

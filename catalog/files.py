@@ -29,7 +29,8 @@ MONEY_KEYS = ("input", "output", "cache_read", "cache_write", "reasoning")
 
 _T = TypeVar("_T")
 
-PositiveInt = Annotated[int, Meta(gt=0)]
+INT32 = 2**31 - 1  # the columns are INTEGER: a 32-bit integer on PostgreSQL
+PositiveInt = Annotated[int, Meta(gt=0, le=INT32)]
 Name = Annotated[str, Meta(min_length=1, max_length=200)]
 
 
@@ -44,7 +45,7 @@ class CatalogFileError(Exception):
 class DeploymentSpec(Struct, frozen=True, forbid_unknown_fields=True):
     provider: Name
     upstream_model: Name
-    priority: int = 0
+    priority: Annotated[int, Meta(ge=-INT32 - 1, le=INT32)] = 0
 
 
 class ModelSpec(Struct, frozen=True):
@@ -134,7 +135,10 @@ def _effective_from(value: object, where: str) -> datetime:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:  # the offset moves it out of the years 1 to 9999
+            raise CatalogFileError(f"{where}: out of range: {value.isoformat()}") from None
     if isinstance(value, date):
         return datetime.combine(value, time(0), tzinfo=UTC)
     raise CatalogFileError(f"{where}: expected a TOML date or datetime, got {type(value).__name__}")
@@ -255,7 +259,10 @@ def expand_patterns(patterns: Iterable[str], base_dir: Path) -> list[Path]:
                 pattern,
             )
         )
-        matches = sorted(path for path in anchor.glob(relative) if path.is_file())
+        try:
+            matches = sorted(path for path in anchor.glob(relative) if path.is_file())
+        except (ValueError, IndexError):  # pathlib refuses '', '.', '**a' as patterns
+            raise CatalogFileError(f"catalog.files: {pattern!r} is not a file name or glob pattern") from None
         if not matches:
             raise CatalogFileError(f"catalog.files: {pattern!r} matches no file under {anchor}")
         found.update(dict.fromkeys(path.resolve() for path in matches))

@@ -224,6 +224,8 @@ def parse_expires(text: str) -> datetime:
 
 
 MIN_BUDGET = Decimal("0.000000001")  # a nano-dollar: the unit limits count in
+MAX_BUDGET = Decimal(9_000_000)  # Redis counts nano-dollars in doubles, exact up to 2**53 (about $9.007 million)
+MAX_LIMIT = 2**31 - 1  # rpm, tpm, max_concurrency: INTEGER columns
 
 
 def checked(changes: KeyChanges, current: KeyRecord | None = None) -> KeyChanges:
@@ -237,13 +239,17 @@ def checked(changes: KeyChanges, current: KeyRecord | None = None) -> KeyChanges
         raise ValueError("models: name at least one model (leave it out, or none, for every model)")
     for option in ("rpm", "tpm", "max_concurrency"):
         value = getattr(changes, option)
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"{option}: must be at least 1")
+        if isinstance(value, int) and not 1 <= value <= MAX_LIMIT:
+            raise ValueError(f"{option}: must be from 1 to {MAX_LIMIT}")
     budget = changes.budget_usd
     if isinstance(budget, Decimal) and not (budget.is_finite() and budget > 0):
         raise ValueError("budget_usd: must be a positive amount")
     if isinstance(budget, Decimal) and budget < MIN_BUDGET:
         raise ValueError(f"budget_usd: must be at least {MIN_BUDGET:f} (a nano-dollar)")
+    if isinstance(budget, Decimal) and budget > MAX_BUDGET:
+        raise ValueError(f"budget_usd: must be at most {MAX_BUDGET:,f} (what the limiter counts exactly)")
+    if isinstance(budget, Decimal) and budget != budget.quantize(MIN_BUDGET, rounding="ROUND_DOWN"):
+        raise ValueError("budget_usd: at most 9 decimal places (limits count whole nano-dollars)")
     has_budget = budget is not None if budget is not UNSET else (current is not None and current.budget_usd is not None)
     if changes.budget_period not in (UNSET, None) and not has_budget:
         raise ValueError("budget_period: needs a budget (budget_usd)")

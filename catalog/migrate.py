@@ -33,6 +33,15 @@ async def require_current(url: str) -> None:
         raise SchemaNotCurrent(f"the database {state}: run `switchyard db upgrade` first")
 
 
+async def schema_ready(url: str, *, migrate: bool) -> None:
+    """Before a command reads or writes the database: migrate it (`auto_migrate`, SQLite's
+    default), or raise `SchemaNotCurrent` when it is not at this version's revision."""
+    if migrate:
+        await upgrade_async(url)
+    else:
+        await require_current(url)
+
+
 def _script_location() -> str:
     import migrations
 

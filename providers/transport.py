@@ -1,36 +1,31 @@
 """A lean HTTP/1.1 transport for plain-HTTP upstreams, behind httpx's transport seam.
 
 Local inference servers (vLLM, SGLang, llama.cpp, `transformers serve`) and the mock upstream
-speak plain HTTP/1.1 on a private network, and a gateway's cost is what it adds per request. The
-aiohttp transport (via httpx-aiohttp) spent about a fifth of the gateway's CPU per proxied
-request in its client machinery (py-spy, bench/RESULTS.md); this transport is one
-`asyncio.Protocol` per connection, a keep-alive pool per host, and a response reader that does
-only what an upstream answer needs: a status line, headers, and a body framed by
-`Content-Length`, `Transfer-Encoding: chunked` or the connection's end. `https://` URLs (hosted
-providers) go to the fallback transport (aiohttp: TLS, proxies and the rest).
+speak plain HTTP/1.1 on a private network. The aiohttp transport spent about a fifth of the
+gateway's CPU per proxied request in its client machinery (py-spy, bench/RESULTS.md); this one is
+an `asyncio.Protocol` per connection, a keep-alive pool per host, and a reader of what an answer
+needs: a status line, headers, and a body framed by `Content-Length`, `Transfer-Encoding: chunked`
+or the connection's end. `https://` URLs (hosted providers) go to the fallback transport (aiohttp).
 
-Two entrances: `handle_async_request` (httpx's seam: probes and anything else that uses the
-client) and `exchange`, which the adapter's completion calls use with a request it encoded
-itself and which answers a `RawResponse` instead of httpx's objects (bench/RESULTS.md, step 12).
+Two entrances: `handle_async_request` (httpx's seam: probes) and `exchange`, for the adapter's
+completion calls: a request it encoded itself in, a `RawResponse` out (bench/RESULTS.md, step 12).
 
 The head (status line and headers, up to its blank line, at most 64 KiB) is checked by
 `httptools` (llhttp, the C parser of uvicorn and Node.js): status line and version, header syntax,
 `Content-Length` digits, overflow and repeats, `Content-Length` beside `Transfer-Encoding`, line
-folding. It costs what the unchecked hand-written split it replaced did (bench/parse_heads.py).
-Interim `1xx` heads are skipped (a `101` is malformed). A chunk-size line is one regular
-expression match, which also checks the CRLF that ends the chunk before it.
+folding; at the cost of the hand-written split it replaced (bench/parse_heads.py). Interim `1xx`
+heads are skipped (a `101` is malformed). A chunk-size line is one regular expression match.
 
 Errors are httpx's: `ConnectError`/`ConnectTimeout` before the request is sent, `ReadTimeout` when
 the upstream is silent past the read timeout (headers, or between body reads: `providers.timers`),
-`ReadError` when the connection breaks, `RemoteProtocolError` for a malformed answer; the adapter
-maps them in one place (`providers.errors.upstream_errors`). A connection that raised is closed,
-never pooled, and so is one whose body was not read to its end (a client that went away
-mid-stream): the upstream sees the disconnect and stops generating.
+`ReadError` when the connection breaks, `RemoteProtocolError` for a malformed answer (mapped in
+`providers.errors.upstream_errors`). A connection that raised is closed, never pooled, and so is
+one whose body was not read to its end (a client gone mid-stream): the upstream stops generating.
 
 No retries (providers.md): a request that fails on a reused connection fails, even when the server
-seems to have dropped it unanswered — it may have billed the answer (it used to be sent again).
-Stale connections are avoided instead: one whose end was seen is never taken, one idle `MAX_IDLE_S`
-is closed, under the 5 s keep-alive of uvicorn (vLLM, SGLang, transformers) and llama.cpp.
+seems to have dropped it unanswered — it may have billed the answer. Stale connections are avoided
+instead: one whose end was seen is never taken, one idle `MAX_IDLE_S` is closed (under uvicorn's and
+llama.cpp's 5 s keep-alive). A whole answer's body may also be read by a deadline (`total`).
 """
 
 from __future__ import annotations
@@ -149,10 +144,9 @@ class H1Transport(httpx.AsyncBaseTransport):
         read_s: float | None,
         head_only: bool = False,
     ) -> RawResponse:
-        """Send `payload` (a whole encoded request) to `key` = (host, port) and read the answer's
-        head: the plain-HTTP path without httpx's Request/Response objects, which cost about a
-        sixth of a proxied request's CPU (py-spy, bench/RESULTS.md). `connect_s` bounds a new
-        connection, `head_s` the wait for the whole status line and headers, `read_s` each body read."""
+        """Send `payload` (a whole encoded request) to `key` = (host, port) and read the answer's head,
+        without httpx's objects (a sixth of a proxied request's CPU: bench/RESULTS.md). `connect_s`
+        bounds a new connection, `head_s` the wait for the whole head, `read_s` each body read."""
         conn = self._take(key) or await self._connect(key, connect_s)
         try:
             assert conn.transport is not None
@@ -206,13 +200,10 @@ class H1Transport(httpx.AsyncBaseTransport):
 
 
 def _encode(request: httpx.Request, body: bytes) -> bytes:
-    url = request.url
-    target = url.raw_path  # path and query, already percent-encoded
-    lines = [request.method.encode(), b" ", target, b" HTTP/1.1\r\n"]
+    lines = [request.method.encode(), b" ", request.url.raw_path, b" HTTP/1.1\r\n"]  # raw_path: percent-encoded
     for name, value in request.headers.raw:
         lines += (name, b": ", value, b"\r\n")
-    lines.append(b"\r\n")
-    return b"".join(lines) + body
+    return b"".join([*lines, b"\r\n", body])
 
 
 async def _read_head(conn: _Connection, head_s: float | None) -> _Head:
@@ -232,9 +223,8 @@ async def _read_head(conn: _Connection, head_s: float | None) -> _Head:
 
 
 class _Head:
-    """A response head checked by llhttp, and how its body is framed. It is also the parser's
-    callback object (`on_header`), so parsing allocates no helper; the callbacks it does not
-    want are present as None, because httptools looks each one up per parser."""
+    """A response head checked by llhttp, and how its body is framed; also the parser's callback object
+    (`on_header`: no helper allocated), the callbacks it does not want None (httptools looks each up)."""
 
     __slots__ = ("chunked", "headers", "keep_alive", "length", "status")
     on_message_begin = on_headers_complete = on_body = on_message_complete = None
@@ -264,11 +254,9 @@ class _Head:
 
 
 class RawResponse:
-    """An answer on the plain-HTTP path: status, raw headers and the body, read once.
-
-    The same reading surface as `httpx.Response` where the adapter uses it (`status_code`,
-    `headers`, `aread`, `aiter_raw`, `aiter_bytes`, `aclose`). Bodies are passed on as sent: the
-    gateway never asks for a content encoding, so there is nothing to decode."""
+    """An answer on the plain-HTTP path: status, raw headers and the body, read once. The same
+    reading surface as `httpx.Response` where the adapter uses it (`status_code`, `headers`, `aread`,
+    `aiter_raw`, `aiter_bytes`, `aclose`). Bodies are passed on as sent: no encoding is asked for."""
 
     __slots__ = ("body", "raw_headers", "status_code")
 
@@ -282,8 +270,7 @@ class RawResponse:
         """Header names lower-cased; a repeated header keeps its last value."""
         return {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in self.raw_headers}
 
-    async def aread(self, deadline: float | None = None) -> bytes:
-        """The whole body (by the loop time `deadline`, when given: `_Body.read_all`)."""
+    async def aread(self, deadline: float | None = None) -> bytes:  # the deadline: `_Body.read_all`
         return await self.body.read_all(deadline)
 
     def aiter_raw(self) -> AsyncIterator[bytes]:
@@ -308,7 +295,7 @@ class _Body(httpx.AsyncByteStream):
         # llhttp's answer: HTTP/1.0 rules, `Connection: close`, and a body that ends with the connection
         self._keep_alive = head.keep_alive
         self._done = False
-        self._deadline: float | None = None  # the loop time by which the whole body must be in (`read_all`)
+        self._deadline: float | None = None  # `read_all`'s
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._chunked:
@@ -323,20 +310,17 @@ class _Body(httpx.AsyncByteStream):
         self._done = True
 
     def _wait_s(self) -> float | None:
-        """How long the next read may wait: the read timeout, cut to what is left before the
-        deadline `read_all` was given (httpx.ReadTimeout when none is left)."""
-        deadline = self._deadline
-        if deadline is None:
+        """The read timeout, cut to what is left of `read_all`'s deadline (none left: ReadTimeout)."""
+        if self._deadline is None:
             return self._timeout
-        left = deadline - self._conn.loop.time()
+        left = self._deadline - self._conn.loop.time()
         if left <= 0:
             raise httpx.ReadTimeout("upstream did not send its whole answer within the total timeout")
-        return left if self._timeout is None or left < self._timeout else self._timeout
+        return left if self._timeout is None else min(left, self._timeout)
 
     async def read_all(self, deadline: float | None = None) -> bytes:
-        """The whole body, by the loop time `deadline` when given (each read bounded by the read
-        timeout as well); a `Content-Length` body is one slice of the connection's buffer, and
-        one already in the buffer costs no timer."""
+        """The whole body, by the loop time `deadline` if given; a `Content-Length` body is one
+        slice of the connection's buffer (one in the buffer already costs no timer)."""
         self._deadline = deadline
         length, conn = self._length, self._conn
         if self._chunked or length is None:

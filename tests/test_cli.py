@@ -144,6 +144,13 @@ def test_a_changed_price_becomes_a_new_row_and_the_old_one_stays(tmp_path: Path)
         ("[nonsense]", "nonsense: unknown key"),
         ('[providers."Bad Name"]\nkind = "local"\nbase_url = "http://h"', 'providers."Bad Name": a provider name'),
         ("[server\nport = 1", "not valid TOML"),
+        # values the types took that broke start-up (a traceback): bounded now
+        (
+            '[providers.x]\nkind = "local"\nbase_url = "http://h"\nbreaker_window = 9223372036854775808',
+            "providers.x.breaker_window: Expected `int` <= 2147483647",
+        ),
+        ("[routing]\nrequest_deadline_s = inf", "routing.request_deadline_s: Expected `float` <= 10000000.0"),
+        ('[ledger]\njournal = "a\\u0000b"', "ledger.journal: Expected `str` matching regex"),
     ],
 )
 def test_an_invalid_config_exits_2_naming_the_key(tmp_path: Path, extra: str, key: str) -> None:
@@ -165,6 +172,37 @@ def test_a_database_url_without_an_installed_driver_exits_2_naming_the_key(tmp_p
     assert (result.returncode, result.stdout) == (2, "")
     expected = "database.url: must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST:PORT/DB, not "
     assert result.stderr.startswith(f"switchyard: {config}: {expected}{url.split(':', 1)[0]!r}")
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        (
+            "postgresql+asyncpg://u@h:notaport/db",
+            "not a database URL (Port could not be cast to integer value as 'notaport')",
+        ),
+        ("sqlite+aiosqlite://db.sqlite", "(a file path after the third slash)"),
+        ("sqlite+aiosqlite:///", "(a file path after the third slash)"),
+        ("postgresql+asyncpg://", "(it names no database)"),  # it connected to whatever the driver picked
+    ],
+)
+def test_a_database_url_that_names_no_database_exits_2_naming_the_key(tmp_path: Path, url: str, problem: str) -> None:
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace('url = "sqlite+aiosqlite:///switchyard.db"', f'url = "{url}"'))
+    result = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(f"switchyard: {config}: database.url: ")
+    assert result.stderr.rstrip().endswith(problem)
+
+
+def test_a_config_file_that_is_not_utf8_exits_2_naming_it(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    config.write_bytes(b"# caf\xe9\n" + config.read_bytes())
+    result = run_cli(tmp_path, "db", "upgrade", "--config", str(config))
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"switchyard: {config}: not UTF-8 (TOML is): byte 5 cannot be read\n",
+    )
 
 
 def test_a_float_price_in_the_catalog_exits_2_naming_the_key(tmp_path: Path) -> None:

@@ -88,6 +88,10 @@ def test_create_json_and_bad_options(tmp_path: Path) -> None:
         ["--budget-period", "day"],
         ["--expires", "soon"],
         ["--expires", "9999-12-31T23:00:00-12:00"],  # the year 10000 in UTC: it was a traceback
+        ["--rpm", "9223372036854775808"],  # past the INTEGER column: it was an OverflowError
+        ["--budget-usd", "1e309"],  # past what the column and the limiter hold: it was an SQL dump
+        ["--budget-usd", "1.00000000015"],  # below a nano-dollar's precision: it was rounded silently
+        ["--max-concurrency", "\u00b3"],  # a digit to `isdigit`, not a number to `int`
         ["--budget-usd", "-1"],
         ["--budget-usd", "0.0000000000001"],  # below a nano-dollar: it was stored as 0
         ["--models", "tiny,nosuch"],  # not in the catalog: it was stored, and matched nothing

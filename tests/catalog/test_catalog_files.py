@@ -125,6 +125,28 @@ def test_effective_from_must_be_a_date(tmp_path: Path) -> None:
     )
 
 
+def test_an_effective_from_out_of_range_in_utc_names_the_key(tmp_path: Path) -> None:
+    text = MODEL + '\n[[prices]]\nprovider = "p"\nmodel = "m-1"\neffective_from = 9999-12-31T23:59:59-01:00\n'
+    text += 'input = "1"\noutput = "1"\n'
+    assert error_of(tmp_path, text) == (
+        "catalog/models.toml: prices[0].effective_from: out of range: 9999-12-31T23:59:59-01:00"
+    )
+
+
+def test_a_count_past_a_32_bit_integer_names_the_key(tmp_path: Path) -> None:
+    text = MODEL.replace("context_window = 8192", "context_window = 9223372036854775808")
+    assert error_of(tmp_path, text) == (
+        'catalog/models.toml: models."m-1".context_window: Expected `int` <= 2147483647'
+    )
+
+
+@pytest.mark.parametrize("pattern", ["", ".", "**a"])
+def test_a_pattern_pathlib_refuses_names_the_key(tmp_path: Path, pattern: str) -> None:
+    with pytest.raises(CatalogFileError) as caught:
+        load_catalog([pattern], tmp_path)
+    assert caught.value.message == f"catalog.files: {pattern!r} is not a file name or glob pattern"
+
+
 def test_price_for_an_unknown_model(tmp_path: Path) -> None:
     assert error_of(tmp_path, MODEL + price(model="m")) == (
         'catalog/models.toml: prices[0].model: unknown model "m" (use the model id)'

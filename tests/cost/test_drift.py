@@ -272,3 +272,24 @@ async def test_authoritative_cost_keeps_the_estimate_and_drift_flags_the_stale_p
                 "flagged": False,
             },
         ]
+
+
+def test_cli_reports_bring_the_schema_up_to_date_as_the_other_commands_do(tmp_path: Path) -> None:
+    """`catalog drift` and `gpu-cost` on a database not migrated yet: SQLite's `auto_migrate`
+    migrates it (they used to print an SQL error of 2 KB); with `auto_migrate = false`, the one
+    line that says to run `switchyard db upgrade`, as `serve` and `catalog sync` say it."""
+    env = cli_env(SWITCHYARD_CONFIG=str(_config(tmp_path)))
+    for command in ("drift", "gpu-cost"):
+        done = run_cli(tmp_path, "catalog", command, "--format", "json", env=env)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["rows"] == []
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    config = _config(fresh)
+    config.write_text(config.read_text().replace("\n\n[catalog]", "\nauto_migrate = false\n\n[catalog]"))
+    for command in ("drift", "gpu-cost"):
+        refused = run_cli(fresh, "catalog", command, env=cli_env(SWITCHYARD_CONFIG=str(config)))
+        assert (refused.returncode, refused.stdout) == (1, "")
+        assert refused.stderr == (
+            "switchyard: SchemaNotCurrent: the database has no Switchyard schema: run `switchyard db upgrade` first\n"
+        )
