@@ -113,8 +113,26 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         try:
             chunk: ChunkT = self.decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            raise UpstreamError(Failure.TRANSIENT, "upstream sent a malformed chunk", status=502) from None
+            chunk = self._without_usage(payload, "upstream sent a malformed chunk")
         return self.apply(chunk)
+
+    def _without_usage(self, data: str | bytes, malformed: str) -> ChunkT:
+        """A chunk or answer the decoder refused, decoded again with its `usage` left out: a usage
+        report of the wrong shape (a count that is a word, a list) is no report — the usage stays
+        unknown (providers.md), the content is kept. Anything else wrong is `malformed` (502).
+        The error path only: a valid chunk never comes here."""
+        refused = UpstreamError(Failure.TRANSIENT, malformed, status=502)
+        try:
+            value = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            raise refused from None
+        if not isinstance(value, dict) or value.pop("usage", None) is None:
+            raise refused
+        try:
+            chunk: ChunkT = msgspec.convert(value, self.decoder.type, strict=False)
+        except msgspec.ValidationError:
+            raise refused from None
+        return chunk
 
     def apply(self, chunk: ChunkT) -> list[Event]:
         if chunk.error is not None or chunk.object == "error":  # checked here: this runs per chunk
@@ -176,7 +194,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         try:
             answer: ChunkT = self.decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            raise UpstreamError(Failure.TRANSIENT, "upstream sent a malformed answer", status=502) from None
+            answer = self._without_usage(body, "upstream sent a malformed answer")
         if not answer.choices and answer.error is None and answer.object != "error":
             raise UpstreamError(Failure.TRANSIENT, "upstream answer has no choices", status=502)
         events = self.apply(answer)

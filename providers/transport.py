@@ -211,8 +211,8 @@ async def _read_head(conn: _Connection, head_s: float | None) -> _Head:
     deadline = None if head_s is None else conn.loop.time() + head_s
     while True:
         while (end := conn.buffer.find(b"\r\n\r\n")) < 0:
-            if len(conn.buffer) > _MAX_HEAD:
-                raise httpx.RemoteProtocolError("upstream response head too large")
+            if len(conn.buffer) > _MAX_HEAD or conn.buffer.find(b"\n\n") >= 0:  # bare LFs: no CRLF end will come
+                raise httpx.RemoteProtocolError("upstream response head too large or not ended by CRLF CRLF")
             await conn.more(None if deadline is None else max(0.0, deadline - conn.loop.time()))
         if end > _MAX_HEAD:
             raise httpx.RemoteProtocolError("upstream response head too large")

@@ -12,7 +12,7 @@ from tests.support.client import COMPLETIONS, body, datas, post, stream, types
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.observe import rows_when
 from tests.support.replies import chunk, tool_delta, usage_chunk
-from tests.support.upstream import ReplayUpstream, reply_sse
+from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
 from tests.support.waiting import wait_until
 
 ZERO = {"input_tokens": 0, "output_tokens": 0, "reasoning_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0}
@@ -281,3 +281,38 @@ async def test_client_disconnect_cancels_upstream_and_records_cancelled(
     await wait_until(lambda: primary.open_connections == 0, within=1.0)  # the upstream request was cancelled
     (row,) = await rows_when(gw, 1)
     assert (row["status"], row["streamed"], row["provider"]) == ("cancelled", True, "primary")
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": "eleven", "completion_tokens": 2},
+        [11, 2],
+        {"prompt_tokens": 9, "prompt_tokens_details": "lots"},
+    ],
+    ids=["a-word", "a-list", "bad-details"],
+)
+async def test_a_usage_report_of_the_wrong_shape_is_no_report_and_the_answer_stands(
+    gw: GatewayHandle, primary: ReplayUpstream, usage: Any
+) -> None:
+    """It used to fail the whole chunk: the text was sent, then an `error` frame (502) and an
+    `error` row. A report that cannot be read is no report (providers.md: the ledger records
+    unknown): the answer finishes, its tokens unknown and unpriced — streamed and whole alike."""
+    primary.enqueue(reply_sse([chunk({"content": "Hello"}), chunk({}, "stop"), chunk(None, usage=usage)]))
+    _, frames = await stream(gw)
+    assert [data["type"] for data in datas(frames)][-2:] == ["text_end", "finish"]
+    assert datas(frames)[-1]["usage"] == ZERO
+    assert frames[-1][1]["response"]["cost_usd"] is None
+    whole = chunk(None, usage=usage) | {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}],
+    }
+    primary.enqueue(reply_json(200, whole))
+    answered = await post(gw, body("chat-1"))
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["message"]["content"] == [{"kind": "text", "data": "Hi"}]
+    rows = await gw.ledger_rows()
+    assert [(r["status"], r["input_tokens"], r["output_tokens"], r["cost_usd"]) for r in rows] == [
+        ("ok", None, None, None),
+        ("ok", None, None, None),
+    ]

@@ -57,6 +57,7 @@ MALFORMED = {
     "folded-header": answer(JSON, b"x-trace: a", b" b", b"content-length: 11"),
     "head-over-64k": answer(JSON, b"x-pad: " + b"a" * 70_000, b"content-length: 11"),
     "head-never-ends": b"HTTP/1.1 200 OK\r\nx-pad: " + b"a" * 70_000,
+    "head-lines-end-in-bare-lf": b'HTTP/1.1 200 OK\ncontent-type: application/json\ncontent-length: 11\n\n{"id": "x"}',
     "chunk-size-not-hex": answer(JSON, CHUNKED, body=b"zz\r\n{}\r\n0\r\n\r\n"),
     "chunk-size-negative": answer(JSON, CHUNKED, body=b"-2\r\n{}\r\n0\r\n\r\n"),
     "chunk-size-with-prefix": answer(JSON, CHUNKED, body=b"0x2\r\n{}\r\n0\r\n\r\n"),
