@@ -21,7 +21,7 @@ from devtools.mock_http import Reply
 from providers.adapter import Provider, UpstreamClient, make_client
 from providers.config import ProviderConfig, Timeouts
 from providers.errors import Failure
-from tests.providers.test_adapter import HELLO, REQUEST, collect
+from tests.providers.test_adapter import HELLO, REQUEST, collect, timed_out_after
 from tests.providers.test_malformed import MALFORMED, WHOLE_EVENTS, closed_by_client
 from tests.support.upstream import ReplayUpstream, played
 
@@ -69,9 +69,11 @@ async def client(certs: dict[str, Pair]) -> AsyncIterator[UpstreamClient]:
     await http.aclose()
 
 
-def fastrun(upstream: ReplayUpstream, client: UpstreamClient) -> Provider:
+def fastrun(upstream: ReplayUpstream, client: UpstreamClient, timeouts: Timeouts | None = None) -> Provider:
     assert upstream.url.startswith("https://127.0.0.1:")
-    config = ProviderConfig(name="fastrun", kind="fastrun", base_url=upstream.url, api_key="fr_test")
+    config = ProviderConfig(
+        name="fastrun", kind="fastrun", base_url=upstream.url, api_key="fr_test", timeouts=timeouts or Timeouts()
+    )
     return Provider(config, client)
 
 
@@ -128,14 +130,7 @@ async def test_a_stream_over_tls_waits_first_byte_for_its_head_and_idle_between_
 ) -> None:
     """`first_byte` bounds the head and `idle` each read after it, on the https transport as on
     the plain one (its client's read timeout used to be `idle` for the head too)."""
-    config = ProviderConfig(
-        name="fastrun",
-        kind="fastrun",
-        base_url=upstream.url,
-        api_key="fr_test",
-        timeouts=Timeouts(first_byte=2.0, idle=0.4),
-    )
-    adapter = Provider(config, client)
+    adapter = fastrun(upstream, client, Timeouts(first_byte=2.0, idle=0.4))
     upstream.enqueue(played("vllm_text_stream", first_byte_delay_s=0.8))  # a slow head, then chunks at once
     assert await collect(adapter.events(REQUEST, "m", stream=True)) == (HELLO, None)
     upstream.enqueue(played("vllm_text_stream", stall_after=2))
@@ -154,17 +149,4 @@ async def test_total_bounds_a_whole_answer_whose_body_trickles_over_tls(
     body = b'{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}'
     chunks = [body[index : index + 1] for index in range(len(body))]
     upstream.enqueue(Reply(headers=[("content-type", "application/json")], chunks=chunks, chunk_delay_s=0.05))
-    config = ProviderConfig(
-        name="fastrun",
-        kind="fastrun",
-        base_url=upstream.url,
-        api_key="fr_test",
-        timeouts=Timeouts(first_byte=1.0, total=0.5),
-    )
-    started = asyncio.get_running_loop().time()
-    events, error = await collect(Provider(config, client).events(REQUEST, "m", stream=False))
-    elapsed = asyncio.get_running_loop().time() - started
-    assert events == []
-    assert error is not None
-    assert error.kind is Failure.TIMEOUT
-    assert 0.45 < elapsed < 1.0
+    assert 0.45 < await timed_out_after(fastrun(upstream, client, Timeouts(first_byte=1.0, total=0.5))) < 1.0
