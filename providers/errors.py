@@ -249,7 +249,7 @@ def _reset_value(value: str, now: float) -> float | None:
 
 
 _FOREIGN = (httpx.RequestError, aiohttp.ClientError, OSError, TimeoutError)
-_MALFORMED = (httpx.RemoteProtocolError, aiohttp.ClientResponseError)
+MALFORMED = (httpx.RemoteProtocolError, aiohttp.ClientResponseError)  # an answer that is not HTTP as it should be
 
 
 class _UpstreamErrors:
@@ -283,7 +283,7 @@ def classify_transport(exc: BaseException) -> UpstreamError:
         return exc
     if _timed_out(exc):
         return UpstreamError(Failure.TIMEOUT, "upstream timed out")
-    if isinstance(exc, _MALFORMED):
+    if isinstance(exc, MALFORMED):
         return UpstreamError(Failure.TRANSIENT, "upstream sent a malformed response")
     return UpstreamError(Failure.TRANSIENT, "upstream connection failed")
 

@@ -35,7 +35,7 @@ from app.errors import AllBackendsFailed, AtCapacity, GatewayError, NoBackendAva
 from app.metrics import Metrics
 from app.routing.router import Backend
 from app.routing.state import CoolReason
-from providers.errors import MAX_RETRY_AFTER, Failure, UpstreamError
+from providers.errors import MALFORMED, MAX_RETRY_AFTER, Failure, UpstreamError
 
 
 class Candidates:
@@ -214,7 +214,8 @@ def attempt_cause(exc: UpstreamError) -> str:
     return "malformed response"
 
 
-_TRANSPORT_PHRASES: tuple[tuple[type[BaseException], str], ...] = (
+_TRANSPORT_PHRASES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
+    (MALFORMED, "malformed response"),  # a `101`, `HTTP/2 200`, a broken chunk: not a connection failure
     (ConnectionRefusedError, "connection refused"),
     (ConnectionResetError, "connection reset"),
     (BrokenPipeError, "connection reset"),

@@ -121,6 +121,18 @@ async def test_a_reset_connection_and_a_malformed_answer(
     ]
 
 
+async def test_an_answer_that_is_not_http_1_1_is_a_malformed_response_not_a_connection_failure(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"failure_cooldown_s": 0})
+    alpha.enqueue(Reply(raw=b"HTTP/2 200 OK\r\ncontent-length: 2\r\n\r\n{}"))
+    beta.enqueue(answer("from beta"))
+    assert (await complete(gw)).json()["provider"] == "beta"
+    assert logs.lines("attempt_failed", gw) == [
+        attempt("alpha", "transient", None, "HttpParserError", "malformed response", None)
+    ]
+
+
 async def test_a_request_the_upstream_refuses_is_an_info_line_without_a_cool_down(
     start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
 ) -> None:
