@@ -171,9 +171,13 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     )
     with _StartGuard(settings.database.url) as guard:
         asyncio.run(_prepare(settings))
+        address = f"[{host}]" if ":" in host else host
         try:
             sock = config.bind_socket()
-            address = f"[{host}]" if ":" in host else host
+        except SystemExit:  # uvicorn logged why ("Address already in use"), not where
+            print(f"switchyard: cannot listen on {address}:{port} (server.host, server.port)", file=sys.stderr)
+            return 1
+        try:
             url = f"http://{address}:{sock.getsockname()[1]}"
             if workers == 1:
                 single = _Server(config, url)

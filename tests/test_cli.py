@@ -314,6 +314,7 @@ def test_serve_on_a_port_in_use_exits_1(tmp_path: Path, workers: str) -> None:
         result = run_cli(tmp_path, "serve", "--config", str(config), "--port", str(port), "--workers", workers)
     assert result.returncode == 1
     assert "address already in use" in result.stderr.lower()
+    assert f"switchyard: cannot listen on 127.0.0.1:{port} (server.host, server.port)\n" in result.stderr
 
 
 @pytest.mark.parametrize(
