@@ -8,8 +8,9 @@
     errors.py        the error tree and its two-view JSON body
     metrics.py       Prometheus counters and live gauges
     logging.py       structlog JSON lines, one canonical `request` line per request
-    cli.py, ids.py   the `switchyard` command (cli_usage.py: `switchyard usage`; cli_cost.py:
-                     `catalog drift`, `catalog gpu-cost`); uuid7 request ids
+    cli.py, ids.py   the `switchyard` command (console.py: its entry point; cli_usage.py:
+                     `switchyard usage`; cli_cost.py: `catalog drift`, `catalog gpu-cost`);
+                     uuid7 request ids
     edge/            HTTP in and out: shared ASGI plumbing (asgi.py), the SSE relay (relay.py), one
                      module per ingress (unified.py: POST /api/v1/completions, with its output
                      format in unified_format.py and request validation in validation.py;

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -238,6 +240,29 @@ def test_switchyard_config_is_honoured_and_config_flag_wins(tmp_path: Path) -> N
     by_flag = run_cli(elsewhere, "catalog", "sync", "--config", str(config), env=env)
     assert by_flag.returncode == 0, by_flag.stderr
     assert json.loads(by_flag.stdout)["prices_unchanged"] == 2
+
+
+_INTERRUPTED_IMPORT = """
+import sys
+class Interrupt:  # a Ctrl-C while `app.cli` and what it imports are being imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "app.cli":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+from app.console import main
+sys.exit(main())
+"""
+
+
+def test_a_ctrl_c_while_the_command_imports_ends_it_quietly() -> None:
+    """The console script (`app.console:main`) exits 1 with nothing printed, as a Ctrl-C later
+    does: it used to print the import's traceback (the first half second of every command)."""
+    done = subprocess.run([sys.executable, "-c", _INTERRUPTED_IMPORT], capture_output=True, text=True, env=cli_env())
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", "")
+    usage = "import sys; from app.console import main; sys.argv = ['switchyard', 'db', 'sideways']; sys.exit(main())"
+    forwarded = subprocess.run([sys.executable, "-c", usage], capture_output=True, text=True, env=cli_env())
+    assert forwarded.returncode == 2, forwarded.stderr
+    assert "invalid choice: 'sideways'" in forwarded.stderr
 
 
 @pytest.mark.parametrize("args", [["launch"], [], ["db"], ["db", "sideways"], ["catalog"], ["serve", "--port", "x"]])
