@@ -42,6 +42,9 @@ HOSTED_KINDS = frozenset({"fastrun", "primalabs"})  # vendors that bill per toke
 MAX_SECONDS = 10_000_000.0
 MAX_COUNT = 2**31 - 1
 NO_NUL = r"^[^\x00]*$"  # a path or a host name the operating system can take
+Seconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
+Wait = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]  # may be 0
+Count = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
 
 
 class ConfigError(Exception):
@@ -67,13 +70,11 @@ class ServerSettings(Struct, frozen=True, forbid_unknown_fields=True):
     host: Annotated[str, Meta(min_length=1, pattern=NO_NUL)] = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8080
     workers: Annotated[int, Meta(ge=1, le=64)] = 1  # processes on this host (`serve --workers N` sets it)
-    replicas: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 1  # hosts running this same config against the same upstreams
+    replicas: Count = 1  # hosts running this same config against the same upstreams
     max_body_bytes: Annotated[int, Meta(ge=1024, le=MAX_COUNT)] = 10 * 1024 * 1024
-    sse_keepalive_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 15.0
-    header_timeout_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = (
-        10.0  # request line and headers, from the first byte (or connect)
-    )
-    body_timeout_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 60.0  # the whole body, from the end of the headers
+    sse_keepalive_s: Seconds = 15.0
+    header_timeout_s: Seconds = 10.0  # request line and headers, from the first byte (or connect)
+    body_timeout_s: Seconds = 60.0  # the whole body, from the end of the headers
     max_header_bytes: Annotated[int, Meta(ge=1024, le=MAX_COUNT)] = 32 * 1024  # request line and headers; more is 431
     max_headers: Annotated[int, Meta(ge=8, le=MAX_COUNT)] = 100  # header fields; more is 431
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -99,23 +100,20 @@ class CatalogSettings(Struct, frozen=True, forbid_unknown_fields=True):
 
 class LedgerSettings(Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = True  # false only to measure what accounting costs (bench/): no rows are written
-    queue_size: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 10_000
-    batch_size: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 256
-    flush_interval_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = (
-        1.0  # a batch has a fixed price (RESULTS.md): fewer is cheaper
-    )
-    journal: Annotated[str, Meta(min_length=1, pattern=NO_NUL)] = (
-        "switchyard-journal"  # a directory, relative to the config file
-    )
-    fsync_interval_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 1.0  # a machine crash loses at most this much
+    queue_size: Count = 10_000
+    batch_size: Count = 256
+    flush_interval_s: Seconds = 1.0  # a batch has a fixed price (RESULTS.md): fewer is cheaper
+    # a directory, relative to the config file
+    journal: Annotated[str, Meta(min_length=1, pattern=NO_NUL)] = "switchyard-journal"
+    fsync_interval_s: Seconds = 1.0  # a machine crash loses at most this much
     required: bool = True  # no journal, no traffic (503); false: serve, rows held in memory only
 
 
 class TimeoutSettings(Struct, frozen=True, forbid_unknown_fields=True):
-    connect: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 5.0
-    first_byte: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 120.0
-    idle: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 60.0
-    total: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 600.0
+    connect: Seconds = 5.0
+    first_byte: Seconds = 120.0
+    idle: Seconds = 60.0
+    total: Seconds = 600.0
 
 
 class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
@@ -123,15 +121,15 @@ class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
     base_url: Annotated[str, Meta(pattern=r"^https?://")]
     api_key_env: str | None = None
     priority: int = 0
-    max_concurrency: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 64
+    max_concurrency: Count = 64
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
     max_queue: Annotated[int, Meta(ge=0, le=MAX_COUNT)] = 256
-    queue_timeout_s: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 10.0
-    failure_cooldown_s: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 2.0
-    capacity_cooldown_s: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 1.0
-    max_cooldown_s: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 300.0
-    breaker_window: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 20
-    breaker_min_samples: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 5
+    queue_timeout_s: Wait = 10.0
+    failure_cooldown_s: Wait = 2.0
+    capacity_cooldown_s: Wait = 1.0
+    max_cooldown_s: Wait = 300.0
+    breaker_window: Count = 20
+    breaker_min_samples: Count = 5
     breaker_error_ratio: Annotated[float, Meta(gt=0, le=1)] = 0.5
     developer_role: bool | None = None
     reasoning_history: bool | None = None
@@ -150,9 +148,9 @@ class RedisSettings(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class RoutingSettings(Struct, frozen=True, forbid_unknown_fields=True):
-    request_deadline_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 300.0  # bounds the whole failover loop
-    probe_interval_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 10.0  # health probes and /metrics scrapes
-    quota_recheck_s: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 300.0  # a provider out of money stays out this long
+    request_deadline_s: Seconds = 300.0  # bounds the whole failover loop
+    probe_interval_s: Seconds = 10.0  # health probes and /metrics scrapes
+    quota_recheck_s: Wait = 300.0  # a provider out of money stays out this long
 
 
 class Settings(Struct, frozen=True, forbid_unknown_fields=True):
@@ -226,8 +224,8 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
 
 
 def _check_database_url(url: str, source: str) -> None:
-    """One of the two drivers, a URL SQLAlchemy can parse, naming a database: for SQLite a file
-    path after the third slash (`sqlite+aiosqlite://db.sqlite` would name a host)."""
+    """One of the two drivers, a URL that parses (its port a number), naming a database: for SQLite
+    a file path after the third slash (`sqlite+aiosqlite://db.sqlite` would name a host)."""
     message = "must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST:PORT/DB"
     if not url.startswith(DATABASE_SCHEMES):
         raise ConfigError(f"{source}: database.url: {message}, not {url.split(':', 1)[0]!r}")
