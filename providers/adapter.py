@@ -151,6 +151,8 @@ class Provider:
                     async with contextlib.aclosing(batches_of) as batches:
                         async for batch in batches:
                             yield batch
+                elif isinstance(response, RawResponse):  # its reads keep `total`: no coroutine more per request
+                    yield dialect.parse_answer(await response.aread(deadline))
                 else:
                     yield dialect.parse_answer(await _whole(response, deadline))
             finally:
@@ -267,13 +269,12 @@ async def _idle_bounded(
         yield data
 
 
-async def _whole(response: Answer, deadline: float) -> bytes:
-    """A non-streamed answer's body, in by `deadline` (the attempt's `total`): each read keeps its
+async def _whole(response: httpx.Response, deadline: float) -> bytes:
+    """A non-streamed answer's body over https, in by `deadline` (the attempt's `total`; the
+    plain-HTTP body keeps it with its own read timers: `RawResponse.aread`). Each read keeps its
     `first_byte` bound too, so without this an upstream trickling a byte per read would hold the
     attempt until the request's deadline, with no failover and no cool-down (a timeout is backend
-    trouble: providers.md). On the plain-HTTP path the body's reads keep it with their own timers."""
-    if type(response) is RawResponse:
-        return await response.aread(deadline)
+    trouble: providers.md)."""
     async with deadline_at(deadline):
         return await response.aread()
 
