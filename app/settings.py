@@ -53,17 +53,17 @@ class ConfigError(Exception):
 
 class ProviderPolicy(Struct, frozen=True):
     """How routing treats one provider's backends: this process's share of the configured limits
-    (`provider_policy`)."""
+    (`provider_policy` makes it; the defaults are `ProviderSettings`'s)."""
 
-    max_concurrency: int = 64
-    max_queue: int = 256
-    queue_timeout_s: float = 10.0
-    failure_cooldown_s: float = 2.0
-    capacity_cooldown_s: float = 1.0
-    max_cooldown_s: float = 300.0
-    breaker_window: int = 20
-    breaker_min_samples: int = 5
-    breaker_error_ratio: float = 0.5
+    max_concurrency: int
+    max_queue: int
+    queue_timeout_s: float
+    failure_cooldown_s: float
+    capacity_cooldown_s: float
+    max_cooldown_s: float
+    breaker_window: int
+    breaker_min_samples: int
+    breaker_error_ratio: float
 
 
 class ServerSettings(Struct, frozen=True, forbid_unknown_fields=True):
