@@ -38,16 +38,15 @@ class Period(Struct, frozen=True):
 
 def parse_instant(param: str, value: str) -> datetime:
     """`value` (ISO 8601) as an aware UTC datetime; QueryError naming `param` when it is not one."""
-    out_of_range = QueryError(param, f"out of range: {value[:64]!r} (from 0001-02-01 to 9999-12-01)")
     try:
         parsed = datetime.fromisoformat(value)
         instant = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
     except ValueError:
         raise QueryError(param, f"not an ISO 8601 date or time: {value[:64]!r}") from None
     except OverflowError:  # an offset that moves it out of the years 1 to 9999
-        raise out_of_range from None
-    if not EARLIEST <= instant < LATEST:
-        raise out_of_range
+        instant = None
+    if instant is None or not EARLIEST <= instant < LATEST:
+        raise QueryError(param, f"out of range: {value[:64]!r} (from 0001-02-01 to 9999-12-01)")
     return instant
 
 

@@ -55,6 +55,7 @@ _decoder = msgspec.json.Decoder(fmt.MessagesRequest)
 _encoder = msgspec.json.Encoder()
 _CANONICAL_PART = re.compile(r"(content\[\d+\])\.data(\.arguments|\.content)?(?=\.|$)")
 _CANONICAL_TOOL = re.compile(r"^(tools\[\d+\])\.parameters$")
+_BLOCK_FIELDS = {".arguments": ".input", ".content": ".content"}  # else a media part's `data`: `.source`
 _ASSISTANT_ONLY = (fmt.ToolUseBlock, fmt.ThinkingBlock, fmt.RedactedThinkingBlock)
 _USER_ONLY = (fmt.ToolResultBlock, fmt.ImageBlock, fmt.DocumentBlock)
 
@@ -198,8 +199,7 @@ def _in_anthropic_terms(exc: InvalidRequest) -> InvalidRequest:
 
 def _anthropic_part(match: re.Match[str]) -> str:
     """`content[j].data…` of a canonical path as the Anthropic block's own field."""
-    field = {".arguments": ".input", ".content": ".content"}.get(match[2] or "", ".source")
-    return match[1] + field
+    return match[1] + _BLOCK_FIELDS.get(match[2] or "", ".source")
 
 
 def _invalid(param: str, detail: str) -> InvalidRequest:
