@@ -91,7 +91,6 @@ def test_create_json_and_bad_options(tmp_path: Path) -> None:
         ["--rpm", "9223372036854775808"],  # past the INTEGER column: it was an OverflowError
         ["--budget-usd", "1e309"],  # past what the column and the limiter hold: it was an SQL dump
         ["--budget-usd", "1.00000000015"],  # below a nano-dollar's precision: it was rounded silently
-        ["--max-concurrency", "\u00b3"],  # a digit to `isdigit`, not a number to `int`
         ["--budget-usd", "-1"],
         ["--budget-usd", "0.0000000000001"],  # below a nano-dollar: it was stored as 0
         ["--models", "tiny,nosuch"],  # not in the catalog: it was stored, and matched nothing
@@ -100,6 +99,12 @@ def test_create_json_and_bad_options(tmp_path: Path) -> None:
         result = run_cli(tmp_path, "keys", "create", "--name", "b", *bad, "--config", config)
         assert result.returncode == 2, (bad, result.stderr)
         assert result.stderr.startswith("switchyard: ")
+    superscript = run_cli(tmp_path, "keys", "create", "--name", "b", "--max-concurrency", "\u00b3", "--config", config)
+    # a digit to `isdigit`, not a number to `int`: it was a message naming no option
+    assert (superscript.returncode, superscript.stderr) == (
+        2,
+        "switchyard: --max-concurrency: '\u00b3' is not a whole number\n",
+    )
     blank = run_cli(tmp_path, "keys", "create", "--name", " ", "--config", config)
     assert (blank.returncode, blank.stderr) == (2, "switchyard: name: must not be empty\n")
     budget = json.loads(_keys(tmp_path, "create", "--name", "b", "--budget-usd", "1", "--format", "json"))
