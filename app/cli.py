@@ -101,8 +101,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 1
     except Exception as exc:
-        print(f"switchyard: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"switchyard: {_reason(exc)}", file=sys.stderr)
         return 1
+
+
+def _reason(exc: Exception) -> str:
+    """An error's type and message; for SQLAlchemy's wrapper of a driver's error, the driver's own,
+    without the statement, its parameters and the "Background on this error" link."""
+    orig = getattr(exc, "orig", None)
+    if isinstance(orig, Exception) and type(exc).__module__ == "sqlalchemy.exc":
+        return f"database error: {str(orig).strip() or type(orig).__name__}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _dispatch(args: argparse.Namespace) -> int:

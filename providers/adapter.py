@@ -98,12 +98,12 @@ class Provider:
         self._h1_key = (chat_url.host, chat_url.port or 80)
         self._models_url = f"{base}/models"
         self._root = base.removesuffix("/v1")
-        headers = {**config.headers, "content-type": "application/json"}
+        headers = {**config.headers, "content-type": "application/json", "accept-encoding": "identity"}
         if config.api_key:
             headers["authorization"] = f"Bearer {config.api_key}"
         self._probe_headers = {key: value for key, value in headers.items() if key != "content-type"}
         self._json_headers = httpx.Headers({**headers, "accept": "application/json"})
-        self._stream_headers = httpx.Headers({**headers, "accept": "text/event-stream", "accept-encoding": "identity"})
+        self._stream_headers = httpx.Headers({**headers, "accept": "text/event-stream"})
         # Per dialect path: its URL and the request heads (JSON, stream), encoded once.
         self._routes: dict[str, tuple[httpx.URL, bytes, bytes]] = {}
         for dialect in DIALECTS:

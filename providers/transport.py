@@ -1,20 +1,20 @@
 """A lean HTTP/1.1 transport for plain-HTTP upstreams, behind httpx's transport seam.
 
-Local inference servers (vLLM, SGLang, llama.cpp, `transformers serve`) and the mock upstream
-speak plain HTTP/1.1 on a private network. The aiohttp transport spent about a fifth of the
-gateway's CPU per proxied request in its client machinery (py-spy, bench/RESULTS.md); this one is
-an `asyncio.Protocol` per connection, a keep-alive pool per host, and a reader of what an answer
-needs: a status line, headers, and a body framed by `Content-Length`, `Transfer-Encoding: chunked`
-or the connection's end. `https://` URLs (hosted providers) go to the fallback transport (aiohttp).
+Local inference servers (vLLM, SGLang, llama.cpp, `transformers serve`) and the mock upstream speak
+plain HTTP/1.1 on a private network. The aiohttp transport spent about a fifth of the gateway's CPU
+per proxied request in its client machinery (py-spy, bench/RESULTS.md); this one is an
+`asyncio.Protocol` per connection, a keep-alive pool per host, and a reader of what an answer needs:
+a status line, headers, a body framed by `Content-Length`, `Transfer-Encoding: chunked` or the
+connection's end. `https://` URLs (hosted providers) go to the fallback transport (aiohttp).
 
-Two entrances: `handle_async_request` (httpx's seam: probes) and `exchange`, for the adapter's
-completion calls: a request it encoded itself in, a `RawResponse` out (bench/RESULTS.md, step 12).
+Two entrances: `handle_async_request` (httpx's seam: probes) and `exchange` (the adapter's calls: a
+request it encoded itself in, a `RawResponse` out; bench/RESULTS.md, step 12).
 
-The head (status line and headers, up to its blank line, at most 64 KiB) is checked by
-`httptools` (llhttp, the C parser of uvicorn and Node.js): status line and version, header syntax,
-`Content-Length` digits, overflow and repeats, `Content-Length` beside `Transfer-Encoding`, line
-folding; at the cost of the hand-written split it replaced (bench/parse_heads.py). Interim `1xx`
-heads are skipped (a `101` is malformed). A chunk-size line is one regular expression match.
+The head (status line and headers, up to its blank line, at most 64 KiB) is checked by `httptools`
+(llhttp, the C parser of uvicorn and Node.js): version, status, header syntax, `Content-Length`
+digits, overflow, repeats and beside `Transfer-Encoding`, line folding (bench/parse_heads.py).
+Interim `1xx` heads are skipped; a `101`, or a `Content-Encoding` but `identity` (the one the
+adapter asks for), is malformed. A chunk-size line is one regular expression match.
 
 Errors are httpx's: `ConnectError`/`ConnectTimeout` before the request is sent, `ReadTimeout` when
 the upstream is silent past the read timeout (headers, or between body reads: `providers.timers`),
@@ -23,9 +23,9 @@ the upstream is silent past the read timeout (headers, or between body reads: `p
 one whose body was not read to its end (a client gone mid-stream): the upstream stops generating.
 
 No retries (providers.md): a request that fails on a reused connection fails, even when the server
-seems to have dropped it unanswered — it may have billed the answer. Stale connections are avoided
-instead: one whose end was seen is never taken, one idle `MAX_IDLE_S` is closed (under uvicorn's and
-llama.cpp's 5 s keep-alive). A whole answer's body may also be read by a deadline (`total`).
+seems to have dropped it unanswered (it may have billed the answer). Stale connections are avoided:
+one whose end was seen is never taken, one idle `MAX_IDLE_S` is closed (under uvicorn's and
+llama.cpp's 5 s keep-alive). A whole answer's body may be read by a deadline too (`total`).
 """
 
 from __future__ import annotations
@@ -248,15 +248,16 @@ class _Head:
                 self.length = int(value)
             elif len(name) == 17 and name.lower() == b"transfer-encoding":
                 self.chunked = value.rpartition(b",")[2].strip().lower() == b"chunked"
+            elif len(name) == 16 and name.lower() == b"content-encoding" and value.strip().lower() != b"identity":
+                raise httpx.RemoteProtocolError(f"malformed upstream response: content-encoding {value!r} unasked")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
 
 
 class RawResponse:
-    """An answer on the plain-HTTP path: status, raw headers and the body, read once. The same
-    reading surface as `httpx.Response` where the adapter uses it (`status_code`, `headers`, `aread`,
-    `aiter_raw`, `aiter_bytes`, `aclose`). Bodies are passed on as sent: no encoding is asked for."""
+    """An answer on the plain-HTTP path (status, raw headers, the body read once, as sent), with the
+    surface of `httpx.Response` the adapter uses (`status_code`, `headers`, `aread`, `aiter_*`, `aclose`)."""
 
     __slots__ = ("body", "raw_headers", "status_code")
 

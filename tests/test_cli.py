@@ -197,6 +197,25 @@ def test_a_database_url_that_names_no_database_exits_2_naming_the_key(tmp_path: 
     assert result.stderr.rstrip().endswith(problem)
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (
+            "postgresql+asyncpg://127.0.0.1:5432/switchyard_no_such_database",
+            'database error: database "switchyard_no_such_database" does not exist',
+        ),
+        ("sqlite+aiosqlite:////proc/switchyard-none/x.db", "database error: unable to open database file"),
+    ],
+    ids=["postgres-missing-database", "sqlite-unopenable-file"],
+)
+def test_a_database_that_fails_exits_1_with_the_drivers_message_alone(tmp_path: Path, url: str, message: str) -> None:
+    """The driver's words, without SQLAlchemy's statement, parameters and "Background" link."""
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace('url = "sqlite+aiosqlite:///switchyard.db"', f'url = "{url}"'))
+    result = run_cli(tmp_path, "usage", "--config", str(config))
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", f"switchyard: {message}\n")
+
+
 def test_a_config_file_that_is_not_utf8_exits_2_naming_it(tmp_path: Path) -> None:
     config = write_config(tmp_path)
     config.write_bytes(b"# caf\xe9\n" + config.read_bytes())

@@ -95,6 +95,7 @@ async def test_streamed_answer_and_the_request_sent(upstream: ReplayUpstream, cl
     assert (sent.method, sent.path) == ("POST", "/v1/chat/completions")
     assert sent.headers["authorization"] == "Bearer fr_test"
     assert sent.headers["accept"] == "text/event-stream"
+    assert sent.headers["accept-encoding"] == "identity"  # a compressed answer is malformed (test_malformed)
     assert sent.headers["x-team"] == "core"
     assert msgspec.json.decode(sent.body) == {
         "model": "qwen3-8b",

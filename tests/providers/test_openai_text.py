@@ -194,6 +194,7 @@ async def test_provider_sends_a_raw_prompt_to_completions(
     (sent,) = upstream.requests
     assert (sent.method, sent.path) == ("POST", "/v1/completions")
     assert sent.headers["accept"] == ("text/event-stream" if stream else "application/json")
+    assert sent.headers["accept-encoding"] == "identity"
     expected = {"model": "Qwen/Qwen3-8B", "prompt": "The capital of France is", "max_tokens": 4, "stream": stream}
     if stream:
         expected["stream_options"] = {"include_usage": True}

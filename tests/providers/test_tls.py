@@ -83,6 +83,7 @@ async def test_whole_answer_and_probe_over_tls(upstream: ReplayUpstream, client:
     assert await collect(adapter.events(REQUEST, "m", stream=False)) == (WHOLE_EVENTS, None)
     [sent] = upstream.requests
     assert (sent.method, sent.path, sent.headers["authorization"]) == ("POST", "/v1/chat/completions", "Bearer fr_test")
+    assert sent.headers["accept-encoding"] == "identity"
     assert msgspec.json.decode(sent.body)["stream"] is False
     assert await adapter.probe() is True
     assert [probe.path for probe in upstream.probes] == ["/v1/models"]
@@ -94,6 +95,7 @@ async def test_streamed_answer_over_tls(upstream: ReplayUpstream, client: Upstre
     assert (events, error) == (HELLO, None)
     [sent] = upstream.requests
     assert sent.headers["accept"] == "text/event-stream"
+    assert sent.headers["accept-encoding"] == "identity"  # aiohttp would otherwise ask for gzip
 
 
 @pytest.mark.parametrize("trusted", [None, "stranger"], ids=["system-cas", "another-ca"])
