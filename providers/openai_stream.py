@@ -17,6 +17,11 @@ not depend on what a choice carries, so they are written once:
 - the stop string an answer met is kept when the upstream names it (the chat dialect: vLLM's
   `stop_reason` or SGLang's `matched_stop` beside `finish_reason: "stop"`; a token id there is not a
   sequence). Only the Anthropic door reports it, and it never takes a text request;
+- a string with a lone UTF-16 surrogate escape (`"\\ud83d"`, which msgspec refuses: a server that
+  slices text by UTF-16 code units can split an emoji's pair between two chunks) is decoded by the
+  stdlib instead, on that error path only; from then on the parser joins a high surrogate ending a
+  text, reasoning or tool-argument delta with the low one starting the next delta of the same
+  channel, and any surrogate still alone (and one in another field) becomes U+FFFD (`_mend`);
 - the finish reason `tool_calls` is kept only when calls were returned (a server whose tool-call
   parser failed says `tool_calls` over plain text: that answer stopped, `stop`); vLLM's `abort`
   (the engine gave the request up) is a failure, 502, never a clean finish of a truncated answer.
@@ -28,6 +33,8 @@ the chat dialect needs for tool calls.
 
 from __future__ import annotations
 
+import json
+import re
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -35,7 +42,7 @@ import msgspec
 from msgspec import Struct
 
 from providers.errors import ErrorBody, Failure, UpstreamError, classify_error_chunk
-from providers.events import Event, Finish, UpstreamMeta
+from providers.events import Event, Finish, ReasoningDelta, TextDelta, ToolCallArgs, UpstreamMeta
 from providers.usage import OpenAIUsage, counts_tokens, openai_report
 
 _FINISH_REASONS = {
@@ -84,7 +91,7 @@ def raise_error_chunk(chunk: ChunkBase) -> None:
 class OpenAIStreamParser(ABC, Generic[ChunkT]):
     """Feed it the `data` payloads of one stream; it returns events (module doc)."""
 
-    __slots__ = ("_closed", "_done", "_finish", "_first", "_matched", "_usage")
+    __slots__ = ("_closed", "_done", "_finish", "_first", "_held", "_matched", "_usage")
     decoder: ClassVar[msgspec.json.Decoder[Any]]
 
     def __init__(self) -> None:
@@ -94,6 +101,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         self._first = True
         self._done = False
         self._closed = False
+        self._held: dict[Any, str] | None = None  # once a lone surrogate came: the halves held (`_mend`)
 
     @property
     def done(self) -> bool:
@@ -114,7 +122,8 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
             chunk: ChunkT = self.decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
             chunk = self._without_usage(payload, "upstream sent a malformed chunk")
-        return self.apply(chunk)
+        events = self.apply(chunk)
+        return events if self._held is None else self._mend(events)
 
     def _without_usage(self, data: str | bytes, malformed: str) -> ChunkT:
         """A chunk or answer the decoder refused, decoded again with its `usage` left out: a usage
@@ -125,7 +134,16 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         try:
             value = msgspec.json.decode(data)
         except msgspec.DecodeError:
-            raise refused from None
+            value = _with_lone_surrogates(data)
+            if value is None:
+                raise refused from None
+            if self._held is None:
+                self._held = {}
+            try:
+                converted: ChunkT = msgspec.convert(value, self.decoder.type, strict=False)
+                return converted
+            except msgspec.ValidationError:
+                pass  # a usage of the wrong shape too, maybe: as below
         if not isinstance(value, dict) or value.pop("usage", None) is None:
             raise refused
         try:
@@ -151,6 +169,29 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
             self._finish = normalise_finish(reason)
         return events
 
+    def _mend(self, events: list[Event]) -> list[Event]:
+        """`events` with surrogate halves joined across deltas of one channel (text, reasoning, a
+        tool call's arguments): a high one ending a delta waits for the next; the rest, and any
+        surrogate in another event, `paired` (module doc). Only once a lone surrogate has come."""
+        held = self._held
+        assert held is not None
+        mended: list[Event] = []
+        for event in events:
+            if isinstance(event, TextDelta | ReasoningDelta | ToolCallArgs):
+                channel = event.key if isinstance(event, ToolCallArgs) else type(event)
+                text = held.pop(channel, "") + (event.fragment if isinstance(event, ToolCallArgs) else event.text)
+                if text and "\ud800" <= text[-1] <= "\udbff":
+                    held[channel], text = text[-1], text[:-1]
+                if text:
+                    mended.append(_delta(channel, paired(text)))
+            else:
+                try:
+                    msgspec.json.encode(event)
+                except UnicodeEncodeError:  # a surrogate in a name, an id, a log-probability's token
+                    event = msgspec.convert(_scrubbed(msgspec.to_builtins(event)), type(event))
+                mended.append(event)
+        return mended
+
     @abstractmethod
     def _choice(self, chunk: ChunkT, events: list[Event]) -> str | None:
         """Append the events of the chunk's first choice; return its finish reason, if any (each
@@ -166,6 +207,10 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
             raise UpstreamError(Failure.TRANSIENT, "upstream stream had no chunks", status=502)
         self._closed = True
         events = self._closing()
+        if self._held is not None:
+            events = self._mend(events)
+            events += [_delta(channel, "\ufffd") for channel in self._held]  # halves never completed
+            self._held.clear()
         if self._usage is not None:
             events.append(openai_report(self._usage))
         reason = self._final_reason(self._finish or "stop")
@@ -197,9 +242,55 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
             answer = self._without_usage(body, "upstream sent a malformed answer")
         if not answer.choices and answer.error is None and answer.object != "error":
             raise UpstreamError(Failure.TRANSIENT, "upstream answer has no choices", status=502)
-        events = self.apply(answer)
+        events = self.apply(answer) if self._held is None else self._mend(self.apply(answer))
         self._done = True  # a whole answer is complete even without a finish_reason
         return events + self.finish()
+
+
+def _with_lone_surrogates(data: str | bytes) -> Any:
+    """`data` decoded by the stdlib, which takes a lone surrogate escape; None when it has none or
+    is not JSON all the same (NaN and Infinity included, which msgspec refuses too)."""
+    escape = _SURROGATE_ESCAPE if isinstance(data, bytes) else _SURROGATE_ESCAPE_TEXT
+    if escape.search(data) is None:  # type: ignore[arg-type]
+        return None
+    try:
+        return json.loads(data, parse_constant=_no_constant)
+    except ValueError:
+        return None
+
+
+def _delta(channel: Any, text: str) -> Event:
+    """The delta event of a `_mend` channel: a tool call's key, or the text or reasoning class."""
+    if isinstance(channel, int):
+        return ToolCallArgs(key=channel, fragment=text)
+    delta: Event = channel(text=text)
+    return delta
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+def paired(text: str) -> str:
+    """`text` with each surrogate pair made the character it encodes and any other surrogate U+FFFD."""
+    if _LONE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _scrubbed(value: Any) -> Any:
+    if isinstance(value, str):
+        return paired(value)
+    if isinstance(value, list):
+        return [_scrubbed(item) for item in value]
+    if isinstance(value, dict):
+        return {name: _scrubbed(item) for name, item in value.items()}
+    return value
 
 
 def matched_stop(stop_reason: str | int | None, matched: str | int | None) -> str | None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
+from devtools.mock_http import Reply
 from tests.gateway.conftest import CATALOG, primary_cost, providers_for
 from tests.support.client import COMPLETIONS, body, datas, post, stream, types
 from tests.support.gateway import GatewayHandle, StartGateway
@@ -316,3 +318,84 @@ async def test_a_usage_report_of_the_wrong_shape_is_no_report_and_the_answer_sta
         ("ok", None, None, None),
         ("ok", None, None, None),
     ]
+
+
+def escaped(payload: dict[str, Any]) -> str:
+    """An SSE event as a server that escapes every non-ASCII UTF-16 unit writes it: a lone half of a
+    surrogate pair becomes a lone `\\udxxx` escape, which is how a split emoji arrives."""
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+async def test_an_emoji_split_between_chunks_by_its_utf16_halves_is_joined(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """msgspec refuses a lone surrogate escape, so this stream used to end in an `error` frame. The
+    halves are joined per channel; a half never completed, or a low one alone, is U+FFFD."""
+    primary.enqueue(
+        reply_sse(
+            [
+                escaped(chunk({"reasoning": "ok \ud83d"})),
+                escaped(chunk({"reasoning": "\udc4d"})),  # U+1F44D
+                escaped(chunk({"content": "Hi \ud83d"})),
+                escaped(chunk({"content": "\ude00! \udc4d."})),  # U+1F600, then a low half alone
+                chunk({"content": " Bye"}),  # an ordinary chunk between
+                escaped(chunk({"content": " \ud83c"})),  # never completed
+                chunk({}, "stop"),
+                usage_chunk(9, 2),
+            ]
+        )
+    )
+    _, frames = await stream(gw)
+    deltas = [(d["type"], d["delta"]) for d in datas(frames) if d["type"].endswith("_delta")]
+    assert deltas == [
+        ("reasoning_delta", "ok "),
+        ("reasoning_delta", "\U0001f44d"),
+        ("text_delta", "Hi "),
+        ("text_delta", "\U0001f600! \ufffd."),
+        ("text_delta", " Bye"),
+        ("text_delta", " "),
+        ("text_delta", "\ufffd"),
+    ]
+    assert datas(frames)[-1]["finish_reason"] == "stop"
+    message = frames[-1][1]["response"]["message"]["content"]
+    assert message[-1] == {"kind": "text", "data": "Hi \U0001f600! \ufffd. Bye \ufffd"}
+    (row,) = await gw.ledger_rows()
+    assert (row["status"], row["input_tokens"], row["output_tokens"]) == ("ok", 9, 2)
+
+
+async def test_tool_arguments_split_by_utf16_halves_are_joined(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.enqueue(
+        reply_sse(
+            [
+                escaped(chunk(tool_delta(0, id="call_1", name="cheer", args='{"with": "\ud83c'))),
+                escaped(chunk(tool_delta(0, args='\udf89"}'))),  # U+1F389
+                chunk({}, "tool_calls"),
+                usage_chunk(9, 2),
+            ]
+        )
+    )
+    _, frames = await stream(gw)
+    call = {"id": "call_1", "name": "cheer", "type": "function"}
+    assert datas(frames)[1:-1] == [
+        {"type": "tool_call_start", "tool_call": {**call, "arguments": {}, "raw_arguments": ""}},
+        {"type": "tool_call_delta", "tool_call": {**call, "arguments": {}, "raw_arguments": '{"with": "'}},
+        {"type": "tool_call_delta", "tool_call": {**call, "arguments": {}, "raw_arguments": '\U0001f389"}'}},
+        {
+            "type": "tool_call_end",
+            "tool_call": {**call, "arguments": {"with": "\U0001f389"}, "raw_arguments": '{"with": "\U0001f389"}'},
+        },
+    ]
+    assert datas(frames)[-1]["finish_reason"] == "tool_calls"
+
+
+async def test_a_lone_surrogate_in_a_whole_answer_is_u_fffd(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    answer = chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 2}) | {
+        "object": "chat.completion",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "a\udc4d b \ud83d"}, "finish_reason": "stop"}
+        ],
+    }
+    primary.enqueue(Reply(headers=[("content-type", "application/json")], chunks=[json.dumps(answer).encode()]))
+    answered = await post(gw, body("chat-1"))
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["message"]["content"] == [{"kind": "text", "data": "a\ufffd b \ufffd"}]
