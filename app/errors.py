@@ -74,6 +74,14 @@ class InvalidRequest(GatewayError):
     status_code = 400
     type = "invalid_request_error"
 
+    def renamed(self, param: str) -> InvalidRequest:
+        """The same refusal naming its field `param` (its message starts with the field's name)."""
+        old = self.param or ""
+        message = param + self.message[len(old) :] if self.message.startswith(old) else self.message
+        error = InvalidRequest(message, param=param, retry_after=self.retry_after)
+        error.extra_headers = self.extra_headers
+        return error
+
 
 class AuthenticationFailed(GatewayError):
     status_code = 401

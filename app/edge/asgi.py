@@ -42,7 +42,7 @@ from app.edge.cycle import write_head
 from app.edge.direct import RESPONSE_STARTED
 from app.edge.guards import check_json_headers
 from app.edge.relay import Relay, StreamRenderer
-from app.errors import MethodNotAllowed, PayloadTooLarge, UsageNotRecordable
+from app.errors import InvalidRequest, MethodNotAllowed, PayloadTooLarge, UsageNotRecordable
 from app.ids import uuid7
 from app.pipeline.events import Outcome, RateHeaders, header_pairs
 from app.service import Service
@@ -70,6 +70,11 @@ class Door(Protocol):
     @property
     def id_header(self) -> bytes | None:
         """A second header carrying the request id, as the door's own API names it."""
+
+    @property
+    def renames(self) -> dict[str, str] | None:
+        """Fields the pipeline's 400s name that this request spelt otherwise (the chat door's
+        `max_completion_tokens`, which the canonical request calls `max_tokens`); None: none."""
 
     def answer(self, ctx: RequestContext, outcome: Outcome) -> bytes: ...
 
@@ -99,17 +104,23 @@ async def serve(
     ctx = new_context(request_id, ingress, stream=door.stream, deadline=deadline, principal=principal)
     own = () if door.id_header is None else ((door.id_header, request_id.encode()),)  # the door's own id header
     mark_routed(scope)
-    with DisconnectWatch(receive) as watch:
-        if not ctx.stream:
-            outcome = await service.pipeline.complete(ctx, door.request)
-            watch.stop()
-            payload = door.answer(ctx, outcome)
-            scope["state"][RESPONSE_STARTED] = True
-            await send_json(send, payload, request_id, extra=own, made=outcome.headers)
-            return
-        events = service.pipeline.stream(ctx, door.request)
-        relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s)
-        await send_stream(relay, send, request_id, watch, scope["state"], own)
+    try:
+        with DisconnectWatch(receive) as watch:
+            if not ctx.stream:
+                outcome = await service.pipeline.complete(ctx, door.request)
+                watch.stop()
+                payload = door.answer(ctx, outcome)
+                scope["state"][RESPONSE_STARTED] = True
+                await send_json(send, payload, request_id, extra=own, made=outcome.headers)
+                return
+            events = service.pipeline.stream(ctx, door.request)
+            relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s)
+            await send_stream(relay, send, request_id, watch, scope["state"], own)
+    except InvalidRequest as exc:
+        renames = door.renames
+        if renames is None or exc.param not in renames:
+            raise
+        raise exc.renamed(renames[exc.param]) from None
 
 
 def begin(scope: Scope, methods: tuple[str, ...] = ("POST",)) -> str:

@@ -54,13 +54,14 @@ async def chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
 class _Chat:
     """This door's `Door`: the canonical request, and what the stream must carry."""
 
-    __slots__ = ("include_usage", "request", "stream")
+    __slots__ = ("include_usage", "renames", "request", "stream")
     id_header = None
 
     def __init__(self, chat: fmt.ChatRequest) -> None:
         self.request = to_request(chat)
         self.stream = bool(chat.stream)
         self.include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+        self.renames = _COMPLETION_TOKENS if chat.max_completion_tokens is not None else None
 
     def answer(self, ctx: RequestContext, outcome: ev.Outcome) -> bytes:
         return fmt.encoder.encode(completion_of(ctx, outcome, bool(self.request.logprobs)))
@@ -68,6 +69,9 @@ class _Chat:
     def renderer(self, ctx: RequestContext) -> ChatStream:
         stream = LogprobChatStream if self.request.logprobs else ChatStream
         return stream(ctx, self.include_usage)
+
+
+_COMPLETION_TOKENS = {"max_tokens": "max_completion_tokens"}  # the one that wins (openai_translate)
 
 
 def _translate(body: bytes, _service: Service) -> _Chat:

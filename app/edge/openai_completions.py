@@ -50,6 +50,7 @@ class _Text:
 
     __slots__ = ("include_usage", "request", "stream")
     id_header = None
+    renames = None
 
     def __init__(self, legacy: text_fmt.LegacyRequest) -> None:
         self.request = text_fmt.to_text_request(legacy)

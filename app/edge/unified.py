@@ -39,6 +39,7 @@ class _Unified:
 
     __slots__ = ("request", "stream")
     id_header = None
+    renames = None
 
     def __init__(self, request: CompletionRequest) -> None:
         self.request = request

@@ -55,6 +55,11 @@ BAD = [
     ({"messages": [USER], "top_p": -0.1}, "top_p"),
     ({"messages": [USER], "max_tokens": 0}, "max_tokens"),
     ({"messages": [USER], "max_completion_tokens": "10"}, "max_completion_tokens"),
+    # past chat-1's max_output (4096), which the pipeline checks: named as the client spelt it
+    ({"model": "chat-1", "messages": [USER], "max_completion_tokens": 4097}, "max_completion_tokens"),
+    ({"model": "chat-1", "messages": [USER], "max_completion_tokens": 4097, "stream": True}, "max_completion_tokens"),
+    ({"model": "chat-1", "messages": [USER], "max_tokens": 9, "max_completion_tokens": 4097}, "max_completion_tokens"),
+    ({"model": "chat-1", "messages": [USER], "max_tokens": 4097}, "max_tokens"),
     ({"messages": [USER], "presence_penalty": 3}, "presence_penalty"),
     ({"messages": [USER], "seed": 1.5}, "seed"),
     ({"messages": [USER], "logprobs": "yes"}, "logprobs"),
