@@ -172,7 +172,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
     def _mend(self, events: list[Event]) -> list[Event]:
         """`events` with surrogate halves joined across deltas of one channel (text, reasoning, a
         tool call's arguments): a high one ending a delta waits for the next; the rest, and any
-        surrogate in another event, `paired` (module doc). Only once a lone surrogate has come."""
+        surrogate in another event, `_paired` (module doc). Only once a lone surrogate has come."""
         held = self._held
         assert held is not None
         mended: list[Event] = []
@@ -183,7 +183,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
                 if text and "\ud800" <= text[-1] <= "\udbff":
                     held[channel], text = text[-1], text[:-1]
                 if text:
-                    mended.append(_delta(channel, paired(text)))
+                    mended.append(_delta(channel, _paired(text)))
             else:
                 try:
                     msgspec.json.encode(event)
@@ -250,8 +250,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
 def _with_lone_surrogates(data: str | bytes) -> Any:
     """`data` decoded by the stdlib, which takes a lone surrogate escape; None when it has none or
     is not JSON all the same (NaN and Infinity included, which msgspec refuses too)."""
-    escape = _SURROGATE_ESCAPE if isinstance(data, bytes) else _SURROGATE_ESCAPE_TEXT
-    if escape.search(data) is None:  # type: ignore[arg-type]
+    if _SURROGATE_ESCAPE.search(data if isinstance(data, bytes) else data.encode()) is None:
         return None
     try:
         return json.loads(data, parse_constant=_no_constant)
@@ -272,11 +271,10 @@ def _no_constant(name: str) -> Any:
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_SURROGATE_ESCAPE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")
 _LONE = re.compile("[\ud800-\udfff]")
 
 
-def paired(text: str) -> str:
+def _paired(text: str) -> str:
     """`text` with each surrogate pair made the character it encodes and any other surrogate U+FFFD."""
     if _LONE.search(text) is None:
         return text
@@ -285,7 +283,7 @@ def paired(text: str) -> str:
 
 def _scrubbed(value: Any) -> Any:
     if isinstance(value, str):
-        return paired(value)
+        return _paired(value)
     if isinstance(value, list):
         return [_scrubbed(item) for item in value]
     if isinstance(value, dict):
