@@ -266,8 +266,12 @@ class RespClient:
         except (OSError, TimeoutError) as exc:
             raise RespError(f"cannot connect: {type(exc).__name__}: {exc}") from None
         self._protocol = protocol
-        for command in self._hello:
-            await self.call(*command)
+        try:
+            for command in self._hello:
+                await self.call(*command)
+        except BaseException:  # AUTH or SELECT refused: never leave that connection to later commands
+            self._drop(protocol)
+            raise
         return protocol
 
     def _drop(self, protocol: _Protocol) -> None:

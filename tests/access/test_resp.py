@@ -139,3 +139,42 @@ async def test_drain_waits_for_the_answers_of_commands_nobody_awaits() -> None:
     finally:
         await client.call("DEL", key)
         await client.close()
+
+
+async def test_a_refused_select_drops_its_connection_and_the_next_call_connects_again() -> None:
+    """A `SELECT` (or `AUTH`) that errs once used to leave its connection to later commands: they
+    ran on database 0 (another process's counters) or met `NOAUTH` until a restart."""
+    seen: list[list[bytes]] = []
+    refuse = [True]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            parts = [await _bulk(reader) for _ in range(int(line[1:]))]
+            seen.append(parts)
+            if parts[0] == b"SELECT" and refuse[0]:
+                refuse[0] = False
+                writer.write(b"-ERR DB index is out of range\r\n")
+            else:
+                writer.write(b"+OK\r\n")
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = RespClient(f"redis://127.0.0.1:{port}/3", timeout=1.0)
+    try:
+        with pytest.raises(RespError, match="out of range"):
+            await client.call("PING")
+        assert await client.call("PING") == b"OK"
+        assert seen == [[b"SELECT", b"3"], [b"SELECT", b"3"], [b"PING"]]  # never a PING without its SELECT
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def _bulk(reader: asyncio.StreamReader) -> bytes:
+    size = int((await reader.readline())[1:])
+    return (await reader.readexactly(size + 2))[:-2]
