@@ -32,10 +32,12 @@ one reply and one handler for the requests that ended since the last admission, 
 each; on loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU. The
 settlements of a key without `max_concurrency` are summed per second of the window (nothing to
 take off the in-flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits from its lease, so
-the timer, not an admission, sends them); a request in flight's own waits `LAZY_S` (2 ms: its
-slot is free for other processes only once it is sent); a lease given back leaves at once. A
-settlement that waits only holds its reservation that much longer (the limits err on the side of
-refusing), and this process's own next admission never sees it unsettled.
+the timer, not an admission, sends them); a request in flight's own leaves in the loop's next
+turn, beside the last bytes of its answer (its `max_concurrency` slot is free for other processes
+only once it is sent: with `LAZY_S` it waited 2 ms, and a client sending its requests one after the
+other to two replicas got 429s); a lease given back waits `LAZY_S`. A settlement that waits only
+holds its reservation that much longer (the limits err on the side of refusing), and this
+process's own next admission never sees it unsettled.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ from app.access.redis_scripts import ADMIT, LOAD, SETTLE, refused
 from app.access.resp import RespClient, RespError, Script, bulk
 from app.settings import RedisSettings
 
-LAZY_S = 0.002  # the longest a request in flight's settlement waits to be sent (module doc)
+_MALFORMED = (TypeError, ValueError, IndexError, KeyError, AttributeError)  # a reply not of the script's shape
+_BULK = {bytes, type(None)}
+LAZY_S = 0.002  # the longest a lease given back waits to be sent (module doc)
 SUMMED_S = 0.02  # the longest summed settlements wait to be sent (module doc)
 WAIT_S = LEASE_S + GRACE_S + 0.1  # the longest an admission waits for other processes' leases
 _THREE = b"$%d\r\n%s\r\n" * 3  # three arguments, each `bulk`
@@ -152,15 +156,21 @@ class RedisLimiter:
                 _answered(lane, asking)
                 raise
             _answered(lane, asking)
-            if type(reply) is bytes or reply[0] != 6:  # 6: would pass once other processes' leases end
-                break
-            wait = int(reply[1]) / 1000
+            try:
+                if type(reply) is bytes or reply[0] != 6:  # 6: would pass once other processes' leases end
+                    break
+                wait = int(reply[1]) / 1000
+            except _MALFORMED:
+                raise _malformed(reply) from None
             waited += wait
             await asyncio.sleep(wait)
-        if type(reply) is bytes:  # admitted: "second remaining-requests remaining-tokens reset lease life"
-            return self._admitted(lane, ask, reply, sent_at)
-        lane.late = False  # refused: its waiters ask for themselves, as near any limit
-        return refused(ask, reply)
+        try:
+            if type(reply) is bytes:  # admitted: "second remaining-requests remaining-tokens reset lease life"
+                return self._admitted(lane, ask, reply, sent_at)
+            lane.late = False  # refused: its waiters ask for themselves, as near any limit
+            return refused(ask, reply)
+        except _MALFORMED:
+            raise _malformed(reply) from None
 
     async def _admission(self, lane: Lane, ask: Ask, want: int) -> Any:
         """The admission script's reply (`want`: the lease asked for; 0: do not wait for leases)."""
@@ -229,8 +239,8 @@ class RedisLimiter:
         await self._call(self._load, self._load.command(self.lane(ask).spend_keys, args))
 
     def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
-        """Kept until the next admission's write, or `LAZY_S` (one script call per key for all the
-        settlements waiting then: module doc); nobody waits for it. Without `max_concurrency` (no
+        """Kept until the next admission's write or the loop's next turn (one script call per key
+        for all the settlements waiting then: module doc); nobody waits for it. Without `max_concurrency` (no
         request to take off the in-flight set) the settlements of one second are summed."""
         lane = self.lane(ask)
         if ask.max_concurrency < 0:
@@ -238,7 +248,7 @@ class RedisLimiter:
             return
         rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
         reserved = ask.cost if lane.budgeted else -1
-        self._queue(lane, _item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"), LAZY_S)
+        self._queue(lane, _item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"), 0.0)
 
     def settle_summed(self, lane: Lane, second: int, tokens: int, reserved: int, cost: int) -> None:
         """A settlement of a key without `max_concurrency`, summed with the others of its second:
@@ -291,10 +301,16 @@ class RedisLimiter:
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
-            spent, reserved = await self.redis.call("HMGET", spend_key(self.prefix, key_id, period), "s", "r")
+            reply = await self.redis.call("HMGET", spend_key(self.prefix, key_id, period), "s", "r")
         except RespError as exc:
             raise LimiterDown(str(exc)) from None
-        return None if spent is None else (int(spent), int(reserved or 0))
+        try:  # two bulk strings or nils, as HMGET answers
+            if type(reply) is not list or not {type(value) for value in reply} <= _BULK:
+                raise TypeError
+            spent, reserved = reply
+            return None if spent is None else (int(spent), int(reserved or 0))
+        except _MALFORMED:
+            raise _malformed(reply) from None
 
     async def _call(self, script: Script, command: bytes) -> Any:
         try:
@@ -376,3 +392,8 @@ class _Settlement(Struct):
         error = None if done.cancelled() else done.exception()
         if error is not None:
             self.limiter.failed(self.key_id, f"{type(error).__name__}: {error}")
+
+
+def _malformed(reply: Any) -> LimiterDown:
+    """Redis answered, but not as the script does (a proxy, a failover): as if it were down (503)."""
+    return LimiterDown(f"malformed reply from Redis: {repr(reply)[:60]}")

@@ -13,7 +13,12 @@ ADMIT    KEYS window, flight, spend, lease; ARGV request id, tokens, cost (nano-
 SETTLE   the same keys; ARGV groups of six: request id, second, tokens' difference, cost
          reserved (-1: no budget), cost spent, and what it is: `-` a request in flight (taken off
          the in-flight set), `=` settlements summed, a number a lease given back with that many
-         requests unused.
+         requests unused. The cost spent is added to the period's spend whenever that record
+         exists, a request admitted without a budget included (one given a budget while it ran:
+         the ledger that loaded the record had no row of it yet), and the reserved count never
+         goes below 0 (a record loaded again from the ledger while requests were in flight holds
+         none of their reservations: they would otherwise leave it negative, an allowance above
+         the budget for good).
 LOAD     the period's spend, set only if still absent.
 
 Work in Redis per admission does not grow with the traffic: the window keeps its sums (`R`, `T`)
@@ -170,8 +175,10 @@ for i = 1, #ARGV, 6 do
       redis.call('HINCRBY', KEYS[1], 'R', '-' .. back)
     end
   end
-  if reserved ~= '-1' and redis.call('EXISTS', KEYS[3]) == 1 then
-    if reserved ~= '0' then redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved) end
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    if reserved ~= '-1' and reserved ~= '0' and redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved) < 0 then
+      redis.call('HSET', KEYS[3], 'r', '0')
+    end
     if ARGV[i + 4] ~= '0' then redis.call('HINCRBY', KEYS[3], 's', ARGV[i + 4]) end
   end
 end
@@ -187,13 +194,14 @@ return 0
 """
 
 _REFUSALS: dict[int, Refusal] = {1: "budget", 2: "rpm", 3: "tpm", 4: "max_concurrency", 5: "budget_missing"}
+_MISSING: dict[int, Refusal] = {5: "budget_missing"}
 
 
 def refused(ask: Ask, reply: list[Any]) -> Verdict:
     """The verdict of an admission the script refused (its codes: module doc)."""
     code = reply[0]
-    if len(reply) < 5:  # budget_missing
-        return Verdict(refused=_REFUSALS[code])
+    if len(reply) < 5:  # budget_missing, and nothing else (a shorter reply is not the script's: KeyError)
+        return Verdict(refused=_MISSING[code])
     held = int(reply[4]) / 1000  # the window as it stands, for the refusal's x-ratelimit-* headers
     return Verdict(
         refused=_REFUSALS[code],

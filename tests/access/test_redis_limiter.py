@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from redis import Redis
 
-from app.access.limiter import Ask
+from app.access.limiter import Ask, LimiterDown
 from app.access.redis_limiter import LAZY_S, RedisLimiter
 from app.access.resp import encode
 from app.settings import RedisSettings
@@ -200,3 +200,108 @@ async def test_a_free_request_of_a_budgeted_key_settles(
     assert await _spend(redis) == (0, 0)
     flight = await redis.redis.call("ZCARD", f"{redis.prefix}:lim:{{k1}}:flight")
     assert (flight, failures) == (0, [])
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b":1\r\n",
+        b"+OK\r\n",
+        b"$-1\r\n",
+        b"*0\r\n",
+        b"*1\r\n:6\r\n",
+        b"*2\r\n:7\r\n:0\r\n",
+        b"$3\r\nabc\r\n",
+        b"*1\r\n:1\r\n",
+    ],
+    ids=["integer", "status", "nil", "empty", "wait-alone", "unknown-code", "not-numbers", "budget-alone"],
+)
+async def test_a_reply_not_of_the_scripts_shape_is_limits_down_not_a_crash(reply: bytes) -> None:
+    """A proxy's, a failover's or a wrong database's answer used to raise TypeError, IndexError or
+    KeyError out of the limiter (a 500 with a traceback, `fail_open` bypassed) or, for `*1 :1`, a
+    budget refusal of a key without a budget; the one boundary makes it `LimiterDown` (503)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            parts = []
+            for _ in range(int(line[1:])):
+                size = int((await reader.readline())[1:])
+                parts.append((await reader.readexactly(size + 2))[:-2])
+            writer.write(reply if parts[0] in (b"EVALSHA", b"HMGET") else b"+OK\r\n")
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix="t"), _failed([]))
+    try:
+        with pytest.raises(LimiterDown, match="malformed reply from Redis"):
+            await limiter.admit(Ask(key_id="k1", request_id="r1", period="total", rpm=5))
+        with pytest.raises(LimiterDown, match="malformed reply from Redis"):
+            await limiter.spend("k1", "total")
+    finally:
+        await limiter.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_spend_record_loaded_again_while_requests_run_is_never_left_below_zero(
+    limiter: tuple[RedisLimiter, list[tuple[str, str]], str],
+) -> None:
+    """Redis lost the record (a restart, an operator's recount) while r1 ran: r1's settlement takes
+    off a reservation the new record never held. It left `r` at -7,000 for good: an allowance of
+    that much above the budget."""
+    redis, failures, prefix = limiter
+    await redis.load_spend(_ask("r0"), 0, 0)
+    first = await redis.admit(_ask("r1"))
+    await redis.redis.call("DEL", f"{prefix}:lim:{{k1}}:spend:total")
+    await redis.load_spend(_ask("r0"), 0, 0)  # the ledger has no row of r1 yet
+    second = await redis.admit(_ask("r2"))
+    assert await _spend(redis) == (0, 7000)
+    redis.settle(_ask("r1"), first.second, tokens=0, cost=1000)
+    redis.settle(_ask("r2"), second.second, tokens=0, cost=500)
+    await redis.drain()
+    assert await _spend(redis) == (1500, 0)  # both costs counted (neither row was in the ledger read)
+    assert failures == []
+
+
+async def test_a_request_admitted_without_a_budget_adds_its_cost_to_the_record_when_there_is_one(
+    limiter: tuple[RedisLimiter, list[tuple[str, str]], str],
+) -> None:
+    """The key got a budget while r1 ran (admitted without one): the record was loaded from a ledger
+    without r1's row, so r1's cost belongs in it. It used to be left out."""
+    redis, failures, _prefix = limiter
+    unbudgeted = Ask(key_id="k1", request_id="r1", period="total", rpm=100)
+    verdict = await redis.admit(unbudgeted)
+    await redis.load_spend(_ask("r0"), 100, 0)
+    redis.settle(unbudgeted, verdict.second, tokens=0, cost=2000)
+    await redis.drain()
+    assert await _spend(redis) == (2100, 0)
+    assert failures == []
+
+
+async def test_a_finished_requests_concurrency_slot_is_free_to_another_process_at_once() -> None:
+    """A client that sends its requests one after the other to two replicas, with a key of
+    `max_concurrency` 1: the slot used to be given back up to `LAZY_S` (2 ms) after the answer,
+    and the next request, at the other process, got a 429."""
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    settings = RedisSettings(url=URL, key_prefix=prefix)
+    first, second = (RedisLimiter(settings, _failed([])) for _ in range(2))
+
+    def ask(request_id: str) -> Ask:
+        return Ask(key_id="k1", request_id=request_id, period="total", max_concurrency=1)
+
+    try:
+        for index in range(20):
+            this = first if index % 2 == 0 else second
+            verdict = await this.admit(ask(f"r{index}"))
+            assert verdict.refused is None, index
+            this.settle(ask(f"r{index}"), verdict.second, tokens=0, cost=0)
+            await asyncio.sleep(LAZY_S / 2)  # the answer's way to the client and its next request's back
+    finally:
+        await first.close()
+        await second.close()
+        direct = Redis.from_url(URL)
+        keys = list(direct.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            direct.delete(*keys)
+        direct.close()
