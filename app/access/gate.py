@@ -17,8 +17,9 @@ lease without an await, and only the others go on to `admit` (Redis, or this pro
 `settle` runs from the pipeline's `_close`, which every request passes once (success, failure, client
 cancellation): a failure without usage settles to 0. Settling is one Redis command sent without
 waiting for its answer (the pipeline closes synchronously; no task per request). A settlement
-Redis could not take is logged (`limits_settle_failed`) and its reservation stays held until the
-period's record expires: the budget errs on the side of refusing, never of overspending.
+Redis could not take is logged (`limits_settle_failed`) and its reservation stays held until its
+minute of admission is past the hold (`app.access.redis_scripts`): the budget errs on the side of
+refusing, for that long.
 
 Limiter choice: Redis when `[redis]` is configured (several processes share it); in-process when
 this is the only process. Several processes without Redis (a key with limits created after

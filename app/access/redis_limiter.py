@@ -6,7 +6,8 @@ Keys of one API key share a hash tag, so the scripts also run on a Redis Cluster
     {prefix}:lim:{<key id>}:window         hash  r<second> → requests, t<second> → tokens, and
                                                  R, T → their sums, o → the oldest second held (61 s TTL)
     {prefix}:lim:{<key id>}:flight         zset  request id → expiry (ms); in-flight requests
-    {prefix}:lim:{<key id>}:spend:<period> hash  s → spent, r → reserved (nano-dollars)
+    {prefix}:lim:{<key id>}:spend:<period> hash  s → spent, r → reserved (nano-dollars), b<minute>
+                                                 → reserved in that minute, ob → the oldest one
     {prefix}:lim:{<key id>}:lease          hash  lease id → "requests tokens cost end(ms)" unused
                                                  at the grant, until given back (`app.access.lease`)
 
@@ -21,9 +22,9 @@ What the admission script does per call, and why it stays cheap: `app.access.red
 
 Every Redis failure becomes `LimiterDown` here, the one boundary; the gate decides what follows.
 The client (`app.access.resp`: one pipelined connection, not redis-py, whose per-call overhead
-halved keys-mode throughput) has a 1 s timeout and no retries: a limited request waits at most
-about a second. A settlement is sent without waiting for it (no task per request): its failure
-reaches the gate through the `failed` callback.
+halved keys-mode throughput) has a 1 s timeout and no retries: a limited request waits about 2 s
+at most (a lease another request asked for, then its own admission). A settlement is sent without
+waiting for it (no task per request): its failure reaches the gate through the `failed` callback.
 
 Settlements wait, briefly, to be sent together: `settle` keeps a request's arguments, and the
 next admission (before its own command, in the same write: they may free what it asks for), or a

@@ -21,6 +21,15 @@ SETTLE   the same keys; ARGV groups of six: request id, second, tokens' differen
          the budget for good).
 LOAD     the period's spend, set only if still absent.
 
+Reservations of a budget are also kept per minute of admission in the spend hash (`b<minute>`,
+and `ob`, the oldest minute that may hold some). A settlement takes its reservation off its
+minute's and off `r` only while that minute's field is there. Once a minute is past the hold
+(every request admitted in it has ended, by its deadline, or will never settle: a process killed,
+a reply or a settlement lost), an admission gives what is left of it back (`r` less it): one check
+of `ob` per admission, the walk once a minute (a hash read after an idle spell of half an hour).
+A record loaded again from the ledger (Redis restarted; a recount) holds no minutes, so the
+settlements of requests admitted before it add their cost and take nothing off.
+
 Work in Redis per admission does not grow with the traffic: the window keeps its sums (`R`, `T`)
 and its oldest second (`o`) beside the per-second buckets, so an admission reads three fields and
 writes four; once per second of traffic an admission also drops the second that left the minute
@@ -58,12 +67,41 @@ local tokens, cost = tonumber(ARGV[2]), tonumber(ARGV[3])
 local rpm, tpm = tonumber(ARGV[4]), tonumber(ARGV[5])
 local conc, hold, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local want = tonumber(ARGV[9])
-local spend
+local spend, bucket
 local spent, reserved = 0, 0
+local function over(b) return (b + 1) * 60000 + hold < now * 1000 end
 if budget >= 0 then
-  spend = redis.call('HMGET', KEYS[3], 's', 'r')
+  spend = redis.call('HMGET', KEYS[3], 's', 'r', 'ob')
   if not spend[1] then return {5} end
   spent, reserved = tonumber(spend[1]), tonumber(spend[2] or '0')
+  bucket = math.floor(sec / 60)
+  local ob = tonumber(spend[3] or bucket)
+  if over(ob) then
+    local freed, b = 0, ob
+    if bucket - ob > 30 then
+      b = bucket
+      local all = redis.call('HGETALL', KEYS[3])
+      for i = 1, #all, 2 do
+        if string.sub(all[i], 1, 1) == 'b' then
+          local at = tonumber(string.sub(all[i], 2))
+          if over(at) then freed = freed + tonumber(all[i + 1]); redis.call('HDEL', KEYS[3], all[i])
+          elseif at < b then b = at end
+        end
+      end
+    else
+      while b < bucket and over(b) do
+        local v = redis.call('HGET', KEYS[3], 'b' .. b)
+        if v then freed = freed + tonumber(v); redis.call('HDEL', KEYS[3], 'b' .. b) end
+        b = b + 1
+      end
+      while b < bucket and redis.call('HEXISTS', KEYS[3], 'b' .. b) == 0 do b = b + 1 end
+    end
+    redis.call('HSET', KEYS[3], 'ob', string.format('%d', b))
+    if freed > 0 then
+      reserved = math.max(0, reserved - freed)
+      redis.call('HSET', KEYS[3], 'r', string.format('%d', reserved))
+    end
+  end
 end
 local w = KEYS[1]
 local head = redis.call('HMGET', w, 'R', 'T', 'o')
@@ -152,7 +190,11 @@ redis.call('HINCRBY', w, 't' .. sec, string.format('%d', n * tokens))
 reqs, toks = reqs + n, toks + n * tokens
 redis.call('HSET', w, 'R', string.format('%d', reqs), 'T', string.format('%d', toks), 'o', string.format('%d', oldest))
 redis.call('EXPIRE', w, 61)
-if budget >= 0 then redis.call('HINCRBY', KEYS[3], 'r', string.format('%d', n * cost)) end
+if budget >= 0 and n * cost > 0 then
+  redis.call('HINCRBY', KEYS[3], 'r', string.format('%d', n * cost))
+  redis.call('HINCRBY', KEYS[3], 'b' .. bucket, string.format('%d', n * cost))
+  if not spend[3] then redis.call('HSET', KEYS[3], 'ob', string.format('%d', bucket)) end
+end
 local reset = math.max(0, math.ceil((oldest + 60 - now) * 1000))
 return string.format('%d %d %d %d %d %d', sec, rpm - reqs, tpm - toks, reset, n, life)
 """
@@ -176,8 +218,10 @@ for i = 1, #ARGV, 6 do
     end
   end
   if redis.call('EXISTS', KEYS[3]) == 1 then
-    if reserved ~= '-1' and reserved ~= '0' and redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved) < 0 then
-      redis.call('HSET', KEYS[3], 'r', '0')
+    local b = 'b' .. math.floor(tonumber(at) / 60)
+    if reserved ~= '-1' and reserved ~= '0' and redis.call('HEXISTS', KEYS[3], b) == 1 then
+      if redis.call('HINCRBY', KEYS[3], b, '-' .. reserved) <= 0 then redis.call('HDEL', KEYS[3], b) end
+      if redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved) < 0 then redis.call('HSET', KEYS[3], 'r', '0') end
     end
     if ARGV[i + 4] ~= '0' then redis.call('HINCRBY', KEYS[3], 's', ARGV[i + 4]) end
   end

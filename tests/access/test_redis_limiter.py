@@ -135,11 +135,14 @@ async def test_settlements_wait_for_the_next_admission_and_leave_before_it_as_on
 
     try:
         await limiter.load_spend(ask("r0"), 0, 0)
+        seconds = {}  # each settlement names its admission's second (its reservation's minute)
         for request_id in ("r1", "r2", "r3"):
-            assert (await limiter.admit(ask(request_id))).refused is None
+            verdict = await limiter.admit(ask(request_id))
+            assert verdict.refused is None
+            seconds[request_id] = verdict.second
         assert (await limiter.admit(ask("r4"))).refused == "max_concurrency"
-        limiter.settle(ask("r1"), 0, tokens=0, cost=1000)
-        limiter.settle(ask("r2"), 0, tokens=0, cost=2000)
+        limiter.settle(ask("r1"), seconds["r1"], tokens=0, cost=1000)
+        limiter.settle(ask("r2"), seconds["r2"], tokens=0, cost=2000)
         # The loop is blocked in this synchronous call: nothing has left yet.
         assert direct.hmget(spend_key, "s", "r") == [b"0", b"21000"]
 
@@ -152,7 +155,7 @@ async def test_settlements_wait_for_the_next_admission_and_leave_before_it_as_on
         assert write.index(b"r2") < write.index(b"r4")
         assert direct.hmget(spend_key, "s", "r") == [b"3000", b"14000"]
 
-        limiter.settle(ask("r3"), 0, tokens=0, cost=500)  # no admission follows: the timer sends it
+        limiter.settle(ask("r3"), seconds["r3"], tokens=0, cost=500)  # no admission follows: the timer sends it
         await asyncio.sleep(LAZY_S * 10)
         assert direct.hmget(spend_key, "s", "r") == [b"3500", b"7000"]
         assert failures == []
@@ -300,6 +303,49 @@ async def test_a_finished_requests_concurrency_slot_is_free_to_another_process_a
     finally:
         await first.close()
         await second.close()
+        direct = Redis.from_url(URL)
+        keys = list(direct.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            direct.delete(*keys)
+        direct.close()
+
+
+async def test_a_reservation_never_settled_is_given_back_once_no_request_of_its_minute_can_run() -> None:
+    """A process killed with requests in flight, a settlement Redis refused, an admission whose
+    reply was lost: their reservations used to stay counted for good (a `total` budget refused for
+    ever). Each is kept per minute of admission; once that minute's requests are all past their
+    hold (the deadline plus the longest upstream timeout) the rest is given back. A settlement
+    that comes after that takes nothing more off."""
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    now_us = [1_800_000_000 * 10**6 + 5 * 10**6]  # 5 s into a minute (Redis's clock replaced)
+    limiter = RedisLimiter(RedisSettings(url=URL, key_prefix=prefix), _failed([]), clock=lambda: now_us[0], lease_max=1)
+
+    def ask(request_id: str) -> Ask:
+        return Ask(key_id="k1", request_id=request_id, period="total", hold_ms=30_000, budget=20_000, cost=7000)
+
+    try:
+        await limiter.load_spend(ask("r0"), 0, 0)
+        lost = [await limiter.admit(ask(request_id)) for request_id in ("r1", "r2")]  # never settled
+        assert [verdict.refused for verdict in lost] == [None, None]
+        assert (await limiter.admit(ask("r3"))).refused == "budget"  # 14,000 reserved + 7,000 > 20,000
+        now_us[0] += 84 * 10**6  # 89 s: within the minute's end (60 s) plus the hold (30 s)
+        assert (await limiter.admit(ask("r3"))).refused == "budget"
+        now_us[0] += 2 * 10**6  # 91 s: past it
+        third = await limiter.admit(ask("r3"))
+        assert third.refused is None
+        assert await limiter.spend("k1", "total") == (0, 7000)  # r1 and r2 given back, r3 held
+        limiter.settle(ask("r1"), lost[0].second, tokens=0, cost=1000)  # late: its reservation is gone
+        await limiter.drain()
+        assert await limiter.spend("k1", "total") == (1000, 7000)  # its cost counted, r3's reservation kept
+        limiter.settle(ask("r3"), third.second, tokens=0, cost=500)
+        await limiter.drain()
+        assert await limiter.spend("k1", "total") == (1500, 0)
+        assert (await limiter.admit(ask("r4"))).refused is None  # never settled either
+        now_us[0] += 3600 * 10**6  # an hour later: the minutes between are not walked one by one
+        assert (await limiter.admit(ask("r5"))).refused is None
+        assert await limiter.spend("k1", "total") == (1500, 7000)
+    finally:
+        await limiter.close()
         direct = Redis.from_url(URL)
         keys = list(direct.scan_iter(match=f"{prefix}:*"))
         if keys:
