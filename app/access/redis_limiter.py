@@ -155,6 +155,8 @@ class RedisLimiter:
                 raise
             except BaseException:
                 _answered(lane, asking)
+                if ask.max_concurrency >= 0:  # Redis may have counted it (a reply lost): its slot freed
+                    self._queue(lane, _item(ask.request_id.encode(), b"0", b"0", b"-1", b"0", b"-"), LAZY_S)
                 raise
             _answered(lane, asking)
             try:
@@ -212,9 +214,8 @@ class RedisLimiter:
     def _abandoned(
         self, lane: Lane, ask: Ask, sent_at: float, asking: asyncio.Future[None] | None, admission: asyncio.Task[Any]
     ) -> None:
-        """The answer to an admission whose caller went away before it came: the lease it brought
-        is kept for the key's other requests (those waiting for it among them), and the caller's
-        own admission settles to nothing, as a request cancelled before its upstream answered."""
+        """The answer to an admission whose caller went away: its lease is kept for the key's other
+        requests, and its own admission settles to nothing (cancelled before its upstream answered)."""
         try:
             if not admission.cancelled() and admission.exception() is None:
                 reply = admission.result()
@@ -320,8 +321,7 @@ class RedisLimiter:
             raise LimiterDown(f"{type(exc).__name__}: {exc}") from None
 
     async def drain(self) -> None:
-        """Give the leases back, send the settlements waiting and wait for every answer (at most
-        the client's timeout)."""
+        """Give the leases back, send the settlements waiting, wait for every answer (≤ the timeout)."""
         for lane in list(self._lanes.values()):
             if lane.lease is not None:
                 self._end(lane, lane.lease)

@@ -351,3 +351,35 @@ async def test_a_reservation_never_settled_is_given_back_once_no_request_of_its_
         if keys:
             direct.delete(*keys)
         direct.close()
+
+
+async def test_an_admission_whose_reply_is_lost_gives_its_concurrency_slot_back() -> None:
+    """Redis ran the admission but its reply came after the client's timeout (the request got a
+    503): the slot it took stayed held until its hold expired (15 minutes by default), and a key
+    with `max_concurrency` 1 was refused all that time."""
+    tap = _Tap()
+    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), _failed([]))
+
+    def ask(request_id: str) -> Ask:
+        return Ask(key_id="k1", request_id=request_id, period="total", max_concurrency=1)
+
+    try:
+        assert await limiter.redis.call("PING") == b"PONG"  # connected (and SELECTed) before the replies stop
+        tap.answering.clear()
+        with pytest.raises(LimiterDown):
+            await limiter.admit(ask("r1"))
+        tap.answering.set()
+        await asyncio.sleep(LAZY_S * 20)
+        assert (await limiter.admit(ask("r2"))).refused is None
+    finally:
+        await limiter.close()
+        server.close()
+        await server.wait_closed()
+        direct = Redis.from_url(URL)
+        keys = list(direct.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            direct.delete(*keys)
+        direct.close()
