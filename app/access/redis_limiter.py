@@ -33,12 +33,12 @@ one reply and one handler for the requests that ended since the last admission, 
 each; on loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU. The
 settlements of a key without `max_concurrency` are summed per second of the window (nothing to
 take off the in-flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits from its lease, so
-the timer, not an admission, sends them); a request in flight's own leaves in the loop's next
-turn, beside the last bytes of its answer (its `max_concurrency` slot is free for other processes
-only once it is sent: with `LAZY_S` it waited 2 ms, and a client sending its requests one after the
-other to two replicas got 429s); a lease given back waits `LAZY_S`. A settlement that waits only
-holds its reservation that much longer (the limits err on the side of refusing), and this
-process's own next admission never sees it unsettled.
+the timer, not an admission, sends them); a request in flight's own is written at once, before a
+JSON answer is sent (its `max_concurrency` slot is free to other processes only once Redis has it:
+sent later, a client sending requests one after the other to two replicas got 429s; a stream's
+ends just after its last frame); a lease given back waits `LAZY_S`. A settlement that waits holds
+its reservation that much longer (erring on the side of refusing); this process's own next
+admission never sees it unsettled.
 """
 
 from __future__ import annotations
@@ -237,20 +237,19 @@ class RedisLimiter:
         self._queue(lane, _item(*lease.unused(lane.budgeted)), LAZY_S)
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
-        args = (b"%d" % spent, b"%d" % ttl_s)
-        await self._call(self._load, self._load.command(self.lane(ask).spend_keys, args))
+        await self._call(self._load, self._load.command(self.lane(ask).spend_keys, (b"%d" % spent, b"%d" % ttl_s)))
 
     def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
-        """Kept until the next admission's write or the loop's next turn (one script call per key
-        for all the settlements waiting then: module doc); nobody waits for it. Without `max_concurrency` (no
-        request to take off the in-flight set) the settlements of one second are summed."""
+        """Sent now, nobody waiting for it; without `max_concurrency` summed per second (module doc)."""
         lane = self.lane(ask)
         if ask.max_concurrency < 0:
             self.settle_summed(lane, second, tokens - ask.tokens, ask.cost, cost)
             return
         rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
         reserved = ask.cost if lane.budgeted else -1
-        self._queue(lane, _item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"), 0.0)
+        self._unsent.setdefault(lane, []).append(_item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"))
+        self._send_settlements()  # written now, before the answer's last bytes (module doc)
+        self.redis.flush()
 
     def settle_summed(self, lane: Lane, second: int, tokens: int, reserved: int, cost: int) -> None:
         """A settlement of a key without `max_concurrency`, summed with the others of its second:

@@ -212,6 +212,12 @@ class RespClient:
         self._connecting_posts.add(task)
         task.add_done_callback(lambda done: self._posted(done, handler))
 
+    def flush(self) -> None:
+        """Write what waits to leave in this turn of the loop now (a settlement before an answer)."""
+        protocol = self._protocol
+        if protocol is not None and protocol.flush_soon:
+            protocol._flush()
+
     def _posted(self, done: asyncio.Future[Reply], handler: Handler) -> None:
         self._connecting_posts.discard(done)
         if done.cancelled():
