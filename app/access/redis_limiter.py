@@ -33,10 +33,10 @@ one reply and one handler for the requests that ended since the last admission, 
 each; on loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU. The
 settlements of a key without `max_concurrency` are summed per second of the window (nothing to
 take off the in-flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits from its lease, so
-the timer, not an admission, sends them); a request in flight's own is written at once, before a
-JSON answer is sent (its `max_concurrency` slot is free to other processes only once Redis has it:
-sent later, a client sending requests one after the other to two replicas got 429s; a stream's
-ends just after its last frame); a lease given back waits `LAZY_S`. A settlement that waits holds
+the timer, not an admission, sends them); a request in flight's own is written at once, before the
+last bytes of its answer, JSON or stream (its `max_concurrency` slot is free to other processes only
+once Redis has it: sent later, a client sending requests one after the other to two replicas got
+429s); a lease given back waits `LAZY_S`. A settlement that waits holds
 its reservation that much longer (erring on the side of refusing); this process's own next
 admission never sees it unsettled.
 """
