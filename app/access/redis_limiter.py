@@ -36,9 +36,9 @@ take off the in-flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits 
 the timer, not an admission, sends them); a request in flight's own is written at once, before the
 last bytes of its answer, JSON or stream (its `max_concurrency` slot is free to other processes only
 once Redis has it: sent later, a client sending requests one after the other to two replicas got
-429s); a lease given back waits `LAZY_S`. A settlement that waits holds
-its reservation that much longer (erring on the side of refusing); this process's own next
-admission never sees it unsettled.
+429s); a lease given back waits `LAZY_S`. A settlement that waits holds its reservation that much
+longer (erring on the side of refusing); this process's own next admission never sees it
+unsettled.
 """
 
 from __future__ import annotations
@@ -53,11 +53,10 @@ from msgspec import Struct
 from app.access.lane import Lane, spend_key
 from app.access.lease import GRACE_S, LEASE_MAX, LEASE_S, Lease
 from app.access.limiter import Ask, LimiterDown, Verdict
-from app.access.redis_scripts import ADMIT, LOAD, SETTLE, refused
+from app.access.redis_scripts import ADMIT, LOAD, MALFORMED, SETTLE, malformed, refused
 from app.access.resp import RespClient, RespError, Script, bulk
 from app.settings import RedisSettings
 
-_MALFORMED = (TypeError, ValueError, IndexError, KeyError, AttributeError)  # a reply not of the script's shape
 _BULK = {bytes, type(None)}
 LAZY_S = 0.002  # the longest a lease given back waits to be sent (module doc)
 SUMMED_S = 0.02  # the longest summed settlements wait to be sent (module doc)
@@ -155,16 +154,15 @@ class RedisLimiter:
                 raise
             except BaseException:
                 _answered(lane, asking)
-                if ask.max_concurrency >= 0:  # Redis may have counted it (a reply lost): its slot freed
-                    self._queue(lane, _item(ask.request_id.encode(), b"0", b"0", b"-1", b"0", b"-"), LAZY_S)
+                self._free_slot(lane, ask)
                 raise
             _answered(lane, asking)
             try:
                 if type(reply) is bytes or reply[0] != 6:  # 6: would pass once other processes' leases end
                     break
                 wait = int(reply[1]) / 1000
-            except _MALFORMED:
-                raise _malformed(reply) from None
+            except MALFORMED:
+                raise malformed(reply) from None
             waited += wait
             await asyncio.sleep(wait)
         try:
@@ -172,8 +170,8 @@ class RedisLimiter:
                 return self._admitted(lane, ask, reply, sent_at)
             lane.late = False  # refused: its waiters ask for themselves, as near any limit
             return refused(ask, reply)
-        except _MALFORMED:
-            raise _malformed(reply) from None
+        except MALFORMED:
+            raise malformed(reply) from None
 
     async def _admission(self, lane: Lane, ask: Ask, want: int) -> Any:
         """The admission script's reply (`want`: the lease asked for; 0: do not wait for leases)."""
@@ -221,8 +219,16 @@ class RedisLimiter:
                 reply = admission.result()
                 if type(reply) is bytes:
                     self.settle(ask, self._admitted(lane, ask, reply, sent_at).second, 0, 0)
+            else:
+                self._free_slot(lane, ask)
         finally:
             _answered(lane, asking)
+
+    def _free_slot(self, lane: Lane, ask: Ask) -> None:
+        """An admission of unknown outcome (its reply lost, or not the script's): the concurrency
+        slot Redis may have taken is given back (a `ZREM`, nothing if Redis never counted it)."""
+        if ask.max_concurrency >= 0:
+            self._queue(lane, _item(ask.request_id.encode(), b"0", b"0", b"-1", b"0", b"-"), LAZY_S)
 
     def _expire(self, lane: Lane, lease: Lease) -> None:
         if lane.lease is lease:
@@ -310,8 +316,8 @@ class RedisLimiter:
                 raise TypeError
             spent, reserved = reply
             return None if spent is None else (int(spent), int(reserved or 0))
-        except _MALFORMED:
-            raise _malformed(reply) from None
+        except MALFORMED:
+            raise malformed(reply) from None
 
     async def _call(self, script: Script, command: bytes) -> Any:
         try:
@@ -392,8 +398,3 @@ class _Settlement(Struct):
         error = None if done.cancelled() else done.exception()
         if error is not None:
             self.limiter.failed(self.key_id, f"{type(error).__name__}: {error}")
-
-
-def _malformed(reply: Any) -> LimiterDown:
-    """Redis answered, but not as the script does (a proxy, a failover): as if it were down (503)."""
-    return LimiterDown(f"malformed reply from Redis: {repr(reply)[:60]}")

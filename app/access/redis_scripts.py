@@ -51,7 +51,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.access.lease import GRACE_S, LEASE_MIN, LEASE_S
-from app.access.limiter import Ask, Refusal, Verdict
+from app.access.limiter import Ask, LimiterDown, Refusal, Verdict
 
 ADMIT = """
 local now, sec
@@ -256,3 +256,11 @@ def refused(ask: Ask, reply: list[Any]) -> Verdict:
         remaining_tokens=max(0, ask.tpm - int(reply[3])),
         reset_tokens_s=held,
     )
+
+
+MALFORMED = (TypeError, ValueError, IndexError, KeyError, AttributeError)  # reading a reply not of a script's shape
+
+
+def malformed(reply: Any) -> LimiterDown:
+    """Redis answered, but not as the script does (a proxy, a failover): as if it were down (503)."""
+    return LimiterDown(f"malformed reply from Redis: {repr(reply)[:60]}")
