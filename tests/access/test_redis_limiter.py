@@ -382,3 +382,37 @@ async def test_an_admission_whose_reply_is_lost_gives_its_concurrency_slot_back(
         if keys:
             direct.delete(*keys)
         direct.close()
+
+
+async def test_an_abandoned_admission_whose_reply_is_lost_gives_its_concurrency_slot_back() -> None:
+    """The same, when the caller went away (a client disconnect) while the reply was on its way."""
+    tap = _Tap()
+    server = await asyncio.start_server(tap.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), _failed([]))
+
+    def ask(request_id: str) -> Ask:
+        return Ask(key_id="k1", request_id=request_id, period="total", max_concurrency=1)
+
+    try:
+        assert await limiter.redis.call("PING") == b"PONG"
+        tap.answering.clear()
+        caller = asyncio.create_task(limiter.admit(ask("r1")))
+        await asyncio.sleep(0.1)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.sleep(1.2)  # the admission's reply never came: the client's timeout is 1 s
+        tap.answering.set()
+        await asyncio.sleep(LAZY_S * 20)
+        assert (await limiter.admit(ask("r2"))).refused is None
+    finally:
+        await limiter.close()
+        server.close()
+        await server.wait_closed()
+        direct = Redis.from_url(URL)
+        keys = list(direct.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            direct.delete(*keys)
+        direct.close()
