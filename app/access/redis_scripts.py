@@ -69,14 +69,14 @@ local conc, hold, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8
 local want = tonumber(ARGV[9])
 local spend, bucket
 local spent, reserved = 0, 0
-local function over(b) return (b + 1) * 60000 + hold < now * 1000 end
+local function past(b) return (b + 1) * 60000 + hold < now * 1000 end  -- no request of minute b can run
 if budget >= 0 then
   spend = redis.call('HMGET', KEYS[3], 's', 'r', 'ob')
   if not spend[1] then return {5} end
   spent, reserved = tonumber(spend[1]), tonumber(spend[2] or '0')
   bucket = math.floor(sec / 60)
   local ob = tonumber(spend[3] or bucket)
-  if over(ob) then
+  if past(ob) then
     local freed, b = 0, ob
     if bucket - ob > 30 then
       b = bucket
@@ -84,12 +84,12 @@ if budget >= 0 then
       for i = 1, #all, 2 do
         if string.sub(all[i], 1, 1) == 'b' then
           local at = tonumber(string.sub(all[i], 2))
-          if over(at) then freed = freed + tonumber(all[i + 1]); redis.call('HDEL', KEYS[3], all[i])
+          if past(at) then freed = freed + tonumber(all[i + 1]); redis.call('HDEL', KEYS[3], all[i])
           elseif at < b then b = at end
         end
       end
     else
-      while b < bucket and over(b) do
+      while b < bucket and past(b) do
         local v = redis.call('HGET', KEYS[3], 'b' .. b)
         if v then freed = freed + tonumber(v); redis.call('HDEL', KEYS[3], 'b' .. b) end
         b = b + 1
@@ -218,8 +218,8 @@ for i = 1, #ARGV, 6 do
     end
   end
   if redis.call('EXISTS', KEYS[3]) == 1 then
-    local b = 'b' .. math.floor(tonumber(at) / 60)
-    if reserved ~= '-1' and reserved ~= '0' and redis.call('HEXISTS', KEYS[3], b) == 1 then
+    local b = reserved ~= '-1' and reserved ~= '0' and 'b' .. math.floor(tonumber(at) / 60)
+    if b and redis.call('HEXISTS', KEYS[3], b) == 1 then
       if redis.call('HINCRBY', KEYS[3], b, '-' .. reserved) <= 0 then redis.call('HDEL', KEYS[3], b) end
       if redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved) < 0 then redis.call('HSET', KEYS[3], 'r', '0') end
     end
