@@ -33,12 +33,10 @@ one reply and one handler for the requests that ended since the last admission, 
 each; on loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU. The
 settlements of a key without `max_concurrency` are summed per second of the window (nothing to
 take off the in-flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits from its lease, so
-the timer, not an admission, sends them); a request in flight's own is written at once, before the
-last bytes of its answer, JSON or stream (its `max_concurrency` slot is free to other processes only
-once Redis has it: sent later, a client sending requests one after the other to two replicas got
-429s); a lease given back waits `LAZY_S`. A settlement that waits holds its reservation that much
-longer (erring on the side of refusing); this process's own next admission never sees it
-unsettled.
+the timer, not an admission, sends them); a request in flight's own is written at once, with its
+key's waiting ones, before the last bytes of its answer (its `max_concurrency` slot is free to other
+processes only once Redis has it: sent later, a client sending requests one after the other to two
+replicas got 429s); a lease given back waits `LAZY_S`. Waiting only holds a reservation longer.
 """
 
 from __future__ import annotations
@@ -58,7 +56,7 @@ from app.access.resp import RespClient, RespError, Script, bulk
 from app.settings import RedisSettings
 
 _BULK = {bytes, type(None)}
-LAZY_S = 0.002  # the longest a lease given back waits to be sent (module doc)
+LAZY_S = 0.002  # the longest a lease given back, or a lost admission's slot, waits to be sent
 SUMMED_S = 0.02  # the longest summed settlements wait to be sent (module doc)
 WAIT_S = LEASE_S + GRACE_S + 0.1  # the longest an admission waits for other processes' leases
 _THREE = b"$%d\r\n%s\r\n" * 3  # three arguments, each `bulk`
@@ -253,9 +251,11 @@ class RedisLimiter:
             return
         rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
         reserved = ask.cost if lane.budgeted else -1
-        self._unsent.setdefault(lane, []).append(_item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"))
-        self._send_settlements()  # written now, before the answer's last bytes (module doc)
-        self.redis.flush()
+        items = self._unsent.pop(lane, [])  # this key's only: other keys' keep waiting to be sent together
+        items.append(_item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"))
+        command = lane.settlement(items)
+        self.redis.post_to(command, _Settlement(self, lane.key_id, command))
+        self.redis.flush()  # written now, before the answer's last bytes (module doc)
 
     def settle_summed(self, lane: Lane, second: int, tokens: int, reserved: int, cost: int) -> None:
         """A settlement of a key without `max_concurrency`, summed with the others of its second:

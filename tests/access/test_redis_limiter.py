@@ -150,10 +150,13 @@ async def test_a_settlement_in_flight_is_written_before_settle_returns() -> None
             assert verdict.refused is None
             seconds[request_id] = verdict.second
         assert (await limiter.admit(ask("r4"))).refused == "max_concurrency"
+        other = Ask(key_id="k2", request_id="x", period="total", rpm=100)  # summed: waits up to 20 ms
+        limiter.settle(other, seconds["r1"], tokens=0, cost=0)
         limiter.settle(ask("r1"), seconds["r1"], tokens=0, cost=1000)
         limiter.settle(ask("r2"), seconds["r2"], tokens=0, cost=2000)
         assert await limiter.redis.post(encode(("PING",))) == b"PONG"  # queued after both, in the same turn
         sent = b"".join(tap.writes)
+        assert b"{k2}" not in sent  # another key's settlements still wait to leave together
         settlements = sent[sent.index(limiter.settle_script.sha.encode()) :]  # no settlement before these
         assert settlements.index(b"$2\r\nr1\r\n") < settlements.index(b"$2\r\nr2\r\n") < settlements.index(b"PING")
         assert direct.hmget(spend_key, "s", "r") == [b"3000", b"7000"]  # r3's reservation left
