@@ -22,10 +22,9 @@ the upstream is silent past the read timeout (headers, or between body reads: `p
 `providers.errors.upstream_errors`). A connection that raised is closed, never pooled, and so is
 one whose body was not read to its end (a client gone mid-stream): the upstream stops generating.
 
-No retries (providers.md): a request that fails on a reused connection fails, even when the server
-seems to have dropped it unanswered (it may have billed the answer). Stale connections are avoided:
-one whose end was seen is never taken, one idle `MAX_IDLE_S` is closed (under uvicorn's and
-llama.cpp's 5 s keep-alive). A whole answer's body may be read by a deadline too (`total`).
+No retries (providers.md): a request failing on a reused connection fails, even if the server seems to
+have dropped it unanswered (it may have billed it). Stale connections are avoided: one whose end was
+seen is never taken, one idle `MAX_IDLE_S` is closed (under uvicorn's and llama.cpp's 5 s keep-alive).
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")  # siz
 _NEXT_CHUNK_LINE = re.compile(rb"\r\n" + _CHUNK_LINE.pattern)  # after the CRLF that ends a chunk
 _MAX_CHUNK_LINE = 4096
 _VERSIONS = (b"HTTP/1.1 ", b"HTTP/1.0 ")
+_IDENTITY = (b"identity", b"")  # the codings the adapter takes (an empty one, as `app.edge.guards` does)
 _MAX_IDLE_PER_HOST = 256
 MAX_IDLE_S = 4.0  # a pooled connection idle this long is closed, not reused (module doc)
 _CHUNKED_ENDINGS = (b"\r\n0\r\n\r\n", b"0\r\n\r\n")
@@ -248,7 +248,7 @@ class _Head:
                 self.length = int(value)
             elif len(name) == 17 and name.lower() == b"transfer-encoding":
                 self.chunked = value.rpartition(b",")[2].strip().lower() == b"chunked"
-            elif len(name) == 16 and name.lower() == b"content-encoding" and value.strip().lower() != b"identity":
+            elif len(name) == 16 and name.lower() == b"content-encoding" and value.strip().lower() not in _IDENTITY:
                 raise httpx.RemoteProtocolError(f"malformed upstream response: content-encoding {value!r} unasked")
 
     def on_header(self, name: bytes, value: bytes) -> None:

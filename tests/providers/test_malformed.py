@@ -131,6 +131,7 @@ def whole(status: bytes = b"HTTP/1.1 200 OK", *lines: bytes) -> bytes:
             id="chunked-with-extensions-and-trailers",
         ),
         pytest.param(whole(b"HTTP/1.1 200 OK", b"content-encoding: Identity"), True, id="identity-encoding"),
+        pytest.param(whole(b"HTTP/1.1 200 OK", b"content-encoding:"), True, id="empty-encoding"),
         pytest.param(whole(b"HTTP/1.0 200 OK"), False, id="http-1.0"),
         pytest.param(whole(b"HTTP/1.1 200 OK", b"connection: close"), False, id="connection-close"),
         pytest.param(whole(b"HTTP/1.0 200 OK", b"connection: keep-alive"), True, id="http-1.0-keep-alive"),
