@@ -51,7 +51,7 @@ from msgspec import Struct
 from app.access.lane import Lane, spend_key
 from app.access.lease import GRACE_S, LEASE_MAX, LEASE_S, Lease
 from app.access.limiter import Ask, LimiterDown, Verdict
-from app.access.redis_scripts import ADMIT, LOAD, MALFORMED, SETTLE, malformed, refused
+from app.access.redis_scripts import ADMIT, LOAD, SETTLE, UNREADABLE_REPLY, malformed, refused
 from app.access.resp import RespClient, RespError, Script, bulk
 from app.settings import RedisSettings
 
@@ -159,7 +159,7 @@ class RedisLimiter:
                 if type(reply) is bytes or reply[0] != 6:  # 6: would pass once other processes' leases end
                     break
                 wait = int(reply[1]) / 1000
-            except MALFORMED:
+            except UNREADABLE_REPLY:
                 raise malformed(reply) from None
             waited += wait
             await asyncio.sleep(wait)
@@ -168,7 +168,7 @@ class RedisLimiter:
                 return self._admitted(lane, ask, reply, sent_at)
             lane.late = False  # refused: its waiters ask for themselves, as near any limit
             return refused(ask, reply)
-        except MALFORMED:
+        except UNREADABLE_REPLY:
             raise malformed(reply) from None
 
     async def _admission(self, lane: Lane, ask: Ask, want: int) -> Any:
@@ -316,7 +316,7 @@ class RedisLimiter:
                 raise TypeError
             spent, reserved = reply
             return None if spent is None else (int(spent), int(reserved or 0))
-        except MALFORMED:
+        except UNREADABLE_REPLY:
             raise malformed(reply) from None
 
     async def _call(self, script: Script, command: bytes) -> Any:

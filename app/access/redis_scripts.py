@@ -258,7 +258,7 @@ def refused(ask: Ask, reply: list[Any]) -> Verdict:
     )
 
 
-MALFORMED = (TypeError, ValueError, IndexError, KeyError, AttributeError)  # reading a reply not of a script's shape
+UNREADABLE_REPLY = (TypeError, ValueError, IndexError, KeyError, AttributeError)  # a reply not of a script's shape
 
 
 def malformed(reply: Any) -> LimiterDown:
