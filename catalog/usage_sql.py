@@ -8,10 +8,12 @@ order. PostgreSQL sums NUMERIC, and its final statement does the printing and th
 (`Postgres`): the Python work left per group is building its row, which matters at thousands of
 groups (hour x model: 5,768 in the bench; the same work in Python — `Decimal` decoding, 1e-18
 integers, text, a sort key — cost more than the statement, bench/RESULTS.md). SQLite's costs
-are decimal text with exactly `COST_SCALE` decimals, cut here in SQL into whole nano-dollars and
-the remaining 1e-18 dollars, two integers that SQLite sums exactly (its integer SUM raises on
-overflow instead of rounding: nano-dollars overflow only past 9.2 billion USD); they are joined,
-printed and sorted in Python (`SQLite.printed`), as SQLite has no exact decimal to do it with.
+are decimal text with exactly `COST_SCALE` decimals, cut here in SQL into whole dollars, the next
+nine decimals (nano-dollars) and the last nine (1e-18 dollars), three integers that SQLite sums
+exactly: no piece is multiplied in SQL (SQLite turns an integer product past 2^63 into a float,
+silently), and its integer SUM raises on overflow instead of rounding, which whole dollars reach
+only past 9.2e18 USD and the other two pieces only past 9.2e9 rows. They are joined, printed and
+sorted in Python (`SQLite.printed`), as SQLite has no exact decimal to do it with.
 
 Time buckets are UTC: `day` is `YYYY-MM-DD`, `hour` is `YYYY-MM-DDTHH:00Z` (cost.md). SQLite
 stores times as UTC text (`2026-11-30 09:15:00.000000`), so a bucket is a slice of it; PostgreSQL
@@ -195,25 +197,27 @@ def _again(column: str, regroup: bool) -> str:
 
 
 def _split(value: str, name: str) -> list[tuple[str, str]]:
-    """`value` (decimal text with `COST_SCALE` decimals, maybe NULL or negative) as `<name>_nano`
-    (whole nano-dollars) and `<name>_atto` (the remaining 1e-18 dollars), both signed."""
+    """`value` (decimal text with `COST_SCALE` decimals, maybe NULL or negative) as `<name>_whole`
+    (whole dollars), `<name>_nano` (the next nine decimals) and `<name>_atto` (the last nine), each
+    signed: three integers whose sums fit SQLite's 64 bits (module docstring)."""
     digits = f"ltrim({value}, '-')"
     point = f"instr({digits}, '.')"
     sign = f"(CASE WHEN substr({value}, 1, 1) = '-' THEN -1 ELSE 1 END)"
     whole = f"CAST(substr({digits}, 1, {point} - 1) AS INTEGER)"
     nano = f"CAST(substr({digits}, {point} + 1, 9) AS INTEGER)"
     atto = f"CAST(substr({digits}, {point} + 10, {COST_SCALE - 9}) AS INTEGER)"
-    return [(f"{sign} * ({whole} * {_NANO} + {nano})", f"{name}_nano"), (f"{sign} * {atto}", f"{name}_atto")]
+    return [
+        (f"{sign} * {piece}", f"{name}_{part}") for piece, part in ((whole, "whole"), (nano, "nano"), (atto, "atto"))
+    ]
 
 
 def _joined(pieces: Sequence[Any]) -> tuple[int | None, int | None]:
     """The cost and authoritative sums, in 1e-18 USD, from their SQLite pieces (`_split`)."""
-    cost_nano, cost_atto, auth_nano, auth_atto = pieces
-    return _join(cost_nano, cost_atto), _join(auth_nano, auth_atto)
+    return _join(*pieces[:3]), _join(*pieces[3:])
 
 
-def _join(nano: int | None, atto: int | None) -> int | None:
-    return None if nano is None else int(nano) * _NANO + int(atto or 0)
+def _join(whole: int | None, nano: int | None, atto: int | None) -> int | None:
+    return None if whole is None else (int(whole) * _NANO + int(nano or 0)) * _NANO + int(atto or 0)
 
 
 def _money(value: int | None) -> str | None:

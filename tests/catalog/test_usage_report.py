@@ -9,7 +9,8 @@ holding a request id twice, so the roll-ups the report reads must have counted e
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, get_args
 
@@ -22,6 +23,7 @@ from app.context import Ingress
 from catalog.database import open_engine
 from catalog.ledger import write_records
 from catalog.migrate import upgrade_async
+from catalog.records import LedgerRecord
 from catalog.report_period import QueryError
 from catalog.usage_query import APIS, GROUPS, parse_query
 from catalog.usage_report import usage_report
@@ -218,3 +220,41 @@ async def test_sqlite_through_the_engine_counts_each_row_once(tmp_path: Path) ->
         await check(engine, rows, {"from": "2026-11-27", "to": "2026-12-01", "group_by": "model"})
     finally:
         await engine.dispose()
+
+
+async def test_costs_past_nine_billion_dollars_sum_exactly(engine: AsyncEngine) -> None:
+    """SQLite sums money in integer pieces: whole nano-dollars went past 2^63 at $9.2 billion, and
+    SQLite then made their product a float silently (one row) or its SUM raised (two rows)."""
+    moment = datetime(2026, 11, 28, 10, 30, tzinfo=UTC)
+    costs = [
+        Decimal("12345678901.123456789123456789"),
+        Decimal("5000000000"),
+        Decimal("-4999999999.000000000000000001"),
+    ]
+    records = [
+        LedgerRecord(
+            request_id=f"big-{index}-{hours}",
+            started_at=moment + timedelta(hours=hours),
+            finished_at=moment + timedelta(hours=hours, seconds=1),
+            status="ok",
+            streamed=False,
+            latency_ms=1.0,
+            model="m",
+            provider="p",
+            input_tokens=1,
+            cost_usd=cost,
+            estimated_cost_usd=cost,
+            cost_source="authoritative",
+        )
+        for index, cost in enumerate(costs)
+        for hours in (0, 2, 30)  # read as raw rows, from the hourly and from the daily roll-ups
+    ]
+    await write_records(engine, records)
+    one = "12345678902.123456789123456788"  # by hand: Decimal's default 28 digits would round the sum
+    for params, each in (
+        ({"from": "2026-11-28T10:15:00Z", "to": "2026-11-28T10:45:00Z"}, one),  # raw rows
+        ({"from": "2026-11-28T10:00:00Z", "to": "2026-11-28T11:00:00Z"}, one),  # the hourly roll-up
+        ({"from": "2026-11-27", "to": "2026-12-01"}, "37037036706.370370367370370364"),  # days and hours
+    ):
+        totals = (await usage_report(engine, parse_query(params, NOW))).totals
+        assert (totals.cost_usd, totals.authoritative_cost_usd) == (each, each), params
