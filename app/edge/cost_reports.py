@@ -31,6 +31,8 @@ def _period(request: Request[object, object, State]) -> Period:
     for name in query:
         if name not in ("from", "to"):  # a misspelt `from` must not report the default period
             raise InvalidRequest(f"{name[:64]}: unknown parameter", param=name[:64])
+        if len(query.getall(name)) > 1:  # which one was meant? (the usage report's 400 too)
+            raise InvalidRequest(f"{name}: given more than once", param=name)
     try:
         return parse_period(query.get("from"), query.get("to"))
     except QueryError as exc:

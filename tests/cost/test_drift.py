@@ -167,6 +167,8 @@ async def test_bad_period_is_a_400_naming_the_parameter(start_gateway: StartGate
         ({"to": "2026-13-01"}, "to"),
         ({"from": TO, "to": FROM}, "from"),  # as the usage report (one parser: catalog.report_period)
         ({"form": FROM}, "form"),  # a misspelt parameter is not the default period
+        ({"from": [FROM, TO]}, "from"),  # given twice: neither is taken silently
+        ({"to": [TO, TO]}, "to"),
     ]:
         for path in ("/api/v1/catalog/drift", "/api/v1/catalog/gpu-cost"):
             response = await gw.client.get(path, params=params)
