@@ -8,6 +8,8 @@ cost.md is silent:
   ISO 8601 date-time, UTC without an offset; the 30 days before now by default.
 - A filter takes one value or several, comma-separated (`model=a,b`); an empty value is no filter
   (what an empty field of the page's form sends). `api` filters too, like the other group-bys.
+  A value holding a comma (an owner is free text: `team, EU`) writes it `\\,`, and a backslash
+  before a comma `\\\\` (`owner=team\\, EU`); any other backslash is itself.
 - An unknown parameter is a 400: a misspelt filter (`modle=x`) would otherwise report everything.
 - `group_by` values are kept in the order given; a repeated one counts once.
 - `latency=false` (the command's `--no-latency`) leaves the p50/p95 out where they would come:
@@ -131,8 +133,27 @@ def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | Non
 
 
 def _values(params: Mapping[str, str], name: str) -> tuple[str, ...]:
-    values = (value.strip() for value in params.get(name, "").split(","))
-    return tuple(dict.fromkeys(value for value in values if value))
+    text = params.get(name, "")
+    values = _escaped_list(text) if "\\" in text else text.split(",")
+    return tuple(dict.fromkeys(value.strip() for value in values if value.strip()))
+
+
+def _escaped_list(text: str) -> list[str]:
+    """`text` split at its commas but `\\,`, which is a comma of the value, as `\\\\` is a
+    backslash; any other backslash is itself (module docstring)."""
+    values: list[str] = []
+    value: list[str] = []
+    chars = iter(text)
+    for char in chars:
+        if char == ",":
+            values.append("".join(value))
+            value.clear()
+        elif char == "\\" and (escaped := next(chars, "")) in (",", "\\"):
+            value.append(escaped)
+        else:
+            value.append(char if char != "\\" else char + escaped)
+    values.append("".join(value))
+    return values
 
 
 def iso(moment: datetime) -> str:

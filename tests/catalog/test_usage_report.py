@@ -258,3 +258,42 @@ async def test_costs_past_nine_billion_dollars_sum_exactly(engine: AsyncEngine) 
     ):
         totals = (await usage_report(engine, parse_query(params, NOW))).totals
         assert (totals.cost_usd, totals.authoritative_cost_usd) == (each, each), params
+
+
+@pytest.mark.parametrize(
+    ("given", "values"),
+    [
+        ("team\\, EU", ("team, EU",)),
+        ("team\\, EU,ops", ("team, EU", "ops")),
+        ("a\\\\,b", ("a\\", "b")),  # an escaped backslash, then the list's comma
+        ("C:\\dir", ("C:\\dir",)),  # any other backslash is itself
+        ("a,b", ("a", "b")),
+    ],
+)
+def test_a_filter_value_may_hold_an_escaped_comma(given: str, values: tuple[str, ...]) -> None:
+    assert parse_query({"owner": given}, NOW).owner == values
+
+
+async def test_an_owner_with_a_comma_is_filtered_on(engine: AsyncEngine) -> None:
+    """An owner is free text: `owner=team,c` was split into `team` and `c`, with no way to ask for it."""
+    moment = datetime(2026, 11, 28, 10, 30, tzinfo=UTC)
+    records = [
+        LedgerRecord(
+            request_id=f"owned-{index}",
+            started_at=moment,
+            finished_at=moment,
+            status="ok",
+            streamed=False,
+            latency_ms=1.0,
+            owner=owner,
+            model="m",
+            cost_usd=Decimal(index + 1),
+        )
+        for index, owner in enumerate(["team,c", "team", "c", "team,c"])
+    ]
+    await write_records(engine, records)
+    period = {"from": "2026-11-28", "to": "2026-11-29"}
+    report = await usage_report(engine, parse_query({**period, "owner": "team\\,c"}, NOW))
+    assert (report.totals.requests, report.totals.cost_usd) == (2, "5")
+    report = await usage_report(engine, parse_query({**period, "owner": "team,c", "group_by": "owner"}, NOW))
+    assert [(row.owner, row.requests) for row in report.rows] == [("c", 1), ("team", 1)]
