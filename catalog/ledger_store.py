@@ -62,6 +62,12 @@ from catalog.sqlite_rows import RowPlan, SQLiteBatches, SQLiteRows
 from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
 
 _CONFLICT = "ON CONFLICT (request_id) DO NOTHING"
+WRITE_TIMEOUT_S = 15.0
+"""How long a PostgreSQL batch may take to answer before the writer calls it an outage: a batch
+takes milliseconds (256 rows ≈ 5 ms), but a connection that stops answering without being closed
+(a flow a firewall or NAT forgot, a pooler holding the query) would otherwise hold the writer until
+the kernel gives the socket up, about 15 minutes, with no outage logged. A false alarm costs a retry
+(the statement is idempotent) on a new connection."""
 
 
 class LedgerStore(Protocol):
@@ -366,7 +372,7 @@ class PostgresStore:
         document = self.document(records, lines)
         driver = self._driver or await self._connect()
         try:
-            await driver.execute(self.sql, document)
+            await driver.execute(self.sql, document, timeout=WRITE_TIMEOUT_S)  # TimeoutError: an outage
         except Exception as exc:
             closed = driver.is_closed()
             await self._drop()

@@ -14,10 +14,12 @@ import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+import catalog.ledger_store
 from catalog.ledger import LedgerWriter, write_records
 from catalog.migrate import upgrade_async
 from catalog.records import LedgerRecord
 from catalog.tables import ExactDecimal, LedgerRow
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
 
 START = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -313,3 +315,27 @@ async def test_a_postgresql_connection_closed_by_the_server_is_replaced_not_blam
     assert await ledger(engine) == [FULL, FAILED]
     assert writer.rejected == []
     await writer.close()
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+async def test_a_postgresql_connection_that_stops_answering_is_an_outage_not_a_hang(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that never answers again, though not closed (a flow a firewall forgot, a
+    pooler holding the query), hung the writer for good: no outage logged, and no row written
+    while every new connection reached the database. A statement has `WRITE_TIMEOUT_S` to
+    answer; then the connection is dropped and the batch goes through a new one."""
+    monkeypatch.setattr(catalog.ledger_store, "WRITE_TIMEOUT_S", 0.5)
+    with TcpProxy(engine.url.port or 5432) as proxy:
+        through = create_async_engine(engine.url.set(port=proxy.port))
+        writer = LedgerWriter(through, flush_interval=0.01)
+        writer.start()
+        writer.submit(FULL)
+        await asyncio.wait_for(writer.flush(), timeout=10)
+        proxy.stall()  # the writer's connection: new connections flow
+        writer.submit(FAILED)
+        await asyncio.wait_for(writer.flush(), timeout=10)
+        assert await ledger(engine) == [FULL, FAILED]
+        assert writer.rejected == []
+        await writer.close()
+        await through.dispose()

@@ -4,8 +4,10 @@
 `127.0.0.1:target_port`, on an event loop in a thread of its own (so it serves a gateway running
 in the test's loop and one in a subprocess alike). `cut()` stops listening and resets every open
 connection at once — to the gateway the database is gone, a new connection is refused —
-and `restore()` listens on the same port again. Both return when done. Use it as a context
-manager; `close()` stops the thread.
+and `restore()` listens on the same port again. Both return when done. `stall()` freezes the
+connections open at that moment — they stay open and pass no byte again, a flow a firewall forgot
+or a pooler holding a query — while new ones are relayed as before. Use it as a context manager;
+`close()` stops the thread.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class TcpProxy:
         self.connections = 0  # accepted since the start: a test can see the gateway did connect
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._flowing: set[asyncio.Event] = set()  # one per open connection, cleared by `stall()`
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy", daemon=True)
         self._thread.start()
@@ -43,6 +46,15 @@ class TcpProxy:
     def cut(self) -> None:
         """Stop listening and reset every relayed connection."""
         self._call(self._cut())
+
+    def stall(self) -> None:
+        """Freeze every open connection for good; later connections flow."""
+        self._call(self._stall())
+
+    async def _stall(self) -> None:
+        for flowing in self._flowing:
+            flowing.clear()
+        self._flowing.clear()
 
     async def _listen(self) -> None:
         if self._server is None:
@@ -74,9 +86,15 @@ class TcpProxy:
             client_writer.transport.abort()
             return
         self._writers.update((client_writer, server_writer))
+        flowing = asyncio.Event()
+        flowing.set()
+        self._flowing.add(flowing)
         await asyncio.gather(
-            _pipe(client_reader, server_writer), _pipe(server_reader, client_writer), return_exceptions=True
+            _pipe(client_reader, server_writer, flowing),
+            _pipe(server_reader, client_writer, flowing),
+            return_exceptions=True,
         )
+        self._flowing.discard(flowing)
         for writer in (client_writer, server_writer):
             self._writers.discard(writer)
             writer.transport.abort()
@@ -94,9 +112,10 @@ class TcpProxy:
         self.close()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flowing: asyncio.Event) -> None:
     try:
         while data := await reader.read(65536):
+            await flowing.wait()  # a stalled connection's bytes go nowhere
             writer.write(data)
             await writer.drain()
     finally:
