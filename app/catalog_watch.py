@@ -6,7 +6,10 @@ few hundred rows, milliseconds, off the request path). When it differs from the 
 the router routes and prices by it from then on (`Router.replace_snapshot`: backends of the
 deployments that stay keep their live state) and it is saved beside the journal, the copy a start
 during a database outage uses. A database that cannot be reached is skipped quietly (the ledger
-reports outages); the catalog in use stands.
+reports outages); the catalog in use stands. So does one that does not answer within
+`CATALOG_READ_S` (a connection that stopped answering without closing would otherwise stop the
+watch for good: the read is cancelled, which drops that connection, and the next poll takes a new
+one).
 
 A price changed in place takes effect at the instant of the sync (`catalog.sync`), so a request
 that starts in the seconds before a process has loaded it is priced at the old rate: a price
@@ -29,6 +32,7 @@ from catalog.saved_snapshot import save_snapshot
 from catalog.snapshot import load_snapshot
 
 CATALOG_POLL_S = 5.0
+CATALOG_READ_S = 10.0  # a few hundred rows take milliseconds (module docstring)
 
 
 class CatalogWatch:
@@ -56,8 +60,9 @@ class CatalogWatch:
     async def check(self) -> bool:
         """Load the catalog; True when it changed and is now the one in use."""
         try:
-            snapshot = await load_snapshot(self._engine)
-        except Exception as exc:
+            async with asyncio.timeout(CATALOG_READ_S):
+                snapshot = await load_snapshot(self._engine)
+        except Exception as exc:  # TimeoutError too: a database out of reach
             if not database_unreachable(exc):
                 self._log.warning("catalog_reload_failed", error=type(exc).__name__)
             return False

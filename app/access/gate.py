@@ -39,6 +39,7 @@ request that can never pass.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -82,6 +83,11 @@ from catalog.snapshot import CatalogSnapshot, ModelEntry
 from providers.types import AnyRequest
 
 DAY_S = 86_400
+SPEND_READ_S = 30.0
+"""How long an admission waits for the ledger's spend of a key with a budget (read once a period,
+and again when Redis lost its record): a database that stops answering without closing its
+connection would otherwise hold the request for good. TimeoutError is a database out of reach:
+503 `unavailable` (`app.errors`), as a refused connection is."""
 _DAWN = datetime.min.replace(tzinfo=UTC)  # a span's start or end that has none
 _FOREVER = datetime.max.replace(tzinfo=UTC)
 
@@ -280,7 +286,9 @@ class AccessGate:
             record = self.keyring.by_id[ask.key_id].record
             _tag, start, end = period_bounds(record.budget_period or "total", now)
             ttl = int(seconds_until(end, now) or 0) + DAY_S if end is not None else 0  # kept a day after
-            await limiter.load_spend(ask, to_nano(await spent_since(self._engine, ask.key_id, start)), ttl)
+            async with asyncio.timeout(SPEND_READ_S):
+                spent = await spent_since(self._engine, ask.key_id, start)
+            await limiter.load_spend(ask, to_nano(spent), ttl)
             verdict = await limiter.admit(ask)
         return verdict
 

@@ -14,6 +14,9 @@ Changes reach the ring three ways:
   it every `POLL_S` a look at the table's watermark (`catalog.keys.keys_watermark`: its count and
   latest `updated_at`), reading every key again when it moved (and every `REDIS_POLL_S` anyway) —
   so a change made over HTTP in one worker, or by the CLI, reaches every worker within a second.
+  A poll that gets no answer in `READ_S` gives up (a connection that stopped answering without
+  closing would otherwise stop the polling for good): the read is cancelled, which drops that
+  connection, and the next poll takes a new one.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from catalog.keys import KeyRecord, get_key, hash_secret, keys_watermark, list_k
 
 POLL_S = 0.5  # without Redis: how often the table's watermark is read
 REDIS_POLL_S = 10.0  # how often the whole table is read again regardless
+READ_S = 10.0  # how long a poll may wait for the database (module docstring)
 ADMIN_ID = "admin"
 INVALID = "invalid or missing API key"
 _BEARER = b"bearer "
@@ -219,13 +223,14 @@ class KeyRing:
         while True:
             await asyncio.sleep(interval)
             try:
-                if self._redis_settings is None:
-                    mark = await keys_watermark(self._engine)
-                    if mark == seen and loop.time() - read_at < REDIS_POLL_S:
-                        continue
-                    seen, read_at = mark, loop.time()
-                await self.reload()
-            except Exception as exc:  # the database is down: keep the keys known, try again later
+                async with asyncio.timeout(READ_S):
+                    if self._redis_settings is None:
+                        mark = await keys_watermark(self._engine)
+                        if mark == seen and loop.time() - read_at < REDIS_POLL_S:
+                            continue
+                        seen, read_at = mark, loop.time()
+                    await self.reload()
+            except Exception as exc:  # TimeoutError too  # the database is down: keep the keys known, try again later
                 self._log.warning("keys_reload_failed", error=type(exc).__name__)
 
     async def _listen(self, settings: RedisSettings) -> None:
@@ -235,9 +240,11 @@ class KeyRing:
             try:
                 async with redis.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(keys_channel(settings))
-                    await self.reload()
+                    async with asyncio.timeout(READ_S):
+                        await self.reload()
                     async for message in pubsub.listen():
-                        await self.reload_one(bytes(message["data"]).decode())
+                        async with asyncio.timeout(READ_S):
+                            await self.reload_one(bytes(message["data"]).decode())
             except (RedisError, OSError):
                 await asyncio.sleep(1.0)
             except asyncio.CancelledError:

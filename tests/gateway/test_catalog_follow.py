@@ -4,18 +4,22 @@ ledger; a backend that stays keeps its live state; a new deployment is routed to
 
 from __future__ import annotations
 
+import asyncio
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 import app.catalog_watch
+from catalog.migrate import upgrade_async
+from tests.catalog.conftest import PgDatabases
 from tests.gateway.conftest import CATALOG, CHAT_1, primary_cost, providers_for
 from tests.gateway.test_json_completions import chat_response
 from tests.support.catalog import catalog_toml, model, price
 from tests.support.cli import run_cli
 from tests.support.client import post, user
 from tests.support.gateway import StartGateway
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.upstream import ReplayUpstream, reply_json
 from tests.support.waiting import wait_until
 
@@ -68,3 +72,39 @@ async def test_a_price_synced_while_serving_prices_the_next_requests(
     rows = await gw.ledger_rows()
     assert [Decimal(row["cost_usd"]) for row in rows] == [Decimal("0.00003"), Decimal("0.00009")]
     assert (rows[0]["price_id"], rows[1]["price_id"]) == (1, 3)  # the new row (3), not the superseded one
+
+
+async def test_a_database_connection_that_stopped_answering_does_not_stop_the_watch(
+    start_gateway: StartGateway,
+    primary: ReplayUpstream,
+    secondary: ReplayUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read on a connection that never answers again (not closed: a flow a firewall forgot)
+    held the watch for good, so no later sync was ever loaded. It gives up after
+    `CATALOG_READ_S`, and the next poll reads through a new connection."""
+    monkeypatch.setattr(app.catalog_watch, "CATALOG_POLL_S", 0.05)
+    monkeypatch.setattr(app.catalog_watch, "CATALOG_READ_S", 0.5)
+    databases = PgDatabases()
+    url = await databases.create()
+    await upgrade_async(url)
+    try:
+        with TcpProxy(5432) as proxy:
+            proxied = url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+            gw = await start_gateway(providers=providers_for(primary, secondary), catalog=CATALOG, database_url=proxied)
+            proxy.stall()  # the pool's connections; new ones flow
+            await asyncio.sleep(0.5)  # a poll is waiting on one of them
+            (tmp_path / "catalog" / "test.toml").write_text(CHANGED)
+            config = tmp_path / "sync.toml"
+            config.write_text(f'[database]\nurl = "{url}"\n[catalog]\nfiles = ["catalog/*.toml"]\n')
+            synced = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
+            assert synced.returncode == 0, synced.stderr
+            router = gw.service.router
+            assert router is not None
+            await wait_until(
+                lambda: router.snapshot.resolve("vision-1").deployments[-1].provider == "secondary",  # type: ignore[union-attr]
+                within=10.0,
+            )
+    finally:
+        await databases.drop_all()
