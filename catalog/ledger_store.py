@@ -27,11 +27,9 @@ cost that does not fit) and hands the batch over once:
   second connection could not reach: the same rows as `SQLiteStore` through the engine.
 
 All of them store exactly what the table's types store (tests/catalog compare every column with a
-SQLAlchemy Core insert of the same record) and skip a request id that is already there, so
-replaying a batch is harmless. Each also adds the rows it inserted, and only those, to the four
-roll-up levels (hourly, hourly per model, hourly per model and status, daily) in the same
-transaction (`catalog.rollup`: in the statement itself on PostgreSQL, summed per batch by the
-SQLite writer on SQLite).
+SQLAlchemy Core insert of the same record) and skip a request id already there: a replay is
+harmless. Each adds the rows it inserted, only those, to the four roll-up levels (hourly, per
+model, per model and status, daily) in the same transaction (`catalog.rollup`).
 """
 
 from __future__ import annotations
@@ -62,12 +60,7 @@ from catalog.sqlite_rows import RowPlan, SQLiteBatches, SQLiteRows
 from catalog.tables import ExactDecimal, LedgerRow, UTCDateTime
 
 _CONFLICT = "ON CONFLICT (request_id) DO NOTHING"
-WRITE_TIMEOUT_S = 15.0
-"""How long a PostgreSQL batch may take to answer before the writer calls it an outage: a batch
-takes milliseconds (256 rows ≈ 5 ms), but a connection that stops answering without being closed
-(a flow a firewall or NAT forgot, a pooler holding the query) would otherwise hold the writer until
-the kernel gives the socket up, about 15 minutes, with no outage logged. A false alarm costs a retry
-(the statement is idempotent) on a new connection."""
+WRITE_TIMEOUT_S = 15.0  # then an outage (`PostgresStore.write`)
 
 
 class LedgerStore(Protocol):
@@ -367,8 +360,9 @@ class PostgresStore:
 
         asyncpg's errors are sorted here as SQLAlchemy sorted them: the connection lost, a
         missing table (not migrated yet), an interface or internal server error are the database
-        failing (`LedgerUnavailable`); any other is about the rows and propagates as it is. A failed
-        write drops the connection; the next write takes a new one."""
+        failing (`LedgerUnavailable`), as is no answer in `WRITE_TIMEOUT_S` (a connection that
+        stopped answering unclosed held the writer for good); any other is about the rows and
+        propagates as it is. A failed write drops the connection; the next takes a new one."""
         document = self.document(records, lines)
         driver = self._driver or await self._connect()
         try:
