@@ -31,7 +31,12 @@ Output decisions (README, "Anthropic Messages ingress"):
   starts after it); a call that starts while another is open waits, and is sent whole (start,
   one `input_json_delta` with all its arguments, stop) when it ends. (A fragment for a call that
   text already closed, which no known upstream sends, still names that call's index: the SDK
-  accumulates by index.)
+  accumulates by index.) A tool's `input` is an object, and the JSON answer's is `{}` when the
+  arguments are not one: a live call's fragments are held until the first one that is not blank,
+  and dropped when it does not open an object (`[1, 2]`, `"x"`); a waiting call is sent whole only
+  when its arguments are a non-empty object. Arguments that open an object and then break off
+  (an answer cut at `max_tokens`) have streamed as they came; the SDK's partial-JSON parser reads
+  what they hold.
 """
 
 from __future__ import annotations
@@ -77,18 +82,6 @@ def stop_reason_of(outcome: ev.Outcome) -> fmt.StopReason:
     return STOP_REASONS.get(outcome.finish_reason or "stop", "end_turn")
 
 
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    502: "api_error",
-    503: "overloaded_error",
-    504: "api_error",
-}
 _NO_USAGE = Usage()
 
 
@@ -185,6 +178,7 @@ class AnthropicStream:
         self._prefix = b""  # the delta head of the open text or thinking block
         self._calls: dict[int, tuple[int, bytes]] = {}  # a started call's index → (block index, delta head)
         self._live_call: int | None = None  # the call whose block is open now
+        self._blank: dict[int, str] = {}  # a live call's fragments while all blank (module doc)
 
     def render(self, event: ev.Event) -> bytes:
         kind = type(event)
@@ -193,7 +187,7 @@ class AnthropicStream:
         return _RENDERERS[kind](self, event)
 
     def error(self, error: GatewayError) -> bytes:
-        detail = fmt.ErrorDetail(type=error_type(error.status_code), message=error.message)
+        detail = fmt.ErrorDetail(type=fmt.error_type(error.status_code), message=error.message)
         return fmt.frame("error", fmt.ErrorBody(error=detail))
 
     def _started(self, event: ev.Started) -> bytes:
@@ -232,20 +226,32 @@ class AnthropicStream:
         index, frames = self._open_block(fmt.ToolUseBlock(event.id, event.name, {}))
         self._calls[event.index] = index, fmt.delta_prefix(index, "input_json_delta", "partial_json")
         self._live_call = event.index
+        self._blank[event.index] = ""
         return frames
 
     def _tool_call_delta(self, event: ev.ToolCallDelta) -> bytes:
         call = self._calls.get(event.index)
         if call is None or not event.fragment:
             return b""  # a waiting call's fragments are sent whole when it ends
-        return call[1] + fmt.encode(event.fragment) + fmt.DELTA_END
+        fragment = event.fragment
+        if event.index in self._blank:  # the first characters decide whether it is an object
+            fragment = self._blank.pop(event.index) + fragment
+            start = fragment.lstrip()
+            if not start:
+                self._blank[event.index] = fragment
+                return b""
+            if start[0] != "{":
+                self._calls[event.index] = call = call[0], b""  # not an object: `input` stays {}
+        if not call[1]:
+            return b""
+        return call[1] + fmt.encode(fragment) + fmt.DELTA_END
 
     def _tool_call_end(self, event: ev.ToolCallEnd) -> bytes:
         if event.index in self._calls:
             return self._close() if self._live_call == event.index else b""
         call = event.call
         index, frames = self._open_block(fmt.ToolUseBlock(call.id, call.name, {}))
-        if call.raw_arguments:
+        if call.raw_arguments and isinstance(call.arguments, dict) and call.arguments:  # an object, not {}
             prefix = fmt.delta_prefix(index, "input_json_delta", "partial_json")
             frames += prefix + fmt.encode(call.raw_arguments) + fmt.DELTA_END
         return frames + self._close()
@@ -285,15 +291,10 @@ _RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {  # every event but the t
 }
 
 
-def error_type(status: int) -> str:
-    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-
-
 def render_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """Every error under `/v1/messages`, in Anthropic's shape (this door's exception handler)."""
     request_id, error = as_gateway_error(request, exc)
-    detail = fmt.ErrorDetail(type=error_type(error.status_code), message=error.message, param=error.param)
-    body = fmt.encode(fmt.ErrorResponse(error=detail, request_id=request_id))
+    body = fmt.error_document(error.status_code, error.message, error.param, request_id)
     headers = {"x-request-id": request_id, "request-id": request_id, **error.headers()}
     return Response(body, status_code=error.status_code, media_type="application/json", headers=headers)
 

@@ -14,7 +14,7 @@ from tests.ingress.anthropic.catalog import CATALOG, primary_cost, providers_for
 from tests.support.client import Frames, parse_sse
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.replies import chunk, tool_delta, usage_chunk
-from tests.support.upstream import ReplayUpstream, reply_sse
+from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
 
 USER = {"role": "user", "content": "Weather in Paris?"}
 NO_USAGE = {
@@ -340,3 +340,49 @@ async def test_keepalive_ping_before_first_token(
         "message_delta",
         "message_stop",
     ]
+
+
+async def test_arguments_that_are_not_an_object_stream_as_the_json_answer_has_them(
+    gw: GatewayHandle, client: anthropic.AsyncAnthropic, primary: ReplayUpstream
+) -> None:
+    """A tool's `input` is an object: the JSON answer gives `{}` for arguments that are not one,
+    and the stream did not (`[1, 2]` went out as `partial_json`, and the SDK's final message had
+    a list for `input`). A live call's blank start is held until its first character decides; a
+    call sent whole is sent with its arguments only when they are an object."""
+    answer = [
+        chunk(tool_delta(0, id="call_1", name="first", args=" ")),
+        chunk(tool_delta(0, args=" [1, ")),
+        chunk(tool_delta(1, id="call_2", name="second", args='"x"')),  # waits: call 0's block is open
+        chunk(tool_delta(0, args="2]")),
+        chunk(tool_delta(2, id="call_3", name="third", args='{"a": 1}')),  # waits too, an object
+        chunk({}, "tool_calls"),
+        usage_chunk(30, 5),
+    ]
+    primary.enqueue(reply_sse(answer), repeat=2)
+    calls = [("call_1", "first", " [1, 2]"), ("call_2", "second", '"x"'), ("call_3", "third", '{"a": 1}')]
+    message = {
+        "role": "assistant",
+        "tool_calls": [{"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls],
+    }
+    choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+    primary.enqueue(
+        reply_json(200, {"id": "r", "choices": [choice], "usage": {"prompt_tokens": 30, "completion_tokens": 5}})
+    )
+    request_id, frames = await post_stream(gw)
+    call = {"type": "tool_use", "input": {}}
+    assert datas(frames) == [
+        message_start(request_id),
+        start(0, {**call, "id": "call_1", "name": "first"}),
+        stop(0),
+        start(1, {**call, "id": "call_2", "name": "second"}),
+        stop(1),
+        start(2, {**call, "id": "call_3", "name": "third"}),
+        delta(2, "input_json_delta", partial_json='{"a": 1}'),
+        stop(2),
+        *message_end("tool_use", usage(30, 5), primary_cost(30, 5)),
+    ]
+    async with client.messages.stream(model="chat-1", max_tokens=256, messages=[USER]) as stream:
+        streamed = await stream.get_final_message()
+    whole = await client.messages.create(model="chat-1", max_tokens=256, messages=[USER])
+    inputs = [{}, {}, {"a": 1}]
+    assert [block.input for block in streamed.content] == [block.input for block in whole.content] == inputs  # type: ignore[union-attr]
