@@ -217,6 +217,24 @@ class ErrorDetail(Struct, omit_defaults=True):
     param: str | None = None  # the failing field's path, as in the gateway's other error bodies
 
 
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+}
+
+
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
 class ErrorBody(Struct, tag_field="type", tag="error"):
     error: ErrorDetail
 
@@ -228,6 +246,13 @@ class ErrorResponse(Struct, tag_field="type", tag="error"):
 
 _encoder = msgspec.json.Encoder(decimal_format="number")
 encode = _encoder.encode
+
+
+def error_document(status: int, message: str, param: str | None, request_id: str) -> bytes:
+    """An error's body in Anthropic's shape, with the gateway's request id and failing field."""
+    detail = ErrorDetail(type=error_type(status), message=message, param=param)
+    return encode(ErrorResponse(error=detail, request_id=request_id))
+
 
 PING_FRAME = b'event: ping\ndata: {"type":"ping"}\n\n'
 MESSAGE_STOP_FRAME = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'

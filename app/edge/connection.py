@@ -13,12 +13,14 @@ headers are buffered without limit. `GuardedHttpToolsProtocol` adds, per connect
   in by then. Past it the request's application task sees `http.disconnect`, and the client gets
   a 408 (when no response has started) and the close;
 - header limits (`max_header_bytes` for the request target and the headers together, `max_headers`
-  fields): beyond them a 431 and the close, before any application code runs. A header line that
+  fields): beyond them a 431 and the close, before any application code runs; and a client that
+  asks `Expect: 100-continue` for a `Content-Length` over `max_body_bytes` gets its 413 at once,
+  instead of `100 Continue` and then the body it would send for nothing. A header line that
   never ends is caught too: every chunk received while the head is unfinished counts, so at most
   one read beyond the limit is ever buffered.
 
 These answers are written here, not by the app (no request has reached it), in the same error
-format (`app.errors.error_body`) with an `x-request-id`.
+format (`app.errors.error_body`, or Anthropic's under `/v1/messages`) with an `x-request-id`.
 
 Cost: a timer is armed only when a head or a body is still incomplete after the data received so
 far — a request whose head and body arrive in one read, the usual case, arms none (the connection's
@@ -48,8 +50,9 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from app.edge.anthropic_format import error_document
 from app.edge.cycle import hold_head
-from app.errors import GatewayError, HeadersTooLarge, RequestTimeout, error_body
+from app.errors import GatewayError, HeadersTooLarge, PayloadTooLarge, RequestTimeout, error_body
 from app.ids import uuid7
 from app.settings import ServerSettings
 from providers.timers import Handle, timers_of
@@ -60,6 +63,7 @@ class ConnectionLimits(Struct, frozen=True):
     body_timeout_s: float
     max_header_bytes: int
     max_headers: int
+    max_body_bytes: int
 
 
 # Where the connection is in its current request (ints, not an Enum: read on every callback).
@@ -149,6 +153,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_seen > limits.max_header_bytes and self._head_size() > limits.max_header_bytes:
             self._refuse_head(HeadersTooLarge("request headers too large"))
             raise _Refused
+        if self.expect_100_continue and _declared_length(self.headers) > limits.max_body_bytes:
+            self._refuse_head(PayloadTooLarge("request body too large"))
+            raise _Refused
         self._phase = _BODY
         super().on_headers_complete()
         hold_head(self.cycle)  # the one uvicorn just made
@@ -206,7 +213,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if not cycle.response_started:
             request_id = self.scope.get("state", {}).get("request_id") or uuid7()  # the app's, if it set one
-            self.transport.write(_raw_response(RequestTimeout("request body not received in time"), request_id))
+            error = RequestTimeout("request body not received in time")
+            self.transport.write(_raw_response(error, request_id, self.scope.get("raw_path", b"")))
         cycle.disconnected = True  # the application's receive() now says http.disconnect
         cycle.message_event.set()
         self.transport.close()
@@ -215,7 +223,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Answer `error` and close; only close when the response to an earlier (pipelined)
         request is still being sent."""
         if self.cycle is None or self.cycle.response_complete:
-            self.transport.write(_raw_response(error, uuid7()))
+            self.transport.write(_raw_response(error, uuid7(), self.url))
         self.transport.close()
 
 
@@ -223,17 +231,30 @@ def _call(callback: Callable[[], None]) -> None:
     callback()
 
 
-def _raw_response(error: GatewayError, request_id: str) -> bytes:
-    body = error_body(error, request_id)
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0  # a malformed one is httptools' to refuse
+    return 0
+
+
+def _raw_response(error: GatewayError, request_id: str, target: bytes) -> bytes:
+    """`error`'s response, closing the connection; in Anthropic's shape for its door."""
+    path = target.split(b"?", 1)[0]
+    own = b""
+    if path == b"/v1/messages" or path.startswith(b"/v1/messages/"):
+        body = error_document(error.status_code, error.message, error.param, request_id)
+        own = b"request-id: %s\r\n" % request_id.encode()
+    else:
+        body = error_body(error, request_id)
     status = HTTPStatus(error.status_code)
     head = (
         f"HTTP/1.1 {status.value} {status.phrase}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
         f"x-request-id: {request_id}\r\n"
-        "connection: close\r\n\r\n"
     )
-    return head.encode("latin-1") + body
+    return head.encode("latin-1") + own + b"connection: close\r\n\r\n" + body
 
 
 def connection_limits(server: ServerSettings) -> ConnectionLimits:
@@ -242,6 +263,7 @@ def connection_limits(server: ServerSettings) -> ConnectionLimits:
         body_timeout_s=server.body_timeout_s,
         max_header_bytes=server.max_header_bytes,
         max_headers=server.max_headers,
+        max_body_bytes=server.max_body_bytes,
     )
 
 

@@ -56,7 +56,11 @@ _VALUE_OFF = bytes(b for b in range(256) if HEADER_VALUE_RE.search(bytes([b])))
 
 
 def hold_head(cycle: RequestResponseCycle) -> None:
-    """Give `cycle` (just made by uvicorn, not yet run) a `HeldHead` in front of its transport."""
+    """Give `cycle` (just made by uvicorn, not yet run) a `HeldHead` in front of its transport;
+    not a cycle whose client waits for `100 Continue`, which uvicorn writes at the application's
+    first `receive` and which must leave then, not in front of the response's head."""
+    if cycle.waiting_for_100_continue:
+        return
     held = HeldHead(cycle.transport, cycle.on_response)
     cycle.transport = held  # type: ignore[assignment]  # what the cycle calls of it: write, close, is_closing
     cycle.on_response = held.completed

@@ -164,3 +164,46 @@ async def test_an_idle_kept_alive_connection_is_closed_at_the_keep_alive_timeout
         writer.close()
     assert rest == b""
     assert keep_alive * 0.99 <= closed_after < keep_alive + SLACK
+
+
+async def test_expect_100_continue_is_answered_before_the_body(guarded: GatewayHandle, primary: ReplayUpstream) -> None:
+    """curl sends `Expect: 100-continue` for bodies over 1 MiB and waits a second for the answer;
+    the `100 Continue` uvicorn writes was held in front of the response's head, so it never came."""
+    reply = {"id": "x", "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]}
+    primary.enqueue(reply_json(200, reply))
+    host, port = guarded.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(HEAD + b"expect: 100-continue\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(BODY))
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(BODY)
+        answer = parse(await asyncio.wait_for(reader.read(), TIMEOUT + SLACK), 0.0)
+    finally:
+        writer.close()
+    assert answer.status == 200, answer
+
+
+async def test_expect_100_continue_for_a_body_over_the_limit_gets_413_at_once(guarded: GatewayHandle) -> None:
+    limit = guarded.service.settings.server.max_body_bytes
+    head = HEAD + b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % (limit + 1)
+    answer = await exchange(guarded, head)
+    assert_refused(answer, 413)
+    assert answer.closed_after < TIMEOUT  # not the body deadline: nothing was waited for
+
+
+async def test_the_anthropic_door_refuses_a_head_in_its_own_shape(guarded: GatewayHandle) -> None:
+    """Errors under `/v1/messages` are Anthropic's (ingress.md), those written before the app too."""
+    head = b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+    for parts, status, kind in (
+        ([head + b"".join(b"x-h%d: v\r\n" % i for i in range(21)) + b"\r\n"], 431, "invalid_request_error"),
+        ([head + b"content-length: %d\r\n\r\n" % len(BODY)], 408, "invalid_request_error"),
+    ):
+        answer = await exchange(guarded, *parts)
+        assert (answer.status, answer.headers["connection"]) == (status, "close")
+        body = msgspec.json.decode(answer.body)
+        assert body == {
+            "type": "error",
+            "error": {"type": kind, "message": body["error"]["message"]},
+            "request_id": answer.headers["x-request-id"],
+        }
+        assert answer.headers["request-id"] == answer.headers["x-request-id"]
