@@ -366,4 +366,7 @@ def _with_headers(exc: GatewayError, ticket: Ticket | None) -> GatewayError:
 def _mid_answer_error(exc: UpstreamError) -> GatewayError:
     if exc.kind is Failure.TIMEOUT:
         return UpstreamTimeout("the upstream timed out")
-    return AllBackendsFailed(f"the upstream failed mid-answer: {exc.message}")
+    # A client-kind error carries the upstream's own words: they reach the client only as a 400
+    # about its request, before the answer starts; mid-answer it is a 502 named by its status.
+    detail = f"upstream returned {exc.status}" if exc.kind is Failure.CLIENT else exc.message
+    return AllBackendsFailed(f"the upstream failed mid-answer: {detail}")

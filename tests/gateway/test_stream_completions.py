@@ -180,13 +180,16 @@ async def test_structured_output_streamed(gw: GatewayHandle, primary: ReplayUpst
     assert primary.requests[0].json()["response_format"]["type"] == "json_schema"
 
 
-async def test_error_chunk_mid_stream_becomes_error_event(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+@pytest.mark.parametrize("code", [500, 400])
+async def test_error_chunk_mid_stream_becomes_error_event(
+    gw: GatewayHandle, primary: ReplayUpstream, code: int
+) -> None:
+    """Never the upstream's own words in a 502 (they may name its keys and hosts): a 400's message
+    went out after `the upstream failed mid-answer:`."""
+    message = "bad param; upstream key sk-live-SECRET at http://10.0.0.5:9000/internal"
     primary.enqueue(
         reply_sse(
-            [
-                chunk({"content": "Partial"}),
-                {"error": {"message": "engine crashed", "type": "server_error", "code": 500}},
-            ]
+            [chunk({"content": "Partial"}), {"error": {"message": message, "type": "server_error", "code": code}}]
         )
     )
     _, frames = await stream(gw)
@@ -196,7 +199,11 @@ async def test_error_chunk_mid_stream_becomes_error_event(gw: GatewayHandle, pri
         {"type": "text_end", "text_id": "text_0"},
         {
             "type": "error",
-            "error": {"message": frames[-1][1]["error"]["message"], "type": "upstream_error", "code": 502},
+            "error": {
+                "message": f"the upstream failed mid-answer: upstream returned {code}",
+                "type": "upstream_error",
+                "code": 502,
+            },
         },
     ]
     (row,) = await gw.ledger_rows()
