@@ -187,12 +187,18 @@ class Provider:
 
     async def probe(self, *, keyed: bool = False) -> bool:
         """Is the upstream answering? `health_path` other than `/models` is tried on the server
-        root first (vLLM's `/health`); `{base_url}/models` is the fallback and the hosted probe.
-        `keyed`: only `{base_url}/models`, with the key, answers — the probe of a provider disabled
-        for its key (a vLLM started with `--api-key` answers `/health` to anyone)."""
+        root first (vLLM's `/health`); `{base_url}/models` is the fallback, for a server that has
+        no such route (404, 405, 501: Ollama) or could not be reached on it, and the hosted probe.
+        Any other answer is the server's own word that it is not up (providers.md: "`/health` is
+        200 when up"; llama.cpp answers 503 while it loads the model, vLLM 500 once its engine
+        died) even when `/models` answers. `keyed`: only `{base_url}/models`, with the key,
+        answers — the probe of a provider disabled for its key (a vLLM started with `--api-key`
+        answers `/health` to anyone)."""
         health_path = self.config.wire.health_path
-        if not keyed and health_path != "/models" and await self._probe_url(f"{self._root}{health_path}"):
-            return True
+        if not keyed and health_path != "/models":
+            response = await self._get(f"{self._root}{health_path}")
+            if response is not None and response.status_code not in _NO_HEALTH_ROUTE:
+                return response.status_code == 200
         return await self._probe_url(self._models_url)
 
     async def queue_depth(self) -> float | None:
@@ -212,6 +218,9 @@ class Provider:
         with contextlib.suppress(UpstreamError), upstream_errors():
             return await self._client.get(url, headers=self._probe_headers, timeout=timeout)
         return None
+
+
+_NO_HEALTH_ROUTE = frozenset({404, 405, 501})
 
 
 def _request_head(url: httpx.URL, headers: httpx.Headers) -> bytes:

@@ -216,7 +216,10 @@ async def test_connection_refused(client: Any) -> None:
     ("routes", "healthy"),
     [
         ({"/health": 200}, True),
-        ({"/health": 503, "/v1/models": 200}, True),
+        ({"/health": 503, "/v1/models": 200}, False),  # llama.cpp loading its model: not up
+        ({"/health": 500, "/v1/models": 200}, False),
+        ({"/health": 404, "/v1/models": 200}, True),  # no such route (Ollama): `/v1/models` tells
+        ({"/health": 405, "/v1/models": 200}, True),
         ({"/v1/models": 200}, True),
         ({"/health": 503, "/v1/models": 503}, False),
     ],
