@@ -2,7 +2,9 @@
 provider was disabled.
 
 Every `interval` seconds each provider is probed once (`Provider.probe`: `local` tries `/health`,
-then `/v1/models`; hosted kinds `/models`, with the key), and the result applies to all of that
+then `/v1/models`; hosted kinds `/models`, with the key), each on a loop of its own, so a provider
+whose probe hangs to the probe's read timeout delays its own next probe, not the others'
+(they were gathered in one round, which every provider waited out). The result applies to all of that
 provider's backends: a failed probe takes them out of rotation, a successful one closes open
 breakers and re-enables a provider that was disabled for a refused key (a probe that itself gets
 401 keeps it disabled; a disabled provider is probed on `/models` with the key only, never on an
@@ -36,7 +38,16 @@ class HealthMonitor:
         self.log = log
         self._task: asyncio.Task[None] | None = None
         self._failing_since: dict[str, float] = {}  # provider -> loop time of its first failed probe
-        self.rounds = 0
+        self._probes: dict[str, int] = {}  # provider -> probes done
+        self._rounds = 0  # `probe_all` calls
+
+    @property
+    def rounds(self) -> int:
+        """How many probes every probed provider has had (or `probe_all` calls, with none)."""
+        return min((self._probes.get(name, 0) for name in self._probed()), default=self._rounds)
+
+    def _probed(self) -> list[str]:
+        return [name for name, runtime in self.router.providers.items() if not runtime.state.key_missing]
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -48,14 +59,18 @@ class HealthMonitor:
                 await self._task
 
     async def _run(self) -> None:
+        providers = self.router.providers
+        await asyncio.gather(*(self._every(providers[name]) for name in self._probed()))
+
+    async def _every(self, runtime: ProviderRuntime) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            await self.probe_all()
+            await self._probe(runtime)
 
     async def probe_all(self) -> None:
-        runtimes = [r for r in self.router.providers.values() if not r.state.key_missing]
-        await asyncio.gather(*(self._probe(runtime) for runtime in runtimes))
-        self.rounds += 1
+        providers = self.router.providers
+        await asyncio.gather(*(self._probe(providers[name]) for name in self._probed()))
+        self._rounds += 1
 
     async def _probe(self, runtime: ProviderRuntime) -> None:
         error: Exception | None = None
@@ -89,6 +104,8 @@ class HealthMonitor:
                     publisher.breaker_changed(backend)
             if depth is not None:
                 backend.state.queue_depth = depth
+        name = runtime.config.name
+        self._probes[name] = self._probes.get(name, 0) + 1
 
     def _log_transition(self, provider: str, ok: bool, now: float, error: Exception | None) -> None:
         """`probe_failed` when a provider's probes start failing, `probe_recovered` when they pass

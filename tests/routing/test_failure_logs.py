@@ -25,7 +25,7 @@ from tests.support.gateway import StartGateway
 from tests.support.logs import Logs
 from tests.support.observe import deployments
 from tests.support.replies import answer, error, models_reply
-from tests.support.upstream import ReplayUpstream, played
+from tests.support.upstream import ReplayUpstream, played, reply_json
 from tests.support.waiting import wait_until
 
 FAILURE_COOLDOWN = 4
@@ -295,3 +295,18 @@ async def test_a_breaker_another_worker_opened_and_closed_is_logged_with_its_ori
         {"event": "breaker_closed", "level": "info", **names, **origin},
         {"event": "breaker_closed", "level": "info", **names, "source": "probe"},
     ]
+
+
+async def test_a_probe_that_hangs_delays_only_its_own_provider(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """The providers' probes were gathered in rounds: beta's probe hanging to the read timeout
+    (10 s) held alpha's next probe as long, so alpha stayed out of rotation after it recovered."""
+    beta.enqueue(reply_json(200, {"data": []}, first_byte_delay_s=30.0), repeat=3, path=PROBE_PATH)
+    alpha.enqueue(error(503, "unavailable"), path=PROBE_PATH)  # one failed probe, then 200s
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, routing={"probe_interval_s": 0.1})
+
+    async def recovered() -> bool:
+        return alpha.pending == 0 and (await deployments(gw))["alpha"]["probe_failed"] is False
+
+    await wait_until(recovered, within=3.0)
