@@ -43,22 +43,28 @@ class Candidates:
 
     def __init__(self, backends: list[Backend], now: float, probe_interval: float, quota_recheck: float = 0.0) -> None:
         """`quota_recheck`: how long a provider whose balance ran out stays out (`quota_recheck_s`)."""
-        self.pending: list[Backend] = []
         self.capacity_waits: list[float] = []  # seconds until a capacity cool-down ends
         self.health_waits: list[float] = []  # seconds until a failure cool-down ends or a probe runs
-        for backend in backends:
-            state = backend.state
-            provider = backend.provider.state
-            if not provider.ready and provider.quota_exhausted:  # out until the re-check, then a probe
-                self.health_waits.append(max(probe_interval, provider.disabled_at + quota_recheck - now))
-            elif not provider.ready or state.breaker_open or state.probe_failed:
-                self.health_waits.append(probe_interval)
-            elif state.cooling(now):
-                wait = state.cooling_until - now
-                (self.capacity_waits if state.cool_reason == "capacity" else self.health_waits).append(wait)
-            else:
-                self.pending.append(backend)
+        self._probe_interval, self._quota_recheck = probe_interval, quota_recheck
+        self.pending = [backend for backend in backends if not self._out(backend, now)]
         self.pending.sort(key=lambda b: (-b.priority, -b.provider.config.priority, b.state.load))
+        self._checked = True  # `pending` was just sorted out: the first `next` takes it as it is
+
+    def _out(self, backend: Backend, now: float) -> bool:
+        """Whether `backend` is out of rotation at `now`; when it comes back counts toward the
+        answer's `Retry-After`."""
+        state = backend.state
+        provider = backend.provider.state
+        if not provider.ready and provider.quota_exhausted:  # out until the re-check, then a probe
+            self.health_waits.append(max(self._probe_interval, provider.disabled_at + self._quota_recheck - now))
+        elif not provider.ready or state.breaker_open or state.probe_failed:
+            self.health_waits.append(self._probe_interval)
+        elif state.cooling(now):
+            wait = state.cooling_until - now
+            (self.capacity_waits if state.cool_reason == "capacity" else self.health_waits).append(wait)
+        else:
+            return False
+        return True
 
     def failed(self, backend: Backend, now: float) -> None:
         """`backend`'s attempt failed and `apply_failure` took it out: when it is back counts
@@ -69,9 +75,16 @@ class Candidates:
             (self.capacity_waits if state.cool_reason == "capacity" else self.health_waits).append(wait)
 
     async def next(self, deadline: float) -> Backend | None:
-        """The next backend, with a slot held; None when none is left or the deadline passed."""
+        """The next backend, with a slot held; None when none is left or the deadline passed.
+        Each backend is looked at again as it comes up: one that left rotation since the request
+        started (another request's failure cooled it down, disabled or broke it) is passed over,
+        and so is a slot handed over in its queue after the failure that took it out."""
         loop = asyncio.get_running_loop()
         queue_deadline: float | None = None
+        if not self._checked:
+            now = loop.time()
+            self.pending = [backend for backend in self.pending if not self._out(backend, now)]
+        self._checked = False
         while self.pending:
             for index, backend in enumerate(self.pending):
                 if backend.state.try_acquire():
@@ -84,8 +97,14 @@ class Candidates:
             outcome = await backend.state.acquire(queue_deadline - loop.time(), others)
             if outcome == "slot":
                 self.pending.remove(backend)
+                if self._out(backend, loop.time()):  # out while this request waited for it
+                    backend.state.release()
+                    continue
                 return backend
-            if outcome != "moved":
+            if outcome == "moved":  # a slot freed elsewhere: look at them all again
+                now = loop.time()
+                self.pending = [other for other in self.pending if not self._out(other, now)]
+            else:
                 self.pending.remove(backend)
                 self.capacity_waits.append(1.0)
         return None

@@ -11,7 +11,7 @@ from tests.routing.conftest import launch
 from tests.support.client import COMPLETIONS, Held, body, complete, holding
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.observe import completions, deployments, metric, row_view, rows_when, scrape
-from tests.support.replies import answer, chunk, metrics_reply, stalled_stream, stream_answer
+from tests.support.replies import answer, chunk, error, metrics_reply, stalled_stream, stream_answer
 from tests.support.upstream import ReplayUpstream, played, reply_sse
 from tests.support.waiting import wait_until
 
@@ -266,3 +266,36 @@ async def test_request_deadline_bounds_the_wait_for_a_slot(
         assert 0.4 <= elapsed < 1.2  # the 0.5 s deadline, not the 10 s queue timeout
         assert (len(completions(alpha)), len(completions(beta))) == (1, 1)
     await wait_until(_all_idle(gw))
+
+
+async def test_requests_queued_on_a_backend_are_not_sent_to_it_once_a_failure_took_it_out(
+    start_gateway: StartGateway, alpha: ReplayUpstream
+) -> None:
+    """alpha, one slot, three requests queued behind one that gets a 503: the slot passed to the
+    next in the queue, which sent its request to the cooling backend, and so on (4 requests
+    where 1 belonged). They now find it out of rotation: 503, as when nothing was there to try."""
+    gw = await launch(start_gateway, {"alpha": alpha}, common={"max_concurrency": 1, "max_queue": 8})
+    alpha.enqueue(error(503, "unavailable", first_byte_delay_s=0.3))
+    alpha.set_default(answer("should not be asked"))
+    responses = await asyncio.gather(*(complete(gw) for _ in range(4)))
+    assert len(completions(alpha)) == 1
+    assert sorted(response.status_code for response in responses) == [502, 503, 503, 503]
+    await wait_until(_all_idle(gw))
+
+
+async def test_failover_passes_over_a_backend_another_request_took_out_meanwhile(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, gamma: ReplayUpstream
+) -> None:
+    """The backends a request may try were decided once, when it started: its failover went to
+    beta, which another request's 503 had cooled down meanwhile."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta, "gamma": gamma})
+    alpha.enqueue(error(503, "unavailable", first_byte_delay_s=0.5))
+    beta.enqueue(error(503, "unavailable"))
+    beta.set_default(answer("should not be asked"))
+    gamma.enqueue(answer("from gamma"))
+    first = asyncio.create_task(complete(gw))
+    await wait_until(lambda: len(completions(alpha)) == 1)
+    assert (await complete(gw, provider="beta")).status_code == 502  # cools beta down
+    response = await first
+    assert (response.status_code, response.json()["provider"]) == (200, "gamma")
+    assert len(completions(beta)) == 1
