@@ -20,7 +20,10 @@ after the generation, so its read timeout is `first_byte`; a streamed answer's h
 and what matters is the gap between chunks, so its read timeout is `idle`. On the https path the
 header wait is also bounded by one deadline (`first_byte`, never spanning a `yield`); the
 plain-HTTP transport keeps the same bounds with its own; both on coarse timers (`providers.timers`).
-`total` is checked at every read (no timer per chunk: a per-read asyncio timeout costs ~5 µs).
+`total` bounds every read too: the plain-HTTP transport cuts each read's wait to what is left of it
+(one subtraction, no timer of its own), the https path bounds each read with a deadline (~5 µs, on
+the path to hosted upstreams only); a stream that stalls, or an error body that never ends, fails
+at `total`, not at the end of an `idle` or `first_byte` wait longer than it.
 
 Closing the `events` generator (`aclose`, or a client that went away) closes the upstream response
 at once, and with it the connection: neither transport returns a half-read connection to its pool,
@@ -144,7 +147,8 @@ class Provider:
             response = await self._send(dialect, body, stream)
             try:
                 if not 200 <= response.status_code < 300:
-                    raise classify_response(response.status_code, response.headers, await _error_body(response))
+                    body = await _error_body(response, deadline)
+                    raise classify_response(response.status_code, response.headers, body)
                 if stream:
                     parser = dialect.stream_parser()
                     batches_of = _stream_batches(response, loop, deadline, parser, self._idle_s)
@@ -240,10 +244,13 @@ async def _stream_batches(
     idle: float | None,
 ) -> AsyncGenerator[list[Event], None]:
     """One list of events per body read that completed any (`Provider.batches`); `idle`: the
-    longest wait for each read, when the transport does not keep it."""
+    longest wait for each read, when the transport does not keep it; none past `deadline`."""
     sse = SSEParser()
     batch: list[Event] = []  # empty at every await: the events of one read are handed out first
-    reads = response.aiter_raw() if idle is None else _idle_bounded(response.aiter_raw(), loop, idle)
+    if isinstance(response, RawResponse):
+        reads = response.aiter_raw(deadline)
+    else:
+        reads = _bounded(response.aiter_raw(), loop, idle, deadline)
     try:
         async for data in reads:
             _check_deadline(loop, deadline)
@@ -265,12 +272,13 @@ async def _stream_batches(
             yield batch
 
 
-async def _idle_bounded(
-    reads: AsyncIterator[bytes], loop: asyncio.AbstractEventLoop, idle: float
+async def _bounded(
+    reads: AsyncIterator[bytes], loop: asyncio.AbstractEventLoop, idle: float | None, deadline: float
 ) -> AsyncGenerator[bytes, None]:
-    """`reads`, each within `idle` seconds (a `TimeoutError`, which `upstream_errors` makes a timeout)."""
+    """`reads`, each within `idle` seconds (when given) and by `deadline` (a `TimeoutError`, which
+    `upstream_errors` makes a timeout)."""
     while True:
-        async with deadline_at(loop.time() + idle):
+        async with deadline_at(deadline if idle is None else min(loop.time() + idle, deadline)):
             try:
                 data = await anext(reads)
             except StopAsyncIteration:
@@ -293,13 +301,15 @@ def _check_deadline(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         raise UpstreamError(Failure.TIMEOUT, "upstream timed out")
 
 
-async def _error_body(response: Answer) -> bytes:
-    """At most `_ERROR_BODY_LIMIT` bytes of an error answer; a body that breaks off is just short
-    (the status and headers still classify it)."""
+async def _error_body(response: Answer, deadline: float) -> bytes:
+    """At most `_ERROR_BODY_LIMIT` bytes of an error answer, read by `deadline`; a body that breaks
+    off or is late is just short (the status and headers still classify it)."""
     body = bytearray()
     with contextlib.suppress(UpstreamError), upstream_errors():
-        async for data in response.aiter_bytes():
-            body += data
-            if len(body) >= _ERROR_BODY_LIMIT:
-                break
+        reads = response.aiter_raw(deadline) if isinstance(response, RawResponse) else response.aiter_bytes()
+        async with deadline_at(deadline):
+            async for data in reads:
+                body += data
+                if len(body) >= _ERROR_BODY_LIMIT:
+                    break
     return bytes(body)

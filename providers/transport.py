@@ -257,7 +257,7 @@ class _Head:
 
 class RawResponse:
     """An answer on the plain-HTTP path (status, raw headers, the body read once, as sent), with the
-    surface of `httpx.Response` the adapter uses (`status_code`, `headers`, `aread`, `aiter_*`, `aclose`)."""
+    surface of `httpx.Response` the adapter uses (`status_code`, `headers`, `aread`, `aiter_raw`, `aclose`)."""
 
     __slots__ = ("body", "raw_headers", "status_code")
 
@@ -274,10 +274,9 @@ class RawResponse:
     async def aread(self, deadline: float | None = None) -> bytes:  # the deadline: `_Body.read_all`
         return await self.body.read_all(deadline)
 
-    def aiter_raw(self) -> AsyncIterator[bytes]:
+    def aiter_raw(self, deadline: float | None = None) -> AsyncIterator[bytes]:  # as `aread`'s
+        self.body._deadline = deadline
         return self.body.__aiter__()
-
-    aiter_bytes = aiter_raw
 
     async def aclose(self) -> None:
         await self.body.aclose()
@@ -296,7 +295,7 @@ class _Body(httpx.AsyncByteStream):
         # llhttp's answer: HTTP/1.0 rules, `Connection: close`, and a body that ends with the connection
         self._keep_alive = head.keep_alive
         self._done = False
-        self._deadline: float | None = None  # `read_all`'s
+        self._deadline: float | None = None  # the attempt's `total`, for every read
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._chunked:

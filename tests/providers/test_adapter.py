@@ -361,3 +361,35 @@ async def test_batches_are_one_per_read_and_a_failure_keeps_the_events_before_it
     assert batches == [[UpstreamMeta("chatcmpl-b"), TextDelta("a"), TextDelta("b")], [TextDelta("c")]]
     assert error is not None
     assert (error.kind, error.status) == (Failure.TRANSIENT, 500)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_total_bounds_a_stream_that_stalls_and_an_error_body_that_never_ends(client: Any, stream: bool) -> None:
+    """`total` was checked when a read completed, so a stream that stalled after its first chunk
+    (or a 503 whose body never ended) held the attempt for all of `idle` or `first_byte` (10 s
+    here) before it failed over. Each read's wait is now cut to what is left of `total`."""
+    sse = b"data: " + msgspec.json.encode({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}) + b"\n\n"
+
+    async def stall(writer: asyncio.StreamWriter) -> None:
+        if stream:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            writer.write(b"%x\r\n%s\r\n" % (len(sse), sse))
+        else:
+            writer.write(b'HTTP/1.1 503 Service Unavailable\r\ncontent-length: 100\r\n\r\n{"error": ')
+        await writer.drain()
+        await asyncio.sleep(30)
+
+    server, url = await raw_upstream(stall)
+    timeouts = Timeouts(first_byte=10.0, idle=10.0, total=0.5)
+    config = ProviderConfig(name="local", kind="local", base_url=url, timeouts=timeouts)
+    started = asyncio.get_running_loop().time()
+    events, error = await collect(Provider(config, client).events(REQUEST, "m", stream=stream))
+    elapsed = asyncio.get_running_loop().time() - started
+    server.close()
+    assert error is not None
+    if stream:
+        assert [type(event).__name__ for event in events] == ["TextDelta"]
+        assert error.kind is Failure.TIMEOUT
+    else:
+        assert (error.kind, error.status) == (Failure.TRANSIENT, 503)  # classified by its status
+    assert 0.45 < elapsed < 1.5

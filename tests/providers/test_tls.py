@@ -152,3 +152,15 @@ async def test_total_bounds_a_whole_answer_whose_body_trickles_over_tls(
     chunks = [body[index : index + 1] for index in range(len(body))]
     upstream.enqueue(Reply(headers=[("content-type", "application/json")], chunks=chunks, chunk_delay_s=0.05))
     assert 0.45 < await timed_out_after(fastrun(upstream, client, Timeouts(first_byte=1.0, total=0.5))) < 1.0
+
+
+async def test_total_bounds_a_stream_that_stalls_over_tls(upstream: ReplayUpstream, client: UpstreamClient) -> None:
+    """As on the plain-HTTP transport (`test_adapter`): a stream that stalls after its first chunks
+    fails at `total`, not at the end of an `idle` wait longer than it."""
+    adapter = fastrun(upstream, client, Timeouts(first_byte=10.0, idle=10.0, total=0.5))
+    upstream.enqueue(played("vllm_text_stream", stall_after=2))
+    started = asyncio.get_running_loop().time()
+    _events, error = await collect(adapter.events(REQUEST, "m", stream=True))
+    assert error is not None
+    assert (error.kind, error.message) == (Failure.TIMEOUT, "upstream timed out")
+    assert 0.45 <= asyncio.get_running_loop().time() - started < 1.5
