@@ -93,6 +93,15 @@ class Service:
             if missing:
                 env = settings.providers[config.name].api_key_env
                 self.log.warning("provider_disabled", provider=config.name, reason=f"key variable {env} is unset")
+            head_s = min(config.timeouts.first_byte, config.timeouts.total)
+            if settings.routing.request_deadline_s < head_s:  # the deadline cuts first: never a timeout
+                self.log.warning(
+                    "request_deadline_before_timeouts",
+                    provider=config.name,
+                    request_deadline_s=settings.routing.request_deadline_s,
+                    first_byte=head_s,
+                    detail="a backend that never answers is never timed out, cooled down or failed over from",
+                )
             adapter = Provider(config, self.client)
             policy = provider_policy(settings, config.name)
             runtimes[config.name] = ProviderRuntime(

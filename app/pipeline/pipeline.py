@@ -53,7 +53,7 @@ from app.pipeline.estimate import estimate_input_tokens
 from app.pipeline.events import UNPRICED, Event, Outcome, Started, header_texts
 from app.pipeline.fold import Fold
 from app.pipeline.gpu_time import GpuTicket, GpuTime
-from app.routing.failover import Candidates, apply_failure, exhausted
+from app.routing.failover import Candidates, apply_failure, exhausted, log_attempt
 from app.routing.router import Backend, Router
 from catalog.records import RECORD_JSON, LedgerRecord, LedgerStatus
 from catalog.snapshot import ModelEntry
@@ -222,10 +222,14 @@ class Pipeline:
                 async with deadline_at(deadline):
                     await _until_content(upstream, run)
             except TimeoutError:
-                # The request's own deadline ran out: not the backend's fault, so no cool-down.
+                # The request's own deadline ran out: not the backend's fault, so no cool-down; but
+                # an attempt all the same, counted and logged as the others (`attempt_failed`).
                 await upstream.aclose()
                 self._release(run)
-                failures.append((backend.name, UpstreamError(Failure.TIMEOUT, "the request deadline passed")))
+                cut = UpstreamError(Failure.TIMEOUT, "the request deadline passed")
+                log_attempt(self._log, backend, cut, None)
+                self.metrics.attempts.inc((backend.name, cut.kind.value))
+                failures.append((backend.name, cut))
                 break
             except UpstreamError as exc:
                 await upstream.aclose()

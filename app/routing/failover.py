@@ -116,11 +116,11 @@ def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Met
     when they change, `provider_disabled` / `breaker_open`."""
     policy = backend.provider.policy
     if exc.kind is Failure.CLIENT:
-        _log_attempt(log, backend, exc, None)
+        log_attempt(log, backend, exc, None)
     elif exc.kind is Failure.CAPACITY:
         hint = exc.retry_after if exc.retry_after is not None else policy.capacity_cooldown_s
         cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s, MAX_RETRY_AFTER), "capacity", metrics)
-        _log_attempt(log, backend, exc, cooled)
+        log_attempt(log, backend, exc, cooled)
     elif exc.kind is Failure.AUTH and exc.status == 403:
         _forbidden(backend, exc, now, metrics, log)
     elif exc.kind in (Failure.QUOTA, Failure.AUTH):
@@ -128,7 +128,7 @@ def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Met
     else:
         hint = exc.retry_after if exc.retry_after is not None else policy.failure_cooldown_s
         cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s), "failure", metrics)
-        _log_attempt(log, backend, exc, cooled)
+        log_attempt(log, backend, exc, cooled)
         if backend.state.record(False):
             _breaker_opened(backend, metrics, log)
 
@@ -156,7 +156,7 @@ def _forbidden(backend: Backend, exc: UpstreamError, now: float, metrics: Metric
     rotation for the longest cool-down (`max_cooldown_s`), then tried again; no breaker count."""
     seconds = backend.provider.policy.max_cooldown_s
     cooled = _cool_down(backend, now, seconds, "failure", metrics)
-    _log_attempt(log, backend, exc, cooled)
+    log_attempt(log, backend, exc, cooled)
     if cooled is not None:
         names = {"provider": backend.name, "model": backend.model_id, "upstream_model": backend.upstream_model}
         log.error("backend_forbidden", **names, status=exc.status, code=exc.code, out_for_s=seconds)
@@ -171,7 +171,7 @@ def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics,
     if provider.publisher is not None:
         provider.publisher.provider_disabled(provider)
     metrics.disabled.inc((backend.name, kind))
-    _log_attempt(log, backend, exc, None)
+    log_attempt(log, backend, exc, None)
     if was_ready:
         reason = provider.state.disabled_reason
         log.error(
@@ -184,7 +184,7 @@ def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics,
         )
 
 
-def _log_attempt(log: Any, backend: Backend, exc: UpstreamError, cooldown_s: float | None) -> None:
+def log_attempt(log: Any, backend: Backend, exc: UpstreamError, cooldown_s: float | None) -> None:
     """`attempt_failed`: which backend, what the upstream did (`status`, or the transport error's
     class in `error`), the short `cause` the client's 502 names, and the cool-down it got."""
     (log.info if exc.kind is Failure.CLIENT else log.warning)(

@@ -8,6 +8,7 @@ import time
 from tests.routing.conftest import PROBE_PATH, launch
 from tests.support.client import complete
 from tests.support.gateway import StartGateway
+from tests.support.logs import Logs
 from tests.support.observe import completions, deployments, metric, model_ready, row_view, scrape
 from tests.support.replies import answer, error, models_reply
 from tests.support.upstream import ReplayUpstream, played
@@ -74,7 +75,7 @@ async def test_a_model_with_no_configured_backend_is_503(
 
 
 async def test_the_request_deadline_bounds_the_whole_failover_loop(
-    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
 ) -> None:
     gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, routing={"request_deadline_s": 0.5})
     alpha.enqueue(played(answer("late"), first_byte_delay_s=5.0))  # first_byte is the default 120 s
@@ -89,3 +90,18 @@ async def test_the_request_deadline_bounds_the_whole_failover_loop(
     (row,) = await gw.ledger_rows()
     assert row_view(row) == ("error", "upstream_error", 504, 1, "alpha")
     await wait_until(lambda: alpha.open_connections == 0, within=1.0)  # the stalled attempt was abandoned
+    # The attempt the deadline cut is counted and logged like any other (the ledger counts it):
+    # with a deadline under `first_byte`, a hung backend would otherwise show nowhere.
+    assert metric(await scrape(gw), "switchyard_attempts_total", provider="alpha", outcome="timeout") == 1.0
+    warned = logs.lines("request_deadline_before_timeouts", gw)  # at start-up, one per provider
+    assert [(line["provider"], line["request_deadline_s"], line["first_byte"]) for line in warned] == [
+        ("alpha", 0.5, 120.0),
+        ("beta", 0.5, 120.0),
+    ]
+    (line,) = logs.lines("attempt_failed", gw)
+    assert (line["provider"], line["kind"], line["cause"], line["cooldown_s"]) == (
+        "alpha",
+        "timeout",
+        "timed out",
+        None,
+    )
