@@ -138,8 +138,10 @@ def _cool_down(backend: Backend, now: float, seconds: float, reason: CoolReason,
     extended = backend.state.cool_down(now, seconds, reason)
     if extended and backend.provider.publisher is not None:
         backend.provider.publisher.cooled(backend)
-    metrics.cooldowns.inc((backend.name, reason))
-    return seconds if extended and seconds > 0 else None
+    if not extended or seconds <= 0:
+        return None
+    metrics.cooldowns.inc((backend.name, reason))  # one started: not a 0 s one, nor one already out longer
+    return seconds
 
 
 def _breaker_opened(backend: Backend, metrics: Metrics, log: Any) -> None:

@@ -36,6 +36,7 @@ async def test_the_breaker_opens_after_failures_and_a_successful_probe_closes_it
     assert "cooling_until" not in state
     samples = await scrape(gw)
     assert metric(samples, "switchyard_breaker_trips_total", provider="alpha") == 1
+    assert metric(samples, "switchyard_cooldowns_total", provider="alpha", reason="failure") is None  # 0 s: none
     assert metric(samples, "switchyard_backend_breaker_open", provider="alpha", model="chat-1") == 1
     assert metric(samples, "switchyard_backend_ready", provider="alpha", model="chat-1") == 0
 
@@ -53,6 +54,7 @@ async def test_the_breaker_opens_after_failures_and_a_successful_probe_closes_it
     assert [row_view(r)[3:] for r in await gw.ledger_rows()] == [(2, "beta"), (2, "beta"), (1, "beta"), (1, "alpha")]
     samples = await scrape(gw)
     assert metric(samples, "switchyard_breaker_trips_total", provider="alpha") == 1
+    assert metric(samples, "switchyard_cooldowns_total", provider="alpha", reason="failure") is None  # 0 s: none
     assert metric(samples, "switchyard_backend_breaker_open", provider="alpha", model="chat-1") == 0
 
 
