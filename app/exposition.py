@@ -52,6 +52,16 @@ _GAUGES: tuple[tuple[str, str, Callable[[Backend, float], float]], ...] = (
         lambda backend, _: int(backend.state.breaker_open),
     ),
     (
+        "switchyard_backend_probe_failed",
+        "1 when the last health probe of the backend's provider failed.",
+        lambda backend, _: int(backend.state.probe_failed),
+    ),
+    (
+        "switchyard_backend_provider_disabled",
+        "1 when the backend's provider is disabled (a refused key, an exhausted balance).",
+        lambda backend, _: int(backend.provider.state.disabled_reason is not None),
+    ),
+    (
         "switchyard_backend_upstream_queue_depth",
         "The upstream server's own queue, from its /metrics.",
         lambda backend, _: backend.state.queue_depth,

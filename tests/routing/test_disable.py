@@ -67,6 +67,10 @@ async def test_every_provider_disabled_is_502_then_503_with_the_probe_interval_a
         "alpha": (False, "auth: upstream returned 401"),
         "beta": (False, "quota: upstream returned 422"),
     }
+    samples = await scrape(gw)  # the same state in /metrics
+    for provider in ("alpha", "beta"):
+        assert metric(samples, "switchyard_backend_provider_disabled", provider=provider, model="chat-1") == 1
+        assert metric(samples, "switchyard_backend_probe_failed", provider=provider, model="chat-1") == 0
     response = await complete(gw)
     assert response.status_code == 503, response.text
     assert response.json()["error"]["type"] == "unavailable"

@@ -23,7 +23,7 @@ from tests.routing.conftest import CATALOG, PROBE_PATH, launch
 from tests.support.client import USER, complete
 from tests.support.gateway import StartGateway
 from tests.support.logs import Logs
-from tests.support.observe import deployments
+from tests.support.observe import deployments, metric, scrape
 from tests.support.replies import answer, error, models_reply
 from tests.support.upstream import ReplayUpstream, played, reply_json
 from tests.support.waiting import wait_until
@@ -232,10 +232,17 @@ async def test_a_failing_probe_is_logged_when_it_starts_failing_and_when_it_reco
     alpha.enqueue(error(503, "unavailable"), repeat=3, path=PROBE_PATH)  # three failed rounds, then 200s
     gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, routing={"probe_interval_s": 0.1})
 
+    async def failing() -> bool:
+        samples = await scrape(gw)
+        return metric(samples, "switchyard_backend_probe_failed", provider="alpha", model="chat-1") == 1
+
+    await wait_until(failing, within=3.0)
+
     async def recovered() -> bool:
         return alpha.pending == 0 and (await deployments(gw))["alpha"]["probe_failed"] is False
 
     await wait_until(recovered, within=3.0)
+    assert metric(await scrape(gw), "switchyard_backend_probe_failed", provider="alpha", model="chat-1") == 0
     await wait_until(lambda: len(logs.lines("probe_recovered", gw)) > 0)
     assert logs.lines("probe_failed") == [
         {"event": "probe_failed", "level": "warning", "provider": "alpha", "error": None}

@@ -188,6 +188,8 @@ async def test_exposition_declares_every_family_with_its_type(gw: GatewayHandle)
         "switchyard_backend_limit": "gauge",
         "switchyard_backend_cooling_seconds": "gauge",
         "switchyard_backend_breaker_open": "gauge",
+        "switchyard_backend_probe_failed": "gauge",
+        "switchyard_backend_provider_disabled": "gauge",
         "switchyard_backend_upstream_queue_depth": "gauge",
         "switchyard_ledger_rows_pending": "gauge",
         "switchyard_ledger_oldest_pending_seconds": "gauge",
