@@ -214,9 +214,12 @@ def _wrapped(exc: UpstreamError) -> list[BaseException]:
 
 def transport_error(exc: UpstreamError) -> str | None:
     """The class of the innermost wrapped exception (`ConnectionRefusedError`, `ReadError`, ...);
-    None for an HTTP answer or an unreadable body."""
-    chain = _wrapped(exc)
-    return type(chain[-1]).__name__ if chain else None
+    None for an HTTP answer or an unreadable body. A timer's `CancelledError`, and its plain
+    `TimeoutError` under a named one, say how the wait was cut, not what timed out: a connect
+    timeout is `ConnectTimeout` (it read `CancelledError`); a bare timer's is `TimeoutError`."""
+    chain = [error for error in _wrapped(exc) if not isinstance(error, asyncio.CancelledError)]
+    named = [error for error in chain if type(error) is not TimeoutError] or chain
+    return type(named[-1]).__name__ if named else None
 
 
 def attempt_cause(exc: UpstreamError) -> str:

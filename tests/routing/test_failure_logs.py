@@ -9,6 +9,7 @@ without their timestamps.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 import uuid
@@ -18,7 +19,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from app.routing.failover import attempt_cause, transport_error
 from devtools.mock_http import Reply
+from providers.adapter import Provider, make_client
+from providers.config import ProviderConfig, Timeouts
+from providers.errors import Failure, UpstreamError
+from tests.providers.test_adapter import REQUEST
 from tests.routing.conftest import CATALOG, PROBE_PATH, launch
 from tests.support.client import USER, complete
 from tests.support.gateway import StartGateway
@@ -317,3 +323,34 @@ async def test_a_probe_that_hangs_delays_only_its_own_provider(
         return alpha.pending == 0 and (await deployments(gw))["alpha"]["probe_failed"] is False
 
     await wait_until(recovered, within=3.0)
+
+
+async def test_a_connect_timeout_is_named_connect_timeout_not_the_timers_cancellation() -> None:
+    """A port whose listen backlog is full drops the SYN: the connect times out. `attempt_failed`
+    named the innermost wrapped error, the timer's `CancelledError`."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = [socket.socket() for _ in range(4)]
+    for filler in fillers:
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+    client = make_client()
+    config = ProviderConfig(
+        name="a", kind="openai_compatible", base_url=f"http://127.0.0.1:{port}/v1", timeouts=Timeouts(connect=0.3)
+    )
+    try:
+        with pytest.raises(UpstreamError) as failed:
+            async for _ in Provider(config, client).events(REQUEST, "m", stream=False):
+                pass
+    finally:
+        await client.aclose()
+        for sock in (listener, *fillers):
+            sock.close()
+    assert (failed.value.kind, transport_error(failed.value), attempt_cause(failed.value)) == (
+        Failure.TIMEOUT,
+        "ConnectTimeout",
+        "timed out",
+    )
