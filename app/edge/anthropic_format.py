@@ -48,8 +48,16 @@ class PlainTextSource(Struct, tag_field="type", tag="text"):
     media_type: str | None = None
 
 
+ImageType = Literal["image/jpeg", "image/png", "image/gif", "image/webp"]  # what Anthropic's API takes
+
+
+class ImageBase64Source(Struct, tag_field="type", tag="base64"):
+    media_type: ImageType
+    data: str
+
+
 class ImageBlock(Struct, tag_field="type", tag="image"):
-    source: Base64Source | URLSource
+    source: ImageBase64Source | URLSource
 
 
 class DocumentBlock(Struct, tag_field="type", tag="document"):
@@ -65,7 +73,7 @@ class ToolUseBlock(Struct, tag_field="type", tag="tool_use"):
 
 class ToolResultBlock(Struct, tag_field="type", tag="tool_result"):
     tool_use_id: str
-    content: str | list[TextBlock] | None = None
+    content: str | list[TextBlock | ImageBlock] | None = None  # an image is refused (`anthropic_request`)
     is_error: bool | None = None
 
 

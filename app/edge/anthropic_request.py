@@ -112,6 +112,11 @@ def _message(message: fmt.InputMessage, path: str) -> Message:
             kind = type(block).__struct_config__.tag
             detail = f"a '{kind}' block cannot appear in a '{message.role}' message"
             raise _invalid(f"{path}.content[{index}].type", detail)
+        if isinstance(block, fmt.ToolResultBlock) and isinstance(block.content, list):
+            for inner, item in enumerate(block.content):
+                if isinstance(item, fmt.ImageBlock):  # a tool's result goes on as a `tool` message: text only
+                    detail = "an image in a tool_result cannot be passed on (send it in the user message's content)"
+                    raise _invalid(f"{path}.content[{index}].content[{inner}].type", detail)
         parts.append(_part(block))
     return Message(role=message.role, content=parts)
 
@@ -129,8 +134,8 @@ def _part(block: fmt.InputBlock) -> ContentPart:
         return ToolCallPart(ToolCallData(block.id, block.name, block.input, raw_arguments=raw))
     if isinstance(block, fmt.ToolResultBlock):
         content = block.content
-        if isinstance(content, list):
-            content = "\n".join(text.text for text in content)
+        if isinstance(content, list):  # text blocks only: `_message` refused images
+            content = "\n".join(text.text for text in content if isinstance(text, fmt.TextBlock))
         return ToolResultPart(ToolResultData(block.tool_use_id, content, block.is_error))
     if isinstance(block, fmt.ThinkingBlock):
         return ThinkingPart(ThinkingData(block.thinking, block.signature or None))

@@ -33,6 +33,10 @@ def assert_error(response: httpx.Response, status: int, type_: str, message: str
     return body
 
 
+def image_of(media_type: str) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": "iVBORw0KGgo="}}
+
+
 @pytest.mark.parametrize(
     ("payload", "param", "message"),
     [
@@ -163,6 +167,35 @@ def assert_error(response: httpx.Response, status: int, type_: str, message: str
             {"max_tokens": 8, "messages": [USER], "tools": [{"name": "f", "input_schema": DEEP}]},
             "tools[0].input_schema",
             None,
+        ),
+        # an image's media type is one Anthropic's API takes (text/html went on as a data: URL)
+        (
+            {"max_tokens": 8, "messages": [{"role": "user", "content": [image_of("text/html")]}]},
+            "messages[0].content[0].source.media_type",
+            None,
+        ),
+        # an image in a tool's result cannot be passed on: said so, not "unknown type 'image'"
+        (
+            {
+                "max_tokens": 8,
+                "messages": [
+                    USER,
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": "t",
+                                "content": [{"type": "text", "text": "seen:"}, image_of("image/png")],
+                            }
+                        ],
+                    },
+                ],
+            },
+            "messages[2].content[0].content[1].type",
+            "messages[2].content[0].content[1].type: an image in a tool_result cannot be passed on "
+            "(send it in the user message's content)",
         ),
         (
             {"max_tokens": 8, "messages": [USER], "output_config": {"format": {"type": "json_schema", "schema": DEEP}}},
