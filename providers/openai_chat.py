@@ -114,6 +114,10 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
         if not chunk.choices:
             return None
         choice = chunk.choices[0]
+        if choice.index:  # the answer is choice 0, as a whole answer's; another one's deltas are not its
+            choice = next((other for other in chunk.choices if other.index == 0), None)  # type: ignore[assignment]
+            if choice is None:
+                return None
         delta = choice.delta if choice.delta is not None else choice.message
         if delta is not None:
             self._delta(delta, events)

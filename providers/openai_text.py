@@ -115,6 +115,10 @@ class TextStreamParser(OpenAIStreamParser[_TextChunk]):
         if not chunk.choices:
             return None
         choice = chunk.choices[0]
+        if choice.index:  # the answer is choice 0, as a whole answer's; another one's deltas are not its
+            choice = next((other for other in chunk.choices if other.index == 0), None)  # type: ignore[assignment]
+            if choice is None:
+                return None
         if choice.text:
             events.append(TextDelta(text=choice.text))
         if choice.logprobs is not None and choice.logprobs.tokens:

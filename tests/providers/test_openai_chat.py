@@ -680,3 +680,19 @@ def test_a_refusal_is_text_and_a_content_filter_finish() -> None:
     assert parse_chat_response(msgspec.json.encode(whole)) == [TextDelta("I can't help."), Finish("content_filter")]
     streamed = feed(chunk({"refusal": "I can't"}), chunk({"refusal": " help."}), chunk(finish="stop"), "[DONE]")
     assert streamed == [TextDelta("I can't"), TextDelta(" help."), Finish("content_filter")]
+
+
+def test_only_choice_0_is_the_answer_in_a_stream_as_in_a_whole_answer() -> None:
+    """An upstream that streams a second choice (`n` is not asked for: a misbehaving one) had its
+    deltas merged into the answer's text: `zeroone`, where the whole answer says `zero`."""
+    second = msgspec.json.encode({"choices": [{"index": 1, "delta": {"content": "one"}, "finish_reason": None}]})
+    both = msgspec.json.encode(
+        {
+            "choices": [
+                {"index": 1, "delta": {"content": "ONE"}, "finish_reason": None},
+                {"index": 0, "delta": {"content": "!"}, "finish_reason": None},
+            ]
+        }
+    )
+    events = feed(chunk({"content": "zero"}), second.decode(), both.decode(), chunk(finish="stop"))
+    assert [event.text for event in events if isinstance(event, TextDelta)] == ["zero", "!"]
