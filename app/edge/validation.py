@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from app.edge.error_paths import with_dict_keys
 from app.errors import ECHO_CHARS, InvalidRequest, clip
 from providers.openai_request import BOUNDING_OPTIONS
 from providers.types import (
@@ -91,7 +92,7 @@ def decode_body(decoder: msgspec.json.Decoder[T], body: bytes, tag: str = "kind"
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise validation_error(str(exc), tag) from None
+        raise validation_error(with_dict_keys(decoder, body, str(exc)), tag) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:

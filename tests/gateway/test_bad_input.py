@@ -158,6 +158,12 @@ CASES = [
         "provider_options.primary.max_tokens",
     ),
     Case(
+        "provider_options for a provider not an object (the key named: it read `provider_options[...]`)",
+        body({"messages": [USER], "provider_options": {"primary": 5}}),
+        400,
+        "provider_options.primary",
+    ),
+    Case(
         "provider_options asking several answers",
         body({"messages": [USER], "provider_options": {"primary": {"n": 3}}}),
         400,

@@ -143,6 +143,7 @@ BAD = [
     ({"messages": [USER], "response_format": {"type": "xml"}}, "response_format.type"),
     ({"messages": [USER], "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"messages": [USER], "metadata": ["a"]}, "metadata"),
+    ({"messages": [USER], "metadata": {"ok": "1", "a": 1}}, "metadata.a"),  # was `metadata[...]`
     ({"messages": [USER], "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
     ({"messages": [USER], "stop": ""}, "stop"),
     ({"messages": [USER], "stop": ["END", ""]}, "stop"),
