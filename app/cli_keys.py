@@ -28,6 +28,7 @@ from app.settings import ConfigError, Settings
 from catalog.database import open_engine
 from catalog.files import CatalogFileError, load_catalog
 from catalog.keys import (
+    KEY_ID,
     KeyChanges,
     KeyRecord,
     catalog_models,
@@ -124,7 +125,11 @@ async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges
         else:
             found = await _change(engine, args, changes, settings)
             if found is None:
-                print(f"switchyard: no key '{args.id}'", file=sys.stderr)
+                secret = args.id.startswith("sy-")  # not echoed: it is the key's secret, not its id
+                print(
+                    f"switchyard: no key {'with that id (it is a secret)' if secret else repr(args.id)}",
+                    file=sys.stderr,
+                )
                 return 1
             record = found
             _show([record], args.format, single=True)
@@ -154,6 +159,8 @@ def _with_catalog_ids(changes: KeyChanges, settings: Settings) -> KeyChanges:
 async def _change(
     engine: Any, args: argparse.Namespace, changes: KeyChanges | None, settings: Settings
 ) -> KeyRecord | None:
+    if KEY_ID.fullmatch(args.id) is None:  # no query for what cannot be an id (a NUL is a PostgreSQL error)
+        return None
     if args.keys_command == "revoke":
         return await revoke_key(engine, args.id)
     assert changes is not None

@@ -27,6 +27,7 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 def open_engine(url: str, **options: Any) -> AsyncEngine:
+    options.setdefault("hide_parameters", True)  # a statement's values (a key's hash) never in an error or a log line
     if url.startswith("postgresql"):
         options.setdefault("connect_args", {}).setdefault("timeout", CONNECT_TIMEOUT_S)
     engine = create_async_engine(url, **options)

@@ -18,7 +18,9 @@ NUMERIC exactly in the database.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
+import unicodedata
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -226,15 +228,24 @@ def parse_expires(text: str) -> datetime:
 MIN_BUDGET = Decimal("0.000000001")  # a nano-dollar: the unit limits count in
 MAX_BUDGET = Decimal(9_000_000)  # Redis counts nano-dollars in doubles, exact up to 2**53 (about $9.007 million)
 MAX_LIMIT = 2**31 - 1  # rpm, tpm, max_concurrency: INTEGER columns
+KEY_ID = re.compile(r"key_[0-9a-f]{16}")  # what `create_key` makes: anything else names no key
+MAX_TEXT = 200  # name and owner: VARCHAR(200) columns (PostgreSQL refuses longer, SQLite keeps any)
 
 
 def checked(changes: KeyChanges, current: KeyRecord | None = None) -> KeyChanges:
-    """`changes` with the rules every way of making a key shares: a name that is not blank,
-    positive limits, a budget of at least a nano-dollar (less would be stored as 0), a period
-    only with a budget and a budget always with one (a budget without one is per `month`), and
-    at least one model when models are listed. ValueError names the option."""
+    """`changes` with the rules every way of making a key shares: a name that is not blank, a
+    name and an owner without control characters that fit their columns, positive limits, a
+    budget of at least a nano-dollar (less would be stored as 0), a period only with a budget and
+    a budget always with one (a budget without one is per `month`), and at least one model when
+    models are listed. ValueError names the option."""
     if isinstance(changes.name, str) and not changes.name.strip():
         raise ValueError("name: must not be empty")
+    for option in ("name", "owner"):
+        text = getattr(changes, option)
+        if isinstance(text, str) and len(text) > MAX_TEXT:
+            raise ValueError(f"{option}: at most {MAX_TEXT} characters")
+        if isinstance(text, str) and any(unicodedata.category(char) in ("Cc", "Cs") for char in text):
+            raise ValueError(f"{option}: must not hold control characters")  # a NUL PostgreSQL refuses, an ESC
     if changes.models == ():
         raise ValueError("models: name at least one model (leave it out, or none, for every model)")
     for option in ("rpm", "tpm", "max_concurrency"):

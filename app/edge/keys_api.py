@@ -15,6 +15,7 @@ or their poll of the table (`app.access.keyring`). With `[auth] mode = "none"` t
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -27,10 +28,12 @@ from msgspec import UNSET, Struct, UnsetType
 from app.access.keyring import REDIS_POLL_S, announce
 from app.edge.guards import check_json_headers
 from app.edge.key_guard import caller, require_admin, require_key
-from app.errors import InvalidRequest, NotFound
+from app.edge.validation import validation_error
+from app.errors import InvalidRequest, NotFound, clip
 from app.service import Service
 from catalog.exact_sum import decimal_text
 from catalog.keys import (
+    KEY_ID,
     BudgetPeriod,
     KeyChanges,
     KeyRecord,
@@ -83,8 +86,33 @@ def _changes(body: bytes, current: KeyRecord | None = None) -> KeyChanges:
             expires_at=parse_expires(expires) if isinstance(expires, str) else expires,
         )
         return checked(changes, current)
-    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
-        raise InvalidRequest(f"invalid key: {exc}") from None
+    except msgspec.ValidationError as exc:
+        unknown = _UNKNOWN_FIELD.match(str(exc))
+        if unknown is not None:
+            name = clip(unknown[1])
+            raise InvalidRequest(f"invalid key: {name}: unknown field", param=name) from None
+        error = validation_error(str(exc))
+        raise InvalidRequest(f"invalid key: {error.message}", param=error.param) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    except ValueError as exc:  # `checked` and `parse_expires` start their message with the option
+        option = str(exc).partition(":")[0]
+        raise InvalidRequest(f"invalid key: {exc}", param=option if option in _OPTIONS else None) from None
+
+
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(.*)`(?: - at `\$`)?$", re.DOTALL)
+_OPTIONS = frozenset(KeyInput.__struct_fields__)
+
+
+def _key_id(request: Request[Any, Any, Any]) -> str:
+    """The path's key id; 404 for what cannot be one, before any query (a NUL is a PostgreSQL
+    error), and never echoing a secret pasted in its place (access.md: no secret in an error)."""
+    key_id: str = request.path_params["key_id"]
+    if key_id.startswith("sy-"):
+        raise NotFound("no such key: that is a key's secret, not its id (`keys list` shows ids: key_…)")
+    if KEY_ID.fullmatch(key_id) is None:
+        raise NotFound(f"no key '{clip(key_id)}'")
+    return key_id
 
 
 def _models_checked(service: Service, changes: KeyChanges) -> KeyChanges:
@@ -164,7 +192,7 @@ async def me(request: Request[Any, Any, Any]) -> Response[bytes]:
 @patch("/{key_id:str}", guards=[require_admin])
 async def change(request: Request[Any, Any, Any]) -> Response[bytes]:
     check_json_headers(request.scope["headers"])
-    service, key_id = _service(request), request.path_params["key_id"]
+    service, key_id = _service(request), _key_id(request)
     assert service.engine is not None
     current = await get_key(service.engine, key_id)
     if current is None:
@@ -179,7 +207,7 @@ async def change(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @delete("/{key_id:str}", guards=[require_admin], status_code=200)
 async def revoke(request: Request[Any, Any, Any]) -> Response[bytes]:
-    service, key_id = _service(request), request.path_params["key_id"]
+    service, key_id = _service(request), _key_id(request)
     assert service.engine is not None
     record = await revoke_key(service.engine, key_id)
     if record is None:

@@ -11,6 +11,7 @@ rejected`), since the pipeline never wrote one.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from litestar import Request
@@ -31,6 +32,7 @@ from app.logging import get_logger
 from catalog.database import database_unreachable
 
 _log = get_logger("switchyard.errors")
+_SECRET = re.compile(r"sy-[^/]*")
 
 
 def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[str, GatewayError]:
@@ -45,7 +47,7 @@ def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[s
             "request",
             request_id=request_id,
             method=request.method,
-            path=request.url.path[:200],
+            path=_SECRET.sub("sy-…", request.url.path[:200]),  # a secret pasted for a key id
             status="rejected",
             error_status=error.status_code,
             error_type=error.type,

@@ -149,3 +149,46 @@ async def test_no_secret_in_any_table_or_log_line(
         assert not any(needle in row for row in dumped)
         assert needle not in logs.raw
         assert needle not in metrics
+
+
+LONG = "n" * 201
+
+
+@pytest.mark.parametrize(
+    ("bad", "param", "message"),
+    [
+        ({"name": LONG}, "name", "invalid key: name: at most 200 characters"),  # PostgreSQL's 500 before
+        ({"name": "x", "owner": "team\x00"}, "owner", "invalid key: owner: must not hold control characters"),
+        ({"name": "a\x1b[31mb"}, "name", "invalid key: name: must not hold control characters"),
+        ({"name": "x", "rpm": 0}, "rpm", "invalid key: rpm: must be from 1 to"),
+        ({"name": None}, "name", "invalid key: name: Expected `str`, got `null`"),
+        ({"name": "x", "budget_period": "p" * 5000}, "budget_period", "invalid key: budget_period: Invalid enum value"),
+        ({"name": "x", "u" * 5000: 1}, "u" * 64 + "…", "invalid key: " + "u" * 64 + "…: unknown field"),
+        ({"name": "x", "expires": "soon"}, "expires", "invalid key: expires:"),
+    ],
+)
+async def test_every_refused_option_is_named_and_a_client_value_clipped(
+    gw: GatewayHandle, bad: dict[str, Any], param: str, message: str
+) -> None:
+    response = await gw.client.post("/api/v1/keys", json=bad, headers=bearer(ADMIN))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["message"][: len(message)]) == (param, message)
+    assert len(response.content) < 1024  # a 5,000-character value was echoed in full, twice
+
+
+async def test_an_id_that_is_no_id_is_404_and_a_secret_in_its_place_is_never_echoed(
+    logs: Logs, start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NUL in an id was PostgreSQL's error (a 500); a secret pasted for an id (revoking a leaked
+    key) was echoed in the 404 and written in the log's path."""
+    gw = await keyed_gateway(start_gateway, up, monkeypatch)  # started after `logs`: its lines are captured
+    secret = (await gw.client.post("/api/v1/keys", json={"name": "n"}, headers=bearer(ADMIN))).json()["secret"]
+    for method in ("PATCH", "DELETE"):
+        for key_id in ("key_%00", "admin", secret):
+            response = await gw.client.request(method, f"/api/v1/keys/{key_id}", json={}, headers=bearer(ADMIN))
+            assert response.status_code == 404, (method, key_id, response.text)
+            assert secret[3:] not in response.text
+    rejected = [line["path"] for line in logs.lines("request", gw) if line.get("status") == "rejected"]
+    assert "/api/v1/keys/sy-…" in rejected
+    assert secret[3:] not in logs.raw

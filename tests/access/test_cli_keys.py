@@ -118,6 +118,10 @@ def test_create_json_and_bad_options(tmp_path: Path) -> None:
     assert (states[expired["id"]], states[created["id"]]) == ("expired", "active")
     missing = run_cli(tmp_path, "keys", "revoke", "key_nope", "--config", config)
     assert (missing.returncode, missing.stderr) == (1, "switchyard: no key 'key_nope'\n")
+    pasted = run_cli(tmp_path, "keys", "revoke", created["secret"], "--config", config)  # the secret, not the id
+    assert (pasted.returncode, pasted.stderr) == (1, "switchyard: no key with that id (it is a secret)\n")
+    long = run_cli(tmp_path, "keys", "create", "--name", "n" * 201, "--config", config)  # PostgreSQL refused it: exit 1
+    assert (long.returncode, long.stderr) == (2, "switchyard: name: at most 200 characters\n")
     assert len(_list(tmp_path)) == 4
 
 

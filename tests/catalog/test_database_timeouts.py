@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 import app.service
 import catalog.database
@@ -60,3 +61,15 @@ async def test_readiness_answers_not_ready_within_its_bound(
     assert await service.database_ready() is False
     assert time.monotonic() - started < 2.0
     await service.engine.dispose()
+
+
+async def test_a_failed_statement_never_shows_its_values(tmp_path: Path) -> None:
+    """SQLAlchemy writes a statement's parameters into its error, which an unhandled exception
+    logs: a key's hash, a filter's value. The engines hide them."""
+    engine = open_engine(f"sqlite+aiosqlite:///{tmp_path / 'hidden.db'}")
+    with pytest.raises(Exception) as failed:  # noqa: PT011 (the driver's error, whatever it is)
+        async with engine.connect() as connection:
+            await connection.execute(text("SELECT * FROM nosuch WHERE v = :v"), {"v": "sy-not-in-the-error"})
+    await engine.dispose()
+    assert "nosuch" in str(failed.value)
+    assert "sy-not-in-the-error" not in str(failed.value)

@@ -181,6 +181,8 @@ async def test_an_empty_period(engine: AsyncEngine, seeded: list[dict[str, Any]]
         ({"from": "2026-11-02", "to": "2026-11-01"}, "from"),
         ({"status": "okay"}, "status"),
         ({"modle": "gemma"}, "modle"),
+        ({"owner": "team\x00"}, "owner"),  # a NUL: PostgreSQL's error, a 500, before
+        ({"key": "\x00"}, "key"),
     ],
 )
 def test_a_bad_parameter_is_named(params: dict[str, str], param: str) -> None:
