@@ -42,7 +42,10 @@ async def list_models(state: State, request: Request[Any, Any, Any]) -> Response
     assert router is not None
     now = asyncio.get_running_loop().time()
     models = model_list(router, now)
-    models.data = [view for view in models.data if visible(request, view.id)]
+    snapshot = router.snapshot
+    models.data = [
+        view for view in models.data if (entry := snapshot.resolve(view.id)) and visible(request, entry, snapshot)
+    ]
     return Response(_plain_encoder.encode(models), media_type=_JSON)
 
 

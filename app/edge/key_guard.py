@@ -14,6 +14,7 @@ own exception handler renders it in its shape.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from litestar.connection import ASGIConnection
@@ -22,6 +23,7 @@ from litestar.handlers.base import BaseRouteHandler
 from app.access.keyring import Entry
 from app.errors import AuthenticationFailed, PermissionDenied
 from app.service import Service
+from catalog.snapshot import CatalogSnapshot, ModelEntry
 
 _STATE = "api_key"
 
@@ -68,7 +70,20 @@ def caller(connection: ASGIConnection[Any, Any, Any, Any]) -> Entry | None:
     return entry
 
 
-def visible(connection: ASGIConnection[Any, Any, Any, Any], model_id: str) -> bool:
-    """Whether the caller may see (and use) `model_id`."""
+def visible(connection: ASGIConnection[Any, Any, Any, Any], model: ModelEntry, snapshot: CatalogSnapshot) -> bool:
+    """Whether the caller may see (and use) `model`: one of its key's models, and for a key with a
+    budget one with a price on some backend (access.md: a budget needs a price; pinned to a
+    priced backend, a model priced on some backends only can still be used)."""
     entry = caller(connection)
-    return entry is None or entry.record.models is None or model_id in entry.record.models
+    if entry is None:
+        return True
+    if entry.record.models is not None and model.id not in entry.record.models:
+        return False
+    if entry.record.budget_usd is None:
+        return True
+    now = datetime.now(UTC)
+    for deployment in model.deployments:
+        price = snapshot.price_at(deployment.provider, model.id, now)
+        if price is not None and price.input is not None and price.output is not None:
+            return True
+    return False

@@ -84,8 +84,10 @@ async def openai_models(state: State, request: Request[Any, Any, Any]) -> Respon
     service: Service = state.service
     assert service.router is not None
     created = int(time.time())
-    models = service.router.snapshot.models
-    cards = [fmt.ModelCard(id=entry.id, created=created) for entry in models if visible(request, entry.id)]
+    snapshot = service.router.snapshot
+    cards = [
+        fmt.ModelCard(id=entry.id, created=created) for entry in snapshot.models if visible(request, entry, snapshot)
+    ]
     return Response(fmt.encoder.encode(fmt.ModelCards(data=cards)), media_type="application/json")
 
 
@@ -96,8 +98,9 @@ async def openai_model(state: State, request: Request[Any, Any, Any]) -> Respons
     service: Service = state.service
     assert service.router is not None
     name = str(request.path_params["model_id"]).lstrip("/")
-    entry = service.router.snapshot.resolve(name)
-    if entry is None or not visible(request, entry.id):
+    snapshot = service.router.snapshot
+    entry = snapshot.resolve(name)
+    if entry is None or not visible(request, entry, snapshot):
         raise NotFound(f"model '{clip(name)}' does not exist")
     card = fmt.ModelCard(id=entry.id, created=int(time.time()))
     return Response(fmt.encoder.encode(card), media_type="application/json")

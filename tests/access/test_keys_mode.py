@@ -122,6 +122,14 @@ async def test_a_budget_needs_a_price_on_every_backend(gw: GatewayHandle, make_k
     key = await make_key(budget_usd="5")
     refused = await gw.client.post(COMPLETIONS, json=body("free"), headers=bearer(key["secret"]))
     assert _error(refused) == (403, "permission_error", "this model has no price, so a budget cannot be enforced")
+    # nor is it listed to that key (access.md: the lists show the models it may use)
+    headers = bearer(key["secret"])
+    assert [m["id"] for m in (await gw.client.get("/v1/models", headers=headers)).json()["data"]] == ["chat", "other"]
+    assert [m["id"] for m in (await gw.client.get("/api/v1/models", headers=headers)).json()["data"]] == [
+        "chat",
+        "other",
+    ]
+    assert (await gw.client.get("/v1/models/free", headers=headers)).status_code == 404
 
 
 async def test_limited_keys_get_openai_headers_on_json_and_streams(
