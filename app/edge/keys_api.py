@@ -104,6 +104,22 @@ _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(.*)`(?: - at `\$`
 _OPTIONS = frozenset(KeyInput.__struct_fields__)
 
 
+_LIMITS = ("budget_usd", "rpm", "tpm", "max_concurrency")
+
+
+def _enforceable(service: Service, changes: KeyChanges) -> None:
+    """400 for a limit this deployment cannot keep: several processes count limits in Redis only
+    (`serve` refuses to start so); a key given one over HTTP afterwards had every request refused."""
+    server = service.settings.server
+    processes = server.workers * server.replicas
+    if service.settings.redis is not None or processes == 1:
+        return
+    for option in _LIMITS:
+        if getattr(changes, option) not in (UNSET, None):
+            detail = f"limits need [redis] here: {processes} processes share them"
+            raise InvalidRequest(f"invalid key: {option}: {detail}", param=option)
+
+
 def _key_id(request: Request[Any, Any, Any]) -> str:
     """The path's key id; 404 for what cannot be one, before any query (a NUL is a PostgreSQL
     error), and never echoing a secret pasted in its place (access.md: no secret in an error)."""
@@ -156,6 +172,7 @@ async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
     changes = _changes(await request.body())
     if changes.name is UNSET:
         raise InvalidRequest("invalid key: name is required", param="name")
+    _enforceable(service, changes)
     assert service.engine is not None
     record, secret = await create_key(service.engine, _models_checked(service, changes))
     await _publish(service, record)
@@ -198,6 +215,7 @@ async def change(request: Request[Any, Any, Any]) -> Response[bytes]:
     if current is None:
         raise NotFound(f"no key '{key_id[:64]}'")
     changes = _models_checked(service, _changes(await request.body(), current))
+    _enforceable(service, changes)
     record = await update_key(service.engine, key_id, changes)
     if record is None:
         raise NotFound(f"no key '{key_id[:64]}'")

@@ -192,3 +192,25 @@ async def test_an_id_that_is_no_id_is_404_and_a_secret_in_its_place_is_never_ech
     rejected = [line["path"] for line in logs.lines("request", gw) if line.get("status") == "rejected"]
     assert "/api/v1/keys/sy-…" in rejected
     assert secret[3:] not in logs.raw
+
+
+async def test_a_limit_several_processes_without_redis_cannot_keep_is_refused_at_once(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve --workers 2` without Redis starts while no key has limits; a key given one over HTTP
+    then had every request refused (503 limits cannot be checked): it is refused instead."""
+    gw = await keyed_gateway(start_gateway, up, monkeypatch, server={"workers": 2})
+    refused = await gw.client.post("/api/v1/keys", json={"name": "l", "rpm": 2}, headers=bearer(ADMIN))
+    assert refused.status_code == 400
+    assert (refused.json()["error"]["param"], refused.json()["error"]["message"]) == (
+        "rpm",
+        "invalid key: rpm: limits need [redis] here: 2 processes share them",
+    )
+    plain = await gw.client.post("/api/v1/keys", json={"name": "p"}, headers=bearer(ADMIN))
+    assert plain.status_code == 201
+    key_id = plain.json()["id"]
+    budget = {"budget_usd": "1"}
+    assert (await gw.client.patch(f"/api/v1/keys/{key_id}", json=budget, headers=bearer(ADMIN))).status_code == 400
+    assert (
+        await gw.client.patch(f"/api/v1/keys/{key_id}", json={"name": "q"}, headers=bearer(ADMIN))
+    ).status_code == 200
