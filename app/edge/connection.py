@@ -52,7 +52,7 @@ from uvicorn.server import ServerState
 
 from app.edge.anthropic_format import error_document
 from app.edge.cycle import hold_head
-from app.errors import GatewayError, HeadersTooLarge, PayloadTooLarge, RequestTimeout, error_body
+from app.errors import GatewayError, HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout, error_body
 from app.ids import uuid7
 from app.settings import ServerSettings
 from providers.timers import Handle, timers_of
@@ -218,6 +218,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle.disconnected = True  # the application's receive() now says http.disconnect
         cycle.message_event.set()
         self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to what httptools cannot parse (a CR or a NUL in a header value, a
+        broken request line): plain text there, the gateway's JSON error here, as every other."""
+        self._refuse_head(InvalidRequest("malformed HTTP request: a header or the request line breaks HTTP's rules"))
 
     def _refuse_head(self, error: GatewayError) -> None:
         """Answer `error` and close; only close when the response to an earlier (pipelined)

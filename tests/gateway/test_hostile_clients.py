@@ -207,3 +207,14 @@ async def test_the_anthropic_door_refuses_a_head_in_its_own_shape(guarded: Gatew
             "request_id": answer.headers["x-request-id"],
         }
         assert answer.headers["request-id"] == answer.headers["x-request-id"]
+
+
+async def test_a_head_httptools_cannot_parse_gets_the_json_error(guarded: GatewayHandle) -> None:
+    """A key read from a file with a Windows line ending (`Bearer $(cat key)`) puts a CR in the
+    header: uvicorn answered `Invalid HTTP request received.` in plain text."""
+    for head in (HEAD, b"POST /v1/messages HTTP/1.1\r\nhost: gw\r\n"):
+        answer = await exchange(guarded, head + b"authorization: Bearer sy-abc\r\r\n\r\n")
+        assert (answer.status, answer.headers["content-type"]) == (400, "application/json"), answer
+        body = msgspec.json.decode(answer.body)
+        assert body["error"]["message"].startswith("malformed HTTP request")
+        assert ("type" in body) == head.startswith(b"POST /v1/messages")  # Anthropic's shape on its door
