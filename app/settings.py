@@ -214,9 +214,13 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
         for name, entry in providers.items():
             if not re.fullmatch(PROVIDER_NAME, name):
                 raise ConfigError(f'{source}: providers."{name}": a provider name is [a-z0-9][a-z0-9_-]*')
-            _check_gpu_hour(_convert(entry, ProviderSettings, source, f"providers.{name}"), source, name)
+            checked = _convert(entry, ProviderSettings, source, f"providers.{name}")
+            _check_gpu_hour(checked, source, name)
+            _check_url(checked.base_url, source, f"providers.{name}.base_url")
     settings = _convert(raw, Settings, source, "")
     _check_database_url(settings.database.url, source)
+    if settings.redis is not None:
+        _check_url(settings.redis.url, source, "redis.url", numbered_path=True)
     url = _absolute_sqlite_url(settings.database.url, base_dir)
     return msgspec.structs.replace(
         settings, base_dir=str(base_dir), database=msgspec.structs.replace(settings.database, url=url)
@@ -239,6 +243,26 @@ def _check_database_url(url: str, source: str) -> None:
         raise ConfigError(f"{source}: database.url: {message} (a file path after the third slash)")
     if not database:  # the driver would pick one (the user's name): never a Switchyard database by chance
         raise ConfigError(f"{source}: database.url: {message} (it names no database)")
+
+
+def _check_url(url: str, source: str, key: str, *, numbered_path: bool = False) -> None:
+    """A URL its client can use: a host, a port from 1 to 65535 when given, no whitespace or
+    control characters; `numbered_path`: Redis's database number, the whole path (redis-py would
+    read `/fifteen` as database 0)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {key}: not a URL ({exc})") from None
+    if any(char.isspace() or not char.isprintable() for char in url):
+        raise ConfigError(f"{source}: {key}: must not hold spaces or control characters")
+    if not parts.hostname:
+        raise ConfigError(f"{source}: {key}: names no host")
+    if port == 0:
+        raise ConfigError(f"{source}: {key}: port 0 is no port")
+    path = parts.path.removeprefix("/")
+    if numbered_path and path and not path.isdigit():
+        raise ConfigError(f"{source}: {key}: the path is the database number (redis://HOST:PORT/0), not {path!r}")
 
 
 def _check_gpu_hour(entry: ProviderSettings, source: str, name: str) -> None:

@@ -114,8 +114,8 @@ def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | Non
             raise QueryError("group_by", f"unknown group {name[:64]!r} (one of {', '.join(GROUPS)})")
     filters: dict[str, Any] = {name: _values(params, name) for name in FILTERS}
     for name, values in filters.items():
-        if any(char < " " for value in values for char in value):  # a NUL PostgreSQL refuses: no stored value has one
-            raise QueryError(name, "must not hold control characters")
+        if any(char < " " or "\ud800" <= char <= "\udfff" for value in values for char in value):
+            raise QueryError(name, "must not hold control characters or undecodable bytes")  # a NUL: PostgreSQL's error
     for name, known in (("status", STATUSES), ("api", APIS)):
         for value in filters[name]:
             if value not in known:

@@ -139,6 +139,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    value = _count(text)
+    if value > 65535:  # the socket would take it modulo 65536: 70000 listened on 4464
+        raise argparse.ArgumentTypeError(f"must be <= 65535, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="switchyard mock-upstream",
@@ -146,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--host", default="127.0.0.1")
-    add("--port", type=_count, default=9100, help="0 picks a free port (printed on start)")
+    add("--port", type=_port, default=9100, help="0 picks a free port (printed on start)")
     add("--model", default="mock-model", help="the name /v1/models reports; requests may name any")
     add("--latency-ms", type=float, default=0.0, help="delay before the first byte of a completion")
     add("--chunk-delay-ms", type=float, default=0.0, help="delay between streamed chunks")

@@ -153,6 +153,14 @@ def test_a_changed_price_becomes_a_new_row_and_the_old_one_stays(tmp_path: Path)
         ),
         ("[routing]\nrequest_deadline_s = inf", "routing.request_deadline_s: Expected `float` <= 10000000.0"),
         ('[ledger]\njournal = "a\\u0000b"', "ledger.journal: Expected `str` matching regex"),
+        # URLs the clients could not use: `serve` died with a traceback (httpx, redis-py), or
+        # redis-py read `/fifteen` as database 0
+        ('[providers.x]\nkind = "local"\nbase_url = "http://a:abc/v1"', "providers.x.base_url: not a URL"),
+        ('[providers.x]\nkind = "local"\nbase_url = "http://a:99999/v1"', "providers.x.base_url: not a URL"),
+        ('[providers.x]\nkind = "local"\nbase_url = "http://"', "providers.x.base_url: names no host"),
+        ('[providers.x]\nkind = "local"\nbase_url = "http://a/v1\\nHost: b"', "providers.x.base_url: must not hold"),
+        ('[redis]\nurl = "redis://127.0.0.1:abc/15"', "redis.url: not a URL"),
+        ('[redis]\nurl = "redis://127.0.0.1:6379/fifteen"', "redis.url: the path is the database number"),
     ],
 )
 def test_an_invalid_config_exits_2_naming_the_key(tmp_path: Path, extra: str, key: str) -> None:
@@ -284,7 +292,18 @@ def test_a_ctrl_c_while_the_command_imports_ends_it_quietly() -> None:
     assert "invalid choice: 'sideways'" in forwarded.stderr
 
 
-@pytest.mark.parametrize("args", [["launch"], [], ["db"], ["db", "sideways"], ["catalog"], ["serve", "--port", "x"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["launch"],
+        [],
+        ["db"],
+        ["db", "sideways"],
+        ["catalog"],
+        ["serve", "--port", "x"],
+        ["mock-upstream", "--port", "70000"],  # it listened on 70000 modulo 65536
+    ],
+)
 def test_bad_usage_exits_2(tmp_path: Path, args: list[str]) -> None:
     result = run_cli(tmp_path, *args)
     assert result.returncode == 2

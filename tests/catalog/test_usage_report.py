@@ -183,6 +183,7 @@ async def test_an_empty_period(engine: AsyncEngine, seeded: list[dict[str, Any]]
         ({"modle": "gemma"}, "modle"),
         ({"owner": "team\x00"}, "owner"),  # a NUL: PostgreSQL's error, a 500, before
         ({"key": "\x00"}, "key"),
+        ({"model": "x\udcfe"}, "model"),  # a byte that is not UTF-8, from the command line
     ],
 )
 def test_a_bad_parameter_is_named(params: dict[str, str], param: str) -> None:
