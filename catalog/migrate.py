@@ -10,6 +10,10 @@ run them in a worker thread for callers that are inside one (the app's lifespan,
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
@@ -57,7 +61,31 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    """Migrate to `revision`, one process at a time: commands started together on a new database
+    each ran the first migration (`table models already exists`). PostgreSQL takes an advisory
+    lock in the migration's transaction (`migrations/env.py`); a SQLite file is locked here
+    (`flock` on the file itself, which SQLite's own `fcntl` locks do not see)."""
+    with _sqlite_file_locked(url):
+        command.upgrade(alembic_config(url), revision)
+
+
+@contextlib.contextmanager
+def _sqlite_file_locked(url: str) -> Iterator[None]:
+    prefix = "sqlite+aiosqlite:///"
+    path = url[len(prefix) :] if url.startswith(prefix) else ""
+    if not path or path == ":memory:" or path.startswith("file:") or "?" in path:
+        yield  # not a plain file (the caller's own engine, a URI): nothing a second process shares
+        return
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # an empty file is an empty database
+    except OSError:  # no such directory, no right to it: SQLite says so in its own words
+        yield
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # and with it the lock
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -17,6 +17,8 @@ from sqlalchemy.engine import Connection
 from catalog.database import open_engine
 from catalog.tables import metadata
 
+MIGRATION_LOCK = 0x5377_6974_6368  # "Switch": the advisory lock's key, held until the migration commits
+
 
 def _url() -> str:
     url = context.config.attributes.get("url") or context.config.get_main_option("sqlalchemy.url")
@@ -33,6 +35,8 @@ def _run(connection: Connection) -> None:
         compare_type=True,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":  # one migrating process at a time (`catalog.migrate.upgrade`)
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         context.run_migrations()
 
 

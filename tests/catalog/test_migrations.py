@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from catalog import migrate
 from catalog.tables import metadata
 from tests.catalog.conftest import PgDatabases
-from tests.support.cli import run_cli
+from tests.support.cli import cli_env, run_cli
 from tests.support.ports import free_port
 
 TABLES = {
@@ -142,3 +143,19 @@ async def test_a_start_that_does_not_migrate_needs_the_newest_schema(pg_database
             assert result.returncode == 1, result.stderr
             assert result.stderr.startswith(f"switchyard: SchemaNotCurrent: the database {told}")
             assert result.stderr.endswith(": run `switchyard db upgrade` first\n")
+
+
+async def test_commands_started_together_on_a_new_database_migrate_it_once(
+    fresh_url: Callable[[], Awaitable[str]],
+) -> None:
+    """Each ran the first migration at once: `table models already exists`, `duplicate key value
+    violates unique constraint "pg_type_typname_nsp_index"`, or a SQLite file left deleted."""
+    url = await fresh_url()
+    code = f"from catalog.migrate import upgrade; upgrade({url!r})"  # processes: Alembic's context is one per process
+    started = [
+        await asyncio.create_subprocess_exec(sys.executable, "-c", code, env=cli_env(), stderr=asyncio.subprocess.PIPE)
+        for _ in range(4)
+    ]
+    outcomes = [(await process.wait(), (await process.communicate())[1].decode()[-300:]) for process in started]
+    assert outcomes == [(0, "")] * 4
+    assert await migrate.current_async(url) == migrate.head()
