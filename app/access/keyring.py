@@ -127,23 +127,16 @@ class KeyRing:
 
         A secret is hashed as the bytes sent (every key's is ASCII). One that is not ASCII (an
         admin secret of the operator's choosing) may come as UTF-8 (curl) or as Latin-1 (clients
-        that encode header text so): the bytes are looked up first, then their Latin-1 text.
-        Two different secrets (`Authorization` and `x-api-key`, or either twice) are a 401: which
-        one counts would depend on the headers' order."""
+        that encode header text so): the bytes are looked up first, then their Latin-1 text."""
         secret = None
         for name, value in headers:
-            given = None
             if name == b"authorization":
                 if value[:7].lower() == _BEARER:
-                    given = value[7:].strip()
+                    secret = value[7:].strip()
                 elif basic and value[:6].lower() == _BASIC:
-                    given = _basic_password(value[6:].strip())
+                    secret = _basic_password(value[6:].strip())
             elif name == b"x-api-key":
-                given = value.strip()
-            if given is not None:
-                if secret is not None and given != secret:
-                    raise AuthenticationFailed(INVALID)
-                secret = given
+                secret = value.strip()
         entry = None
         if secret:
             entry = self._by_hash.get(sha256(secret).digest())
