@@ -34,7 +34,7 @@ import msgspec
 
 from app.errors import InvalidRequest, PermissionDenied
 from catalog.keys import BudgetPeriod
-from catalog.snapshot import CatalogSnapshot, ModelEntry
+from catalog.snapshot import CatalogSnapshot, ModelEntry, PriceRow
 from providers.types import MEDIA_PARTS, AnyRequest, CompletionRequest, TextCompletionRequest
 
 MESSAGE_ALLOWANCE = 16
@@ -88,17 +88,24 @@ class WorstRates(NamedTuple):
     end: datetime | None
 
 
+def budget_priced(snapshot: CatalogSnapshot, provider: str, model: str, when: datetime) -> PriceRow | None:
+    """The price row a budget can be enforced by on `provider` at `when` (input and output rates
+    known), or None: the one test of `worst_rates` and of the model lists a key with a budget sees."""
+    row = snapshot.price_at(provider, model, when)
+    return row if row is not None and row.input is not None and row.output is not None else None
+
+
 def worst_rates(snapshot: CatalogSnapshot, model: ModelEntry, providers: Iterable[str], when: datetime) -> WorstRates:
     """The highest input-side and output-side rates over `providers` at `when` (module doc)."""
     top_in, top_out = Decimal(0), Decimal(0)
     start: datetime | None = None
     end: datetime | None = None
     for provider in providers:
-        row = snapshot.price_at(provider, model.id, when)
-        if row is None or row.input is None or row.output is None:
+        row = budget_priced(snapshot, provider, model.id, when)
+        if row is None:
             raise PermissionDenied(NO_PRICE)
-        top_in = max(top_in, row.input, row.cache_read or top_in, row.cache_write or top_in)
-        top_out = max(top_out, row.output, row.reasoning or top_out)
+        top_in = max(top_in, row.input or top_in, row.cache_read or top_in, row.cache_write or top_in)  # all ≥ 0
+        top_out = max(top_out, row.output or top_out, row.reasoning or top_out)
         start = row.effective_from if start is None else max(start, row.effective_from)
         until = snapshot.price_until(provider, model.id, when)
         end = until if end is None or (until is not None and until < end) else end

@@ -21,6 +21,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
 from app.access.keyring import Entry
+from app.access.worstcase import budget_priced
 from app.errors import AuthenticationFailed, PermissionDenied
 from app.service import Service
 from catalog.snapshot import CatalogSnapshot, ModelEntry
@@ -82,8 +83,4 @@ def visible(connection: ASGIConnection[Any, Any, Any, Any], model: ModelEntry, s
     if entry.record.budget_usd is None:
         return True
     now = datetime.now(UTC)
-    for deployment in model.deployments:
-        price = snapshot.price_at(deployment.provider, model.id, now)
-        if price is not None and price.input is not None and price.output is not None:
-            return True
-    return False
+    return any(budget_priced(snapshot, deployment.provider, model.id, now) for deployment in model.deployments)
