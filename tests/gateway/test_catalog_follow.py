@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import app.catalog_watch
+from app.routing.router import Router
 from catalog.migrate import upgrade_async
 from tests.catalog.conftest import PgDatabases
 from tests.gateway.conftest import CATALOG, CHAT_1, primary_cost, providers_for
@@ -33,6 +34,23 @@ CHANGED = catalog_toml(
 )
 
 
+def sync_changed(tmp_path: Path, url: str) -> None:
+    """`switchyard catalog sync` of `CHANGED` on the database `url`: one price added."""
+    (tmp_path / "catalog" / "test.toml").write_text(CHANGED)
+    config = tmp_path / "sync.toml"
+    config.write_text(f'[database]\nurl = "{url}"\n[catalog]\nfiles = ["catalog/*.toml"]\n')
+    synced = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
+    assert synced.returncode == 0, synced.stderr
+    assert '"prices_added":1' in synced.stdout.replace(" ", "")
+
+
+def vision_on_secondary(router: Router | None) -> bool:
+    """Whether the router follows `CHANGED`: vision-1's new deployment on secondary."""
+    assert router is not None
+    vision = router.snapshot.resolve("vision-1")
+    return vision is not None and vision.deployments[-1].provider == "secondary"
+
+
 async def test_a_price_synced_while_serving_prices_the_next_requests(
     start_gateway: StartGateway,
     primary: ReplayUpstream,
@@ -50,17 +68,9 @@ async def test_a_price_synced_while_serving_prices_the_next_requests(
     kept = gw.service.router.backends(gw.service.router.snapshot.resolve("chat-1"))[0]  # type: ignore[arg-type]
     kept.state.cool_down(0.0, 1e12, "failure")  # live state that must survive the reload
 
-    (tmp_path / "catalog" / "test.toml").write_text(CHANGED)
-    config = tmp_path / "sync.toml"
-    config.write_text(
-        f'[database]\nurl = "sqlite+aiosqlite:///{tmp_path / "switchyard.db"}"\n[catalog]\nfiles = ["catalog/*.toml"]\n'
-    )
-    synced = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
-    assert synced.returncode == 0, synced.stderr
-    assert '"prices_added":1' in synced.stdout.replace(" ", "")
-
+    sync_changed(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'switchyard.db'}")
     router = gw.service.router
-    await wait_until(lambda: router.snapshot.resolve("vision-1").deployments[-1].provider == "secondary", within=5.0)  # type: ignore[union-attr]
+    await wait_until(lambda: vision_on_secondary(router), within=5.0)
     vision = router.backends(router.snapshot.resolve("vision-1"))  # type: ignore[arg-type]
     assert [b.name for b in vision] == ["primary", "secondary"]  # the new deployment is routed to
     chat = router.backends(router.snapshot.resolve("chat-1"))  # type: ignore[arg-type]
@@ -95,16 +105,7 @@ async def test_a_database_connection_that_stopped_answering_does_not_stop_the_wa
             gw = await start_gateway(providers=providers_for(primary, secondary), catalog=CATALOG, database_url=proxied)
             proxy.stall()  # the pool's connections; new ones flow
             await asyncio.sleep(0.5)  # a poll is waiting on one of them
-            (tmp_path / "catalog" / "test.toml").write_text(CHANGED)
-            config = tmp_path / "sync.toml"
-            config.write_text(f'[database]\nurl = "{url}"\n[catalog]\nfiles = ["catalog/*.toml"]\n')
-            synced = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
-            assert synced.returncode == 0, synced.stderr
-            router = gw.service.router
-            assert router is not None
-            await wait_until(
-                lambda: router.snapshot.resolve("vision-1").deployments[-1].provider == "secondary",  # type: ignore[union-attr]
-                within=10.0,
-            )
+            sync_changed(tmp_path, url)  # straight to the database, not through the stalled way
+            await wait_until(lambda: vision_on_secondary(gw.service.router), within=10.0)
     finally:
         await databases.drop_all()
