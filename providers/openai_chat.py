@@ -42,7 +42,7 @@ from providers.events import (
     ToolCallStart,
 )
 from providers.openai_request import build_chat_body
-from providers.openai_stream import ChunkBase, OpenAIStreamParser, matched_stop, normalise_finish
+from providers.openai_stream import ChunkBase, OpenAIStreamParser, answer_choice, matched_stop, normalise_finish
 
 __all__ = ["ChatStreamParser", "build_chat_body", "normalise_finish", "parse_chat_response"]
 
@@ -113,11 +113,9 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
     def _choice(self, chunk: _Chunk, events: list[Event]) -> str | None:
         if not chunk.choices:
             return None
-        choice = chunk.choices[0]
-        if choice.index:  # the answer is choice 0, as a whole answer's; another one's deltas are not its
-            choice = next((other for other in chunk.choices if other.index == 0), None)  # type: ignore[assignment]
-            if choice is None:
-                return None
+        choice = answer_choice(chunk.choices)
+        if choice is None:
+            return None
         delta = choice.delta if choice.delta is not None else choice.message
         if delta is not None:
             self._delta(delta, events)

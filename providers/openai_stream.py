@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 from msgspec import Struct
@@ -289,6 +289,22 @@ def _scrubbed(value: Any) -> Any:
     if isinstance(value, dict):
         return {name: _scrubbed(item) for name, item in value.items()}
     return value
+
+
+class _Indexed(Protocol):
+    index: int
+
+
+_Choice = TypeVar("_Choice", bound=_Indexed)
+
+
+def answer_choice(choices: list[_Choice]) -> _Choice | None:
+    """Choice 0, the answer (a whole answer's is choice 0 too): a second choice a misbehaving
+    upstream streams is not merged into it. One attribute test per chunk in the usual case."""
+    choice = choices[0]
+    if choice.index:
+        return next((other for other in choices if other.index == 0), None)
+    return choice
 
 
 def matched_stop(stop_reason: str | int | None, matched: str | int | None) -> str | None:

@@ -29,7 +29,7 @@ from msgspec import UNSET, Struct, UnsetType
 from providers.config import ProviderConfig
 from providers.events import Event, Logprobs, TextDelta, TokenLogprob, TopLogprob
 from providers.openai_request import BOUNDING_OPTIONS, WireStreamOptions, encode_with_options
-from providers.openai_stream import ChunkBase, OpenAIStreamParser
+from providers.openai_stream import ChunkBase, OpenAIStreamParser, answer_choice
 from providers.types import TextCompletionRequest
 
 __all__ = ["TextStreamParser", "build_text_body", "parse_text_response"]
@@ -114,11 +114,9 @@ class TextStreamParser(OpenAIStreamParser[_TextChunk]):
     def _choice(self, chunk: _TextChunk, events: list[Event]) -> str | None:
         if not chunk.choices:
             return None
-        choice = chunk.choices[0]
-        if choice.index:  # the answer is choice 0, as a whole answer's; another one's deltas are not its
-            choice = next((other for other in chunk.choices if other.index == 0), None)  # type: ignore[assignment]
-            if choice is None:
-                return None
+        choice = answer_choice(chunk.choices)
+        if choice is None:
+            return None
         if choice.text:
             events.append(TextDelta(text=choice.text))
         if choice.logprobs is not None and choice.logprobs.tokens:
