@@ -39,12 +39,11 @@ class HealthMonitor:
         self._task: asyncio.Task[None] | None = None
         self._failing_since: dict[str, float] = {}  # provider -> loop time of its first failed probe
         self._probes: dict[str, int] = {}  # provider -> probes done
-        self._rounds = 0  # `probe_all` calls
 
     @property
     def rounds(self) -> int:
-        """How many probes every probed provider has had (or `probe_all` calls, with none)."""
-        return min((self._probes.get(name, 0) for name in self._probed()), default=self._rounds)
+        """How many probes every probed provider has had (0 with none to probe)."""
+        return min((self._probes.get(name, 0) for name in self._probed()), default=0)
 
     def _probed(self) -> list[str]:
         return [name for name, runtime in self.router.providers.items() if not runtime.state.key_missing]
@@ -70,7 +69,6 @@ class HealthMonitor:
     async def probe_all(self) -> None:
         providers = self.router.providers
         await asyncio.gather(*(self._probe(providers[name]) for name in self._probed()))
-        self._rounds += 1
 
     async def _probe(self, runtime: ProviderRuntime) -> None:
         error: Exception | None = None
