@@ -6,6 +6,7 @@ The database here is a real listener that accepts connections and never answers.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -73,3 +74,15 @@ async def test_a_failed_statement_never_shows_its_values(tmp_path: Path) -> None
     await engine.dispose()
     assert "nosuch" in str(failed.value)
     assert "sy-not-in-the-error" not in str(failed.value)
+
+
+async def test_a_sqlite_file_that_cannot_be_opened_leaves_no_worker_thread_behind() -> None:
+    """aiosqlite stops its thread without waiting: the thread's answer, posted after a command's
+    loop had closed, printed a traceback under the command's one-line error. The connect waits."""
+    engine = open_engine("sqlite+aiosqlite:////proc/switchyard-none/x.db")
+    with pytest.raises(Exception, match="unable to open database file"):
+        async with engine.connect():
+            pass
+    workers = [thread for thread in threading.enumerate() if "_connection_worker_thread" in thread.name]
+    await engine.dispose()
+    assert workers == []
