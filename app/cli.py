@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 import uvicorn
+from alembic.util import CommandError
 from sqlalchemy.engine import make_url
 from uvicorn.supervisors import Multiprocess
 
@@ -125,8 +126,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "db":
         if args.db_command == "upgrade":
             upgrade(settings.database.url)
-        else:
+            return 0
+        try:
             downgrade(settings.database.url, args.revision)
+        except CommandError as exc:  # a revision that does not exist, or is above the database's: bad usage
+            print(f"switchyard db downgrade: {args.revision}: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "catalog" and args.catalog_command in cli_cost.COMMANDS:
         return cli_cost.run(args, settings)

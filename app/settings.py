@@ -25,11 +25,11 @@ import tomllib
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
-from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta, Struct, field
 
+from app.config_urls import database_url_problem, url_problem
 from providers.config import KIND_DEFAULTS, ProviderConfig, ProviderKind, Timeouts, WireProfile
 
 BUNDLED_CONFIG = Path(__file__).parent / "config.example.toml"  # the repository's, installed with the package
@@ -177,6 +177,8 @@ class Settings(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def find_config(explicit: str | None) -> Path:
+    if explicit == "":  # `--config "$UNSET"`: not a request for the defaults
+        raise ConfigError("--config: an empty path names no file")
     for candidate in (explicit, os.environ.get("SWITCHYARD_CONFIG")):
         if candidate:
             path = Path(candidate)
@@ -216,53 +218,23 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
                 raise ConfigError(f'{source}: providers."{name}": a provider name is [a-z0-9][a-z0-9_-]*')
             checked = _convert(entry, ProviderSettings, source, f"providers.{name}")
             _check_gpu_hour(checked, source, name)
-            _check_url(checked.base_url, source, f"providers.{name}.base_url")
+            _refuse(url_problem(checked.base_url), source, f"providers.{name}.base_url")
     settings = _convert(raw, Settings, source, "")
-    _check_database_url(settings.database.url, source)
+    _refuse(database_url_problem(settings.database.url), source, "database.url")
+    if settings.catalog.files == []:  # a sync would empty the catalog: every model gone
+        message = "an empty list names no catalog (leave the key out for the catalog bundled with the package)"
+        raise ConfigError(f"{source}: catalog.files: {message}")
     if settings.redis is not None:
-        _check_url(settings.redis.url, source, "redis.url", numbered_path=True)
+        _refuse(url_problem(settings.redis.url, numbered_path=True), source, "redis.url")
     url = _absolute_sqlite_url(settings.database.url, base_dir)
     return msgspec.structs.replace(
         settings, base_dir=str(base_dir), database=msgspec.structs.replace(settings.database, url=url)
     )
 
 
-def _check_database_url(url: str, source: str) -> None:
-    """One of the two drivers, a URL that parses (its port a number), naming a database: for SQLite
-    a file path after the third slash (`sqlite+aiosqlite://db.sqlite` would name a host)."""
-    message = "must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST:PORT/DB"
-    if not url.startswith(DATABASE_SCHEMES):
-        raise ConfigError(f"{source}: database.url: {message}, not {url.split(':', 1)[0]!r}")
-    parts = urlsplit(url)  # not SQLAlchemy's parser: reading a config imports no SQL (tests/test_architecture.py)
-    try:
-        _port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"{source}: database.url: not a database URL ({exc})") from None
-    database = parts.path.removeprefix("/")
-    if url.startswith("sqlite") and (parts.netloc or not database):
-        raise ConfigError(f"{source}: database.url: {message} (a file path after the third slash)")
-    if not database:  # the driver would pick one (the user's name): never a Switchyard database by chance
-        raise ConfigError(f"{source}: database.url: {message} (it names no database)")
-
-
-def _check_url(url: str, source: str, key: str, *, numbered_path: bool = False) -> None:
-    """A URL its client can use: a host, a port from 1 to 65535 when given, no whitespace or
-    control characters; `numbered_path`: Redis's database number, the whole path (redis-py would
-    read `/fifteen` as database 0)."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"{source}: {key}: not a URL ({exc})") from None
-    if any(char.isspace() or not char.isprintable() for char in url):
-        raise ConfigError(f"{source}: {key}: must not hold spaces or control characters")
-    if not parts.hostname:
-        raise ConfigError(f"{source}: {key}: names no host")
-    if port == 0:
-        raise ConfigError(f"{source}: {key}: port 0 is no port")
-    path = parts.path.removeprefix("/")
-    if numbered_path and path and not path.isdigit():
-        raise ConfigError(f"{source}: {key}: the path is the database number (redis://HOST:PORT/0), not {path!r}")
+def _refuse(problem: str | None, source: str, key: str) -> None:
+    if problem is not None:
+        raise ConfigError(f"{source}: {key}: {problem}")
 
 
 def _check_gpu_hour(entry: ProviderSettings, source: str, name: str) -> None:
@@ -362,9 +334,6 @@ def _key_message(message: str, prefix: str = "") -> str:
 
 def _join(*parts: str) -> str:
     return ".".join(part for part in parts if part)
-
-
-DATABASE_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")  # the two async drivers installed
 
 
 def _absolute_sqlite_url(url: str, base_dir: Path) -> str:

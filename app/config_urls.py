@@ -1,0 +1,80 @@
+"""The URLs of `config.toml` checked before anything connects: `database_url_problem` and
+`url_problem` (a provider's `base_url`, `[redis] url`) say what is wrong, or None; `app.settings`
+names the key and the file (config.md: exit 2).
+
+Parsed with `urllib`, not SQLAlchemy's parser: reading a config imports no SQL
+(tests/test_architecture.py).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlsplit
+
+DATABASE_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")  # the two async drivers installed
+DATABASE_FORM = "must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST:PORT/DB"
+# SQLAlchemy's pysqlite arguments; asyncpg.connect's that a URL can spell as text (not `timeout`,
+# which the service sets, nor the numbers and objects asyncpg takes only as Python values), and
+# SQLAlchemy's own `prepared_statement_cache_size`. tests/test_cli_config.py checks them against asyncpg.
+SQLITE_URL_ARGUMENTS = frozenset(
+    {"uri", "timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements"}
+)
+POSTGRES_URL_ARGUMENTS = frozenset(
+    {"host", "port", "user", "password", "passfile", "service", "servicefile", "ssl"}
+    | {"target_session_attrs", "krbsrvname", "gsslib", "prepared_statement_cache_size"}
+)
+
+
+def database_url_problem(url: str) -> str | None:
+    """One of the two drivers, a URL that parses (its port a number), naming a database (for SQLite
+    a file path after the third slash: `sqlite+aiosqlite://db.sqlite` would name a host), with
+    only the arguments its driver takes."""
+    if not url.startswith(DATABASE_SCHEMES):
+        return f"{DATABASE_FORM}, not {url.split(':', 1)[0]!r}"
+    parts = urlsplit(url)
+    try:
+        _port = parts.port
+    except ValueError as exc:
+        return f"not a database URL ({exc})"
+    database = parts.path.removeprefix("/")
+    if url.startswith("sqlite") and (parts.netloc or not database):
+        return f"{DATABASE_FORM} (a file path after the third slash)"
+    if not database:  # the driver would pick one (the user's name): never a Switchyard database by chance
+        return f"{DATABASE_FORM} (it names no database)"
+    return _arguments_problem(url, parts.query)
+
+
+def _arguments_problem(url: str, query: str) -> str | None:
+    """SQLAlchemy passes a PostgreSQL URL's arguments to `asyncpg.connect` (an unknown one was a
+    TypeError at the first connection) and drops a SQLite URL's unknown ones with a warning
+    (`?mode=ro` without `uri=true` was silently ignored). The SQLite URI form (`uri=true`) hands
+    the rest to SQLite itself."""
+    names = [name for name, _value in parse_qsl(query, keep_blank_values=True)]
+    sqlite = url.startswith("sqlite")
+    if sqlite and "uri" in names:
+        return None
+    accepted = SQLITE_URL_ARGUMENTS if sqlite else POSTGRES_URL_ARGUMENTS
+    unknown = [name for name in names if name not in accepted]
+    if unknown:
+        return f"the driver takes no argument {unknown[0]!r} (it takes {', '.join(sorted(accepted))})"
+    return None
+
+
+def url_problem(url: str, *, numbered_path: bool = False) -> str | None:
+    """A URL its client can use: a host, a port from 1 to 65535 when given, no whitespace or
+    control characters; `numbered_path`: Redis's database number, the whole path (redis-py would
+    read `/fifteen` as database 0)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if any(char.isspace() or not char.isprintable() for char in url):
+        return "must not hold spaces or control characters"
+    if not parts.hostname:
+        return "names no host"
+    if port == 0:
+        return "port 0 is no port"
+    path = parts.path.removeprefix("/")
+    if numbered_path and path and not path.isdigit():
+        return f"the path is the database number (redis://HOST:PORT/0), not {path!r}"
+    return None

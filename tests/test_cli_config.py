@@ -1,0 +1,77 @@
+"""Configuration mistakes the CLI refuses as bad usage (config.md: exit 2, the message naming the
+key) instead of acting on them: an empty `--config`, database URL arguments the driver does not
+take, an empty `[catalog] files`, a downgrade to a revision that does not exist."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from app.config_urls import POSTGRES_URL_ARGUMENTS, SQLITE_URL_ARGUMENTS
+from tests.support.cli import query, run_cli, write_config
+
+SQLITE_URL = 'url = "sqlite+aiosqlite:///switchyard.db"'
+
+
+def test_an_empty_config_path_exits_2_instead_of_reading_the_default(tmp_path: Path) -> None:
+    write_config(tmp_path)  # ./config.toml exists: `--config ""` used it
+    result = run_cli(tmp_path, "db", "upgrade", "--config", "")
+    expected = (2, "", "switchyard: --config: an empty path names no file\n")
+    assert (result.returncode, result.stdout, result.stderr) == expected
+    assert not (tmp_path / "switchyard.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "argument"),
+    [
+        ("postgresql+asyncpg://127.0.0.1:5432/test?foo=bar", "foo"),  # a TypeError at the first connection
+        ("sqlite+aiosqlite:///switchyard.db?mode=ro", "mode"),  # ignored with a warning: not read-only at all
+    ],
+)
+def test_a_database_url_argument_the_driver_does_not_take_exits_2_naming_it(
+    tmp_path: Path, url: str, argument: str
+) -> None:
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace(SQLITE_URL, f'url = "{url}"'))
+    result = run_cli(tmp_path, "db", "upgrade", "--config", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"switchyard: {config}: database.url: the driver takes no argument {argument!r} (")
+
+
+def test_database_url_arguments_the_drivers_take_are_accepted(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace(SQLITE_URL, 'url = "sqlite+aiosqlite:///switchyard.db?timeout=7"'))
+    result = run_cli(tmp_path, "db", "upgrade", "--config", str(config))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert query(tmp_path / "switchyard.db", "SELECT count(*) FROM alembic_version") == [(1,)]
+
+
+def test_the_accepted_url_arguments_are_the_drivers_own() -> None:
+    """asyncpg.connect's parameters (and SQLAlchemy's statement cache size); SQLAlchemy's pysqlite list."""
+    asyncpg_parameters = set(inspect.signature(asyncpg.connect).parameters)
+    assert POSTGRES_URL_ARGUMENTS - {"prepared_statement_cache_size"} <= asyncpg_parameters
+    assert {"uri", "timeout", "check_same_thread"} <= SQLITE_URL_ARGUMENTS
+
+
+def test_an_empty_catalog_file_list_exits_2_instead_of_emptying_the_catalog(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    assert run_cli(tmp_path, "catalog", "sync", "--config", str(config)).returncode == 0
+    config.write_text(config.read_text().replace('files = ["models.toml"]', "files = []"))
+    result = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"switchyard: {config}: catalog.files: an empty list names no catalog "
+        "(leave the key out for the catalog bundled with the package)\n"
+    )
+    assert query(tmp_path / "switchyard.db", "SELECT count(*) FROM models") != [(0,)]
+
+
+def test_a_downgrade_to_a_revision_that_does_not_exist_exits_2_naming_it(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    assert run_cli(tmp_path, "db", "upgrade", "--config", str(config)).returncode == 0
+    result = run_cli(tmp_path, "db", "downgrade", "nonsense", "--config", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "switchyard db downgrade: nonsense: Can't locate revision identified by 'nonsense'\n"
