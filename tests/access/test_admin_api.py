@@ -214,3 +214,17 @@ async def test_a_limit_several_processes_without_redis_cannot_keep_is_refused_at
     assert (
         await gw.client.patch(f"/api/v1/keys/{key_id}", json={"name": "q"}, headers=bearer(ADMIN))
     ).status_code == 200
+
+
+async def test_options_lists_every_method_of_each_key_path(gw: GatewayHandle) -> None:
+    """Litestar's OPTIONS answer kept the first handler's methods only (`OPTIONS, POST` for a path
+    that also lists keys)."""
+    allowed = {}
+    for path in ("/api/v1/keys", "/api/v1/keys/key_x", "/api/v1/keys/me"):
+        response = await gw.client.options(path)
+        allowed[path] = (response.status_code, response.headers["allow"])
+    assert allowed == {
+        "/api/v1/keys": (204, "GET, OPTIONS, POST"),
+        "/api/v1/keys/key_x": (204, "DELETE, OPTIONS, PATCH"),
+        "/api/v1/keys/me": (204, "GET, OPTIONS"),
+    }
