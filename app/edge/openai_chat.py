@@ -166,6 +166,7 @@ class ChatStream:
         self._chunks = _NOT_STARTED
         self._content = _NOT_STARTED.content_head
         self._created = 0
+        self._live_call: int | None = None  # the call whose arguments stream as they come
 
     def render(self, event: ev.Event) -> bytes:
         if type(event) is ev.TextDelta:
@@ -185,10 +186,26 @@ class ChatStream:
         return self._chunks.reasoning(event.text)
 
     def _tool_call_start(self, event: ev.ToolCallStart) -> bytes:
+        if self._live_call is not None:
+            return b""  # sent whole when it ends (`_tool_call_end`)
+        self._live_call = event.index
         return self._chunks.tool_call_start(event.index, event.id, event.name)
 
     def _tool_call_delta(self, event: ev.ToolCallDelta) -> bytes:
+        if event.index != self._live_call:
+            return b""
         return self._chunks.tool_call_args(event.index, event.fragment)
+
+    def _tool_call_end(self, event: ev.ToolCallEnd) -> bytes:
+        """The first call streams live; a later one waits for its end (canonical calls end with the
+        answer) and is sent whole: its start, then all its arguments. Upstreams may interleave the
+        fragments of parallel calls, and the OpenAI SDK's stream helper takes a call for done at the
+        first delta of another (`arguments.done` with '', a strict tool's parse failing)."""
+        if event.index == self._live_call:
+            return b""
+        call, chunks = event.call, self._chunks
+        start = chunks.tool_call_start(event.index, call.id, call.name)
+        return start + chunks.tool_call_args(event.index, call.raw_arguments) if call.raw_arguments else start
 
     def _outcome(self, outcome: ev.Outcome) -> bytes:
         if outcome.error is not None:
@@ -244,7 +261,7 @@ _RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {  # every event but the t
     ev.TextEnd: _nothing,
     ev.ReasoningStart: _nothing,
     ev.ReasoningEnd: _nothing,
-    ev.ToolCallEnd: _nothing,
+    ev.ToolCallEnd: ChatStream._tool_call_end,
     ev.Logprobs: _nothing,  # not asked for (an upstream may send them anyway): `LogprobChatStream` renders them
     ev.Outcome: ChatStream._outcome,
 }

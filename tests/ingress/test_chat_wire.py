@@ -158,6 +158,29 @@ async def test_tool_call_deltas_name_the_call_once(gw: GatewayHandle, primary: R
     assert lines[-1] == "[DONE]"
 
 
+async def test_interleaved_parallel_calls_stream_one_call_at_a_time(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    """vLLM starts the second call before the first one's arguments: the first streams live, the
+    second is sent whole at the end (the SDK takes a call for done at another call's first delta)."""
+    primary.enqueue("vllm_parallel_tool_calls_stream")
+
+    _, lines = await post_stream(gw)
+
+    def start(index: int, call_id: str) -> dict[str, Any]:
+        function = {"name": "get_weather", "arguments": ""}
+        return choice({"tool_calls": [{"index": index, "id": call_id, "type": "function", "function": function}]})
+
+    def args(index: int, text: str) -> dict[str, Any]:
+        return choice({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+
+    assert [line["choices"][0] for line in lines[1:-1]] == [
+        start(0, "call_paris"),
+        args(0, '{"city":"Paris"}'),
+        start(1, "call_tokyo"),
+        args(1, '{"city":"Tokyo"}'),
+        choice({}, "tool_calls"),
+    ]
+
+
 async def test_error_after_the_stream_started(gw: GatewayHandle, primary: ReplayUpstream) -> None:
     """A truncated upstream stream: the error line ends the answer, and no `[DONE]` follows."""
     primary.enqueue("truncated_stream")

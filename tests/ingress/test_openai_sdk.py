@@ -337,6 +337,29 @@ async def test_parallel_tool_calls_streamed_vllm(aclient: openai.AsyncOpenAI, pr
     assert (sent["tool_choice"], sent["parallel_tool_calls"]) == ("auto", True)
 
 
+class GetWeather(pydantic.BaseModel):
+    city: str
+
+
+async def test_interleaved_parallel_calls_through_the_stream_helper_events(
+    aclient: openai.AsyncOpenAI, primary: ReplayUpstream
+) -> None:
+    """A strict tool's arguments are parsed at each `arguments.done` event: interleaved fragments
+    made it fire with '' (a ValidationError out of the loop)."""
+    primary.enqueue("vllm_parallel_tool_calls_stream")
+    done = []
+    async with aclient.chat.completions.stream(
+        model="chat", messages=USER, tools=[openai.pydantic_function_tool(GetWeather, name="get_weather")]
+    ) as stream:
+        async for event in stream:
+            if event.type == "tool_calls.function.arguments.done":
+                done.append((event.index, event.arguments, event.parsed_arguments))
+    assert done == [
+        (0, '{"city":"Paris"}', GetWeather(city="Paris")),
+        (1, '{"city":"Tokyo"}', GetWeather(city="Tokyo")),
+    ]
+
+
 async def test_parallel_tool_calls_that_share_index_0(aclient: openai.AsyncOpenAI, primary: ReplayUpstream) -> None:
     primary.enqueue("parallel_tool_calls_same_index_stream")
 
