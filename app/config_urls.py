@@ -59,10 +59,11 @@ def _arguments_problem(url: str, query: str) -> str | None:
     return None
 
 
-def url_problem(url: str, *, numbered_path: bool = False) -> str | None:
+def url_problem(url: str, *, numbered_path: bool = False, base: bool = False) -> str | None:
     """A URL its client can use: a host, a port from 1 to 65535 when given, no whitespace or
     control characters; `numbered_path`: Redis's database number, the whole path (redis-py would
-    read `/fifteen` as database 0)."""
+    read `/fifteen` as database 0); `base`: a provider's, which its paths are appended to, so no
+    query or fragment (`/v1?x=1/chat/completions`)."""
     parts = urlsplit(url)
     try:
         port = parts.port
@@ -74,6 +75,8 @@ def url_problem(url: str, *, numbered_path: bool = False) -> str | None:
         return "names no host"
     if port == 0:
         return "port 0 is no port"
+    if base and ("?" in url or "#" in url):
+        return "must not hold a query or a fragment (`?`, `#`)"
     path = parts.path.removeprefix("/")
     if numbered_path and path and not path.isdigit():
         return f"the path is the database number (redis://HOST:PORT/0), not {path!r}"

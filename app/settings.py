@@ -218,7 +218,8 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
                 raise ConfigError(f'{source}: providers."{name}": a provider name is [a-z0-9][a-z0-9_-]*')
             checked = _convert(entry, ProviderSettings, source, f"providers.{name}")
             _check_gpu_hour(checked, source, name)
-            _refuse(url_problem(checked.base_url), source, f"providers.{name}.base_url")
+            _check_provider(checked, source, name)
+            _refuse(url_problem(checked.base_url, base=True), source, f"providers.{name}.base_url")
     settings = _convert(raw, Settings, source, "")
     _refuse(database_url_problem(settings.database.url), source, "database.url")
     if settings.catalog.files == []:  # a sync would empty the catalog: every model gone
@@ -235,6 +236,18 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
 def _refuse(problem: str | None, source: str, key: str) -> None:
     if problem is not None:
         raise ConfigError(f"{source}: {key}: {problem}")
+
+
+def _check_provider(entry: ProviderSettings, source: str, name: str) -> None:
+    """Settings that load but do nothing: a breaker whose window never holds its minimum of
+    samples never opens; an empty `api_key_env` named no variable, and the provider ran keyless."""
+    if entry.breaker_min_samples > entry.breaker_window:
+        message = (
+            f"{entry.breaker_min_samples} is more than breaker_window ({entry.breaker_window}): it would never open"
+        )
+        raise ConfigError(f"{source}: providers.{name}.breaker_min_samples: {message}")
+    if entry.api_key_env is not None and not entry.api_key_env.strip():
+        raise ConfigError(f"{source}: providers.{name}.api_key_env: names no variable (leave it out for no key)")
 
 
 def _check_gpu_hour(entry: ProviderSettings, source: str, name: str) -> None:

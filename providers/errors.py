@@ -50,6 +50,7 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import enum
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -212,9 +213,11 @@ def retry_after_from(headers: Mapping[str, str], *, now: float | None = None) ->
 def _retry_after_value(value: str, now: float) -> float | None:
     value = value.strip()
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         pass
+    else:  # `nan` passed the cap (no comparison holds) and cooled nothing; `inf` is no hint either
+        return number if math.isfinite(number) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -241,6 +244,8 @@ def _reset_value(value: str, now: float) -> float | None:
         if not parts or "".join(amount + unit for amount, unit in parts) != value:
             return None
         return sum(float(amount) * _DURATION_UNITS[unit] for amount, unit in parts)
+    if not math.isfinite(number):
+        return None
     if number > 1e12:  # epoch milliseconds
         return number / 1000 - now
     if number > 1e9:  # epoch seconds

@@ -75,3 +75,33 @@ def test_a_downgrade_to_a_revision_that_does_not_exist_exits_2_naming_it(tmp_pat
     result = run_cli(tmp_path, "db", "downgrade", "nonsense", "--config", str(config))
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == "switchyard db downgrade: nonsense: Can't locate revision identified by 'nonsense'\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (  # the window holds 3 outcomes: 10 samples never come, the breaker never opens
+            'kind = "local"\nbase_url = "http://h/v1"\nbreaker_window = 3\nbreaker_min_samples = 10',
+            "providers.x.breaker_min_samples: 10 is more than breaker_window (3): it would never open",
+        ),
+        (  # no variable named: the hosted provider ran without a key, in rotation
+            'kind = "primalabs"\nbase_url = "http://h/v1"\napi_key_env = ""',
+            "providers.x.api_key_env: names no variable (leave it out for no key)",
+        ),
+        (  # the paths are appended to it: POST /v1?x=1/chat/completions
+            'kind = "local"\nbase_url = "http://h/v1?x=1"',
+            "providers.x.base_url: must not hold a query or a fragment (`?`, `#`)",
+        ),
+    ],
+)
+def test_a_provider_setting_that_would_do_nothing_exits_2_naming_it(tmp_path: Path, extra: str, message: str) -> None:
+    config = write_config(tmp_path, extra=f"\n[providers.x]\n{extra}\n")
+    result = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"switchyard: {config}: {message}\n")
+
+
+def test_a_redis_url_keeps_its_query_arguments(tmp_path: Path) -> None:
+    """redis-py reads options from the query (`socket_timeout`): only a provider's base URL refuses one."""
+    config = write_config(tmp_path, extra='\n[redis]\nurl = "redis://127.0.0.1:6379/0?socket_timeout=5"\n')
+    result = run_cli(tmp_path, "db", "upgrade", "--config", str(config))
+    assert (result.returncode, result.stderr) == (0, "")

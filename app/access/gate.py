@@ -300,13 +300,17 @@ class AccessGate:
 
     # -- settlement ----------------------------------------------------------------------------
 
-    def settle(self, ticket: Ticket, cost: Decimal | None, tokens: int) -> None:
-        nano = to_nano(cost)
+    def settle(self, ticket: Ticket, cost: Decimal | None, tokens: int | None) -> None:
+        """The request's real cost and tokens replace what it reserved; None where they are unknown
+        (`app.pipeline.pipeline._settlement`): the reservation, its worst case, stands for it."""
         lane, shared = ticket.lane, self._shared
         if lane is not None and shared is not None:  # leased: Redis's
-            shared.settle_summed(lane, ticket.second, tokens - ticket.tokens, ticket.cost, nano)
-        elif ticket.ask is not None:
-            ticket.limiter.settle(ticket.ask, ticket.second, tokens, nano)
+            nano = to_nano(cost) if cost is not None else ticket.cost
+            used = tokens if tokens is not None else ticket.tokens
+            shared.settle_summed(lane, ticket.second, used - ticket.tokens, ticket.cost, nano)
+        elif (ask := ticket.ask) is not None:
+            nano = to_nano(cost) if cost is not None else ask.cost
+            ticket.limiter.settle(ask, ticket.second, tokens if tokens is not None else ask.tokens, nano)
 
     def _settle_failed(self, key_id: str, reason: str) -> None:
         self._log.error("limits_settle_failed", key_id=key_id, reason=reason)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
+from decimal import Decimal
 from typing import Any
 
 from app.access.gate import AccessGate, Ticket
@@ -276,7 +277,7 @@ class Pipeline:
         outcome = run.outcome = self._outcome(run)
         try:
             if run.ticket is not None and self.access is not None:
-                self.access.settle(run.ticket, outcome.cost.usd, _tokens(outcome))
+                self.access.settle(run.ticket, *_settlement(outcome))
             record = ledger_record(run.ctx, outcome)
             encoded = RECORD_JSON.encode(record)  # once, for the journal's line and the log's
             self._record(record, encoded)
@@ -347,11 +348,20 @@ def _counted_usage(request: AnyRequest, fold: Fold) -> ev.Usage:
     )
 
 
-def _tokens(outcome: Outcome) -> int:
-    usage = outcome.usage
+_ZERO = Decimal(0)
+
+
+def _settlement(outcome: Outcome) -> tuple[Decimal | None, int | None]:
+    """What settles a key's reservation (access.md): the real cost and token count. A failure with
+    no usage settles to 0. Where a figure is unknown otherwise (an answer whose upstream reported no
+    usage, tokens in a bucket the catalog has no price for) it is None: the reservation, the worst
+    case the request was admitted on, stands for it, so an unknown cost never spends a budget's
+    money for free. The ledger keeps NULL (cost.md: unknown is not zero)."""
+    usage, usd = outcome.usage, outcome.cost.usd
     if usage is None:
-        return 0
-    return (
+        failed = outcome.error is not None
+        return (usd if usd is not None else _ZERO if failed else None), (0 if failed else None)
+    return usd, (
         usage.input_tokens
         + usage.output_tokens
         + usage.reasoning_tokens

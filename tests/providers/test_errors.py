@@ -112,6 +112,10 @@ def test_client_message_shapes() -> None:
         ({"retry-after": "99999"}, MAX_RETRY_AFTER),
         ({"retry-after": "-3"}, 0.0),
         ({"retry-after": "soon"}, None),
+        ({"retry-after": "nan"}, None),  # not a hint: the default cool-down, not none at all
+        ({"retry-after": "inf"}, None),
+        ({"x-ratelimit-reset": "NaN"}, None),
+        ({"retry-after": "nan", "x-ratelimit-reset-requests": "4s"}, 4.0),
         ({"x-ratelimit-reset-requests": "1s"}, 1.0),
         ({"x-ratelimit-reset-requests": "6m0s"}, 300.0),
         ({"x-ratelimit-reset-requests": "1m30s"}, 90.0),
