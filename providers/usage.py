@@ -21,7 +21,9 @@ replaces the fields it carries instead of adding to them (`merge_anthropic`).
 Authoritative cost: OpenRouter-style `usage.cost` is USD, xAI's `usage.cost_in_usd_ticks` is
 10^10 ticks per USD. Both become an exact `Decimal`: the Structs here declare `cost` as `Decimal`,
 and msgspec decodes a JSON number into a Decimal field from its text, so `0.000123456789` is never
-a float on the way.
+a float on the way. Digits past the ledger's 18 decimal places (`LEDGER_SCALE`) are rounded off
+(half to even) here, once: the answer said `0.000123456789012345678` while the ledger kept
+`0.000123456789012346`, and the reports' sums were not the sums of what clients were told.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ TICKS_EXPONENT = -10  # xAI: 1 USD = 10^10 ticks
 # being refused by the ledger's columns (a cost has 12 integer digits) or overflowing a report's sums.
 MAX_REPORTED_TOKENS = 10**9
 MAX_BILLED_USD = Decimal(10**9)
+LEDGER_SCALE = 18  # the ledger's cost columns' decimal places (catalog.exact.COST_SCALE)
+_LEDGER_QUANTUM = Decimal(1).scaleb(-LEDGER_SCALE)
 
 
 class PromptTokensDetails(Struct):
@@ -138,8 +142,13 @@ def openai_cost(usage: OpenAIUsage) -> Decimal | None:
     """The cost the upstream says it billed, in USD, or None when it did not say — or said
     something no bill can be (a negative amount, not a number, a billion dollars): then the catalog's estimate is
     the cost, as for any upstream that reports none."""
-    if usage.cost is not None and usage.cost.is_finite() and 0 <= usage.cost < MAX_BILLED_USD:
-        return usage.cost
+    cost = usage.cost
+    if cost is not None and cost.is_finite() and 0 <= cost < MAX_BILLED_USD:
+        exponent = cost.as_tuple().exponent
+        if isinstance(exponent, int) and exponent < -LEDGER_SCALE:
+            cost = cost.quantize(_LEDGER_QUANTUM)  # the digits the ledger keeps (module doc)
+            return Decimal(format(cost.normalize(), "f"))  # no trailing zeros, no exponent
+        return cost
     if usage.cost_in_usd_ticks is not None and 0 <= usage.cost_in_usd_ticks < MAX_BILLED_USD.scaleb(-TICKS_EXPONENT):
         return Decimal(usage.cost_in_usd_ticks).scaleb(TICKS_EXPONENT)
     return None

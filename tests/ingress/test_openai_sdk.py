@@ -15,6 +15,7 @@ import pytest
 
 from tests.ingress.conftest import primary_cost, upstream_body
 from tests.support.gateway import GatewayHandle
+from tests.support.observe import rows_when
 from tests.support.replies import answer, chunk, usage_chunk
 from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
 
@@ -245,8 +246,12 @@ async def test_authoritative_cost_is_exact(gw: GatewayHandle, primary: ReplayUps
     lines = [line for line in response.text.split("\n\n") if line]
     assert lines[-1] == "data: [DONE]"
     final = json.loads(lines[-2].removeprefix("data: "), parse_float=Decimal)
-    assert final["usage"]["cost"] == Decimal("0.000123456789012345678")
+    # the upstream billed 0.000123456789012345678: rounded once to the ledger's 18 places, so the
+    # answer and the ledger say the same
+    assert str(final["usage"]["cost"]) == "0.000123456789012346"
     assert final["usage"]["cost_source"] == "authoritative"
+    (row,) = await rows_when(gw, 1)
+    assert Decimal(row["cost_usd"]) == Decimal("0.000123456789012346")
 
 
 async def test_no_usage_object_when_the_upstream_reported_none(

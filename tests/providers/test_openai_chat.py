@@ -117,7 +117,7 @@ STREAMS: dict[str, list[Event]] = {
     "openrouter_cost_stream.json": [
         UpstreamMeta("gen-1767225600-AbCdEf"),
         TextDelta("Ok"),
-        UsageReport(Usage(input_tokens=42, output_tokens=17), cost_usd=Decimal("0.000123456789012345678")),
+        UsageReport(Usage(input_tokens=42, output_tokens=17), cost_usd=Decimal("0.000123456789012346")),
         Finish("stop"),
     ],
     "structured_output_stream.json": [

@@ -6,8 +6,10 @@ from decimal import Decimal
 
 import pytest
 
+from catalog.exact import COST_SCALE
 from providers.events import Usage, UsageReport
 from providers.usage import (
+    LEDGER_SCALE,
     AnthropicUsage,
     anthropic_buckets,
     decode_openai_usage,
@@ -83,11 +85,24 @@ def test_missing_totals_and_lenient_numbers() -> None:
 
 
 def test_cost_is_exact_decimal() -> None:
-    usage = decode_openai_usage('{"prompt_tokens":42,"completion_tokens":17,"cost":0.000123456789012345678}')
-    assert openai_cost(usage) == Decimal("0.000123456789012345678")
-    assert str(openai_cost(usage)) == "0.000123456789012345678"
+    usage = decode_openai_usage('{"prompt_tokens":42,"completion_tokens":17,"cost":0.000123456789012345}')
+    assert str(openai_cost(usage)) == "0.000123456789012345"
     assert openai_cost(decode_openai_usage('{"cost":1e-7}')) == Decimal("1E-7")
     assert openai_cost(decode_openai_usage('{"cost":0}')) == Decimal(0)
+
+
+@pytest.mark.parametrize(
+    ("reported", "kept"),
+    [
+        ("0.000123456789012345678", "0.000123456789012346"),  # the answer said 21 places, the ledger 18
+        ("0.1234567890123456785", "0.123456789012345678"),  # half to even
+        ("1e-20", "0"),
+        ("100.0000000000000000005", "100"),
+    ],
+)
+def test_a_cost_past_the_ledgers_places_is_rounded_once_to_them(reported: str, kept: str) -> None:
+    assert LEDGER_SCALE == COST_SCALE
+    assert str(openai_cost(decode_openai_usage(f'{{"cost":{reported}}}'))) == kept
 
 
 def test_cost_in_usd_ticks() -> None:
