@@ -6,6 +6,10 @@ snapshot and the configured providers. Resolution:
 1. `model` names a catalog id or alias (unknown → 400 `model`); no `model` means the default:
    the catalog model marked `default` that has a ready backend, preferring the one whose best ready
    deployment has the highest priority (none → 503);
+   A model with no backend on a configured provider (none configured) is a 503 with
+   `Retry-After: UNCONFIGURED_RETRY_S` (api.md: with `Retry-After`): a deployment synced into the
+   catalog is in use within the catalog watch's poll (`app.catalog_watch.CATALOG_POLL_S`), the
+   soonest anything could change.
 2. a `provider` pin must name a configured provider (else 400 `provider`) that serves the model
    (else 400 `provider`);
 3. the route is every backend of the model on a configured provider, in priority order
@@ -26,6 +30,8 @@ from app.settings import ProviderPolicy
 from catalog.snapshot import CatalogSnapshot, ModelEntry
 from providers.adapter import Provider
 from providers.config import ProviderConfig
+
+UNCONFIGURED_RETRY_S = 5.0  # app.catalog_watch.CATALOG_POLL_S (tests/routing check they agree)
 
 
 class StatePublisher(Protocol):
@@ -167,7 +173,7 @@ class Router:
                 raise InvalidRequest(f"provider: provider '{pin}' does not serve model '{model.id}'", param="provider")
             names = (pin,)
         if not backends:
-            raise NoBackendAvailable("no backend is available for this model")
+            raise NoBackendAvailable("no backend is available for this model", retry_after=UNCONFIGURED_RETRY_S)
         return Route(model, backends, names)
 
     def _default_model(self, now: float) -> ModelEntry:
@@ -191,5 +197,5 @@ class Router:
                 best = (rank, entry)
         chosen = best or fallback
         if chosen is None:
-            raise NoBackendAvailable("no backend is available for this model")
+            raise NoBackendAvailable("no backend is available for this model", retry_after=UNCONFIGURED_RETRY_S)
         return chosen[1]

@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
+from app.catalog_watch import CATALOG_POLL_S
+from app.routing.router import UNCONFIGURED_RETRY_S
 from tests.gateway.conftest import CATALOG, providers_for
+from tests.support.catalog import catalog_toml, model
 from tests.support.client import COMPLETIONS, USER, post
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.upstream import ReplayUpstream, reply_json
@@ -201,6 +204,20 @@ async def test_failover_to_second_backend(
     assert response.json()["provider"] == "secondary"
     (row,) = await gw.ledger_rows()
     assert (row["provider"], row["attempts"], row["status"]) == ("secondary", 2, "ok")
+
+
+async def test_a_model_served_by_no_configured_provider_is_503_with_retry_after(
+    start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    """api.md: 503 `no backend is available` when none is configured — with `Retry-After`: a
+    deployment synced into the catalog is in use within the catalog watch's poll."""
+    catalog = catalog_toml(model("elsewhere", ("nowhere", "org/x", 10), default=True))
+    gw = await start_gateway(providers=providers_for(primary, secondary), catalog=catalog)
+    for payload in ({"model": "elsewhere", "messages": [USER]}, {"messages": [USER]}):  # named, and no default
+        response = await post(gw, payload)
+        assert_error(response, 503, "unavailable", "no backend is available for this model")
+        assert response.headers["retry-after"] == str(int(UNCONFIGURED_RETRY_S)) == str(int(CATALOG_POLL_S))
+    assert primary.requests == secondary.requests == []
 
 
 async def test_no_backend_available_is_503(
