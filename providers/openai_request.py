@@ -41,6 +41,7 @@ from providers.types import (
     ToolCallData,
     ToolCallPart,
     ToolChoice,
+    ToolDefinition,
     ToolResultData,
     ToolResultPart,
 )
@@ -128,6 +129,7 @@ class WireFunction(Struct):
     name: str
     description: str | UnsetType = UNSET
     parameters: dict[str, Any] | UnsetType = UNSET
+    strict: bool | UnsetType = UNSET
 
 
 class WireTool(Struct):
@@ -212,7 +214,7 @@ def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *,
     if stream and wire.stream_usage:
         body.stream_options = WireStreamOptions()
     if req.tools:
-        body.tools = [_tool(tool.name, tool.description, tool.parameters) for tool in req.tools]
+        body.tools = [_tool(tool) for tool in req.tools]
     if req.tool_choice is not None and req.tools:  # a choice among no tools: hosts refuse it (vLLM: 400)
         body.tool_choice = _tool_choice(req.tool_choice)
     if req.schema is not None:
@@ -264,12 +266,13 @@ def _sampling_extras(req: CompletionRequest, body: ChatBody) -> None:
             setattr(body, name, value)
 
 
-def _tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> WireTool:
+def _tool(tool: ToolDefinition) -> WireTool:
     return WireTool(
         function=WireFunction(
-            name=name,
-            description=UNSET if description is None else description,
-            parameters=UNSET if parameters is None else parameters,
+            name=tool.name,
+            description=UNSET if tool.description is None else tool.description,
+            parameters=UNSET if tool.parameters is None else tool.parameters,
+            strict=UNSET if tool.strict is None else tool.strict,
         )
     )
 

@@ -120,6 +120,7 @@ class ToolDefinition(Struct, omit_defaults=True):
     name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # OpenAI's `function.strict`: arguments that follow `parameters` exactly
 
 
 class ToolChoice(Struct, omit_defaults=True):

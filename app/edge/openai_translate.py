@@ -234,7 +234,7 @@ def _arguments(raw: str) -> object:
 
 def _tool(tool: wire.Tool) -> ToolDefinition:
     function = tool.function
-    return ToolDefinition(function.name, function.description, function.parameters)
+    return ToolDefinition(function.name, function.description, function.parameters, function.strict)
 
 
 def _tool_choice(choice: Literal["auto", "none", "required"] | wire.NamedToolChoice | None) -> ToolChoice | None:

@@ -363,6 +363,8 @@ async def test_interleaved_parallel_calls_through_the_stream_helper_events(
         (0, '{"city":"Paris"}', GetWeather(city="Paris")),
         (1, '{"city":"Tokyo"}', GetWeather(city="Tokyo")),
     ]
+    (tool,) = upstream_body(primary)["tools"]
+    assert tool["function"]["strict"] is True  # the SDK's strict tool stays strict upstream (it was dropped)
 
 
 async def test_parallel_tool_calls_that_share_index_0(aclient: openai.AsyncOpenAI, primary: ReplayUpstream) -> None:
