@@ -53,6 +53,7 @@ from app.access.keyring import INVALID, Entry, KeyRing
 from app.access.lane import Lane
 from app.access.limiter import Ask, Limiter, LimiterDown, LocalLimiter, Verdict
 from app.access.redis_limiter import RedisLimiter
+from app.access.window_view import window_now
 from app.access.worstcase import (
     WorstRates,
     from_nano,
@@ -316,6 +317,13 @@ class AccessGate:
         self._log.error("limits_settle_failed", key_id=key_id, reason=reason)
 
     # -- the key's own view --------------------------------------------------------------------
+
+    async def window_headers(self, entry: Entry) -> RateHeaders:
+        """The `x-ratelimit-*` headers of a response that is not an admission (`app.access.window_view`)."""
+        if entry.rpm < 0 and entry.tpm < 0:
+            return b""
+        view = await window_now(entry, self._local, self._shared)
+        return rate_headers(entry, view) if view is not None else b""
 
     async def spend(self, record: KeyRecord, now: datetime) -> tuple[Decimal, datetime | None, datetime | None]:
         """Spent in the key's current budget period (all time without a budget), and the period."""

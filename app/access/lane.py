@@ -27,6 +27,10 @@ def _base(prefix: str, key_id: str) -> str:
     return f"{prefix}:lim:{{{key_id}}}"
 
 
+def window_key(prefix: str, key_id: str) -> str:
+    return f"{_base(prefix, key_id)}:window"
+
+
 def spend_key(prefix: str, key_id: str, period: str) -> str:
     return f"{_base(prefix, key_id)}:spend:{period}"
 
@@ -56,7 +60,7 @@ class Lane:
     def __init__(self, limiter: Owner, key_id: str, period: str, limits: tuple[int, ...]) -> None:
         base = _base(limiter.prefix, key_id)
         spend = spend_key(limiter.prefix, key_id, period)
-        keys = Script.keys(f"{base}:window", f"{base}:flight", spend, f"{base}:lease")
+        keys = Script.keys(window_key(limiter.prefix, key_id), f"{base}:flight", spend, f"{base}:lease")
         self.spend_keys = Script.keys(spend)
         self.admit_tail = b"".join(bulk(b"%d" % limit) for limit in limits)  # ARGV[4..8]
         count = 4 + len(limits) + (limiter.clock is not None)  # ARGV[9]: the lease asked, ARGV[10]: the clock

@@ -174,6 +174,18 @@ class LocalLimiter:
                 return "max_concurrency", 1.0
         return None
 
+    def window(self, key_id: str, rpm: int, tpm: int) -> Verdict:
+        """The key's window as it stands, nothing admitted (`app.access.window_view`)."""
+        state, now = self._keys.get(key_id), time.time()
+        live = [bucket for bucket in state.buckets if bucket[0] > int(now) - WINDOW_S] if state is not None else []
+        requests, tokens, reset = sum(b[1] for b in live), sum(b[2] for b in live), _reset(deque(live), now)
+        return Verdict(
+            remaining_requests=max(0, self._limit(rpm) - requests),
+            reset_requests_s=reset,
+            remaining_tokens=max(0, self._limit(tpm) - tokens),
+            reset_tokens_s=reset,
+        )
+
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         state = self._keys.setdefault(ask.key_id, _KeyState())
         state.budgets.setdefault(ask.period, [spent, 0, 0])

@@ -52,7 +52,7 @@ from app.context import RequestContext
 from app.edge import anthropic_format as fmt
 from app.edge.anthropic_request import decode_messages
 from app.edge.asgi import serve
-from app.edge.key_guard import require_key
+from app.edge.key_guard import rate_window, require_key
 from app.edge.rejection import as_gateway_error
 from app.errors import GatewayError, NotFound
 from app.pipeline import events as ev
@@ -113,7 +113,13 @@ def _translate(body: bytes, service: Service) -> _Messages:
     return _Messages(decode_messages(body, service.router.providers))
 
 
-@route("/{rest:path}", http_method=list(HttpMethod), include_in_schema=False, guards=[require_key])
+@route(
+    "/{rest:path}",
+    http_method=list(HttpMethod),
+    include_in_schema=False,
+    middleware=[rate_window],
+    guards=[require_key],
+)
 async def unknown_path() -> None:
     """Anything else under `/v1/messages` (`count_tokens`, `batches`): a 404 in Anthropic's shape."""
     raise NotFound("no such endpoint")

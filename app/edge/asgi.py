@@ -37,14 +37,15 @@ from typing import Any, Protocol
 
 from litestar.types import Receive, Scope, Send
 
+from app.access.keyring import Entry
 from app.context import ANONYMOUS, Ingress, RequestContext, new_context
 from app.edge.cycle import write_head
 from app.edge.direct import RESPONSE_STARTED
 from app.edge.guards import check_json_headers
 from app.edge.relay import Relay, StreamRenderer
-from app.errors import InvalidRequest, MethodNotAllowed, PayloadTooLarge, UsageNotRecordable
+from app.errors import GatewayError, InvalidRequest, MethodNotAllowed, PayloadTooLarge, UsageNotRecordable
 from app.ids import uuid7
-from app.pipeline.events import Outcome, RateHeaders, header_pairs
+from app.pipeline.events import Outcome, RateHeaders, header_pairs, header_texts
 from app.service import Service
 from providers.types import AnyRequest
 
@@ -94,12 +95,16 @@ async def serve(
     body = await read_body(receive, server.max_body_bytes)
     if body is None:
         return  # the client went away before sending its body: nobody to answer
-    principal = ANONYMOUS
+    principal, entry = ANONYMOUS, None
     if service.access is not None:
-        principal = service.access.keyring.authenticate(scope["headers"]).principal
-    door = translate(body, service)
+        entry = service.access.keyring.authenticate(scope["headers"])
+        principal = entry.principal
+    try:
+        door = translate(body, service)
+    except GatewayError as exc:
+        raise await _windowed(exc, entry, service) from None
     if not service.recording:
-        raise UsageNotRecordable("usage cannot be recorded")
+        raise await _windowed(UsageNotRecordable("usage cannot be recorded"), entry, service)
     deadline = asyncio.get_running_loop().time() + service.settings.routing.request_deadline_s
     ctx = new_context(request_id, ingress, stream=door.stream, deadline=deadline, principal=principal)
     own = () if door.id_header is None else ((door.id_header, request_id.encode()),)  # the door's own id header
@@ -116,11 +121,21 @@ async def serve(
             events = service.pipeline.stream(ctx, door.request)
             relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s)
             await send_stream(relay, send, request_id, watch, scope["state"], own)
-    except InvalidRequest as exc:
+    except GatewayError as exc:
         renames = door.renames
-        if renames is None or exc.param not in renames:
-            raise
-        raise exc.renamed(renames[exc.param]) from None
+        if isinstance(exc, InvalidRequest) and renames is not None and exc.param in renames:
+            raise await _windowed(exc.renamed(renames[exc.param]), entry, service) from None
+        raise await _windowed(exc, entry, service)  # noqa: B904 (the same exception, its traceback kept)
+
+
+async def _windowed(exc: GatewayError, entry: Entry | None, service: Service) -> GatewayError:
+    """`exc` with the window headers of a key with `rpm` or `tpm` (access.md: every response),
+    when it has none: a refusal before the request's admission (a 400 naming a field, a 403 for a
+    model the key may not use); an admitted request's errors carry its admission's."""
+    if entry is not None and (entry.rpm >= 0 or entry.tpm >= 0) and exc.extra_headers is None:
+        assert service.access is not None
+        exc.extra_headers = header_texts(await service.access.window_headers(entry))
+    return exc
 
 
 def begin(scope: Scope, methods: tuple[str, ...] = ("POST",)) -> str:

@@ -15,7 +15,7 @@ from litestar import Request, get
 from litestar.datastructures import State
 from litestar.response import Response
 
-from app.edge.key_guard import require_admin
+from app.edge.key_guard import rate_window, require_admin
 from app.errors import InvalidRequest
 from app.service import Service
 from catalog.drift import price_drift
@@ -39,7 +39,7 @@ def _period(request: Request[object, object, State]) -> Period:
         raise InvalidRequest(exc.message, param=exc.param) from None
 
 
-@get("/api/v1/catalog/drift", guards=[require_admin])
+@get("/api/v1/catalog/drift", middleware=[rate_window], guards=[require_admin])
 async def catalog_drift(request: Request[object, object, State], state: State) -> Response[bytes]:
     period = _period(request)
     service: Service = state.service
@@ -47,7 +47,7 @@ async def catalog_drift(request: Request[object, object, State], state: State) -
     return Response(_encoder.encode(await price_drift(service.engine, period)), media_type=_JSON)
 
 
-@get("/api/v1/catalog/gpu-cost", guards=[require_admin])
+@get("/api/v1/catalog/gpu-cost", middleware=[rate_window], guards=[require_admin])
 async def catalog_gpu_cost(request: Request[object, object, State], state: State) -> Response[bytes]:
     period = _period(request)
     service: Service = state.service

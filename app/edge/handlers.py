@@ -19,7 +19,7 @@ from litestar import HttpMethod, Request, get, route
 from litestar.datastructures import State
 from litestar.response import Response
 
-from app.edge.key_guard import require_key, visible
+from app.edge.key_guard import rate_window, require_key, visible
 from app.edge.models_view import model_list
 from app.exposition import CONTENT_TYPE
 from app.service import Service
@@ -35,7 +35,7 @@ def _service(state: State) -> Service:
     return service
 
 
-@get("/api/v1/models", guards=[require_key])
+@get("/api/v1/models", middleware=[rate_window], guards=[require_key])
 async def list_models(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every model, or with API keys the models the caller's key may use."""
     router = _service(state).router

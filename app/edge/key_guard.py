@@ -10,6 +10,11 @@ With `[auth] mode = "none"` both let everything through. The authenticated key i
 request's state (`caller`), for handlers that show a key only what it may see (`/v1/models`,
 `/api/v1/models`, `/api/v1/keys/me`). A refusal raises from the one error tree, so each door's
 own exception handler renders it in its shape.
+
+A key with `rpm` or `tpm` gets its window's `x-ratelimit-*` headers on these routes' responses,
+errors included (access.md: every response to a key with limits): the guard reads the window
+(`AccessGate.window_headers`) and `rate_window`, the routes' middleware, adds them to the head.
+Route middleware, not the app's: the completion doors stay direct (`app.edge.direct`).
 """
 
 from __future__ import annotations
@@ -19,41 +24,61 @@ from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.access.keyring import Entry
 from app.access.worstcase import budget_priced
 from app.errors import AuthenticationFailed, PermissionDenied
+from app.pipeline.events import header_pairs
 from app.service import Service
 from catalog.snapshot import CatalogSnapshot, ModelEntry
 
 _STATE = "api_key"
+_RATE = "api_key_rate_headers"
 
 
-def require_key(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
-    _authenticate(connection, basic=False)
+async def require_key(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
+    await _authenticate(connection, basic=False)
 
 
-def _authenticate(connection: ASGIConnection[Any, Any, Any, Any], *, basic: bool) -> None:
+async def _authenticate(connection: ASGIConnection[Any, Any, Any, Any], *, basic: bool) -> None:
     service: Service = connection.app.state.service
     if service.access is not None:
-        connection.scope.setdefault("state", {})[_STATE] = service.access.keyring.authenticate(
-            connection.scope["headers"], basic=basic
-        )
+        state = connection.scope.setdefault("state", {})
+        entry = state[_STATE] = service.access.keyring.authenticate(connection.scope["headers"], basic=basic)
+        if entry.rpm >= 0 or entry.tpm >= 0:
+            state[_RATE] = await service.access.window_headers(entry)
 
 
-def require_admin(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-    require_key(connection, handler)
+def rate_window(app: ASGIApp) -> ASGIApp:
+    """Route middleware: the authenticated key's window headers (module doc) on the response head."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_window(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                block = scope.get("state", {}).get(_RATE)
+                if block:
+                    message["headers"] = [*message.get("headers", ()), *header_pairs(block)]
+            await send(message)
+
+        await app(scope, receive, send_with_window)
+
+    return middleware
+
+
+async def require_admin(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    await require_key(connection, handler)
     entry = caller(connection)
     if entry is not None and not entry.admin:
         what = "manage keys" if connection.scope["path"].startswith("/api/v1/keys") else "read this report"
         raise PermissionDenied(f"this API key may not {what}: use the admin key")
 
 
-def require_page_key(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
+async def require_page_key(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:
     """`require_key` that also takes an HTTP Basic password: only on the page's own routes (GET),
     never on a route that changes or spends anything (`KeyRing.authenticate` says why)."""
     try:
-        _authenticate(connection, basic=True)
+        await _authenticate(connection, basic=True)
     except AuthenticationFailed as exc:
         exc.extra_headers = {"www-authenticate": 'Basic realm="switchyard usage", charset="UTF-8"'}
         raise

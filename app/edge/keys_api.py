@@ -27,7 +27,7 @@ from msgspec import UNSET, Struct, UnsetType
 
 from app.access.keyring import REDIS_POLL_S, announce
 from app.edge.guards import check_json_headers
-from app.edge.key_guard import caller, require_admin, require_key
+from app.edge.key_guard import caller, rate_window, require_admin, require_key
 from app.edge.validation import validation_error
 from app.errors import InvalidRequest, NotFound, clip
 from app.service import Service
@@ -184,7 +184,7 @@ async def list_all(request: Request[Any, Any, Any]) -> Response[bytes]:
     return _json({"data": [to_builtins(record) for record in await list_keys(service.engine)]})
 
 
-@get("/me", guards=[require_key])
+@get("/me", middleware=[rate_window], guards=[require_key])
 async def me(request: Request[Any, Any, Any]) -> Response[bytes]:
     service = _service(request)
     entry = caller(request)
@@ -232,12 +232,24 @@ async def revoke(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 # One handler a path: Litestar's automatic OPTIONS answer keeps the methods of the first handler
 # registered on its path (`Allow: OPTIONS, POST` here, GET left out), so the methods of a path share one.
-@route("/", http_method=[HttpMethod.GET, HttpMethod.POST], guards=[require_admin], status_code=200)
+@route(
+    "/",
+    http_method=[HttpMethod.GET, HttpMethod.POST],
+    middleware=[rate_window],
+    guards=[require_admin],
+    status_code=200,
+)
 async def keys(request: Request[Any, Any, Any]) -> Response[bytes]:
     return await (create(request) if request.method == "POST" else list_all(request))
 
 
-@route("/{key_id:str}", http_method=[HttpMethod.PATCH, HttpMethod.DELETE], guards=[require_admin], status_code=200)
+@route(
+    "/{key_id:str}",
+    http_method=[HttpMethod.PATCH, HttpMethod.DELETE],
+    middleware=[rate_window],
+    guards=[require_admin],
+    status_code=200,
+)
 async def one_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     return await (change(request) if request.method == "PATCH" else revoke(request))
 

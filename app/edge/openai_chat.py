@@ -36,7 +36,7 @@ from msgspec import UNSET
 from app.context import RequestContext
 from app.edge import openai_format as fmt
 from app.edge.asgi import serve
-from app.edge.key_guard import require_key, visible
+from app.edge.key_guard import rate_window, require_key, visible
 from app.edge.openai_format import created_of, usage_of
 from app.edge.openai_translate import decode_chat, to_request
 from app.errors import GatewayError, NotFound, clip, stream_error_view
@@ -78,7 +78,7 @@ def _translate(body: bytes, _service: Service) -> _Chat:
     return _Chat(decode_chat(body))
 
 
-@get("/v1/models", guards=[require_key])
+@get("/v1/models", middleware=[rate_window], guards=[require_key])
 async def openai_models(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
     """Catalog ids, not aliases; with API keys, only the models the caller's key may use."""
     service: Service = state.service
@@ -91,7 +91,7 @@ async def openai_models(state: State, request: Request[Any, Any, Any]) -> Respon
     return Response(fmt.encoder.encode(fmt.ModelCards(data=cards)), media_type="application/json")
 
 
-@get("/v1/models/{model_id:path}", guards=[require_key])
+@get("/v1/models/{model_id:path}", middleware=[rate_window], guards=[require_key])
 async def openai_model(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
     """One model's card, as OpenAI's `GET /v1/models/{model}` (`client.models.retrieve`): a catalog
     id or alias the caller's key may use; 404 otherwise."""

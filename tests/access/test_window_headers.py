@@ -1,0 +1,86 @@
+"""access.md: every response to a key with limits carries OpenAI's `x-ratelimit-*` headers — not
+only a completion's admission and its 429: the key's own view (`/api/v1/keys/me`), the model
+lists, the usage report, and a completion refused before its admission (a 400 naming a field, a
+403 for a model the key may not use). They had none. The window as it stands, nothing admitted:
+in-process and from Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.access.conftest import ADMIN, PrivateRedis, bearer, keyed_gateway
+from tests.support.client import COMPLETIONS, body
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.replies import answer
+from tests.support.upstream import ReplayUpstream
+from tests.support.waiting import wait_until
+
+RATE = ("limit-requests", "remaining-requests", "limit-tokens", "remaining-tokens")
+
+
+@pytest.fixture(params=["local", "redis"])
+async def keyed(
+    request: pytest.FixtureRequest,
+    start_gateway: StartGateway,
+    up: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    private_redis: PrivateRedis,
+) -> GatewayHandle:
+    redis = {"redis": {"url": private_redis.url, "key_prefix": "w"}} if request.param == "redis" else {}
+    return await keyed_gateway(start_gateway, up, monkeypatch, **redis)
+
+
+async def _secret(gw: GatewayHandle, **options: object) -> str:
+    created = await gw.client.post("/api/v1/keys", json={"name": "w", **options}, headers=bearer(ADMIN))
+    assert created.status_code == 201, created.text
+    secret: str = created.json()["secret"]
+    return secret
+
+
+async def test_every_response_to_a_limited_key_tells_its_window(keyed: GatewayHandle, up: ReplayUpstream) -> None:
+    up.set_default(answer("ok"))  # 4 tokens
+    headers = bearer(await _secret(keyed, rpm=5, tpm=10_000, models=["chat"]))
+    assert (await keyed.client.post(COMPLETIONS, json=body("chat"), headers=headers)).status_code == 200
+    expected = ("5", "4", "10000", "9996")  # one request admitted, settled to its 4 tokens
+
+    async def settled() -> bool:  # Redis's settlement leaves within 20 ms of the answer
+        me = await keyed.client.get("/api/v1/keys/me", headers=headers)
+        return me.headers.get("x-ratelimit-remaining-tokens") == "9996"
+
+    await wait_until(settled, what="the first request's settlement")
+
+    answers = {
+        "keys/me": await keyed.client.get("/api/v1/keys/me", headers=headers),
+        "models": await keyed.client.get("/api/v1/models", headers=headers),
+        "openai models": await keyed.client.get("/v1/models", headers=headers),
+        "usage": await keyed.client.get("/api/v1/usage", headers=headers),
+        "usage 400": await keyed.client.get("/api/v1/usage?group_by=nonsense", headers=headers),
+        "403 model": await keyed.client.post(COMPLETIONS, json=body("other"), headers=headers),
+        "400 field": await keyed.client.post(COMPLETIONS, json=body("chat", max_tokens=0), headers=headers),
+        "400 chat door": await keyed.client.post(
+            "/v1/chat/completions", json={"model": "chat", "messages": []}, headers=headers
+        ),
+    }
+
+    seen = {
+        name: (response.status_code, tuple(response.headers.get(f"x-ratelimit-{h}") for h in RATE))
+        for name, response in answers.items()
+    }
+    assert seen == {
+        "keys/me": (200, expected),
+        "models": (200, expected),
+        "openai models": (200, expected),
+        "usage": (200, expected),
+        "usage 400": (400, expected),
+        "403 model": (403, expected),
+        "400 field": (400, expected),
+        "400 chat door": (400, expected),
+    }
+    assert len(up.requests) == 1  # nothing more admitted
+
+
+async def test_a_key_without_a_window_gets_no_window_headers(keyed: GatewayHandle) -> None:
+    headers = bearer(await _secret(keyed, budget_usd="5"))  # a budget alone: no window to describe
+    response = await keyed.client.get("/api/v1/keys/me", headers=headers)
+    assert response.status_code == 200
+    assert not [name for name in response.headers if name.startswith("x-ratelimit-")]
