@@ -130,6 +130,19 @@ async def gw(start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytes
     return await keyed_gateway(start_gateway, up, monkeypatch)
 
 
+@pytest.fixture(params=["local", "redis"])
+async def either_limiter(
+    request: pytest.FixtureRequest,
+    start_gateway: StartGateway,
+    up: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    private_redis: PrivateRedis,
+) -> GatewayHandle:
+    """A gateway in keys mode, once with the in-process limiter and once with Redis's."""
+    redis = {"redis": {"url": private_redis.url, "key_prefix": "e"}} if request.param == "redis" else {}
+    return await keyed_gateway(start_gateway, up, monkeypatch, **redis)
+
+
 @pytest.fixture
 def make_key(gw: GatewayHandle) -> MakeKey:
     async def make(**options: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.access.conftest import ADMIN, PrivateRedis, bearer, keyed_gateway
+from tests.access.conftest import ADMIN, bearer, keyed_gateway
 from tests.support.client import COMPLETIONS, body
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.replies import answer, error
@@ -39,18 +39,6 @@ NO_USAGE = _reply(None)
 UNPRICED_BUCKET = _reply(  # `chat` has no cache_write price: the cost is unknown
     {"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cache_write_tokens": 1}}
 )
-
-
-@pytest.fixture(params=["local", "redis"])
-async def keyed(
-    request: pytest.FixtureRequest,
-    start_gateway: StartGateway,
-    up: ReplayUpstream,
-    monkeypatch: pytest.MonkeyPatch,
-    private_redis: PrivateRedis,
-) -> GatewayHandle:
-    redis = {"redis": {"url": private_redis.url, "key_prefix": "u"}} if request.param == "redis" else {}
-    return await keyed_gateway(start_gateway, up, monkeypatch, **redis)
 
 
 async def _key(gw: GatewayHandle, **limits: Any) -> dict[str, str]:
@@ -79,30 +67,34 @@ async def _equals(value: Awaitable[Decimal], expected: Decimal) -> bool:
 
 @pytest.mark.parametrize("reply", [NO_USAGE, UNPRICED_BUCKET], ids=["no-usage", "unpriced-bucket"])
 async def test_an_unknown_cost_spends_the_worst_case_of_the_budget(
-    keyed: GatewayHandle, up: ReplayUpstream, reply: Reply
+    either_limiter: GatewayHandle, up: ReplayUpstream, reply: Reply
 ) -> None:
     up.set_default(reply)
-    headers = await _key(keyed, budget_usd="1", budget_period="total")
-    key_id = (await keyed.client.get("/api/v1/keys/me", headers=headers)).json()["id"]
-    assert (await _post(keyed, headers)).status_code == 200
-    await wait_until(lambda: _spent(keyed, headers), what="the settlement (Redis's is sent within 20 ms)")
-    worst = await _spent(keyed, headers)  # it spent nothing before
+    headers = await _key(either_limiter, budget_usd="1", budget_period="total")
+    key_id = (await either_limiter.client.get("/api/v1/keys/me", headers=headers)).json()["id"]
+    assert (await _post(either_limiter, headers)).status_code == 200
+    await wait_until(lambda: _spent(either_limiter, headers), what="the settlement (Redis's is sent within 20 ms)")
+    worst = await _spent(either_limiter, headers)  # it spent nothing before
     patch = {"budget_usd": str(worst * 5 / 2)}  # room for two worst cases, not three
-    assert (await keyed.client.patch(f"/api/v1/keys/{key_id}", json=patch, headers=bearer(ADMIN))).status_code == 200
+    assert (
+        await either_limiter.client.patch(f"/api/v1/keys/{key_id}", json=patch, headers=bearer(ADMIN))
+    ).status_code == 200
 
-    statuses = [(await _post(keyed, headers)).status_code for _ in range(2)]
+    statuses = [(await _post(either_limiter, headers)).status_code for _ in range(2)]
 
     assert statuses == [200, 429]
-    await wait_until(lambda: _equals(_spent(keyed, headers), 2 * worst), what="two worst cases spent")
-    rows = [row for row in await keyed.ledger_rows() if row["status"] == "ok"]
+    await wait_until(lambda: _equals(_spent(either_limiter, headers), 2 * worst), what="two worst cases spent")
+    rows = [row for row in await either_limiter.ledger_rows() if row["status"] == "ok"]
     assert [row["cost_usd"] for row in rows] == [None, None]  # the ledger says unknown (cost.md)
 
 
-async def test_an_unknown_token_count_keeps_its_tpm_reservation(keyed: GatewayHandle, up: ReplayUpstream) -> None:
+async def test_an_unknown_token_count_keeps_its_tpm_reservation(
+    either_limiter: GatewayHandle, up: ReplayUpstream
+) -> None:
     up.set_default(NO_USAGE)
-    headers = await _key(keyed, tpm=TPM)
-    first = await _remaining_tokens(keyed, headers)
-    second = await _remaining_tokens(keyed, headers)
+    headers = await _key(either_limiter, tpm=TPM)
+    first = await _remaining_tokens(either_limiter, headers)
+    second = await _remaining_tokens(either_limiter, headers)
     assert second == first - (TPM - first)  # the first kept all it reserved (it settled to 0 before)
 
 
@@ -110,12 +102,12 @@ async def test_a_failure_without_usage_still_settles_to_nothing(
     start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The in-process limiter's headers are exact (Redis's leases reserve ahead of the requests)."""
-    keyed = await keyed_gateway(start_gateway, up, monkeypatch)
+    either_limiter = await keyed_gateway(start_gateway, up, monkeypatch)
     up.set_default(answer("ok"))  # 4 tokens
-    headers = await _key(keyed, tpm=TPM)
-    first = await _remaining_tokens(keyed, headers)
+    headers = await _key(either_limiter, tpm=TPM)
+    first = await _remaining_tokens(either_limiter, headers)
     up.set_default(error(400, "invalid_request_error"))
     for _ in range(2):
-        assert (await _post(keyed, headers)).status_code == 400
+        assert (await _post(either_limiter, headers)).status_code == 400
     up.set_default(answer("ok"))
-    assert await _remaining_tokens(keyed, headers) == first - 4  # the failures hold nothing
+    assert await _remaining_tokens(either_limiter, headers) == first - 4  # the failures hold nothing

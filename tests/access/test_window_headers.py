@@ -6,28 +6,14 @@ in-process and from Redis."""
 
 from __future__ import annotations
 
-import pytest
-
-from tests.access.conftest import ADMIN, PrivateRedis, bearer, keyed_gateway
+from tests.access.conftest import ADMIN, bearer
 from tests.support.client import COMPLETIONS, body
-from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.gateway import GatewayHandle
 from tests.support.replies import answer
 from tests.support.upstream import ReplayUpstream
 from tests.support.waiting import wait_until
 
 RATE = ("limit-requests", "remaining-requests", "limit-tokens", "remaining-tokens")
-
-
-@pytest.fixture(params=["local", "redis"])
-async def keyed(
-    request: pytest.FixtureRequest,
-    start_gateway: StartGateway,
-    up: ReplayUpstream,
-    monkeypatch: pytest.MonkeyPatch,
-    private_redis: PrivateRedis,
-) -> GatewayHandle:
-    redis = {"redis": {"url": private_redis.url, "key_prefix": "w"}} if request.param == "redis" else {}
-    return await keyed_gateway(start_gateway, up, monkeypatch, **redis)
 
 
 async def _secret(gw: GatewayHandle, **options: object) -> str:
@@ -37,27 +23,29 @@ async def _secret(gw: GatewayHandle, **options: object) -> str:
     return secret
 
 
-async def test_every_response_to_a_limited_key_tells_its_window(keyed: GatewayHandle, up: ReplayUpstream) -> None:
+async def test_every_response_to_a_limited_key_tells_its_window(
+    either_limiter: GatewayHandle, up: ReplayUpstream
+) -> None:
     up.set_default(answer("ok"))  # 4 tokens
-    headers = bearer(await _secret(keyed, rpm=5, tpm=10_000, models=["chat"]))
-    assert (await keyed.client.post(COMPLETIONS, json=body("chat"), headers=headers)).status_code == 200
+    headers = bearer(await _secret(either_limiter, rpm=5, tpm=10_000, models=["chat"]))
+    assert (await either_limiter.client.post(COMPLETIONS, json=body("chat"), headers=headers)).status_code == 200
     expected = ("5", "4", "10000", "9996")  # one request admitted, settled to its 4 tokens
 
     async def settled() -> bool:  # Redis's settlement leaves within 20 ms of the answer
-        me = await keyed.client.get("/api/v1/keys/me", headers=headers)
+        me = await either_limiter.client.get("/api/v1/keys/me", headers=headers)
         return me.headers.get("x-ratelimit-remaining-tokens") == "9996"
 
     await wait_until(settled, what="the first request's settlement")
 
     answers = {
-        "keys/me": await keyed.client.get("/api/v1/keys/me", headers=headers),
-        "models": await keyed.client.get("/api/v1/models", headers=headers),
-        "openai models": await keyed.client.get("/v1/models", headers=headers),
-        "usage": await keyed.client.get("/api/v1/usage", headers=headers),
-        "usage 400": await keyed.client.get("/api/v1/usage?group_by=nonsense", headers=headers),
-        "403 model": await keyed.client.post(COMPLETIONS, json=body("other"), headers=headers),
-        "400 field": await keyed.client.post(COMPLETIONS, json=body("chat", max_tokens=0), headers=headers),
-        "400 chat door": await keyed.client.post(
+        "keys/me": await either_limiter.client.get("/api/v1/keys/me", headers=headers),
+        "models": await either_limiter.client.get("/api/v1/models", headers=headers),
+        "openai models": await either_limiter.client.get("/v1/models", headers=headers),
+        "usage": await either_limiter.client.get("/api/v1/usage", headers=headers),
+        "usage 400": await either_limiter.client.get("/api/v1/usage?group_by=nonsense", headers=headers),
+        "403 model": await either_limiter.client.post(COMPLETIONS, json=body("other"), headers=headers),
+        "400 field": await either_limiter.client.post(COMPLETIONS, json=body("chat", max_tokens=0), headers=headers),
+        "400 chat door": await either_limiter.client.post(
             "/v1/chat/completions", json={"model": "chat", "messages": []}, headers=headers
         ),
     }
@@ -79,8 +67,8 @@ async def test_every_response_to_a_limited_key_tells_its_window(keyed: GatewayHa
     assert len(up.requests) == 1  # nothing more admitted
 
 
-async def test_a_key_without_a_window_gets_no_window_headers(keyed: GatewayHandle) -> None:
-    headers = bearer(await _secret(keyed, budget_usd="5"))  # a budget alone: no window to describe
-    response = await keyed.client.get("/api/v1/keys/me", headers=headers)
+async def test_a_key_without_a_window_gets_no_window_headers(either_limiter: GatewayHandle) -> None:
+    headers = bearer(await _secret(either_limiter, budget_usd="5"))  # a budget alone: no window to describe
+    response = await either_limiter.client.get("/api/v1/keys/me", headers=headers)
     assert response.status_code == 200
     assert not [name for name in response.headers if name.startswith("x-ratelimit-")]
