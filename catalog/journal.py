@@ -37,7 +37,8 @@ workers sharing one directory each adopt distinct segments (the lock decides).
 
 A failed write (disk full, read-only, I/O error) truncates the torn line away, marks the journal
 `broken` and raises nothing: `append` returns False and the writer keeps that row in memory. The
-maintenance task (`run`) tries a fresh segment every `_RETRY_S` while broken.
+maintenance task (`run`) tries a fresh segment every `_RETRY_S` while broken, once `min_free_bytes`
+are free: on a full disk a fresh segment's header fitted, the next row did not (503/200 flapping).
 """
 
 from __future__ import annotations
@@ -102,8 +103,10 @@ class Journal:
         fsync_interval: float = 1.0,
         segment_bytes: int = 64 << 20,
         committed_bytes: int = 1 << 20,
+        min_free_bytes: int = 16 << 20,
     ) -> None:
         self.directory = directory
+        self.min_free_bytes = min_free_bytes
         self.fsync_interval = fsync_interval
         self.segment_bytes = segment_bytes
         self.committed_bytes = committed_bytes
@@ -287,6 +290,8 @@ class Journal:
                 os.close(self._to_close.pop())
 
     def _recover(self) -> None:
+        if _free_bytes(self.directory) < self.min_free_bytes:
+            return  # a disk that filled up: writable again once there is room for a while (module doc)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._new_segment()
@@ -309,6 +314,16 @@ class Journal:
         for fd in self._to_close:
             os.close(fd)
         self.segments, self._to_close = [], []
+
+
+def _free_bytes(directory: Path) -> int:
+    """Bytes left to an unprivileged writer on the file system of `directory` (or its nearest
+    existing parent); one that cannot say is taken as having room."""
+    try:
+        stats = os.statvfs(next(path for path in (directory, *directory.parents) if path.exists()))
+    except (OSError, StopIteration):
+        return 1 << 62
+    return stats.f_bavail * stats.f_frsize
 
 
 def _adopt(path: Path, first: int) -> Segment | None:

@@ -170,6 +170,28 @@ async def test_an_unwritable_journal_stops_accepting_but_keeps_the_rows(engine: 
     await optional.close()
 
 
+async def test_a_broken_journal_is_writable_again_only_with_room_to_write(tmp_path: Path) -> None:
+    """On a disk with a few kilobytes left a fresh segment's header fitted, the journal said
+    writable, its next row failed: traffic flapped between 503 and 200 every second. It comes back
+    once `min_free_bytes` are free (here: more than any disk has, then nothing)."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    journal = Journal(blocker / "journal", min_free_bytes=1 << 62)
+    journal.open()
+    assert journal.broken
+    blocker.unlink()  # a directory could be made now: only the room is missing
+    maintenance = asyncio.create_task(journal.run())
+    try:
+        await asyncio.sleep(1.5)  # a retry is due every second
+        assert journal.broken
+        journal.min_free_bytes = 0
+        await wait_until(lambda: not journal.broken, within=3.0, what="the journal writable again")
+        assert journal.append(record(0))
+    finally:
+        maintenance.cancel()
+        journal.close(0)
+
+
 FULL_DISK = """
 import resource, sys
 from pathlib import Path
