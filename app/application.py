@@ -81,7 +81,7 @@ def create_app(settings: Settings, *, prepare: bool = True) -> Litestar:
 def create_app_from_env() -> Litestar:
     """Factory for uvicorn workers: the CLI has already migrated and synced the catalog, and says
     how many workers it started (`$SWITCHYARD_WORKERS`, which `--workers` may have set)."""
-    settings = load_settings(os.environ.get("SWITCHYARD_CONFIG"))
+    settings = load_settings(os.environ.get("SWITCHYARD_CONFIG") or None)  # empty: unset, as `find_config` reads it
     workers = os.environ.get("SWITCHYARD_WORKERS")
     if workers:
         server = msgspec.structs.replace(settings.server, workers=int(workers))

@@ -12,15 +12,17 @@ from urllib.parse import parse_qsl, urlsplit
 
 DATABASE_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")  # the two async drivers installed
 DATABASE_FORM = "must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST:PORT/DB"
-# SQLAlchemy's pysqlite arguments; asyncpg.connect's that a URL can spell as text (not `timeout`,
-# which the service sets, nor the numbers and objects asyncpg takes only as Python values), and
-# SQLAlchemy's own `prepared_statement_cache_size`. tests/test_cli_config.py checks them against asyncpg.
+# SQLAlchemy's pysqlite arguments; asyncpg.connect's that a URL can spell as text (`command_timeout`
+# asyncpg reads with `float`; not `timeout`, which the service sets, nor the numbers and objects
+# asyncpg takes only as Python values), and SQLAlchemy's own `prepared_statement_cache_size`.
+# tests/test_cli_config.py checks them against asyncpg.
 SQLITE_URL_ARGUMENTS = frozenset(
     {"uri", "timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements"}
 )
+_TRUE = frozenset({"true", "1", "yes", "on", "t", "y"})  # SQLAlchemy's `asbool`
 POSTGRES_URL_ARGUMENTS = frozenset(
-    {"host", "port", "user", "password", "passfile", "service", "servicefile", "ssl"}
-    | {"target_session_attrs", "krbsrvname", "gsslib", "prepared_statement_cache_size"}
+    {"host", "port", "user", "password", "passfile", "service", "servicefile", "database", "ssl", "direct_tls"}
+    | {"command_timeout", "target_session_attrs", "krbsrvname", "gsslib", "prepared_statement_cache_size"}
 )
 
 
@@ -48,9 +50,10 @@ def _arguments_problem(url: str, query: str) -> str | None:
     TypeError at the first connection) and drops a SQLite URL's unknown ones with a warning
     (`?mode=ro` without `uri=true` was silently ignored). The SQLite URI form (`uri=true`) hands
     the rest to SQLite itself."""
-    names = [name for name, _value in parse_qsl(query, keep_blank_values=True)]
+    pairs = parse_qsl(query, keep_blank_values=True)
+    names = [name for name, _value in pairs]
     sqlite = url.startswith("sqlite")
-    if sqlite and "uri" in names:
+    if sqlite and any(name == "uri" and value.lower() in _TRUE for name, value in pairs):
         return None
     accepted = SQLITE_URL_ARGUMENTS if sqlite else POSTGRES_URL_ARGUMENTS
     unknown = [name for name in names if name not in accepted]

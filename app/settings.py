@@ -242,9 +242,8 @@ def _check_provider(entry: ProviderSettings, source: str, name: str) -> None:
     """Settings that load but do nothing: a breaker whose window never holds its minimum of
     samples never opens; an empty `api_key_env` named no variable, and the provider ran keyless."""
     if entry.breaker_min_samples > entry.breaker_window:
-        message = (
-            f"{entry.breaker_min_samples} is more than breaker_window ({entry.breaker_window}): it would never open"
-        )
+        window, samples = entry.breaker_window, entry.breaker_min_samples
+        message = f"{samples} is more than breaker_window ({window}): it would never open (lower one, raise the other)"
         raise ConfigError(f"{source}: providers.{name}.breaker_min_samples: {message}")
     if entry.api_key_env is not None and not entry.api_key_env.strip():
         raise ConfigError(f"{source}: providers.{name}.api_key_env: names no variable (leave it out for no key)")

@@ -216,8 +216,8 @@ def _retry_after_value(value: str, now: float) -> float | None:
         number = float(value)
     except ValueError:
         pass
-    else:  # `nan` passed the cap (no comparison holds) and cooled nothing; `inf` is no hint either
-        return number if math.isfinite(number) else None
+    else:  # `nan` passed the cap (no comparison holds) and cooled nothing; `inf` is capped as any
+        return None if math.isnan(number) else number
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -244,7 +244,7 @@ def _reset_value(value: str, now: float) -> float | None:
         if not parts or "".join(amount + unit for amount, unit in parts) != value:
             return None
         return sum(float(amount) * _DURATION_UNITS[unit] for amount, unit in parts)
-    if not math.isfinite(number):
+    if math.isnan(number):
         return None
     if number > 1e12:  # epoch milliseconds
         return number / 1000 - now

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from litestar import Litestar
 
-from app.config_urls import POSTGRES_URL_ARGUMENTS, SQLITE_URL_ARGUMENTS
+from app.application import create_app_from_env
+from app.config_urls import POSTGRES_URL_ARGUMENTS, SQLITE_URL_ARGUMENTS, database_url_problem
 from tests.support.cli import query, run_cli, write_config
 
 SQLITE_URL = 'url = "sqlite+aiosqlite:///switchyard.db"'
@@ -82,7 +84,8 @@ def test_a_downgrade_to_a_revision_that_does_not_exist_exits_2_naming_it(tmp_pat
     [
         (  # the window holds 3 outcomes: 10 samples never come, the breaker never opens
             'kind = "local"\nbase_url = "http://h/v1"\nbreaker_window = 3\nbreaker_min_samples = 10',
-            "providers.x.breaker_min_samples: 10 is more than breaker_window (3): it would never open",
+            "providers.x.breaker_min_samples: 10 is more than breaker_window (3): it would never open "
+            "(lower one, raise the other)",
         ),
         (  # no variable named: the hosted provider ran without a key, in rotation
             'kind = "primalabs"\nbase_url = "http://h/v1"\napi_key_env = ""',
@@ -105,3 +108,28 @@ def test_a_redis_url_keeps_its_query_arguments(tmp_path: Path) -> None:
     config = write_config(tmp_path, extra='\n[redis]\nurl = "redis://127.0.0.1:6379/0?socket_timeout=5"\n')
     result = run_cli(tmp_path, "db", "upgrade", "--config", str(config))
     assert (result.returncode, result.stderr) == (0, "")
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("postgresql+asyncpg://u@h/db?command_timeout=30", None),  # asyncpg reads it with float()
+        ("postgresql+asyncpg://u@h/db?ssl=require&direct_tls=true", None),
+        ("postgresql+asyncpg://u@/db?host=/var/run/postgresql", None),
+        ("sqlite+aiosqlite:///x.db?uri=true&mode=ro", None),  # SQLite's own URI arguments
+        ("sqlite+aiosqlite:///x.db?uri=false&mode=ro", "the driver takes no argument 'mode'"),  # not a URI: ignored
+    ],
+)
+def test_database_url_arguments_users_write(url: str, problem: str | None) -> None:
+    found = database_url_problem(url)
+    assert (found if problem is None else (found or "").split(" (")[0]) == problem
+
+
+def test_an_empty_switchyard_config_is_unset_for_the_workers_factory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--config` empty is a mistake; the variable set empty is the variable unset (./config.toml)."""
+    write_config(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SWITCHYARD_CONFIG", "")
+    assert isinstance(create_app_from_env(), Litestar)  # it raised "--config: an empty path names no file"

@@ -32,9 +32,8 @@ Response headers (OpenAI's): `x-ratelimit-{limit,remaining,reset}-requests` when
 `rpm`, and `-tokens` when it has `tpm`; a key with only a budget or a concurrency cap gets none
 (no request or token window to describe). Resets are durations in OpenAI's style (`1s`, `6m0s`).
 They come with every answer the limiter gave: an admission and each of its 429s, the budget's
-included (the window as it stands). A 403 (a model the key may not use) is decided before the
-limiter is asked and carries none: reading the window for it would cost a Redis round trip on a
-request that can never pass.
+included (the window as it stands); every other response to the key reads the window without
+admitting anything (`window_headers`, `app.access.window_view`).
 """
 
 from __future__ import annotations
@@ -322,7 +321,7 @@ class AccessGate:
         """The `x-ratelimit-*` headers of a response that is not an admission (`app.access.window_view`)."""
         if entry.rpm < 0 and entry.tpm < 0:
             return b""
-        view = await window_now(entry, self._local, self._shared)
+        view = await window_now(entry, self._local, None if self._outage else self._shared)
         return rate_headers(entry, view) if view is not None else b""
 
     async def spend(self, record: KeyRecord, now: datetime) -> tuple[Decimal, datetime | None, datetime | None]:

@@ -6,18 +6,23 @@ naming a field, a 403 for a model the key may not use) from its door (`app.edge.
 
 In-process, the limiter's own buckets; with Redis, one read-only script over the key's window
 hash (the layout in `app.access.redis_limiter`), which also counts what other processes' leases
-reserved ahead, as an admission's view does. Redis unreachable: no headers (the response itself
-needs no limit checked), never an error. Not on the admission path: an admitted request's headers
-come with its admission.
+reserved ahead, as an admission's view does. Redis unreachable or slower than `PEEK_TIMEOUT_S`: no
+headers (the response itself needs no limit checked), never an error; while `[auth] fail_open`
+has this process enforcing its local share, that share's window. Not on the admission path: an
+admitted request's headers come with its admission.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from app.access.keyring import Entry
 from app.access.lane import window_key
 from app.access.limiter import WINDOW_S, LimiterDown, LocalLimiter, Verdict
 from app.access.redis_limiter import RedisLimiter
 from app.access.resp import RespError, Script
+
+PEEK_TIMEOUT_S = 0.25  # a slow Redis costs a response that needs no limit checked this much at most
 
 PEEK = Script(
     f"""
@@ -50,9 +55,10 @@ async def window_now(entry: Entry, local: LocalLimiter, shared: RedisLimiter | N
         return local.window(entry.record.id, entry.rpm, entry.tpm)
     try:
         command = PEEK.command(PEEK.keys(window_key(shared.prefix, entry.record.id)), ())
-        reply = await shared.redis.evalsha(PEEK, command)
+        async with asyncio.timeout(PEEK_TIMEOUT_S):
+            reply = await shared.redis.evalsha(PEEK, command)
         requests, tokens, reset_ms = (int(field) for field in bytes(reply).split())
-    except (RespError, LimiterDown, TypeError, ValueError):
+    except (RespError, LimiterDown, TimeoutError, TypeError, ValueError):
         return None
     reset = reset_ms / 1000
     return Verdict(

@@ -43,7 +43,15 @@ from app.edge.cycle import write_head
 from app.edge.direct import RESPONSE_STARTED
 from app.edge.guards import check_json_headers
 from app.edge.relay import Relay, StreamRenderer
-from app.errors import GatewayError, InvalidRequest, MethodNotAllowed, PayloadTooLarge, UsageNotRecordable
+from app.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    InvalidRequest,
+    LimitsUnavailable,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    UsageNotRecordable,
+)
 from app.ids import uuid7
 from app.pipeline.events import Outcome, RateHeaders, header_pairs, header_texts
 from app.service import Service
@@ -132,7 +140,12 @@ async def _windowed(exc: GatewayError, entry: Entry | None, service: Service) ->
     """`exc` with the window headers of a key with `rpm` or `tpm` (access.md: every response),
     when it has none: a refusal before the request's admission (a 400 naming a field, a 403 for a
     model the key may not use); an admitted request's errors carry its admission's."""
-    if entry is not None and (entry.rpm >= 0 or entry.tpm >= 0) and exc.extra_headers is None:
+    if (
+        entry is not None
+        and (entry.rpm >= 0 or entry.tpm >= 0)
+        and exc.extra_headers is None
+        and not isinstance(exc, LimitsUnavailable | AuthenticationFailed)  # no window to read, or no key
+    ):
         assert service.access is not None
         exc.extra_headers = header_texts(await service.access.window_headers(entry))
     return exc

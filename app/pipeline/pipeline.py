@@ -353,14 +353,16 @@ _ZERO = Decimal(0)
 
 def _settlement(outcome: Outcome) -> tuple[Decimal | None, int | None]:
     """What settles a key's reservation (access.md): the real cost and token count. A failure with
-    no usage settles to 0. Where a figure is unknown otherwise (an answer whose upstream reported no
-    usage, tokens in a bucket the catalog has no price for) it is None: the reservation, the worst
-    case the request was admitted on, stands for it, so an unknown cost never spends a budget's
-    money for free. The ledger keeps NULL (cost.md: unknown is not zero)."""
+    no usage settles to 0, and so does a cancellation with nothing counted (the client gone while
+    its request queued for a backend; one gone mid-answer has counted usage). Where a figure is
+    unknown otherwise (an answer whose upstream reported no usage, tokens in a bucket the catalog
+    has no price for) it is None: the reservation, the worst case the request was admitted on,
+    stands for it, so an unknown cost never spends a budget's money for free. The ledger keeps
+    NULL (cost.md: unknown is not zero)."""
     usage, usd = outcome.usage, outcome.cost.usd
-    if usage is None:
-        failed = outcome.error is not None
-        return (usd if usd is not None else _ZERO if failed else None), (0 if failed else None)
+    if usage is None:  # an answer's is unknown; a failure's, or a cancellation's before any output, 0
+        answered = outcome.status == "ok"
+        return (usd if usd is not None else None if answered else _ZERO), (None if answered else 0)
     return usd, (
         usage.input_tokens
         + usage.output_tokens

@@ -120,9 +120,11 @@ def bearer(secret: str) -> dict[str, str]:
 async def keyed_gateway(
     start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, **options: Any
 ) -> GatewayHandle:
+    """`options`: the gateway's settings; `provider`, settings of the one provider `up`."""
     monkeypatch.setenv(ADMIN_ENV, ADMIN)
     auth = {"mode": "keys", "admin_key_env": ADMIN_ENV, **options.pop("auth", {})}
-    return await start_gateway(providers=provider_table({"up": up}), catalog=CATALOG, auth=auth, **options)
+    providers = provider_table({"up": up}, common=options.pop("provider", None))
+    return await start_gateway(providers=providers, catalog=CATALOG, auth=auth, **options)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ the in-process one and Redis's."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from decimal import Decimal
 from typing import Any
@@ -17,7 +18,7 @@ from tests.access.conftest import ADMIN, bearer, keyed_gateway
 from tests.support.client import COMPLETIONS, body
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.replies import answer, error
-from tests.support.upstream import ReplayUpstream, Reply, reply_json
+from tests.support.upstream import ReplayUpstream, Reply, played, reply_json
 from tests.support.waiting import wait_until
 
 TPM = 100_000
@@ -111,3 +112,28 @@ async def test_a_failure_without_usage_still_settles_to_nothing(
         assert (await _post(either_limiter, headers)).status_code == 400
     up.set_default(answer("ok"))
     assert await _remaining_tokens(either_limiter, headers) == first - 4  # the failures hold nothing
+
+
+async def test_a_request_cancelled_while_queued_gives_its_reservation_back(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admitted, then queued for the backend's one slot, then its client gone: nothing reached an
+    upstream and nothing was counted, so it settles to 0 (it kept its whole worst case)."""
+    gw = await keyed_gateway(start_gateway, up, monkeypatch, provider={"max_concurrency": 1})
+    up.set_default(answer("ok"))  # 4 tokens
+    headers = await _key(gw, tpm=TPM)
+    first = await _remaining_tokens(gw, headers)  # TPM less one reservation
+    up.set_default(played(answer("ok"), first_byte_delay_s=1.0))
+    holder = asyncio.create_task(_post(gw, headers))  # holds the one slot for a second
+    await wait_until(lambda: len(up.requests) == 2, what="the slot taken")
+    with pytest.raises(httpx.ReadTimeout):
+        await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=100), headers=headers, timeout=0.3)
+    assert (await holder).status_code == 200
+    up.set_default(answer("ok"))
+    assert len(up.requests) == 2  # the queued one never reached the upstream
+    await wait_until(lambda: _cancelled(gw), what="the queued request's row")
+    assert await _remaining_tokens(gw, headers) == first - 4 - 4  # the first two settled to 4, the queued one to 0
+
+
+async def _cancelled(gw: GatewayHandle) -> bool:
+    return [row["status"] for row in await gw.ledger_rows()].count("cancelled") == 1

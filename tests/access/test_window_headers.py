@@ -6,10 +6,16 @@ in-process and from Redis."""
 
 from __future__ import annotations
 
-from tests.access.conftest import ADMIN, bearer
+import time
+
+import pytest
+
+from app.access.window_view import PEEK_TIMEOUT_S
+from tests.access.conftest import ADMIN, PrivateRedis, bearer, keyed_gateway
 from tests.support.client import COMPLETIONS, body
-from tests.support.gateway import GatewayHandle
+from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.replies import answer
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.upstream import ReplayUpstream
 from tests.support.waiting import wait_until
 
@@ -72,3 +78,24 @@ async def test_a_key_without_a_window_gets_no_window_headers(either_limiter: Gat
     response = await either_limiter.client.get("/api/v1/keys/me", headers=headers)
     assert response.status_code == 200
     assert not [name for name in response.headers if name.startswith("x-ratelimit-")]
+
+
+async def test_a_silent_redis_costs_a_route_that_needs_no_limit_a_quarter_second_at_most(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, private_redis: PrivateRedis
+) -> None:
+    """Redis's connection stops answering (not closed): reading the window for `/api/v1/keys/me`
+    gives up after `PEEK_TIMEOUT_S` and answers without the headers (it waited out the client's
+    whole timeout, a second, on every such response)."""
+    up.set_default(answer("ok"))
+    with TcpProxy(private_redis.port) as proxy:
+        redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "s"}
+        gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis)
+        headers = bearer(await _secret(gw, rpm=100))
+        assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=headers)).status_code == 200
+        proxy.stall()
+        started = time.monotonic()
+        me = await gw.client.get("/api/v1/keys/me", headers=headers)
+        waited = time.monotonic() - started
+    assert me.status_code == 200
+    assert not [name for name in me.headers if name.startswith("x-ratelimit-")]
+    assert PEEK_TIMEOUT_S <= waited < PEEK_TIMEOUT_S + 0.5

@@ -113,7 +113,7 @@ def test_client_message_shapes() -> None:
         ({"retry-after": "-3"}, 0.0),
         ({"retry-after": "soon"}, None),
         ({"retry-after": "nan"}, None),  # not a hint: the default cool-down, not none at all
-        ({"retry-after": "inf"}, None),
+        ({"retry-after": "inf"}, MAX_RETRY_AFTER),
         ({"x-ratelimit-reset": "NaN"}, None),
         ({"retry-after": "nan", "x-ratelimit-reset-requests": "4s"}, 4.0),
         ({"x-ratelimit-reset-requests": "1s"}, 1.0),
