@@ -19,6 +19,7 @@ from tests.support.tcp_proxy import TcpProxy
 from tests.support.upstream import ReplayUpstream
 from tests.support.waiting import wait_until
 
+USER = {"role": "user", "content": "hi"}
 RATE = ("limit-requests", "remaining-requests", "limit-tokens", "remaining-tokens")
 
 
@@ -54,6 +55,12 @@ async def test_every_response_to_a_limited_key_tells_its_window(
         "400 chat door": await either_limiter.client.post(
             "/v1/chat/completions", json={"model": "chat", "messages": []}, headers=headers
         ),
+        "403 messages door": await either_limiter.client.post(
+            "/v1/messages", json={"model": "other", "max_tokens": 8, "messages": [USER]}, headers=headers
+        ),
+        "400 legacy door": await either_limiter.client.post(
+            "/v1/completions", json={"model": "chat", "prompt": "x", "max_tokens": 0}, headers=headers
+        ),
     }
 
     seen = {
@@ -69,6 +76,8 @@ async def test_every_response_to_a_limited_key_tells_its_window(
         "403 model": (403, expected),
         "400 field": (400, expected),
         "400 chat door": (400, expected),
+        "403 messages door": (403, expected),
+        "400 legacy door": (400, expected),
     }
     assert len(up.requests) == 1  # nothing more admitted
 
