@@ -92,7 +92,11 @@ def decode_body(decoder: msgspec.json.Decoder[T], body: bytes, tag: str = "kind"
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise validation_error(with_dict_keys(decoder, body, str(exc)), tag) from None
+        try:  # naming the key decodes the body again, whole: too deep for it is too deep (a 500 before)
+            message = with_dict_keys(decoder, body, str(exc))
+        except RecursionError:
+            raise nesting_error(body) from None
+        raise validation_error(message, tag) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:

@@ -259,3 +259,26 @@ async def test_deep_json_and_foreign_media_types_are_clean_4xx(gw: GatewayHandle
         CHAT, content=b"{}", headers={"content-type": "application/json", "content-encoding": "gzip"}
     )
     assert_error(gzip, 415, "invalid_request_error")
+
+
+@pytest.mark.parametrize(
+    ("door", "head", "param"),
+    [
+        (CHAT, '{"model":"chat-1","messages":[{"role":"user","content":"x"}],"metadata":{"k":', "metadata"),
+        (
+            "/api/v1/completions",
+            '{"model":"chat-1","messages":[{"role":"user","content":[{"kind":"text","data":"x"}]}],'
+            '"provider_options":{"p":1},"zz":',
+            "",
+        ),
+    ],
+)
+async def test_a_field_error_beside_deep_nesting_is_a_400_not_a_500(
+    gw: GatewayHandle, door: str, head: str, param: str
+) -> None:
+    """Naming the key of a bad value in a free-form object decodes the body again: one nested
+    past msgspec's depth raised RecursionError out of the error path (a 500 any key could cause)."""
+    body = head + '{"a":' * 1500 + "1" + "}" * 1500 + "}"
+    response = await gw.client.post(door, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert "nests deeper than 64 levels" in response.json()["error"]["message"]
