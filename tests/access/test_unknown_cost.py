@@ -137,3 +137,19 @@ async def test_a_request_cancelled_while_queued_gives_its_reservation_back(
 
 async def _cancelled(gw: GatewayHandle) -> bool:
     return [row["status"] for row in await gw.ledger_rows()].count("cancelled") == 1
+
+
+async def test_a_budgeted_request_without_max_tokens_sends_its_reserved_bound_upstream(
+    either_limiter: GatewayHandle, up: ReplayUpstream
+) -> None:
+    """The worst case reserved the model's max output (`chat`: 1000), but the upstream was told no
+    limit and answered 30,000 tokens: one answer spent 4.5 times the budget. The bound goes upstream
+    for a key with a budget or `tpm`; a key with neither sends what the client sent."""
+    up.set_default(answer("ok"))
+    limited = await _key(either_limiter, budget_usd="1", budget_period="total")
+    plain = await _key(either_limiter)
+    for headers in (limited, plain):
+        request = {"model": "chat", "messages": [{"role": "user", "content": [{"kind": "text", "data": "x"}]}]}
+        assert (await either_limiter.client.post(COMPLETIONS, json=request, headers=headers)).status_code == 200
+    sent = [received.json().get("max_tokens") for received in up.requests]
+    assert sent == [1000, None]
