@@ -148,6 +148,11 @@ class KeyRing:
 
     # -- keeping the ring current ------------------------------------------------------------------
 
+    def holds(self, text: str) -> bool:
+        """Whether `text` is the secret of a key held here, the admin key's included (for masking
+        a secret pasted where a log line would keep it: `app.edge.rejection`)."""
+        return sha256(text.encode("utf-8", "surrogateescape")).digest() in self._by_hash
+
     async def start(self) -> None:
         await self.reload()
         interval = REDIS_POLL_S if self._redis_settings is not None else POLL_S

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import unquote
 
 from litestar import Request
 from litestar.exceptions import HTTPException
@@ -47,12 +48,23 @@ def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[s
             "request",
             request_id=request_id,
             method=request.method,
-            path=_SECRET.sub("sy-…", request.url.path[:200]),  # a secret pasted for a key id
+            path=_path_logged(request),
             status="rejected",
             error_status=error.status_code,
             error_type=error.type,
         )
     return request_id, error
+
+
+def _path_logged(request: Request[Any, Any, Any]) -> str:
+    """The path without a secret pasted into it (for a key id, a model): a `sy-` key's by its
+    prefix, the admin key's (any text the operator chose) by its hash, segment by segment."""
+    path = _SECRET.sub("sy-…", request.url.path)
+    service = getattr(request.app.state, "service", None)
+    access = getattr(service, "access", None)
+    if access is not None:
+        path = "/".join("…" if part and access.keyring.holds(unquote(part)) else part for part in path.split("/"))
+    return path[:200]
 
 
 def _logger(request: Request[Any, Any, Any]) -> Any:

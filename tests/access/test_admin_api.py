@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from sqlalchemy import inspect, text
 
-from tests.access.conftest import ADMIN, MakeKey, bearer, keyed_gateway
+from tests.access.conftest import ADMIN, ADMIN_ENV, CATALOG, MakeKey, bearer, keyed_gateway
 from tests.support.client import COMPLETIONS, body
-from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.gateway import GatewayHandle, StartGateway, provider_table
 from tests.support.logs import Logs
 from tests.support.replies import answer
 from tests.support.upstream import ReplayUpstream
@@ -228,3 +228,20 @@ async def test_options_lists_every_method_of_each_key_path(gw: GatewayHandle) ->
         "/api/v1/keys/key_x": (204, "DELETE, OPTIONS, PATCH"),
         "/api/v1/keys/me": (204, "GET, OPTIONS"),
     }
+
+
+async def test_the_admin_secret_pasted_into_a_path_is_masked_in_the_log(
+    logs: Logs, start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admin secret of the operator's choosing has no `sy-` prefix to find it by:
+    `/v1/models/<admin secret>` was logged as it was. A held key's secret in a path segment is
+    masked, found by its hash."""
+    chosen = "operator-chosen-admin-9f2c"
+    monkeypatch.setenv(ADMIN_ENV, chosen)
+    auth = {"mode": "keys", "admin_key_env": ADMIN_ENV}
+    gw = await start_gateway(providers=provider_table({"up": up}), catalog=CATALOG, auth=auth)
+    for path in (f"/v1/models/{chosen}", f"/api/v1/usage/{chosen}"):
+        assert (await gw.client.get(path, headers=bearer(chosen))).status_code == 404
+    rejected = [line["path"] for line in logs.lines("request", gw) if line.get("status") == "rejected"]
+    assert rejected == ["/v1/models/…", "/api/v1/usage/…"]
+    assert chosen not in logs.raw
