@@ -10,10 +10,12 @@ Changes reach the ring three ways:
 - at once, in the process that made them over HTTP (`apply`);
 - through Redis pub/sub (`{prefix}:keys`, the message is the key id) from any process or the
   CLI: the receiver reloads that key from the database — within a second everywhere;
-- by polling the table: with Redis every `REDIS_POLL_S`, a safety net for a missed message; without
-  it every `POLL_S` a look at the table's watermark (`catalog.keys.keys_watermark`: its count and
-  latest `updated_at`), reading every key again when it moved (and every `REDIS_POLL_S` anyway) —
-  so a change made over HTTP in one worker, or by the CLI, reaches every worker within a second.
+- by polling the table: while subscribed to the channel every `REDIS_POLL_S`, a safety net for a
+  missed message; without Redis, or while its channel cannot be subscribed to (Redis down), every
+  `POLL_S` a look at the table's watermark (`catalog.keys.keys_watermark`: its count and latest
+  `updated_at`), reading every key again when it moved (and every `REDIS_POLL_S` anyway) — so a
+  change made over HTTP in one worker, or by the CLI, reaches every worker within a second (with
+  Redis configured but unreachable it took the 10 s of the safety net: a revocation too).
   A poll that gets no answer in `READ_S` gives up (a connection that stopped answering without
   closing would otherwise stop the polling for good): the read is cancelled, which drops that
   connection, and the next poll takes a new one.
@@ -118,6 +120,7 @@ class KeyRing:
         else:
             log.warning("admin_key_missing", reason=f"{auth.admin_key_env} is unset: /api/v1/keys answers 403")
         self._tasks: list[asyncio.Task[None]] = []
+        self.subscribed = False  # to the keys channel now: the poll reads the watermark while not
 
     def authenticate(self, headers: Iterable[tuple[bytes, bytes]], *, basic: bool = False) -> Entry:
         """The entry of the key the headers carry, or 401. `basic`: an HTTP Basic credential's
@@ -155,8 +158,7 @@ class KeyRing:
 
     async def start(self) -> None:
         await self.reload()
-        interval = REDIS_POLL_S if self._redis_settings is not None else POLL_S
-        self._tasks = [asyncio.create_task(self._poll(interval))]
+        self._tasks = [asyncio.create_task(self._poll())]
         if self._redis_settings is not None:
             self._tasks.append(asyncio.create_task(self._listen(self._redis_settings)))
 
@@ -218,22 +220,26 @@ class KeyRing:
         if record is not None:
             self.apply(record)
 
-    async def _poll(self, interval: float) -> None:
-        """Read the table again every `interval`; without Redis (`POLL_S`), only when its watermark
-        moved since the last reading, or `REDIS_POLL_S` passed (module doc). The watermark is read
-        before the keys, so a change made between the two is read again at the next poll."""
+    async def _poll(self) -> None:
+        """Read the table again every `REDIS_POLL_S`; while no channel tells of changes, also when
+        its watermark (read every `POLL_S`) moved (module doc). The watermark is read before the
+        keys, so a change made between the two is read again at the next poll."""
         loop = asyncio.get_running_loop()
         seen: tuple[int, datetime | None] | None = None
         read_at = loop.time()
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(POLL_S)
+            due = loop.time() - read_at >= REDIS_POLL_S
+            if self.subscribed and not due:
+                continue
             try:
                 async with asyncio.timeout(READ_S):
-                    if self._redis_settings is None:
+                    if not self.subscribed:
                         mark = await keys_watermark(self._engine)
-                        if mark == seen and loop.time() - read_at < REDIS_POLL_S:
+                        if mark == seen and not due:
                             continue
-                        seen, read_at = mark, loop.time()
+                        seen = mark
+                    read_at = loop.time()
                     await self.reload()
             except Exception as exc:  # TimeoutError too  # the database is down: keep the keys known, try again later
                 self._log.warning("keys_reload_failed", error=type(exc).__name__)
@@ -247,6 +253,7 @@ class KeyRing:
                     await pubsub.subscribe(keys_channel(settings))
                     async with asyncio.timeout(READ_S):
                         await self.reload()
+                    self.subscribed = True
                     async for message in pubsub.listen():
                         async with asyncio.timeout(READ_S):
                             await self.reload_one(bytes(message["data"]).decode())
@@ -258,6 +265,7 @@ class KeyRing:
                 self._log.exception("keys_listener_failed")
                 await asyncio.sleep(1.0)
             finally:
+                self.subscribed = False
                 await redis.aclose()
 
 

@@ -160,6 +160,8 @@ LONG = "n" * 201
         ({"name": LONG}, "name", "invalid key: name: at most 200 characters"),  # PostgreSQL's 500 before
         ({"name": "x", "owner": "team\x00"}, "owner", "invalid key: owner: must not hold control characters"),
         ({"name": "a\x1b[31mb"}, "name", "invalid key: name: must not hold control characters"),
+        ({"name": "x", "owner": "team\u202eevil"}, "owner", "invalid key: owner: must not hold control characters"),
+        ({"name": "a\u2028b"}, "name", "invalid key: name: must not hold control characters"),
         ({"name": "x", "rpm": 0}, "rpm", "invalid key: rpm: must be from 1 to"),
         ({"name": None}, "name", "invalid key: name: Expected `str`, got `null`"),
         ({"name": "x", "budget_period": "p" * 5000}, "budget_period", "invalid key: budget_period: Invalid enum value"),
