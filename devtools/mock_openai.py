@@ -126,6 +126,8 @@ class CompletionRequest(Struct):
     prompt: str | list[Any] | None = None
     logprobs: int | bool | None = None  # an int on /v1/completions, a bool on chat (not simulated there)
     echo: bool = False
+    max_tokens: int | None = None  # reported completion tokens never exceed it, as no real server's do
+    max_completion_tokens: int | None = None
 
 
 class Plan(Struct):
@@ -147,12 +149,15 @@ def estimate_prompt_tokens(body: bytes) -> int:
     return max(1, len(body) // 4)
 
 
-def usage_for(plan: Plan, body: bytes) -> Usage:
-    """The usage of one request: its estimated prompt, the plan's completion."""
+def usage_for(plan: Plan, body: bytes, limit: int | None = None) -> Usage:
+    """The usage of one request: its estimated prompt, the plan's completion, at most `limit` (the
+    request's `max_tokens`: the text is the plan's all the same, the count is what a server that
+    stopped there would bill)."""
     prompt = estimate_prompt_tokens(body)
-    usage = Usage(prompt, plan.completion_tokens, prompt + plan.completion_tokens)
+    completion = plan.completion_tokens if limit is None else min(plan.completion_tokens, max(0, limit))
+    usage = Usage(prompt, completion, prompt + completion)
     if plan.reasoning_tokens:
-        usage.completion_tokens_details = _CompletionDetails(plan.reasoning_tokens)
+        usage.completion_tokens_details = _CompletionDetails(min(plan.reasoning_tokens, completion))
     return usage
 
 

@@ -82,7 +82,7 @@ class ScriptedResponder:
             return reply
         model = parsed.model or opts.model
         plan = self._plan(path, model, parsed)
-        usage = usage_for(plan, request.body)
+        usage = usage_for(plan, request.body, parsed.max_completion_tokens or parsed.max_tokens)
         reset = opts.reset_after if faulty else None
         if not parsed.stream:
             body = json_body(plan, usage)

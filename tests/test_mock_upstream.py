@@ -76,6 +76,25 @@ async def test_chat_json_reply_is_exact() -> None:
     assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 8, "total_tokens": prompt + 8}
 
 
+async def test_a_reply_never_bills_more_completion_tokens_than_max_tokens() -> None:
+    """The mock reported its 8 tokens whatever `max_tokens` said: a budget reserved on `max_tokens`
+    was overshot by the bundled mock alone (no real server bills past it)."""
+    options = ScriptedOptions(chunks=4, tokens_per_chunk=2, text="alpha beta gamma")
+    bodies = {
+        "max_tokens": b'{"model":"gemma","messages":[],"max_tokens":3}',
+        "max_completion_tokens": b'{"model":"gemma","messages":[],"max_completion_tokens":5,"max_tokens":1}',
+        "above": b'{"model":"gemma","messages":[],"max_tokens":100}',
+    }
+    async with scripted_server(options) as server, httpx.AsyncClient() as client:
+        billed = {
+            name: (await client.post(f"{server.url}/chat/completions", content=body)).json()["usage"][
+                "completion_tokens"
+            ]
+            for name, body in bodies.items()
+        }
+    assert billed == {"max_tokens": 3, "max_completion_tokens": 5, "above": 8}
+
+
 async def test_chat_takes_logprobs_as_openai_sends_them() -> None:
     """Chat's `logprobs` is a bool (the legacy endpoint's an int): taken, not simulated."""
     options = ScriptedOptions(chunks=4, tokens_per_chunk=2, text="alpha beta gamma")
