@@ -159,8 +159,20 @@ class Provider:
                     yield dialect.parse_answer(await response.aread(deadline))
                 else:
                     yield dialect.parse_answer(await _whole(response, deadline))
+            except UpstreamError as exc:  # an error answer, or an error chunk in a stream
+                self._scrub(exc)
+                raise
             finally:
                 await response.aclose()
+
+    def _scrub(self, error: UpstreamError) -> None:
+        """`error` without this provider's key in its message: the upstream's own words go to the
+        client for a request it refused (400, 404, 413, 422), and a server may quote the header it
+        got ("bad key Bearer …"). Error path only."""
+        key = self.config.api_key
+        if key and key in error.message:
+            error.message = error.message.replace(key, "***")
+            error.args = (error.message,)
 
     async def _send(self, dialect: Dialect, body: bytes, stream: bool) -> Answer:
         """The request out, the answer's head back: the one path to the upstream.

@@ -27,7 +27,7 @@ from providers.events import (
 )
 from providers.types import CompletionRequest
 from tests.support.ports import free_port
-from tests.support.upstream import ReplayUpstream, played, upstream_fixture
+from tests.support.upstream import ReplayUpstream, played, reply_json, upstream_fixture
 
 REQUEST = msgspec.convert(
     {"messages": [{"role": "user", "content": [{"kind": "text", "data": "Say hello"}]}], "max_tokens": 8},
@@ -201,6 +201,27 @@ async def test_error_answers_are_classified(
         assert events == []
         assert error is not None
         assert (error.kind, error.status, error.retry_after) == (kind, transcript(name).status, retry_after)
+
+
+async def test_the_providers_key_quoted_by_the_upstream_never_reaches_the_message(
+    upstream: ReplayUpstream, client: Any
+) -> None:
+    """A refused request's message is the upstream's own (it goes to the client): a server that
+    quotes the header it got put the provider's key there, in an error answer or an error chunk."""
+    quoted = {"error": {"message": "bad request from Bearer fr_test, key fr_test", "type": "invalid_request_error"}}
+    upstream.enqueue(reply_json(400, quoted))
+    chunk = b'data: {"error": {"message": "fr_test refused", "code": 400}}\n\n'
+    upstream.enqueue(Reply(200, [("content-type", "text/event-stream")], [chunk]))
+    messages = []
+    for stream in (False, True):
+        _events, error = await collect(provider(upstream, client).events(REQUEST, "m", stream=stream))
+        assert error is not None
+        assert error.kind is Failure.CLIENT
+        messages.append((error.message, str(error)))
+    assert messages == [
+        ("bad request from Bearer ***, key ***", "bad request from Bearer ***, key ***"),
+        ("*** refused", "*** refused"),
+    ]
 
 
 async def test_connection_refused(client: Any) -> None:
