@@ -44,7 +44,6 @@ from decimal import Decimal
 from typing import Any
 
 from app.access.gate import AccessGate, Ticket
-from app.access.worstcase import output_bound
 from app.context import RequestContext
 from app.errors import AllBackendsFailed, GatewayError, InvalidRequest, UpstreamTimeout
 from app.logging import LineWriter
@@ -210,10 +209,11 @@ class Pipeline:
         if access is not None and entry is not None and entry.limited:
             ticket = access.reserve(entry, run.ctx, request, model, route.names, self.router.snapshot)
             run.ticket = ticket if isinstance(ticket, Ticket) else await access.admit(entry, run.ctx, ticket)
-            if request.max_tokens is None and (entry.budget_nano >= 0 or entry.tpm >= 0):
+            if request.max_tokens is None and model.max_output and (entry.budget_nano >= 0 or entry.tpm >= 0):
                 # the reservation's output bound goes upstream: without it the upstream's own default
-                # (vLLM: the rest of the context) let one answer spend past the budget
-                request.max_tokens = output_bound(request, model)
+                # (vLLM: the rest of the context) let one answer spend past the budget. A model with
+                # no `max_output` was reserved its whole context, which no answer can pass.
+                request.max_tokens = model.max_output
         candidates = Candidates(route.backends, now, self._probe_interval_s, self._quota_recheck_s)
         failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:
