@@ -10,12 +10,12 @@ Changes reach the ring three ways:
 - at once, in the process that made them over HTTP (`apply`);
 - through Redis pub/sub (`{prefix}:keys`, the message is the key id) from any process or the
   CLI: the receiver reloads that key from the database — within a second everywhere;
-- by polling the table: while subscribed to the channel every `REDIS_POLL_S`, a safety net for a
-  missed message; without Redis, or while its channel cannot be subscribed to (Redis down), every
-  `POLL_S` a look at the table's watermark (`catalog.keys.keys_watermark`: its count and latest
-  `updated_at`), reading every key again when it moved (and every `REDIS_POLL_S` anyway) — so a
-  change made over HTTP in one worker, or by the CLI, reaches every worker within a second (with
-  Redis configured but unreachable it took the 10 s of the safety net: a revocation too).
+- by polling the table, with Redis or without: every `POLL_S` a look at the table's watermark
+  (`catalog.keys.keys_watermark`: its count and latest `updated_at`), reading every key again when
+  it moved (and every `REDIS_POLL_S` anyway) — so a change made over HTTP in one worker, or by the
+  CLI, reaches every worker within a second whatever Redis does. With Redis the table was read
+  every 10 s only: a process whose Redis was down, or whose subscription went silent (a host gone
+  without closing the connection), saw a revocation 10 s late.
   A poll that gets no answer in `READ_S` gives up (a connection that stopped answering without
   closing would otherwise stop the polling for good): the read is cancelled, which drops that
   connection, and the next poll takes a new one.
@@ -111,6 +111,7 @@ class KeyRing:
         self._revoked: set[str] = set()  # ids of keys seen revoked: a revocation is final (`merge`)
         self._admin: Entry | None = None
         secret = os.environ.get(auth.admin_key_env)
+        self._admin_secret = secret or None
         if secret:
             now = datetime.now(UTC)
             record = KeyRecord(
@@ -120,7 +121,6 @@ class KeyRing:
         else:
             log.warning("admin_key_missing", reason=f"{auth.admin_key_env} is unset: /api/v1/keys answers 403")
         self._tasks: list[asyncio.Task[None]] = []
-        self.subscribed = False  # to the keys channel now: the poll reads the watermark while not
 
     def authenticate(self, headers: Iterable[tuple[bytes, bytes]], *, basic: bool = False) -> Entry:
         """The entry of the key the headers carry, or 401. `basic`: an HTTP Basic credential's
@@ -151,10 +151,12 @@ class KeyRing:
 
     # -- keeping the ring current ------------------------------------------------------------------
 
-    def holds(self, text: str) -> bool:
-        """Whether `text` is the secret of a key held here, the admin key's included (for masking
-        a secret pasted where a log line would keep it: `app.edge.rejection`)."""
-        return sha256(text.encode("utf-8", "surrogateescape")).digest() in self._by_hash
+    def masked(self, text: str) -> str:
+        """`text` without the admin secret (any text the operator chose, `/` included: it has no
+        `sy-` prefix to find it by), for a log line that keeps what a client sent
+        (`app.edge.rejection`). The secret is this process's environment's all the same."""
+        secret = self._admin_secret
+        return text.replace(secret, "…") if secret and secret in text else text
 
     async def start(self) -> None:
         await self.reload()
@@ -221,25 +223,20 @@ class KeyRing:
             self.apply(record)
 
     async def _poll(self) -> None:
-        """Read the table again every `REDIS_POLL_S`; while no channel tells of changes, also when
-        its watermark (read every `POLL_S`) moved (module doc). The watermark is read before the
-        keys, so a change made between the two is read again at the next poll."""
+        """Read the table again when its watermark (read every `POLL_S`) moved, and every
+        `REDIS_POLL_S` anyway (module doc). The watermark is read before the keys, so a change
+        made between the two is read again at the next poll."""
         loop = asyncio.get_running_loop()
         seen: tuple[int, datetime | None] | None = None
         read_at = loop.time()
         while True:
             await asyncio.sleep(POLL_S)
-            due = loop.time() - read_at >= REDIS_POLL_S
-            if self.subscribed and not due:
-                continue
             try:
                 async with asyncio.timeout(READ_S):
-                    if not self.subscribed:
-                        mark = await keys_watermark(self._engine)
-                        if mark == seen and not due:
-                            continue
-                        seen = mark
-                    read_at = loop.time()
+                    mark = await keys_watermark(self._engine)
+                    if mark == seen and loop.time() - read_at < REDIS_POLL_S:
+                        continue
+                    seen, read_at = mark, loop.time()
                     await self.reload()
             except Exception as exc:  # TimeoutError too  # the database is down: keep the keys known, try again later
                 self._log.warning("keys_reload_failed", error=type(exc).__name__)
@@ -253,7 +250,6 @@ class KeyRing:
                     await pubsub.subscribe(keys_channel(settings))
                     async with asyncio.timeout(READ_S):
                         await self.reload()
-                    self.subscribed = True
                     async for message in pubsub.listen():
                         async with asyncio.timeout(READ_S):
                             await self.reload_one(bytes(message["data"]).decode())
@@ -265,7 +261,6 @@ class KeyRing:
                 self._log.exception("keys_listener_failed")
                 await asyncio.sleep(1.0)
             finally:
-                self.subscribed = False
                 await redis.aclose()
 
 

@@ -228,7 +228,7 @@ def _assistant_parts(message: wire.AssistantMessage) -> list[ContentPart]:
 def _arguments(raw: str) -> object:
     try:
         return _arguments_decoder.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested past msgspec's depth: not arguments to read
         return {}
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import unquote
 
 from litestar import Request
 from litestar.exceptions import HTTPException
@@ -58,12 +57,12 @@ def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[s
 
 def _path_logged(request: Request[Any, Any, Any]) -> str:
     """The path without a secret pasted into it (for a key id, a model): a `sy-` key's by its
-    prefix, the admin key's (any text the operator chose) by its hash, segment by segment."""
+    prefix, the admin key's by its text (it has no prefix)."""
     path = _SECRET.sub("sy-…", request.url.path)
     service = getattr(request.app.state, "service", None)
     access = getattr(service, "access", None)
     if access is not None:
-        path = "/".join("…" if part and access.keyring.holds(unquote(part)) else part for part in path.split("/"))
+        path = access.keyring.masked(path)
     return path[:200]
 
 

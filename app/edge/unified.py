@@ -79,7 +79,7 @@ def structured_output(message: Message) -> Any:
     text = "".join(part.data for part in message.content if isinstance(part, TextPart))
     try:
         return _json_decoder.decode(text)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested past msgspec's depth: not JSON to give back
         return None
 
 

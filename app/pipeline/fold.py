@@ -175,5 +175,5 @@ def _parse_arguments(raw: str) -> Any:
         return {}
     try:
         return _json_decoder.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested past msgspec's depth: not arguments to read
         return {}

@@ -236,14 +236,15 @@ async def test_the_admin_secret_pasted_into_a_path_is_masked_in_the_log(
     logs: Logs, start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An admin secret of the operator's choosing has no `sy-` prefix to find it by:
-    `/v1/models/<admin secret>` was logged as it was. A held key's secret in a path segment is
-    masked, found by its hash."""
-    chosen = "operator-chosen-admin-9f2c"
+    `/v1/models/<admin secret>` was logged as it was. It is masked by its text, `/` and all."""
+    chosen = "operator/chosen+admin=9f2c%41"  # a `/` (base64), a `%` (sent as %25)
     monkeypatch.setenv(ADMIN_ENV, chosen)
     auth = {"mode": "keys", "admin_key_env": ADMIN_ENV}
     gw = await start_gateway(providers=provider_table({"up": up}), catalog=CATALOG, auth=auth)
-    for path in (f"/v1/models/{chosen}", f"/api/v1/usage/{chosen}"):
+    sent = chosen.replace("%", "%25")
+    for path in (f"/v1/models/{sent}", f"/api/v1/usage/{sent}"):
         assert (await gw.client.get(path, headers=bearer(chosen))).status_code == 404
     rejected = [line["path"] for line in logs.lines("request", gw) if line.get("status") == "rejected"]
     assert rejected == ["/v1/models/…", "/api/v1/usage/…"]
     assert chosen not in logs.raw
+    assert "9f2c" not in logs.raw

@@ -77,7 +77,7 @@ async def test_a_key_made_in_the_database_reaches_a_process_whose_redis_is_down_
 ) -> None:
     """A key created or revoked by the CLI (or by another replica, whose announcement this process
     cannot hear): with `[redis]` configured the table was read every 10 s only, the safety net
-    meant for a missed message. While the channel is down the watermark is read every 0.5 s."""
+    meant for a missed message. The watermark is read every 0.5 s, Redis or not."""
     up.set_default(answer("ok"))
     redis = {"url": f"redis://127.0.0.1:{free_port()}/0", "key_prefix": "d"}  # nothing listens there
     gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis)

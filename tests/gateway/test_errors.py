@@ -263,3 +263,37 @@ async def test_upstream_timeout_is_504(
 async def test_unknown_route_is_json_404(gw: GatewayHandle) -> None:
     response = await gw.client.get("/api/v1/nothing")
     assert_error(response, 404, "not_found_error")
+
+
+DEEP = "[" * 100_000
+
+
+async def test_an_answer_nested_past_the_decoders_depth_is_served_not_a_500(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """An upstream's text (for a `schema`) or tool-call arguments nested past msgspec's depth: the
+    RecursionError escaped the parse, a 500 after the answer was billed. It is no JSON: `output`
+    null, the call's arguments `{}`."""
+    message = {"role": "assistant", "content": DEEP}
+    primary.enqueue(reply_json(200, _chat_answer(message)))
+    schema = {"type": "array"}
+    answered = await post(gw, {"model": "chat-1", "messages": [USER], "schema": schema})
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["output"] is None
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": DEEP}}
+    primary.enqueue(reply_json(200, _chat_answer({"role": "assistant", "content": None, "tool_calls": [call]})))
+    tools = [{"name": "f", "description": "f", "parameters": {"type": "object"}}]
+    called = await post(gw, {"model": "chat-1", "messages": [USER], "tools": tools})
+    assert called.status_code == 200, called.text
+    (part,) = called.json()["message"]["content"]
+    assert part["data"]["arguments"] == {}
+
+
+def _chat_answer(message: dict[str, Any]) -> dict[str, Any]:
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [choice],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+    }

@@ -4,6 +4,7 @@ api.md, and the `openai` SDK's exception class for every status."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import openai
@@ -282,3 +283,31 @@ async def test_a_field_error_beside_deep_nesting_is_a_400_not_a_500(
     response = await gw.client.post(door, content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     assert "nests deeper than 64 levels" in response.json()["error"]["message"]
+
+
+async def test_a_bad_value_among_thousands_of_metadata_keys_answers_at_once(gw: GatewayHandle) -> None:
+    """Naming the bad key decodes the body once per key tried: 5,000 keys in a 2 MB body held the
+    worker 8 s. Only the first keys are tried; past them the message names the object."""
+    metadata = {f"k{n}": "v" for n in range(5000)} | {"zz": 1}
+    payload = {"model": "chat-1", "messages": [{"role": "user", "content": "x" * 2_000_000}], "metadata": metadata}
+    started = time.monotonic()
+    response = await gw.client.post(CHAT, json=payload)
+    assert time.monotonic() - started < 2.0
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "metadata[...]"  # the key past the ones tried
+
+
+async def test_a_clients_tool_call_arguments_nested_past_the_decoders_depth_are_no_500(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """An assistant turn's `arguments` string nested past msgspec's depth: read as no arguments
+    (`{}`, as any string that is not JSON), not a RecursionError out of the door (a 500)."""
+    primary.enqueue(answer())
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 100_000}}
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+    ]
+    response = await gw.client.post(CHAT, json={"model": "chat-1", "messages": messages})
+    assert response.status_code == 200, response.text
