@@ -169,10 +169,16 @@ class Provider:
         """`error` without this provider's key in its message: the upstream's own words go to the
         client for a request it refused (400, 404, 413, 422), and a server may quote the header it
         got ("bad key Bearer …"). Error path only."""
-        key = self.config.api_key
-        if key and key in error.message:
-            error.message = error.message.replace(key, "***")
-            error.args = (error.message,)
+        key, message = self.config.api_key, error.message
+        if not key:
+            return
+        message = message.replace(key, "***")
+        cut = next((n for n in range(len(key) - 1, 3, -1) if message.endswith(key[:n])), 0)  # the 2,000-character cut
+        if cut:
+            message = message[:-cut] + "***"
+        if message != error.message:
+            error.message = message
+            error.args = (message,)
 
     async def _send(self, dialect: Dialect, body: bytes, stream: bool) -> Answer:
         """The request out, the answer's head back: the one path to the upstream.

@@ -224,6 +224,16 @@ async def test_the_providers_key_quoted_by_the_upstream_never_reaches_the_messag
     ]
 
 
+async def test_a_quoted_key_the_message_limit_cuts_in_two_is_masked_too(upstream: ReplayUpstream, client: Any) -> None:
+    """The upstream's message is kept to 2,000 characters before it is masked: a key the cut split
+    would leave its first characters."""
+    text = "x" * (2000 - 5) + "fr_test"  # the cut keeps `fr_te`
+    upstream.enqueue(reply_json(400, {"error": {"message": text, "type": "invalid_request_error"}}))
+    _events, error = await collect(provider(upstream, client).events(REQUEST, "m", stream=False))
+    assert error is not None
+    assert error.message == "x" * (2000 - 5) + "***"
+
+
 async def test_connection_refused(client: Any) -> None:
     config = ProviderConfig(name="local", kind="local", base_url=f"http://127.0.0.1:{free_port()}/v1")
     events, error = await collect(Provider(config, client).events(REQUEST, "m", stream=True))
