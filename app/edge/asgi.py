@@ -140,14 +140,12 @@ async def _windowed(exc: GatewayError, entry: Entry | None, service: Service) ->
     """`exc` with the window headers of a key with `rpm` or `tpm` (access.md: every response),
     when it has none: a refusal before the request's admission (a 400 naming a field, a 403 for a
     model the key may not use); an admitted request's errors carry its admission's."""
-    if (
-        entry is not None
-        and (entry.rpm >= 0 or entry.tpm >= 0)
-        and exc.extra_headers is None
-        and not isinstance(exc, LimitsUnavailable | AuthenticationFailed)  # no window to read, or no key
-    ):
+    no_window = isinstance(exc, LimitsUnavailable | AuthenticationFailed)  # no window to read, or no key
+    if entry is not None and exc.extra_headers is None and not no_window:
         assert service.access is not None
-        exc.extra_headers = header_texts(await service.access.window_headers(entry))
+        headers = await service.access.window_headers(entry)  # b"" for a key without a window
+        if headers:
+            exc.extra_headers = header_texts(headers)
     return exc
 
 

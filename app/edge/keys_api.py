@@ -184,7 +184,7 @@ async def list_all(request: Request[Any, Any, Any]) -> Response[bytes]:
     return _json({"data": [to_builtins(record) for record in await list_keys(service.engine)]})
 
 
-@get("/me", middleware=[rate_window], guards=[require_key])
+@get("/me", guards=[require_key])
 async def me(request: Request[Any, Any, Any]) -> Response[bytes]:
     service = _service(request)
     entry = caller(request)
@@ -235,7 +235,6 @@ async def revoke(request: Request[Any, Any, Any]) -> Response[bytes]:
 @route(
     "/",
     http_method=[HttpMethod.GET, HttpMethod.POST],
-    middleware=[rate_window],
     guards=[require_admin],
     status_code=200,
 )
@@ -246,7 +245,6 @@ async def keys(request: Request[Any, Any, Any]) -> Response[bytes]:
 @route(
     "/{key_id:str}",
     http_method=[HttpMethod.PATCH, HttpMethod.DELETE],
-    middleware=[rate_window],
     guards=[require_admin],
     status_code=200,
 )
@@ -254,4 +252,4 @@ async def one_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     return await (change(request) if request.method == "PATCH" else revoke(request))
 
 
-router = Router(path="/api/v1/keys", route_handlers=[keys, me, one_key])
+router = Router(path="/api/v1/keys", route_handlers=[keys, me, one_key], middleware=[rate_window])

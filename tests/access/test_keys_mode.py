@@ -16,6 +16,7 @@ from app.access.gate import duration, rate_headers
 from app.access.keyring import Entry
 from app.access.limiter import Verdict
 from app.edge.cycle import _SPECIAL
+from app.edge.key_guard import rate_window, require_admin, require_key, require_page_key
 from app.pipeline.events import header_pairs
 from catalog.keys import KeyRecord
 from tests.access.conftest import ADMIN, MakeKey, bearer
@@ -304,3 +305,19 @@ def test_a_keys_rate_headers_describe_the_windows_it_has(
     )
     verdict = Verdict(remaining_requests=3, reset_requests_s=1.5, remaining_tokens=996, reset_tokens_s=0.02)
     assert header_pairs(rate_headers(Entry(record), verdict)) == expected
+
+
+def test_every_route_a_key_guard_opens_also_carries_the_window_middleware(gw: GatewayHandle) -> None:
+    """The guard reads the window, `rate_window` writes it into the head: a route given the guard
+    alone would answer a limited key without its `x-ratelimit-*` headers."""
+    app = gw.server.config.app
+    assert isinstance(app, Litestar)
+    guards = {require_key, require_admin, require_page_key}
+    guarded = [
+        handler
+        for route in app.routes
+        for handler in getattr(route, "route_handlers", [getattr(route, "route_handler", None)])
+        if handler is not None and guards.intersection(handler.resolve_guards())
+    ]
+    assert len(guarded) >= 10
+    assert [handler.handler_name for handler in guarded if rate_window not in handler.resolve_middleware()] == []
