@@ -232,22 +232,12 @@ async def revoke(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 # One handler a path: Litestar's automatic OPTIONS answer keeps the methods of the first handler
 # registered on its path (`Allow: OPTIONS, POST` here, GET left out), so the methods of a path share one.
-@route(
-    "/",
-    http_method=[HttpMethod.GET, HttpMethod.POST],
-    guards=[require_admin],
-    status_code=200,
-)
+@route("/", http_method=[HttpMethod.GET, HttpMethod.POST], guards=[require_admin], status_code=200)
 async def keys(request: Request[Any, Any, Any]) -> Response[bytes]:
     return await (create(request) if request.method == "POST" else list_all(request))
 
 
-@route(
-    "/{key_id:str}",
-    http_method=[HttpMethod.PATCH, HttpMethod.DELETE],
-    guards=[require_admin],
-    status_code=200,
-)
+@route("/{key_id:str}", http_method=[HttpMethod.PATCH, HttpMethod.DELETE], guards=[require_admin], status_code=200)
 async def one_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     return await (change(request) if request.method == "PATCH" else revoke(request))
 
