@@ -168,10 +168,12 @@ class Provider:
     def _scrub(self, error: UpstreamError) -> None:
         """`error` without this provider's key in its message: the upstream's own words go to the
         client for a request it refused (400, 404, 413, 422), and a server may quote the header it
-        got ("bad key Bearer …"). Error path only."""
+        got ("bad key Bearer …"). Its `code`, which the log keeps, likewise. Error path only."""
         key, message = self.config.api_key, error.message
         if not key:
             return
+        if error.code is not None and key in error.code:
+            error.code = error.code.replace(key, "***")
         message = message.replace(key, "***")
         cut = next((n for n in range(len(key) - 1, 3, -1) if message.endswith(key[:n])), 0)  # the 2,000-character cut
         if cut:

@@ -14,6 +14,8 @@ routing does:
       kind = Failure.AUTH             401 (bad key): disable the provider; 403 (key not
                                       allowed for this model): that backend only (failover.py)
       kind = Failure.CLIENT           400/404/413/422 caused by the request: no retry, 400 to client
+                                      (a 404 only with an error document: without one it is a
+                                      missing route, a wrong `base_url`: TRANSIENT)
       kind = Failure.TIMEOUT          connect, first byte, idle gap or total deadline passed:
                                       try the next, else 504
 
@@ -135,8 +137,13 @@ def classify_response(
     status: int, headers: Mapping[str, str], body: bytes, *, now: float | None = None
 ) -> UpstreamError:
     """Classify a non-2xx upstream answer by its status and structured body (never its prose)."""
-    error = _error_body(body)
+    error, structured = _error_body(body)
     lowered = {key.lower(): value for key, value in headers.items()}
+    if status == 404 and not structured:
+        # "404 unknown model" is an error document (OpenAI's `error`, vLLM's flat one, Ollama's
+        # `{"error": "text"}`); a 404 without one (empty, text, HTML, FastAPI's bare `detail`) is
+        # a route the upstream does not have: its `base_url` is wrong, not the request.
+        return UpstreamError(Failure.TRANSIENT, "upstream returned 404", status=404)
     return _classified(status, error, retry_after_from(lowered, now=now))
 
 
@@ -170,18 +177,21 @@ def _failure_for(status: int, error: ErrorBody) -> Failure:
     return Failure.TRANSIENT  # 408, 5xx, 529, and anything unexpected: try another backend
 
 
-def _error_body(body: bytes) -> ErrorBody:
+def _error_body(body: bytes) -> tuple[ErrorBody, bool]:
+    """The error, and whether the body was an error document (an `error`, or a flat `message`,
+    `type` or `code`), not text or FastAPI's bare `detail`."""
     try:
         envelope = _envelope_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return ErrorBody()
+        return ErrorBody(), False
     if isinstance(envelope.error, ErrorBody):
-        return envelope.error
+        return envelope.error, True
     if isinstance(envelope.error, str):
-        return ErrorBody(message=envelope.error, type=envelope.type, code=envelope.code)
+        return ErrorBody(message=envelope.error, type=envelope.type, code=envelope.code), True
+    structured = (envelope.message, envelope.type, envelope.code) != (None, None, None)
     if envelope.detail is not None:
-        return ErrorBody(message=_detail_message(envelope.detail), type=envelope.type, code=envelope.code)
-    return ErrorBody(message=envelope.message, type=envelope.type, code=envelope.code)
+        return ErrorBody(message=_detail_message(envelope.detail), type=envelope.type, code=envelope.code), structured
+    return ErrorBody(message=envelope.message, type=envelope.type, code=envelope.code), structured
 
 
 def _detail_message(detail: Any) -> str:

@@ -208,7 +208,7 @@ async def test_the_providers_key_quoted_by_the_upstream_never_reaches_the_messag
 ) -> None:
     """A refused request's message is the upstream's own (it goes to the client): a server that
     quotes the header it got put the provider's key there, in an error answer or an error chunk."""
-    quoted = {"error": {"message": "bad request from Bearer fr_test, key fr_test", "type": "invalid_request_error"}}
+    quoted = {"error": {"message": "bad request from Bearer fr_test, key fr_test", "type": "invalid_fr_test"}}
     upstream.enqueue(reply_json(400, quoted))
     chunk = b'data: {"error": {"message": "fr_test refused", "code": 400}}\n\n'
     upstream.enqueue(Reply(200, [("content-type", "text/event-stream")], [chunk]))
@@ -217,10 +217,10 @@ async def test_the_providers_key_quoted_by_the_upstream_never_reaches_the_messag
         _events, error = await collect(provider(upstream, client).events(REQUEST, "m", stream=stream))
         assert error is not None
         assert error.kind is Failure.CLIENT
-        messages.append((error.message, str(error)))
-    assert messages == [
-        ("bad request from Bearer ***, key ***", "bad request from Bearer ***, key ***"),
-        ("*** refused", "*** refused"),
+        messages.append((error.message, str(error), error.code))
+    assert messages == [  # the code (logged by routing) too
+        ("bad request from Bearer ***, key ***", "bad request from Bearer ***, key ***", "invalid_***"),
+        ("*** refused", "*** refused", None),
     ]
 
 

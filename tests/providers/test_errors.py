@@ -75,6 +75,12 @@ def test_recorded_error_answers(name: str, transcript: Callable[[str], Any]) -> 
     [
         (402, b'{"error":{"message":"pay"}}', Failure.QUOTA),
         (404, b'{"error":{"message":"no such model","code":404}}', Failure.CLIENT),
+        (404, b'{"object":"error","message":"The model `x` does not exist.","type":"NotFoundError"}', Failure.CLIENT),
+        (404, b'{"error":"model \\"x\\" not found, try pulling it first"}', Failure.CLIENT),  # Ollama
+        # A route the upstream does not have (a `base_url` without `/v1`): not the request's fault.
+        (404, b"404 page not found", Failure.TRANSIENT),  # Ollama, Go
+        (404, b'{"detail":"Not Found"}', Failure.TRANSIENT),  # FastAPI: SGLang, transformers serve
+        (404, b"", Failure.TRANSIENT),
         (413, b"", Failure.CLIENT),
         (422, b'{"detail":[{"loc":["body","max_tokens"],"msg":"bad","type":"x"}]}', Failure.CLIENT),
         (408, b"", Failure.TRANSIENT),
