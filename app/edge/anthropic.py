@@ -185,6 +185,7 @@ class AnthropicStream:
         self._calls: dict[int, tuple[int, bytes]] = {}  # a started call's index → (block index, delta head)
         self._live_call: int | None = None  # the call whose block is open now
         self._blank: dict[int, str] = {}  # a live call's fragments while all blank (module doc)
+        self._opened = False  # `message_start` went out as the opening keep-alive
 
     def render(self, event: ev.Event) -> bytes:
         kind = type(event)
@@ -196,8 +197,19 @@ class AnthropicStream:
         detail = fmt.ErrorDetail(type=fmt.error_type(error.status_code), message=error.message)
         return fmt.frame("error", fmt.ErrorBody(error=detail))
 
+    def opening(self, head: ev.StreamHead) -> bytes:
+        """An upstream slow to start: `message_start` (the model is resolved by now) and a
+        `ping`, as Anthropic opens a stream, not a `ping` alone before it."""
+        if head.model is None:
+            return self.ping
+        self._opened = True
+        return self._message_start(head.model) + self.ping
+
     def _started(self, event: ev.Started) -> bytes:
-        shell = fmt.Message(self._ctx.request_id, "assistant", event.model, [], None, None, usage_of(None), None, None)
+        return b"" if self._opened else self._message_start(event.model)
+
+    def _message_start(self, model: str) -> bytes:
+        shell = fmt.Message(self._ctx.request_id, "assistant", model, [], None, None, usage_of(None), None, None)
         return fmt.frame("message_start", fmt.MessageStart(shell))
 
     def _open_block(self, block: fmt.OutputBlock) -> tuple[int, bytes]:

@@ -53,7 +53,7 @@ from app.errors import (
     UsageNotRecordable,
 )
 from app.ids import uuid7
-from app.pipeline.events import Outcome, RateHeaders, header_pairs, header_texts
+from app.pipeline.events import Outcome, RateHeaders, StreamHead, header_pairs, header_texts
 from app.service import Service
 from providers.types import AnyRequest
 
@@ -126,8 +126,9 @@ async def serve(
                 scope["state"][RESPONSE_STARTED] = True
                 await send_json(send, payload, request_id, extra=own, made=outcome.headers)
                 return
-            events = service.pipeline.stream(ctx, door.request)
-            relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s)
+            head = StreamHead()
+            events = service.pipeline.stream(ctx, door.request, head)
+            relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s, head)
             await send_stream(relay, send, request_id, watch, scope["state"], own)
     except GatewayError as exc:
         renames = door.renames
@@ -283,15 +284,16 @@ async def send_stream(
     extra: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
     """The SSE response: started with the relay's first item (an error before it is raised, for
-    the ingress's error renderer), then every frame as it comes; the head carries the `Started`
-    event's headers (`Relay.headers`). The response is marked started in the scope's `state`
+    the ingress's error renderer), then every frame as it comes; the head carries the API key's
+    rate headers (`Relay.head`). The response is marked started in the scope's `state`
     (`app.edge.direct`)."""
     first = await relay.first()
     if state is not None:
         state[RESPONSE_STARTED] = True
     headers = [*SSE_HEADERS, (b"x-request-id", request_id.encode()), *extra]
-    if not write_head(send, 200, headers, relay.headers):
-        await send({"type": "http.response.start", "status": 200, "headers": [*headers, *header_pairs(relay.headers)]})
+    made = relay.head.headers
+    if not write_head(send, 200, headers, made):
+        await send({"type": "http.response.start", "status": 200, "headers": [*headers, *header_pairs(made)]})
     async with contextlib.aclosing(relay.frames(first)) as frames:
         async for chunk in frames:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

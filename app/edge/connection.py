@@ -15,8 +15,7 @@ headers are buffered without limit. `GuardedHttpToolsProtocol` adds, per connect
 - header limits (`max_header_bytes` for the request target and the headers together, `max_headers`
   fields): beyond them a 431 and the close, before any application code runs; and a client that
   asks `Expect: 100-continue` for a `Content-Length` over `max_body_bytes` gets its 413 at once,
-  instead of `100 Continue` and then the body it would send for nothing; without `Expect`, as
-  soon as a read leaves such a body incomplete (not after the body deadline). A header line that
+  instead of `100 Continue` and then the body it would send for nothing. A header line that
   never ends is caught too: every chunk received while the head is unfinished counts, so at most
   one read beyond the limit is ever buffered.
 
@@ -135,11 +134,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self._deadline is None:
                 self._arm(self.limits.header_timeout_s, self._head_timed_out)
         elif phase == _BODY and self._deadline is None:
-            # A body left incomplete (never the usual one-read request): one over the limit is
-            # refused now, not after the body deadline for a client that never sends it.
-            if _declared_length(self.headers) > self.limits.max_body_bytes:
-                self._refuse_body(PayloadTooLarge("request body too large"))
-                return
             self._arm(self.limits.body_timeout_s, self._body_timed_out)
 
     def on_message_begin(self) -> None:
@@ -214,16 +208,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _body_timed_out(self) -> None:
         self._deadline = None
-        self._refuse_body(RequestTimeout("request body not received in time"))
-
-    def _refuse_body(self, error: GatewayError) -> None:
-        """Answer `error` (unless a response has started) to a request whose body is incomplete,
-        tell its application task the client is gone, and close."""
         cycle = self.cycle
         if self.transport.is_closing() or cycle is None:
             return
         if not cycle.response_started:
             request_id = self.scope.get("state", {}).get("request_id") or uuid7()  # the app's, if it set one
+            error = RequestTimeout("request body not received in time")
             self.transport.write(_raw_response(error, request_id, self.scope.get("raw_path", b"")))
         cycle.disconnected = True  # the application's receive() now says http.disconnect
         cycle.message_event.set()

@@ -4,7 +4,8 @@ The pipeline's event generator runs in one pump task per request, which renders 
 events (`Pipeline.stream`) to bytes with the ingress's `StreamRenderer`; the response iterates
 the `Relay`. That split buys three things without per-chunk timers:
 - keep-alive: one repeating timer per request pushes the renderer's `ping` when nothing was sent
-  for `interval` seconds, before the first token too;
+  for `interval` seconds, before the first token too (a keep-alive that starts the response is
+  the renderer's `opening`: Anthropic's `message_start` comes before its first `ping`);
 - the first item decides the response: an exception before any frame is an ordinary HTTP error
   (rendered by the ingress's error handler), a frame (or a ping, when the upstream is slow to
   start) starts the 200 SSE response;
@@ -13,9 +14,10 @@ the `Relay`. That split buys three things without per-chunk timers:
   upstream read, which closes the upstream connection and records the request as `cancelled`.
 Frames that queue up while the client is slower than the upstream are sent joined, one write.
 
-The `Started` event's headers (an API key's `x-ratelimit-*`) are kept as `headers` when the pump
-meets it, before any frame: the response's head, sent with the first frame, carries them. (A
-generator between the pipeline and the relay that tapped them cost a layer per batch.)
+The response's head, sent with the first frame, carries an API key's `x-ratelimit-*`: the
+pipeline writes them into the request's `StreamHead` at admission, before any frame and before a
+keep-alive can start the response. (A generator between the pipeline and the relay that tapped
+them cost a layer per batch.)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
 from app.errors import GatewayError, InternalError
-from app.pipeline.events import Event, RateHeaders, Started
+from app.pipeline.events import Event, StreamHead
 
 _END = object()
 
@@ -43,12 +45,18 @@ class StreamRenderer(Protocol):
     def error(self, error: GatewayError) -> bytes:
         """The frame that ends a stream that failed after it started."""
 
+    # A format whose stream must open otherwise than with `ping` also has
+    # `opening(head: StreamHead) -> bytes`: the keep-alive that starts the response.
+
 
 class Relay:
-    def __init__(self, source: AsyncIterator[list[Event]], renderer: StreamRenderer, interval: float) -> None:
+    def __init__(
+        self, source: AsyncIterator[list[Event]], renderer: StreamRenderer, interval: float, head: StreamHead
+    ) -> None:
         self._source = source
         self._renderer = renderer
-        self.headers: RateHeaders = b""  # the `Started` event's (module doc)
+        self.head = head  # the pipeline's (module doc)
+        self._begun = False  # whether `first` has returned: the response has started
         self._interval = interval
         self._items: deque[object] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -61,8 +69,6 @@ class Relay:
         render = self._renderer.render
         try:
             async for batch in self._source:
-                if type(batch[0]) is Started:  # alone in the first batch: its headers, for the head
-                    self.headers = batch[0].headers
                 data = b"".join([render(event) for event in batch])
                 if data:
                     self._push(data)
@@ -83,7 +89,8 @@ class Relay:
     def _tick(self) -> None:
         idle = self._loop.time() - self._last
         if idle >= self._interval and not self._items:
-            self._push(self._renderer.ping)
+            opening = None if self._begun else getattr(self._renderer, "opening", None)
+            self._push(self._renderer.ping if opening is None else opening(self.head))
             idle = 0.0
         self._timer = self._loop.call_later(self._interval - idle, self._tick)
 
@@ -100,6 +107,7 @@ class Relay:
         if item is _END:
             await self.aclose()
             raise InternalError("the completion ended without output")
+        self._begun = True
         return item  # type: ignore[return-value]
 
     async def _next(self) -> object:

@@ -66,10 +66,22 @@ def header_texts(block: RateHeaders) -> dict[str, str]:
     return {name.decode(): value.decode() for name, value in header_pairs(block)}
 
 
+class StreamHead:
+    """What a stream's response head may need before its first event: the model, once resolved,
+    and an API key's `x-ratelimit-*`, once admitted. Set by the pipeline as it learns them, read by
+    the relay when the response starts, which is before `Started` when a keep-alive must go out
+    first (an upstream slow to answer): the head still carries the key's headers."""
+
+    __slots__ = ("headers", "model")
+
+    def __init__(self) -> None:
+        self.model: str | None = None
+        self.headers: RateHeaders = b""
+
+
 class Started(Struct, frozen=True):
     model: str
     provider: str
-    headers: RateHeaders = b""  # the API key's `x-ratelimit-*` (app.access.gate)
 
 
 class TextStart(Struct, frozen=True):

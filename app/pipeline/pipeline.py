@@ -51,7 +51,7 @@ from app.metrics import Metrics
 from app.pipeline.accounting import ledger_record, log_line, price
 from app.pipeline.admission import admit
 from app.pipeline.estimate import estimate_input_tokens
-from app.pipeline.events import UNPRICED, Event, Outcome, Started, header_texts
+from app.pipeline.events import UNPRICED, Event, Outcome, Started, StreamHead, header_texts
 from app.pipeline.fold import Fold
 from app.pipeline.gpu_time import GpuTicket, GpuTime
 from app.routing.failover import Candidates, apply_failure, exhausted, log_attempt
@@ -79,6 +79,7 @@ class _Run:
         "first_content",
         "fold",
         "gpu",
+        "head",
         "message",
         "model",
         "outcome",
@@ -103,6 +104,7 @@ class _Run:
         self.error: GatewayError | None = None
         self.outcome: Outcome | None = None
         self.ticket: Ticket | None = None  # the API key's reservation, settled in `_close`
+        self.head: StreamHead | None = None  # a stream's, told the model and the rate headers
 
 
 class Pipeline:
@@ -156,19 +158,22 @@ class Pipeline:
         finally:
             self._close(run)
 
-    async def stream(self, ctx: RequestContext, request: AnyRequest) -> AsyncGenerator[list[Event], None]:
+    async def stream(
+        self, ctx: RequestContext, request: AnyRequest, head: StreamHead | None = None
+    ) -> AsyncGenerator[list[Event], None]:
         """Canonical events in batches (never an empty one): `Started` alone first, then the
         events of each upstream read, the `Outcome` last. Raises `GatewayError` before the first
         batch when no backend produced content; afterwards a failure is an `Outcome` with its
-        `error`."""
+        `error`. `head` learns the model and the API key's rate headers before any batch."""
         run = _Run(ctx, request)
+        run.head = head
         try:
             upstream = await self._open(run, emit=True)
             fold = run.fold
             assert fold is not None
             assert run.model is not None
             assert run.backend is not None
-            yield [Started(run.model.id, run.backend.name, run.ticket.headers if run.ticket is not None else b"")]
+            yield [Started(run.model.id, run.backend.name)]
             try:
                 if fold.out:
                     yield fold.take()
@@ -203,12 +208,16 @@ class Pipeline:
         request, deadline = run.request, run.ctx.deadline
         run.model = model = self.router.resolve_model(request.model, now)
         admit(request, model)
+        if run.head is not None:
+            run.head.model = model.id
         access = self.access
         entry = access.permit(run.ctx, model) if access is not None else None
         route = self.router.route(model, request.provider)
         if access is not None and entry is not None and entry.limited:
             ticket = access.reserve(entry, run.ctx, request, model, route.names, self.router.snapshot)
             run.ticket = ticket if isinstance(ticket, Ticket) else await access.admit(entry, run.ctx, ticket)
+            if run.head is not None:
+                run.head.headers = run.ticket.headers
             if request.max_tokens is None and model.max_output and (entry.budget_nano >= 0 or entry.tpm >= 0):
                 # the reservation's output bound goes upstream: without it the upstream's own default
                 # (vLLM: the rest of the context) let one answer spend past the budget. A model with

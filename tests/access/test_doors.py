@@ -11,11 +11,11 @@ import anthropic
 import openai
 import pytest
 
-from tests.access.conftest import MakeKey, bearer
-from tests.support.client import COMPLETIONS, body
-from tests.support.gateway import GatewayHandle
-from tests.support.replies import answer
-from tests.support.upstream import ReplayUpstream, Reply, reply_json
+from tests.access.conftest import ADMIN, MakeKey, bearer, keyed_gateway
+from tests.support.client import COMPLETIONS, body, parse_sse
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.replies import answer, chunk, usage_chunk
+from tests.support.upstream import ReplayUpstream, Reply, reply_json, reply_sse
 
 INVALID = "invalid or missing API key"
 NOT_ALLOWED = "this API key may not use model 'other'"
@@ -179,3 +179,38 @@ async def test_an_exhausted_budget_is_insufficient_quota_at_every_door(
     with pytest.raises(anthropic.RateLimitError):
         await claude.messages.create(model="chat", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
     assert up.requests == []
+
+
+async def test_a_stream_slow_to_start_carries_the_window_in_its_head(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upstream slower than the keep-alive: the response starts with it, before `Started`. Its
+    head carried no `x-ratelimit-*` (access.md: every response); on `/v1/messages` the stream
+    opened with `ping`, where Anthropic sends `message_start` first."""
+    gw = await keyed_gateway(start_gateway, up, monkeypatch, server={"sse_keepalive_s": 0.2})
+    made = await gw.client.post("/api/v1/keys", json={"name": "k", "rpm": 5}, headers=bearer(ADMIN))
+    headers = bearer(made.json()["secret"])
+    late = [chunk({"content": "late"}), chunk({}, "stop"), usage_chunk(3, 1)]
+    messages = [{"role": "user", "content": "hi"}]
+    doors = [
+        (COMPLETIONS, body("chat", stream=True), "event: ping"),
+        ("/v1/chat/completions", {"model": "chat", "stream": True, "messages": messages}, ": keep-alive"),
+        (
+            "/v1/messages",
+            {"model": "chat", "max_tokens": 8, "stream": True, "messages": messages},
+            "event: message_start",
+        ),
+    ]
+    for sent, (path, payload, first) in enumerate(doors, 1):
+        up.enqueue(reply_sse(late, first_byte_delay_s=0.5))
+        response = await gw.client.post(path, json=payload, headers=headers)
+        assert response.status_code == 200, response.text
+        assert response.text.startswith(first), (path, response.text[:80])
+        assert (response.headers["x-ratelimit-limit-requests"], response.headers["x-ratelimit-remaining-requests"]) == (
+            "5",
+            str(5 - sent),
+        )
+    frames = parse_sse(response.text)
+    assert [event for event, _ in frames[:2]] == ["message_start", "ping"]
+    assert [event for event, _ in frames].count("message_start") == 1
+    assert frames[0][1]["message"]["model"] == "chat"

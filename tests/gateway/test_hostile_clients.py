@@ -191,16 +191,6 @@ async def test_expect_100_continue_for_a_body_over_the_limit_gets_413_at_once(gu
     assert answer.closed_after < TIMEOUT  # not the body deadline: nothing was waited for
 
 
-async def test_a_declared_body_over_the_limit_without_expect_gets_413_at_once(guarded: GatewayHandle) -> None:
-    """Without `Expect`, the first read that leaves such a body incomplete is enough: the client
-    that announces gigabytes and sends a few bytes does not hold the socket for the body deadline."""
-    limit = guarded.service.settings.server.max_body_bytes
-    for rest in (b"", BODY[:10]):
-        answer = await exchange(guarded, HEAD + b"content-length: %d\r\n\r\n" % (limit + 1) + rest)
-        assert_refused(answer, 413)
-        assert answer.closed_after < TIMEOUT
-
-
 async def test_the_anthropic_door_refuses_a_head_in_its_own_shape(guarded: GatewayHandle) -> None:
     """Errors under `/v1/messages` are Anthropic's (ingress.md), those written before the app too."""
     head = b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
