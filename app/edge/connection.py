@@ -15,7 +15,8 @@ headers are buffered without limit. `GuardedHttpToolsProtocol` adds, per connect
 - header limits (`max_header_bytes` for the request target and the headers together, `max_headers`
   fields): beyond them a 431 and the close, before any application code runs; and a client that
   asks `Expect: 100-continue` for a `Content-Length` over `max_body_bytes` gets its 413 at once,
-  instead of `100 Continue` and then the body it would send for nothing. A header line that
+  instead of `100 Continue` and then the body it would send for nothing (without `Expect`, the
+  app refuses it once the first piece of the body is in: `app.edge.asgi.read_body`). A header line that
   never ends is caught too: every chunk received while the head is unfinished counts, so at most
   one read beyond the limit is ever buffered.
 
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any
 
@@ -153,7 +154,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_seen > limits.max_header_bytes and self._head_size() > limits.max_header_bytes:
             self._refuse_head(HeadersTooLarge("request headers too large"))
             raise _Refused
-        if self.expect_100_continue and _declared_length(self.headers) > limits.max_body_bytes:
+        if self.expect_100_continue and declared_length(self.headers) > limits.max_body_bytes:
             self._refuse_head(PayloadTooLarge("request body too large"))
             raise _Refused
         self._phase = _BODY
@@ -236,7 +237,8 @@ def _call(callback: Callable[[], None]) -> None:
     callback()
 
 
-def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:
+def declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """The request's `Content-Length`; 0 without one."""
     for name, value in headers:
         if name == b"content-length":
             return int(value) if value.isdigit() else 0  # a malformed one is httptools' to refuse

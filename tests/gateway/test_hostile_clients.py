@@ -191,6 +191,28 @@ async def test_expect_100_continue_for_a_body_over_the_limit_gets_413_at_once(gu
     assert answer.closed_after < TIMEOUT  # not the body deadline: nothing was waited for
 
 
+async def test_a_declared_body_over_the_limit_gets_413_once_a_piece_of_it_is_in(guarded: GatewayHandle) -> None:
+    """Without `Expect`: a client that announces more than the limit and sends a few bytes gets its
+    413 at once, not a 408 at the body deadline."""
+    limit = guarded.service.settings.server.max_body_bytes
+    answer = await exchange(guarded, HEAD + b"content-length: %d\r\n\r\n" % (limit + 1) + BODY[:10])
+    assert (answer.status, answer.body.count(b"HTTP/1.1")) == (413, 0), answer  # one answer, no 408 after it
+    assert msgspec.json.decode(answer.body)["error"]["message"] == "request body too large"
+
+
+async def test_a_body_over_the_limit_still_being_sent_gets_its_413(guarded: GatewayHandle) -> None:
+    """The early 413 keeps reading (and dropping) the body: a client that writes it all before
+    reading gets the answer, not a connection reset, and the connection serves on."""
+    limit = guarded.service.settings.server.max_body_bytes
+    response = await guarded.client.post(
+        "/api/v1/completions", content=b"x" * (limit + 4 * 1024 * 1024), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert "connection" not in response.headers
+    again = await guarded.client.get("/api/v1/models")
+    assert again.status_code == 200
+
+
 async def test_the_anthropic_door_refuses_a_head_in_its_own_shape(guarded: GatewayHandle) -> None:
     """Errors under `/v1/messages` are Anthropic's (ingress.md), those written before the app too."""
     head = b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
