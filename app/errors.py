@@ -27,8 +27,8 @@ SSE `error` event and the JSON response say the same thing.
 An error raised before the request body was read to its end (`closes_connection`) answers with
 `connection: close`: the rest of that body would otherwise keep the connection busy for as long as
 the client cares to trickle it. (One exception, the 413 for a declared length read off the first
-piece of the body, keeps the connection: `app.edge.asgi.read_body`.) A client-supplied value quoted in a message goes through `clip`,
-so a 5 MB model name makes a short error, not a 10 MB one.
+piece of the body, keeps the connection: `app.edge.asgi.read_body`.) A client-supplied value
+quoted in a message goes through `clip`, so a 5 MB model name makes a short error, not a 10 MB one.
 
 `extra_headers` carries headers that belong to the request rather than the error (an API key's
 `x-ratelimit-*`, access.md): whoever knows them sets them before the error is rendered.

@@ -86,7 +86,13 @@ class HeldHead:
         if held:
             self._held = b""
             data = held + data
-        self.transport.write(data)
+        try:
+            self.transport.write(data)
+        except RuntimeError:
+            # uvloop's transport once closed (uvicorn closes at a client's half-close) until
+            # `connection_lost` tells the cycle: the client is gone, its disconnect follows.
+            if not self.transport.is_closing():
+                raise
 
     def release(self) -> None:
         """Write what is held (a response whose body wrote nothing)."""

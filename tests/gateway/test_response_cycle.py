@@ -216,3 +216,28 @@ async def test_the_completion_doors_write_their_heads_in_bulk(
     assert streamed.status_code == 200
     assert streamed.headers["transfer-encoding"] == "chunked"
     assert written == [True, True]
+
+
+def test_a_write_after_uvloops_transport_closed_is_dropped() -> None:
+    """uvicorn closes a connection at the client's end of input (a half-close); until the loop runs
+    `connection_lost`, which marks the cycle disconnected, the response may still write. uvloop's
+    closed transport raises RuntimeError there (asyncio's ignores the write): it came out of a
+    streamed response as "Exception in ASGI application" where a disconnect is a quiet cancel."""
+    import uvloop
+
+    async def main() -> None:
+        server = await asyncio.start_server(lambda _r, _w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, "127.0.0.1", port)
+        held = HeldHead(transport, lambda: None)  # type: ignore[arg-type]
+        held.write(b"HTTP/1.1 200 OK\r\n\r\n")  # the head, held
+        held.write(b"data: 1\n\n")
+        transport.close()
+        await asyncio.sleep(0)  # the handle closes; the cycle would hear of it later
+        held.write(b"data: 2\n\n")
+        held.release()
+        server.close()
+        await server.wait_closed()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
