@@ -4,13 +4,21 @@ cost, tokens by bucket, the exact totals, and the usage API's filters as a GET f
 Rendered here on the server from three reports (`app.edge.usage`); the page carries its numbers
 as one JSON document and draws them with Plotly (the bundle the gateway serves from the installed
 `plotly` package). Chart values are floats, for drawing only; the totals table shows the exact
-decimal strings. Every value from a request or the ledger is HTML-escaped, and `<` is escaped in
-the JSON, so no ledger value can close the script element. Once every chart is drawn, the body
-gets `data-charts="ready"` (what a browser test waits for).
+decimal strings. Every value from a request or the ledger is HTML-escaped: in the page, and in
+the charts' labels too, since Plotly reads `<a href>`, `<b>` and `<br>` in a label as markup (a
+model id in the catalog could have put a live link on the page); and `<` is escaped in the JSON, so
+no ledger value can close the script element. Once every chart is drawn, the body gets
+`data-charts="ready"` (what a browser test waits for).
+
+The page's headers (`PAGE_HEADERS`) keep it out of shared caches (it is one key's spend) and allow
+only the gateway's own script and the one inline script below (by its hash): an injection that got
+past the escaping would still not run.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Mapping
 from decimal import Decimal
 from html import escape
@@ -53,6 +61,17 @@ Promise.all([
   Plotly.newPlot('chart-tokens', bars(data.tokens, false), layout('Tokens by bucket'), config),
 ]).then(() => { document.body.dataset.charts = 'ready'; });
 """
+
+
+_DRAW_HASH = base64.b64encode(hashlib.sha256(_DRAW.encode()).digest()).decode()
+PAGE_HEADERS = {
+    "cache-control": "private, no-store",
+    "x-content-type-options": "nosniff",
+    "content-security-policy": (
+        f"default-src 'none'; script-src 'self' 'sha256-{_DRAW_HASH}'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; font-src 'self' data:; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+    ),
+}
 
 
 class _Series(msgspec.Struct):
@@ -107,10 +126,12 @@ def render_page(
 def _form(params: Mapping[str, str]) -> str:
     fields = [_input("from", params, "2026-11-01 or ISO 8601"), _input("to", params, "exclusive")]
     fields += [_input(name, params, "any") for name in FILTERS if name != "status"]
-    chosen = params.get("status", "")
+    chosen = ",".join(value.strip() for value in params.get("status", "").split(",") if value.strip())
+    choices = ("", *STATUSES) if chosen in ("", *STATUSES) else ("", chosen, *STATUSES)  # `ok,error` kept
     options = "".join(
-        f"<option value='{value}'{' selected' if value == chosen else ''}>{value or 'any'}</option>"
-        for value in ("", *STATUSES)
+        f"<option value='{escape(value, quote=True)}'{' selected' if value == chosen else ''}>"
+        f"{escape(value) or 'any'}</option>"
+        for value in choices
     )
     fields.append(f"<label>status<select name='status'>{options}</select></label>")
     return f"<form method='get' action='/usage'>{''.join(fields)}<button type='submit'>Apply</button></form>"
@@ -125,7 +146,7 @@ def _totals_table(report: UsageReport) -> str:
     totals = report.totals
     cells = {
         "period": f"{report.start} to {report.end}",
-        "cost (USD)": totals.cost_usd or "unknown",
+        "cost (USD)": totals.cost_usd or ("0" if totals.requests == 0 else "unknown"),
         "of which billed by upstreams": totals.authoritative_cost_usd,
         "requests": str(totals.requests),
         "errors": str(totals.errors),
@@ -137,7 +158,8 @@ def _totals_table(report: UsageReport) -> str:
 
 
 def _label(value: object) -> str:
-    return "(none)" if value is None else str(value)
+    """A chart's label: Plotly shows `&lt;` as `<`, and reads `<b>` as bold (module doc)."""
+    return "(none)" if value is None else escape(str(value), quote=False)
 
 
 def _cost(row: UsageRow) -> float:

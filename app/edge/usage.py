@@ -33,7 +33,7 @@ from litestar.params import FromPath
 from litestar.response import Response
 
 from app.edge.key_guard import rate_window, require_key, require_page_key, visible_key
-from app.edge.spend_page import render_page
+from app.edge.spend_page import PAGE_HEADERS, render_page
 from app.errors import DatabaseUnavailable, InvalidRequest, NotFound
 from app.service import Service
 from catalog.database import database_unreachable
@@ -47,7 +47,34 @@ _JS_CACHE = "public, max-age=31536000, immutable"
 
 def _params(request: Request[Any, Any, Any]) -> dict[str, str]:
     query = request.query_params
-    return {name: ",".join(query.getall(name)) for name in query}
+    return {name: _joined(query.getall(name)) for name in query}
+
+
+def _joined(values: list[str]) -> str:
+    """A repeated parameter's values as one comma list. A value that ends in an unpaired backslash
+    (itself, alone) gets it doubled, which means the same, so that it does not escape the comma
+    joining it to the next (`owner=a\\&owner=b` is `a\\` and `b`, in either order)."""
+    if len(values) == 1:
+        return values[0]
+    return ",".join(value + "\\" if (len(value) - len(value.rstrip("\\"))) % 2 else value for value in values)
+
+
+def _accepts_gzip(header: str) -> bool:
+    """Whether `Accept-Encoding` allows gzip: named (or `*`) without `q=0` (RFC 9110)."""
+    weights: dict[str, float] = {}
+    for item in header.split(","):
+        coding, *params = (part.strip() for part in item.split(";"))
+        weight = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        weights[coding.lower()] = weight
+    weight = weights.get("gzip", weights.get("x-gzip", weights.get("*", 0.0)))
+    return weight > 0
 
 
 def _query(request: Request[Any, Any, Any], **changes: Any) -> UsageQuery:
@@ -79,7 +106,8 @@ async def spend_page(request: Request[Any, Any, Any], state: State) -> Response[
     try:
         base = _query(request, latency=False)
     except InvalidRequest as exc:
-        return Response(render_page(params, None, error=exc.message), status_code=400, media_type="text/html")
+        page = render_page(params, None, error=exc.message)
+        return Response(page, status_code=400, media_type="text/html", headers=PAGE_HEADERS)
     try:
         reports = {
             name: await usage_report(engine, msgspec.structs.replace(base, group_by=groups))
@@ -89,8 +117,9 @@ async def spend_page(request: Request[Any, Any, Any], state: State) -> Response[
         if not database_unreachable(exc):
             raise
         page = render_page(params, None, error=DatabaseUnavailable.MESSAGE)
-        return Response(page, status_code=503, media_type="text/html")
-    return Response(render_page(params, reports, script=plotly_path()), media_type="text/html")
+        return Response(page, status_code=503, media_type="text/html", headers=PAGE_HEADERS)
+    page = render_page(params, reports, script=plotly_path())
+    return Response(page, media_type="text/html", headers=PAGE_HEADERS)
 
 
 def plotly_path() -> str:
@@ -111,6 +140,6 @@ async def plotly_script(request: Request[Any, Any, Any], version: FromPath[str])
         raise NotFound(f"no chart library version {version[:32]!r} here")
     plain, packed = await asyncio.to_thread(_plotly_bundle)  # the first call reads and compresses 4.8 MB
     headers = {"cache-control": _JS_CACHE, "vary": "accept-encoding"}
-    if "gzip" in request.headers.get("accept-encoding", ""):
+    if _accepts_gzip(request.headers.get("accept-encoding", "")):
         return Response(packed, media_type="text/javascript", headers={**headers, "content-encoding": "gzip"})
     return Response(plain, media_type="text/javascript", headers=headers)

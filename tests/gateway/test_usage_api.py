@@ -125,9 +125,43 @@ async def test_the_page_and_its_script(gw: GatewayHandle) -> None:
     assert plain.headers["cache-control"] == "public, max-age=31536000, immutable"
     packed = await gw.client.get(script, headers={"accept-encoding": "gzip"})
     assert packed.headers["content-encoding"] == "gzip"
+    for refused in ("gzip;q=0, identity", "br, *;q=0", "GZIP ; Q=0"):  # RFC 9110: q=0 is "not acceptable"
+        assert "content-encoding" not in (await gw.client.get(script, headers={"accept-encoding": refused})).headers
+    for accepted in ("deflate, gzip;q=0.5", "*", "x-gzip"):
+        response = await gw.client.get(script, headers={"accept-encoding": accepted})
+        assert response.headers["content-encoding"] == "gzip", accepted
     assert int(packed.headers["content-length"]) < len(bundle) / 2
     assert packed.content == bundle  # httpx undid the gzip
     assert (await gw.client.get("/usage/plotly/0.0.1/plotly.min.js")).status_code == 404
+
+
+async def test_a_repeated_filter_means_each_value_in_any_order(gw: GatewayHandle) -> None:
+    """Repeats were joined with commas before the `\\,` escapes were read: a first value ending in
+    a backslash escaped the joining comma and swallowed the next value."""
+    rows = await seed(gw)
+    start, end = (datetime.fromisoformat(PERIOD[end]) for end in ("from", "to"))
+    mine = sum(1 for row in rows if row["owner"] == "team-x" and start <= row["started_at"] < end)
+    assert mine > 0
+    for query in ("owner=team-x&owner=zz%5C", "owner=zz%5C&owner=team-x", "owner=zz%5C%5C%5C&owner=team-x"):
+        answer = (await gw.client.get(f"{USAGE}?from={PERIOD['from']}&to={PERIOD['to']}&{query}")).json()
+        assert answer["totals"]["requests"] == mine, query
+
+
+async def test_the_page_is_private_and_runs_only_its_own_scripts(gw: GatewayHandle) -> None:
+    page = await gw.client.get("/usage", params={"status": " ok,error"})
+    assert page.status_code == 200
+    assert page.headers["cache-control"] == "private, no-store"
+    assert page.headers["x-content-type-options"] == "nosniff"
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy
+    assert "script-src 'self' 'sha256-" in policy
+    # a filter of two statuses is shown (and sent again by Apply) as it is, not as "any"
+    assert "<option value='ok,error' selected>ok,error</option>" in page.text
+    # a period with no rows costs nothing known to be unknown
+    empty = await gw.client.get("/usage", params={"from": "2020-01-01", "to": "2020-01-02"})
+    assert "<tr><th>cost (USD)</th><td>0</td></tr>" in empty.text
+    refused = await gw.client.get("/usage", params={"status": "fine"})
+    assert refused.headers["cache-control"] == "private, no-store"
 
 
 async def test_the_page_names_a_bad_filter(gw: GatewayHandle) -> None:
