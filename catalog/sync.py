@@ -13,12 +13,19 @@ sorted by `effective_from`, each own a window `[effective_from, next entry's eff
   falls in the next entry's window, the edit is to a price already superseded and cannot take
   effect without rewriting history: it is skipped and counted in `prices_ignored`.
 
+An entry whose window starts in the future has no history to protect: its price is made to hold
+from its own `effective_from`, moved earlier or later in the file as it may be. A row is inserted
+at its start, and after each later row in its window, wherever the price the database holds in
+effect there is another (a date moved earlier was "unchanged" before, as the later row had its
+amounts, and the old price held until then).
+
 Run twice, the second run changes nothing. On PostgreSQL a transaction-scoped advisory lock keeps
 concurrent syncs (several workers starting at once) from racing.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -123,16 +130,42 @@ async def _price_rows(connection: AsyncConnection) -> dict[tuple[str, str], list
 
 def _decide(
     entry: PriceSpec, until: datetime | None, existing: list[tuple[datetime, Amounts]], now: datetime
-) -> datetime | Literal["unchanged", "superseded"]:
-    """The `effective_from` to insert `entry` with, or why nothing is inserted."""
+) -> list[datetime] | Literal["unchanged", "superseded"]:
+    """The `effective_from`s to insert `entry` with, or why nothing is inserted."""
+    if entry.effective_from > now:
+        return _future(entry, until, existing) or "unchanged"
     in_window = [row for row in existing if row[0] >= entry.effective_from and (until is None or row[0] < until)]
     if not in_window:
-        return entry.effective_from
+        return [entry.effective_from]
     latest_from, latest_amounts = in_window[-1]
     if latest_amounts == _amounts(entry):
         return "unchanged"
     start = max(now, latest_from + _TICK)
-    return "superseded" if until is not None and start >= until else start
+    return "superseded" if until is not None and start >= until else [start]
+
+
+def _future(entry: PriceSpec, until: datetime | None, existing: list[tuple[datetime, Amounts]]) -> list[datetime]:
+    """Where `entry`, not yet in effect, needs rows so that its price holds over its whole window
+    (module doc); `existing` is sorted by `effective_from`."""
+    amounts, inserted, rows = _amounts(entry), [], list(existing)
+    later = [start + _TICK for start, _ in existing if start >= entry.effective_from]
+    for point in [entry.effective_from, *later]:
+        if until is not None and point >= until:
+            break
+        index = bisect.bisect_right(rows, point, key=_start)
+        in_effect = rows[index - 1] if index else None
+        if in_effect is not None and in_effect[1] == amounts:
+            continue
+        at = point + _TICK if in_effect is not None and in_effect[0] == point else point
+        if until is not None and at >= until:
+            break
+        bisect.insort(rows, (at, amounts), key=_start)
+        inserted.append(at)
+    return inserted
+
+
+def _start(row: tuple[datetime, Amounts]) -> datetime:
+    return row[0]
 
 
 async def _insert_price(connection: AsyncConnection, entry: PriceSpec, effective_from: datetime) -> None:
@@ -154,14 +187,16 @@ async def _sync_prices(
         entries.sort(key=lambda entry: entry.effective_from)
         for index, entry in enumerate(entries):
             until = entries[index + 1].effective_from if index + 1 < len(entries) else None
-            decision = _decide(entry, until, existing.get(key, []), now)
+            decision = _decide(entry, until, existing.setdefault(key, []), now)
             if decision == "unchanged":
                 unchanged += 1
             elif decision == "superseded":
                 ignored += 1
             else:
-                await _insert_price(connection, entry, decision)
-                added += 1
+                for effective_from in decision:
+                    await _insert_price(connection, entry, effective_from)
+                    bisect.insort(existing[key], (effective_from, _amounts(entry)), key=_start)  # for the next entries
+                added += len(decision)
     return added, unchanged, ignored
 
 

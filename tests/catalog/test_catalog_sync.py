@@ -132,3 +132,31 @@ async def test_models_aliases_and_deployments_follow_the_files(engine: AsyncEngi
     assert state["deployments"][0][0] == 1  # the surviving deployment kept its row
     capabilities = await rows(engine, "SELECT capabilities FROM models WHERE id = 'm'")
     assert capabilities[0][0] in (["tools", "vision"], '["tools", "vision"]')
+
+
+async def test_a_future_price_moved_earlier_holds_from_its_new_date(engine: AsyncEngine) -> None:
+    """The later row had the entry's amounts, so the move was "unchanged": the old price stayed in
+    effect until the old date. A future window rewrites no history; each run after the first
+    changes nothing."""
+    may, april = datetime(2030, 5, 1, tzinfo=UTC), datetime(2030, 4, 1, tzinfo=UTC)
+    await sync_catalog(engine, CatalogFile(models=(model("m"),), prices=(price(JAN, "1"), price(may, "7"))), now=NOW)
+    moved = CatalogFile(models=(model("m"),), prices=(price(JAN, "1"), price(april, "7")))
+    report = await sync_catalog(engine, moved, now=NOW)
+    assert (report.prices_added, report.prices_unchanged) == (1, 1)
+    assert sorted(zip(await starts(engine), [row[3] for row in await prices(engine)], strict=True)) == [
+        (JAN, Decimal(1)),
+        (april, Decimal(7)),
+        (may, Decimal(7)),
+    ]
+    assert (await sync_catalog(engine, moved, now=NOW)).prices_added == 0
+    # moved earlier and changed: from April, and again after May's row, which held the old amounts
+    changed = CatalogFile(models=(model("m"),), prices=(price(JAN, "1"), price(datetime(2030, 3, 1, tzinfo=UTC), "9")))
+    assert (await sync_catalog(engine, changed, now=NOW)).prices_added == 3
+    in_effect = sorted(zip(await starts(engine), [row[3] for row in await prices(engine)], strict=True))
+    tick = timedelta(microseconds=1)
+    assert [(at, rate) for at, rate in in_effect if rate == 9] == [
+        (datetime(2030, 3, 1, tzinfo=UTC), Decimal(9)),
+        (april + tick, Decimal(9)),
+        (may + tick, Decimal(9)),
+    ]
+    assert (await sync_catalog(engine, changed, now=NOW)).prices_added == 0
