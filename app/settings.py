@@ -25,6 +25,7 @@ import tomllib
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
+from urllib.parse import unquote
 
 import msgspec
 from msgspec import Meta, Struct, field
@@ -228,6 +229,7 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
     if settings.redis is not None:
         _refuse(url_problem(settings.redis.url, numbered_path=True), source, "redis.url")
     url = _absolute_sqlite_url(settings.database.url, base_dir)
+    _refuse(_sqlite_directory_problem(url), source, "database.url")
     return msgspec.structs.replace(
         settings, base_dir=str(base_dir), database=msgspec.structs.replace(settings.database, url=url)
     )
@@ -346,6 +348,17 @@ def _key_message(message: str, prefix: str = "") -> str:
 
 def _join(*parts: str) -> str:
     return ".".join(part for part in parts if part)
+
+
+def _sqlite_directory_problem(url: str) -> str | None:
+    """SQLite creates its file, not the directory: a path into one that does not exist was taken
+    for a database outage at start-up (the service ran on a saved catalog, recording nothing)."""
+    prefix = "sqlite+aiosqlite:///"
+    path = url[len(prefix) :] if url.startswith(prefix) else ""
+    if not path.startswith("/") or "?" in path:
+        return None  # `:memory:`, or a URI SQLite reads itself
+    directory = Path(unquote(path)).parent
+    return None if directory.is_dir() else f"the directory {directory} does not exist (SQLite makes the file, not it)"
 
 
 def _absolute_sqlite_url(url: str, base_dir: Path) -> str:

@@ -19,7 +19,8 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, pool
+from alembic.util import CommandError
+from sqlalchemy import Connection, make_url, pool
 
 from catalog.database import open_engine
 
@@ -32,6 +33,7 @@ class SchemaNotCurrent(Exception):
 async def require_current(url: str) -> None:
     """Raise `SchemaNotCurrent` unless the database is at the newest revision."""
     stamped, newest = await current_async(url), head()
+    _require_known(stamped)
     if stamped != newest:
         state = "has no Switchyard schema" if stamped is None else f"is at schema revision {stamped}, not {newest}"
         raise SchemaNotCurrent(f"the database {state}: run `switchyard db upgrade` first")
@@ -60,20 +62,43 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+def _require_known(stamped: str | None) -> None:
+    """`SchemaNotCurrent` for a database stamped with a revision these scripts do not have: a newer
+    Switchyard migrated it, and neither `db upgrade` nor `db downgrade` of this one can move it."""
+    from alembic.script import ScriptDirectory
+
+    if stamped is None:
+        return
+    try:
+        ScriptDirectory.from_config(alembic_config("")).get_revision(stamped)
+    except CommandError:
+        raise SchemaNotCurrent(
+            f"the database is at schema revision {stamped}, which this version of Switchyard does not know "
+            "(a newer version migrated it): run that version, or downgrade the database with it first"
+        ) from None
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate to `revision`, one process at a time: commands started together on a new database
     each ran the first migration (`table models already exists`). PostgreSQL takes an advisory
     lock in the migration's transaction (`migrations/env.py`); a SQLite file is locked here
-    (`flock` on the file itself, which SQLite's own `fcntl` locks do not see)."""
+    (`flock` on the file itself, which SQLite's own `fcntl` locks do not see). A database at a
+    revision these scripts lack is `SchemaNotCurrent`, saying so (Alembic: "Can't locate revision")."""
     with _sqlite_file_locked(url):
-        command.upgrade(alembic_config(url), revision)
+        try:
+            command.upgrade(alembic_config(url), revision)
+        except CommandError:
+            _require_known(current(url))
+            raise
 
 
 @contextlib.contextmanager
 def _sqlite_file_locked(url: str) -> Iterator[None]:
-    prefix = "sqlite+aiosqlite:///"
-    path = url[len(prefix) :] if url.startswith(prefix) else ""
-    if not path or path == ":memory:" or path.startswith("file:") or "?" in path:
+    """The file SQLite opens, as SQLAlchemy reads the URL (`%41` is `A`): the raw text made a
+    second, empty file beside it and locked that one."""
+    parsed = make_url(url) if url else None
+    path = parsed.database if parsed is not None and parsed.get_backend_name() == "sqlite" else None
+    if parsed is None or not path or path == ":memory:" or path.startswith("file:") or parsed.query:
         yield  # not a plain file (the caller's own engine, a URI): nothing a second process shares
         return
     try:
@@ -89,7 +114,13 @@ def _sqlite_file_locked(url: str) -> Iterator[None]:
 
 
 def downgrade(url: str, revision: str) -> None:
-    command.downgrade(alembic_config(url), revision)
+    """Revert to `revision`: Alembic's `CommandError` for a revision that does not exist or is
+    above the database's (bad usage), `SchemaNotCurrent` for a database no script here knows."""
+    try:
+        command.downgrade(alembic_config(url), revision)
+    except CommandError:
+        _require_known(current(url))
+        raise
 
 
 def _revision_of(connection: Connection) -> str | None:

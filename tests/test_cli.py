@@ -212,7 +212,8 @@ def test_a_database_url_that_names_no_database_exits_2_naming_the_key(tmp_path: 
             "postgresql+asyncpg://127.0.0.1:5432/switchyard_no_such_database",
             'database error: database "switchyard_no_such_database" does not exist',
         ),
-        ("sqlite+aiosqlite:////proc/switchyard-none/x.db", "database error: unable to open database file"),
+        # a directory that exists and takes no file (a missing one is exit 2: tests/test_cli_config.py)
+        ("sqlite+aiosqlite:////proc/switchyard-none.db", "database error: unable to open database file"),
     ],
     ids=["postgres-missing-database", "sqlite-unopenable-file"],
 )

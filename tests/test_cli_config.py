@@ -5,6 +5,7 @@ take, an empty `[catalog] files`, a downgrade to a revision that does not exist.
 from __future__ import annotations
 
 import inspect
+import sqlite3
 from pathlib import Path
 
 import asyncpg
@@ -133,3 +134,42 @@ def test_an_empty_switchyard_config_is_unset_for_the_workers_factory(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SWITCHYARD_CONFIG", "")
     assert isinstance(create_app_from_env(), Litestar)  # it raised "--config: an empty path names no file"
+
+
+def test_a_database_a_newer_switchyard_migrated_is_named_so_by_every_command(tmp_path: Path) -> None:
+    """Stamped with a revision these scripts lack: `serve` said "run `switchyard db upgrade`", which
+    failed with Alembic's "Can't locate revision"; a downgrade blamed its own argument (exit 2)."""
+    config = write_config(tmp_path)
+    assert run_cli(tmp_path, "db", "upgrade", "--config", str(config)).returncode == 0
+    with sqlite3.connect(tmp_path / "switchyard.db") as connection:
+        connection.execute("UPDATE alembic_version SET version_num = '9999abcd'")
+    expected = (
+        "the database is at schema revision 9999abcd, which this version of Switchyard does not know "
+        "(a newer version migrated it): run that version, or downgrade the database with it first"
+    )
+    for command in (["db", "upgrade"], ["db", "downgrade", "0001"], ["keys", "list"]):
+        result = run_cli(tmp_path, *command, "--config", str(config))
+        assert (result.returncode, result.stdout) == (1, ""), command
+        assert result.stderr.strip().endswith(expected), (command, result.stderr)
+
+
+def test_a_sqlite_file_in_a_directory_that_does_not_exist_exits_2_naming_the_key(tmp_path: Path) -> None:
+    """It was taken for a database outage: with a catalog saved by an earlier start the service
+    ran, recording nothing to the database."""
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace(SQLITE_URL, 'url = "sqlite+aiosqlite:///gone/switchyard.db"'))
+    result = run_cli(tmp_path, "db", "upgrade", "--config", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    missing = tmp_path.resolve() / "gone"
+    assert result.stderr == (
+        f"switchyard: {config}: database.url: the directory {missing} does not exist (SQLite makes the file, not it)\n"
+    )
+
+
+def test_an_escaped_sqlite_path_is_locked_where_sqlite_opens_it(tmp_path: Path) -> None:
+    """SQLAlchemy reads `%41` as `A`; the migration lock opened the raw text and left an empty
+    `pct%41.db` beside the database."""
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace(SQLITE_URL, 'url = "sqlite+aiosqlite:///pct%41.db"'))
+    assert run_cli(tmp_path, "db", "upgrade", "--config", str(config)).returncode == 0
+    assert sorted(path.name for path in tmp_path.glob("pct*")) == ["pctA.db"]

@@ -10,10 +10,11 @@ from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, inspect
+from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from catalog import migrate
+from catalog.database import open_engine
 from catalog.tables import metadata
 from tests.catalog.conftest import PgDatabases
 from tests.support.cli import cli_env, run_cli
@@ -143,6 +144,17 @@ async def test_a_start_that_does_not_migrate_needs_the_newest_schema(pg_database
             assert result.returncode == 1, result.stderr
             assert result.stderr.startswith(f"switchyard: SchemaNotCurrent: the database {told}")
             assert result.stderr.endswith(": run `switchyard db upgrade` first\n")
+    # a revision no script here has (a newer Switchyard's): upgrading would not help, and says so
+    engine = open_engine(url)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(text("UPDATE alembic_version SET version_num = '9999abcd'"))
+    finally:
+        await engine.dispose()
+    for args in (["serve"], ["db", "upgrade"]):
+        result = run_cli(tmp_path, *args, "--config", str(config))
+        assert result.returncode == 1, result.stderr
+        assert "schema revision 9999abcd, which this version of Switchyard does not know" in result.stderr
 
 
 async def test_commands_started_together_on_a_new_database_migrate_it_once(
