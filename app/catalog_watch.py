@@ -11,10 +11,9 @@ reports outages); the catalog in use stands. So does one that does not answer wi
 watch for good: the read is cancelled, which drops that connection, and the next poll takes a new
 one).
 
-A price changed in place takes effect at the instant of the sync (`catalog.sync`), so a request
-that starts in the seconds before a process has loaded it is priced at the old rate: a price
-change meant to apply to the second everywhere is written in the catalog file with a future
-`effective_from`, which every process knows before it applies.
+A price changed in place takes effect `catalog.sync.CHANGE_LEAD` after the sync, longer than this
+poll, so every process knows the new row before it applies and each request is priced at the row
+in effect when it started. (`tests/gateway/test_catalog_follow.py` checks the two agree.)
 """
 
 from __future__ import annotations

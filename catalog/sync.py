@@ -6,18 +6,16 @@ point at them and old requests must re-price exactly. For each (provider, model)
 sorted by `effective_from`, each own a window `[effective_from, next entry's effective_from)`:
 
 - no database row in the window: the entry is inserted with its own `effective_from`;
-- the latest row in the window has the entry's amounts: nothing to do (`prices_unchanged`);
-- it has other amounts — the file's price changed — so a new row is inserted with
-  `effective_from = max(now, that row's effective_from + 1µs)`: the file's date is not newer than
-  the row already there, so the change takes effect now (never retroactively). When that instant
-  falls in the next entry's window, the edit is to a price already superseded and cannot take
-  effect without rewriting history: it is skipped and counted in `prices_ignored`.
-
-An entry whose window starts in the future has no history to protect: its price is made to hold
-from its own `effective_from`, moved earlier or later in the file as it may be. A row is inserted
-at its start, and after each later row in its window, wherever the price the database holds in
-effect there is another (a date moved earlier was "unchanged" before, as the later row had its
-amounts, and the old price held until then).
+- otherwise the entry's price is made to hold over what of its window is still ahead, from
+  `start = max(effective_from, now + CHANGE_LEAD)`: a row is inserted at `start` when the price in
+  effect there is another (the file's price changed), and after each later row in the window whose
+  price is another (a date moved earlier, a price edited before it starts). Where a row of another
+  price sits at that very instant, the new one starts 1µs after it (a row is never updated).
+  Nothing before `start` changes: a change never takes effect retroactively, nor before every
+  process has loaded it (`CHANGE_LEAD`).
+- a window wholly before `start` cannot change without rewriting history: an edit of it is
+  skipped and counted in `prices_ignored`; a window whose price already holds counts in
+  `prices_unchanged`. `prices_added` counts rows.
 
 Run twice, the second run changes nothing. On PostgreSQL a transaction-scoped advisory lock keeps
 concurrent syncs (several workers starting at once) from racing.
@@ -50,6 +48,12 @@ from catalog.tables import (
 _SYNC_LOCK_KEY = 0x5717C4A7  # pg_advisory_xact_lock key for catalog syncs
 _PRICE_TYPE = ExactDecimal(PRICE_PRECISION, PRICE_SCALE)
 _TICK = timedelta(microseconds=1)
+CHANGE_LEAD = timedelta(seconds=7)
+"""How long after a sync a changed price takes effect: the catalog watch's poll
+(`app.catalog_watch.CATALOG_POLL_S`, 5 s) and 2 s for the sync's own transaction, so that every
+process serving has the new row before it applies and each request is priced at the row in effect
+when it started (cost.md). A change that took effect at once was charged at the old row by every
+process until its next poll (up to 3.5 s seen with two replicas)."""
 
 
 class SyncReport(Struct, frozen=True):
@@ -131,32 +135,38 @@ async def _price_rows(connection: AsyncConnection) -> dict[tuple[str, str], list
 def _decide(
     entry: PriceSpec, until: datetime | None, existing: list[tuple[datetime, Amounts]], now: datetime
 ) -> list[datetime] | Literal["unchanged", "superseded"]:
-    """The `effective_from`s to insert `entry` with, or why nothing is inserted."""
-    if entry.effective_from > now:
-        return _future(entry, until, existing) or "unchanged"
+    """The `effective_from`s to insert `entry` with, or why nothing is inserted (module doc)."""
     in_window = [row for row in existing if row[0] >= entry.effective_from and (until is None or row[0] < until)]
     if not in_window:
         return [entry.effective_from]
-    latest_from, latest_amounts = in_window[-1]
-    if latest_amounts == _amounts(entry):
-        return "unchanged"
-    start = max(now, latest_from + _TICK)
-    return "superseded" if until is not None and start >= until else [start]
+    amounts = _amounts(entry)
+    start = max(entry.effective_from, now + CHANGE_LEAD)
+    if until is not None and start >= until:
+        return "unchanged" if in_window[-1][1] == amounts else "superseded"
+    return _holding(amounts, start, until, existing) or "unchanged"
 
 
-def _future(entry: PriceSpec, until: datetime | None, existing: list[tuple[datetime, Amounts]]) -> list[datetime]:
-    """Where `entry`, not yet in effect, needs rows so that its price holds over its whole window
-    (module doc); `existing` is sorted by `effective_from`."""
-    amounts, inserted, rows = _amounts(entry), [], list(existing)
-    later = [start + _TICK for start, _ in existing if start >= entry.effective_from]
-    for point in [entry.effective_from, *later]:
-        if until is not None and point >= until:
-            break
-        index = bisect.bisect_right(rows, point, key=_start)
-        in_effect = rows[index - 1] if index else None
-        if in_effect is not None and in_effect[1] == amounts:
+def _holding(
+    amounts: Amounts, start: datetime, until: datetime | None, existing: list[tuple[datetime, Amounts]]
+) -> list[datetime]:
+    """Where rows of `amounts` are needed so that they are the price in effect over `[start,
+    until)`: at `start`, and after each later row of other amounts, wherever the price in effect is
+    another; at the instant after any row already there (`existing` is sorted by its start)."""
+    rows: list[tuple[datetime, Amounts]] = list(existing)
+    inserted: list[datetime] = []
+    for point in [start, *(row[0] + _TICK for row in existing if row[0] >= start)]:
+        at: datetime | None = point
+        while at is not None:
+            index = bisect.bisect_right(rows, at, key=_start)
+            in_effect = rows[index - 1] if index else None
+            if in_effect is not None and in_effect[1] == amounts:
+                at = None  # already the price here
+            elif in_effect is not None and in_effect[0] == at:
+                at += _TICK  # a row of another price starts here: the instant after it
+            else:
+                break
+        if at is None:
             continue
-        at = point + _TICK if in_effect is not None and in_effect[0] == point else point
         if until is not None and at >= until:
             break
         bisect.insort(rows, (at, amounts), key=_start)

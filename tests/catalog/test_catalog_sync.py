@@ -10,7 +10,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.files import CatalogFile, DeploymentSpec, ModelSpec, PriceSpec, default_catalog_path, load_catalog
-from catalog.sync import SyncReport, sync_catalog
+from catalog.sync import CHANGE_LEAD, SyncReport, sync_catalog
 from catalog.tables import Price
 
 JAN = datetime(2026, 1, 1, tzinfo=UTC)
@@ -85,7 +85,7 @@ async def test_a_changed_price_is_a_new_row_and_the_old_one_is_kept(engine: Asyn
         (1, "p", "m", Decimal("1"), Decimal("2")),
         (2, "p", "m", Decimal("1.25"), Decimal("2")),
     ]
-    assert await starts(engine) == [JAN, NOW]
+    assert await starts(engine) == [JAN, NOW + CHANGE_LEAD]  # once every process has loaded it
     again = await sync_catalog(engine, changed, now=NOW + timedelta(days=1))
     assert (again.prices_added, again.prices_unchanged) == (0, 1)
     reverted = await sync_catalog(engine, base, now=NOW + timedelta(days=2))
@@ -160,3 +160,34 @@ async def test_a_future_price_moved_earlier_holds_from_its_new_date(engine: Asyn
         (may + tick, Decimal(9)),
     ]
     assert (await sync_catalog(engine, changed, now=NOW)).prices_added == 0
+
+
+async def test_a_future_price_edited_again_and_again_adds_a_row_each_time(engine: AsyncEngine) -> None:
+    """A row already 1µs after the entry's date (the first edit's) made the next sync insert there
+    again: a UNIQUE violation, and every later sync and start failed."""
+    may = datetime(2030, 5, 1, tzinfo=UTC)
+    tick = timedelta(microseconds=1)
+    for rate, added in (("7", 2), ("8", 1), ("8", 0), ("9", 1), ("9", 0)):
+        catalog = CatalogFile(models=(model("m"),), prices=(price(JAN, "1"), price(may, rate)))
+        assert (await sync_catalog(engine, catalog, now=NOW)).prices_added == added, rate
+    assert sorted(zip(await starts(engine), [row[3] for row in await prices(engine)], strict=True)) == [
+        (JAN, Decimal(1)),
+        (may, Decimal(7)),
+        (may + tick, Decimal(8)),
+        (may + 2 * tick, Decimal(9)),
+    ]
+
+
+async def test_a_past_entrys_window_holds_its_price_ahead_of_now(engine: AsyncEngine) -> None:
+    """Later rows dated ahead inside a past entry's window (entries since removed from the file)
+    are overruled from the instant after each: only its latest row used to be compared."""
+    mar, apr, may = (datetime(2030, month, 1, tzinfo=UTC) for month in (3, 4, 5))
+    before = (price(JAN, "1"), price(mar, "3"), price(apr, "1"), price(may, "7"))
+    await sync_catalog(engine, CatalogFile(models=(model("m"),), prices=before), now=NOW)
+    report = await sync_catalog(
+        engine, CatalogFile(models=(model("m"),), prices=(price(JAN, "1"), price(may, "7"))), now=NOW
+    )
+    assert (report.prices_added, report.prices_unchanged) == (1, 1)
+    assert (mar + timedelta(microseconds=1), Decimal(1)) in zip(
+        await starts(engine), [row[3] for row in await prices(engine)], strict=True
+    )

@@ -1,10 +1,12 @@
 """A running gateway follows the SQL catalog (`app.catalog_watch`): a price changed by
-`switchyard catalog sync` while it serves prices the next requests, with the new row's id in the
-ledger; a backend that stays keeps its live state; a new deployment is routed to."""
+`switchyard catalog sync` while it serves prices the requests that start once it is in effect
+(`catalog.sync.CHANGE_LEAD` after the sync), with the new row's id in the ledger, and the ones
+before it at the old row; a backend that stays keeps its live state; a new deployment is routed to."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 import app.catalog_watch
 from app.routing.router import Router
 from catalog.migrate import upgrade_async
+from catalog.sync import CHANGE_LEAD
 from tests.catalog.conftest import PgDatabases
 from tests.gateway.conftest import CATALOG, CHAT_1, primary_cost, providers_for
 from tests.gateway.test_json_completions import chat_response
@@ -77,11 +80,17 @@ async def test_a_price_synced_while_serving_prices_the_next_requests(
     assert chat[0] is kept  # the same backend, still cooled down
     assert kept.state.cooling_until == 1e12
     kept.state.cooling_until = 0.0
+    changed = router.snapshot.price_at("primary", "chat-1", datetime.max.replace(tzinfo=UTC))
+    assert changed is not None
+    assert changed.effective_from > datetime.now(UTC)  # not yet: loaded before it takes effect
+    early = await post(gw, {"model": "chat", "messages": [user("hi")]})
+    assert early.json(parse_float=Decimal)["cost_usd"] == Decimal("0.00003")
+    await asyncio.sleep((changed.effective_from - datetime.now(UTC)).total_seconds() + 0.01)
     after = await post(gw, {"model": "chat", "messages": [user("hi")]})
     assert after.json(parse_float=Decimal)["cost_usd"] == Decimal("0.00009")  # (100 * 0.70 + 50 * 0.40) per million
     rows = await gw.ledger_rows()
-    assert [Decimal(row["cost_usd"]) for row in rows] == [Decimal("0.00003"), Decimal("0.00009")]
-    assert (rows[0]["price_id"], rows[1]["price_id"]) == (1, 3)  # the new row (3), not the superseded one
+    assert [Decimal(row["cost_usd"]) for row in rows] == [Decimal("0.00003")] * 2 + [Decimal("0.00009")]
+    assert [row["price_id"] for row in rows] == [1, 1, 3]  # the new row (3) once in effect, not before
 
 
 async def test_a_database_connection_that_stopped_answering_does_not_stop_the_watch(
@@ -109,3 +118,8 @@ async def test_a_database_connection_that_stopped_answering_does_not_stop_the_wa
             await wait_until(lambda: vision_on_secondary(gw.service.router), within=10.0)
     finally:
         await databases.drop_all()
+
+
+def test_a_changed_price_waits_longer_than_the_watch_polls() -> None:
+    """Every process has polled the catalog once before a change applies (`catalog.sync`)."""
+    assert CHANGE_LEAD.total_seconds() > app.catalog_watch.CATALOG_POLL_S
