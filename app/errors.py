@@ -26,8 +26,7 @@ SSE `error` event and the JSON response say the same thing.
 
 An error raised before the request body was read to its end (`closes_connection`) answers with
 `connection: close`: the rest of that body would otherwise keep the connection busy for as long as
-the client cares to trickle it. (One exception, the 413 for a declared length read off the first
-piece of the body, keeps the connection: `app.edge.asgi.read_body`.) A client-supplied value
+the client cares to trickle it (`DeclaredTooLarge` keeps it for a while). A client-supplied value
 quoted in a message goes through `clip`, so a 5 MB model name makes a short error, not a 10 MB one.
 
 `extra_headers` carries headers that belong to the request rather than the error (an API key's
@@ -121,6 +120,14 @@ class PayloadTooLarge(GatewayError):
     status_code = 413
     type = "invalid_request_error"
     closes_connection = True
+
+
+class DeclaredTooLarge(PayloadTooLarge):
+    """The 413 for a body declared over the limit, answered once its first piece is in
+    (`app.edge.asgi.read_body`): the connection reads the rest and drops it for a while
+    (`app.edge.connection.DRAIN_S`), so that a client still writing gets it instead of a reset."""
+
+    closes_connection = False
 
 
 class UnsupportedMediaType(GatewayError):

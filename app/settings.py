@@ -25,10 +25,10 @@ import tomllib
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
-from urllib.parse import unquote
 
 import msgspec
 from msgspec import Meta, Struct, field
+from sqlalchemy import make_url
 
 from app.config_urls import database_url_problem, url_problem
 from providers.config import KIND_DEFAULTS, ProviderConfig, ProviderKind, Timeouts, WireProfile
@@ -353,12 +353,16 @@ def _join(*parts: str) -> str:
 def _sqlite_directory_problem(url: str) -> str | None:
     """SQLite creates its file, not the directory: a path into one that does not exist was taken
     for a database outage at start-up (the service ran on a saved catalog, recording nothing)."""
-    prefix = "sqlite+aiosqlite:///"
-    path = url[len(prefix) :] if url.startswith(prefix) else ""
-    if not path.startswith("/") or "?" in path:
+    parsed = make_url(url)
+    path = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if not path or not path.startswith("/") or parsed.query:
         return None  # `:memory:`, or a URI SQLite reads itself
-    directory = Path(unquote(path)).parent
-    return None if directory.is_dir() else f"the directory {directory} does not exist (SQLite makes the file, not it)"
+    directory = Path(path).parent
+    try:
+        found = directory.is_dir()
+    except OSError:  # not ours to search (EACCES): SQLite's own error says so at the first use
+        return None
+    return None if found else f"the directory {directory} does not exist (SQLite makes the file, not it)"
 
 
 def _absolute_sqlite_url(url: str, base_dir: Path) -> str:

@@ -46,6 +46,7 @@ from app.edge.guards import check_json_headers
 from app.edge.relay import Relay, StreamRenderer
 from app.errors import (
     AuthenticationFailed,
+    DeclaredTooLarge,
     GatewayError,
     InvalidRequest,
     LimitsUnavailable,
@@ -191,9 +192,7 @@ async def read_body(receive: Receive, limit: int, headers: Iterable[tuple[bytes,
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if len(chunks) == 1 and declared_length(headers) > limit:
-            error = PayloadTooLarge("request body too large")
-            error.closes_connection = False  # the rest is read and dropped (above)
-            raise error
+            raise DeclaredTooLarge("request body too large")
 
 
 class DisconnectWatch:

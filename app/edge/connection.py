@@ -58,6 +58,9 @@ from app.ids import uuid7
 from app.settings import ServerSettings
 from providers.timers import Handle, timers_of
 
+DRAIN_S = 5.0
+"""How long the rest of a body already answered is read and dropped before the connection closes."""
+
 
 class ConnectionLimits(Struct, frozen=True):
     header_timeout_s: float
@@ -173,8 +176,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         """uvicorn's, with the keep-alive timeout (armed after every response, cancelled by the
         next request's first bytes) on a coarse timer: a libuv timer made and closed per request
-        cost more than the rest of this method."""
+        cost more than the rest of this method. A response sent before its request's body was in
+        (`DeclaredTooLarge`, a refusal) leaves the rest of that body to be read and dropped for at
+        most `DRAIN_S`, not the body deadline: a client may declare any length (nginx's lingering
+        close)."""
         self.server_state.total_requests += 1
+        if self._phase == _BODY:
+            self._disarm()
+            self._arm(min(DRAIN_S, self.limits.body_timeout_s), self._body_timed_out)
         if self.transport.is_closing():
             return
         self._unset_keepalive_if_required()

@@ -7,11 +7,13 @@ The gateway runs with half-second head and body deadlines and small header limit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import msgspec
 import pytest
 
+import app.edge.connection
 from tests.gateway.conftest import CATALOG, providers_for
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.upstream import ReplayUpstream, reply_json
@@ -211,6 +213,33 @@ async def test_a_body_over_the_limit_still_being_sent_gets_its_413(guarded: Gate
     assert "connection" not in response.headers
     again = await guarded.client.get("/api/v1/models")
     assert again.status_code == 200
+
+
+async def test_the_rest_of_a_body_already_refused_is_dropped_for_a_short_while_only(
+    start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The early 413 keeps reading the body it refused; a client that declared 100 GB and keeps
+    writing is cut at `DRAIN_S`, not at the body deadline (60 s by default)."""
+    monkeypatch.setattr(app.edge.connection, "DRAIN_S", 0.5)
+    gw = await start_gateway(
+        providers=providers_for(primary, secondary), catalog=CATALOG, server={**LIMITS, "body_timeout_s": 30.0}
+    )
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    started = time.monotonic()
+    try:
+        writer.write(HEAD + b"content-length: %d\r\n\r\n" % 10**11 + b"x" * 65536)
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), SLACK)
+        assert answer.startswith(b"HTTP/1.1 413 "), answer
+        with contextlib.suppress(ConnectionError):
+            while time.monotonic() - started < 10:
+                writer.write(b"x" * 65536)
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        closed_after = time.monotonic() - started
+    finally:
+        writer.close()
+    assert closed_after < 0.5 + SLACK
 
 
 async def test_the_anthropic_door_refuses_a_head_in_its_own_shape(guarded: GatewayHandle) -> None:
