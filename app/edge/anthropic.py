@@ -54,6 +54,7 @@ from app.edge.anthropic_request import decode_messages
 from app.edge.asgi import serve
 from app.edge.key_guard import rate_window, require_key
 from app.edge.rejection import as_gateway_error
+from app.edge.relay import StreamRenderer
 from app.errors import GatewayError, NotFound
 from app.pipeline import events as ev
 from app.service import Service
@@ -170,7 +171,7 @@ _EMPTY_TEXT = fmt.TextBlock("")
 _EMPTY_THINKING = fmt.ThinkingBlock("", "")
 
 
-class AnthropicStream:
+class AnthropicStream(StreamRenderer):
     """Canonical events → Anthropic's SSE events, block indexes counted here. A text or thinking
     delta, the per-chunk case, is rendered inline (its block's delta head, the encoded text, the
     constant end); every other event goes through the class's table of plain functions."""

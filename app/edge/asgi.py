@@ -55,7 +55,7 @@ from app.errors import (
     UsageNotRecordable,
 )
 from app.ids import uuid7
-from app.pipeline.events import Outcome, RateHeaders, StreamHead, header_pairs, header_texts
+from app.pipeline.events import Outcome, RateHeaders, header_pairs, header_texts
 from app.service import Service
 from providers.types import AnyRequest
 
@@ -128,8 +128,7 @@ async def serve(
                 scope["state"][RESPONSE_STARTED] = True
                 await send_json(send, payload, request_id, extra=own, made=outcome.headers)
                 return
-            head = StreamHead()
-            events = service.pipeline.stream(ctx, door.request, head)
+            head, events = service.pipeline.stream(ctx, door.request)
             relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s, head)
             await send_stream(relay, send, request_id, watch, scope["state"], own)
     except GatewayError as exc:

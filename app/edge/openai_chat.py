@@ -39,6 +39,7 @@ from app.edge.asgi import serve
 from app.edge.key_guard import rate_window, require_key, visible
 from app.edge.openai_format import created_of, usage_of
 from app.edge.openai_translate import decode_chat, to_request
+from app.edge.relay import StreamRenderer
 from app.errors import GatewayError, NotFound, clip, stream_error_view
 from app.pipeline import events as ev
 from app.service import Service
@@ -151,7 +152,7 @@ def logprobs_of(tokens: list[TokenLogprob]) -> fmt.ChoiceLogprobs:
     return fmt.ChoiceLogprobs([fmt.TokenLogprobOut(t.token, t.logprob, t.bytes, t.top_logprobs) for t in tokens])
 
 
-class ChatStream:
+class ChatStream(StreamRenderer):
     """Canonical events → `chat.completion.chunk` lines (block starts and ends say nothing here).
 
     A text delta, the per-chunk case, is rendered inline: the answer's content head (built once on

@@ -34,6 +34,7 @@ from app.context import RequestContext
 from app.edge import openai_completions_format as text_fmt
 from app.edge import openai_format as fmt
 from app.edge.asgi import serve
+from app.edge.relay import StreamRenderer
 from app.errors import GatewayError, stream_error_view
 from app.pipeline import events as ev
 from app.service import Service
@@ -85,7 +86,7 @@ def text_completion_of(ctx: RequestContext, outcome: ev.Outcome, asked: bool) ->
     )
 
 
-class TextStream:
+class TextStream(StreamRenderer):
     """Canonical events → `text_completion` chunk lines. Only text, log probabilities and the end
     say anything here (a raw completion has no blocks, reasoning or tool calls). A text delta, the
     per-chunk case, is rendered inline (the answer's text head, built once on `Started`, the

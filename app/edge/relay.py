@@ -4,8 +4,9 @@ The pipeline's event generator runs in one pump task per request, which renders 
 events (`Pipeline.stream`) to bytes with the ingress's `StreamRenderer`; the response iterates
 the `Relay`. That split buys three things without per-chunk timers:
 - keep-alive: one repeating timer per request pushes the renderer's `ping` when nothing was sent
-  for `interval` seconds, before the first token too (a keep-alive that starts the response is
-  the renderer's `opening`: Anthropic's `message_start` comes before its first `ping`);
+  for `interval` seconds, before the first token too, once the request is admitted (a keep-alive
+  that starts the response is the renderer's `opening`: Anthropic's `message_start` comes before
+  its first `ping`);
 - the first item decides the response: an exception before any frame is an ordinary HTTP error
   (rendered by the ingress's error handler), a frame (or a ping, when the upstream is slow to
   start) starts the 200 SSE response;
@@ -32,6 +33,7 @@ from app.errors import GatewayError, InternalError
 from app.pipeline.events import Event, StreamHead
 
 _END = object()
+ADMISSION_RECHECK_S = 0.25  # a keep-alive due before admission ended looks again this soon
 
 
 class StreamRenderer(Protocol):
@@ -45,8 +47,10 @@ class StreamRenderer(Protocol):
     def error(self, error: GatewayError) -> bytes:
         """The frame that ends a stream that failed after it started."""
 
-    # A format whose stream must open otherwise than with `ping` also has
-    # `opening(head: StreamHead) -> bytes`: the keep-alive that starts the response.
+    def opening(self, head: StreamHead) -> bytes:
+        """The keep-alive that starts the response, before any event: `ping`, unless the format's
+        stream must open otherwise (a renderer that subclasses this protocol inherits this)."""
+        return self.ping
 
 
 class Relay:
@@ -88,11 +92,17 @@ class Relay:
 
     def _tick(self) -> None:
         idle = self._loop.time() - self._last
+        delay = self._interval - idle
         if idle >= self._interval and not self._items:
-            opening = None if self._begun else getattr(self._renderer, "opening", None)
-            self._push(self._renderer.ping if opening is None else opening(self.head))
-            idle = 0.0
-        self._timer = self._loop.call_later(self._interval - idle, self._tick)
+            if self._begun:
+                self._push(self._renderer.ping)
+                delay = self._interval
+            elif self.head.ready:
+                self._push(self._renderer.opening(self.head))
+                delay = self._interval
+            else:  # not admitted yet: the head waits for the key's headers (`StreamHead`)
+                delay = ADMISSION_RECHECK_S
+        self._timer = self._loop.call_later(delay, self._tick)
 
     async def first(self) -> bytes:
         """The first frame; raises the pipeline's error when it failed before any output."""

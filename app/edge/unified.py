@@ -19,6 +19,7 @@ from litestar.types import Receive, Scope, Send
 from app.context import RequestContext
 from app.edge import unified_format as fmt
 from app.edge.asgi import serve
+from app.edge.relay import StreamRenderer
 from app.edge.validation import decode_request
 from app.errors import GatewayError, stream_error_view
 from app.pipeline import events as ev
@@ -83,7 +84,7 @@ def structured_output(message: Message) -> Any:
         return None
 
 
-class UnifiedStream:
+class UnifiedStream(StreamRenderer):
     """Canonical events → `stream_event` frames (api.md's table, in its order)."""
 
     ping = fmt.PING_FRAME

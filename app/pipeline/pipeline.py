@@ -7,7 +7,9 @@ the request to admission and the adapter) and gives back canonical events (`app.
 that the ingress renders.
 
     complete(ctx, request) -> Outcome     a JSON answer: the fold of the whole event stream
-    stream(ctx, request)   -> batches     lists of events: Started, block events …, the Outcome last
+    stream(ctx, request)   -> head, batches   lists of events: Started, block events …, the Outcome
+                                          last; the `StreamHead` told the model and the key's rate
+                                          headers as admission learns them, before any batch
 
 The flow is one direction:
 
@@ -158,13 +160,20 @@ class Pipeline:
         finally:
             self._close(run)
 
-    async def stream(
-        self, ctx: RequestContext, request: AnyRequest, head: StreamHead | None = None
+    def stream(self, ctx: RequestContext, request: AnyRequest) -> tuple[StreamHead, AsyncGenerator[list[Event], None]]:
+        """The request's `StreamHead` (what the response's head may need before the first batch),
+        and its canonical events in batches (`_stream`)."""
+        head = StreamHead()
+        return head, self._stream(ctx, request, head)
+
+    async def _stream(
+        self, ctx: RequestContext, request: AnyRequest, head: StreamHead
     ) -> AsyncGenerator[list[Event], None]:
         """Canonical events in batches (never an empty one): `Started` alone first, then the
         events of each upstream read, the `Outcome` last. Raises `GatewayError` before the first
         batch when no backend produced content; afterwards a failure is an `Outcome` with its
-        `error`. `head` learns the model and the API key's rate headers before any batch."""
+        `error`. `head` learns the model, then the API key's rate headers and `ready` once the
+        request is admitted, before any batch."""
         run = _Run(ctx, request)
         run.head = head
         try:
@@ -216,13 +225,14 @@ class Pipeline:
         if access is not None and entry is not None and entry.limited:
             ticket = access.reserve(entry, run.ctx, request, model, route.names, self.router.snapshot)
             run.ticket = ticket if isinstance(ticket, Ticket) else await access.admit(entry, run.ctx, ticket)
-            if run.head is not None:
-                run.head.headers = run.ticket.headers
             if request.max_tokens is None and model.max_output and (entry.budget_nano >= 0 or entry.tpm >= 0):
                 # the reservation's output bound goes upstream: without it the upstream's own default
                 # (vLLM: the rest of the context) let one answer spend past the budget. A model with
                 # no `max_output` was reserved its whole context, which no answer can pass.
                 request.max_tokens = model.max_output
+        if run.head is not None:
+            run.head.headers = run.ticket.headers if run.ticket is not None else b""
+            run.head.ready = True
         candidates = Candidates(route.backends, now, self._probe_interval_s, self._quota_recheck_s)
         failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:

@@ -108,3 +108,21 @@ async def test_a_silent_redis_costs_a_route_that_needs_no_limit_a_quarter_second
     assert me.status_code == 200
     assert not [name for name in me.headers if name.startswith("x-ratelimit-")]
     assert PEEK_TIMEOUT_S <= waited < PEEK_TIMEOUT_S + 0.5
+
+
+async def test_a_stream_waits_for_its_admission_before_a_keep_alive_starts_it(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, private_redis: PrivateRedis
+) -> None:
+    """An admission slower than the keep-alive (Redis not answering, its client's 1 s timeout): the
+    keep-alive started a 200 stream before the key was admitted, without its `x-ratelimit-*`, and
+    the refusal that followed was an error event inside it instead of the HTTP error."""
+    up.set_default(answer("ok"))
+    with TcpProxy(private_redis.port) as proxy:
+        redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "w"}
+        gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis, server={"sse_keepalive_s": 0.2})
+        headers = bearer(await _secret(gw, rpm=100, max_concurrency=5))  # not leased: Redis admits each
+        assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=headers)).status_code == 200
+        proxy.stall()  # the connection made stops answering
+        refused = await gw.client.post(COMPLETIONS, json=body("chat", stream=True), headers=headers, timeout=10)
+    assert (refused.status_code, refused.headers["content-type"]) == (503, "application/json"), refused.text
+    assert refused.json()["error"]["message"] == "limits cannot be checked"
