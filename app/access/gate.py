@@ -30,10 +30,10 @@ share of every limit (`LocalLimiter(share=processes)`), logged once per outage a
 
 Response headers (OpenAI's): `x-ratelimit-{limit,remaining,reset}-requests` when the key has
 `rpm`, and `-tokens` when it has `tpm`; a key with only a budget or a concurrency cap gets none
-(no request or token window to describe). Resets are durations in OpenAI's style (`1s`, `6m0s`).
-They come with every answer the limiter gave: an admission and each of its 429s, the budget's
-included (the window as it stands); every other response to the key reads the window without
-admitting anything (`window_headers`, `app.access.window_view`).
+(no request or token window to describe); made in `app.access.rate_headers`. They come with every
+answer the limiter gave: an admission and each of its 429s, the budget's included (the window as
+it stands); every other response to the key reads the window without admitting anything
+(`window_headers`, `app.access.window_view`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from functools import lru_cache
 from typing import Any
 
 from msgspec import Struct
@@ -51,6 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.access.keyring import INVALID, Entry, KeyRing
 from app.access.lane import Lane
 from app.access.limiter import Ask, Limiter, LimiterDown, LocalLimiter, Verdict
+from app.access.rate_headers import admission_headers, rate_headers, reset_bytes
 from app.access.redis_limiter import RedisLimiter
 from app.access.window_view import window_now
 from app.access.worstcase import (
@@ -147,6 +147,7 @@ class AccessGate:
         timeouts = [p.timeouts.total for p in settings.providers.values()] or [600.0]
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
         self._plans: dict[tuple[Entry, str, str | None], Plan] = {}
+        self._swept = keyring.version  # the ring's version when `_sweep` last ran
 
     async def close(self) -> None:
         if self._shared is not None:
@@ -202,9 +203,9 @@ class AccessGate:
             assert shared is not None  # a lane is Redis's
             lease = shared.take(lane, tokens, cost)
             if lease is not None:
-                reset = _duration(lease.reset_s)
+                reset = reset_bytes(lease.reset_s)
                 requests, left = lease.left_requests + lease.requests, lease.left_tokens + lease.tokens
-                headers = _headers(entry, requests, reset, left, reset)
+                headers = admission_headers(entry, requests, reset, left, reset)
                 return Ticket(shared, lease.second, headers, None, lane, tokens, cost)
         return Reservation(tokens, cost, plan)
 
@@ -226,6 +227,8 @@ class AccessGate:
             start = max(period_start or _DAWN, rates.start or _DAWN)
             end = min(period_end or _FOREVER, rates.end or _FOREVER)
         plan = Plan(snapshot, start, end, period, rates)
+        if self.keyring.version != self._swept:
+            self._sweep()
         if len(self._plans) > 4096:
             self._plans.clear()
         old = self._plans.get((entry, model.id, pin))
@@ -233,6 +236,15 @@ class AccessGate:
             plan.lane = old.lane
         self._plans[(entry, model.id, pin)] = plan
         return plan
+
+    def _sweep(self) -> None:
+        """Drop what is kept of keys the ring no longer holds (revoked) or holds in a newer version:
+        their plans, and this process's counters of the revoked. Run when a plan is made after the
+        ring changed: a process churning keys kept every one's state (7 KB a key)."""
+        self._swept = self.keyring.version
+        live = self.keyring.by_id
+        self._plans = {key: plan for key, plan in self._plans.items() if live.get(key[0].record.id) is key[0]}
+        self._local.forget(live)
 
     async def admit(self, entry: Entry, ctx: RequestContext, reservation: Reservation) -> Ticket:
         """A limited key's admission by its limiter (Redis, or this process's), for `reservation`
@@ -335,42 +347,6 @@ class AccessGate:
         if known is not None:
             return from_nano(known[0]), start, end
         return await spent_since(self._engine, record.id, start), start, end
-
-
-def rate_headers(entry: Entry, verdict: Verdict) -> RateHeaders:
-    # a refusal's own limit resets when a request would pass (its Retry-After); the others, and an
-    # admission's, when the window's oldest second leaves it
-    wait = verdict.retry_after
-    requests = wait if wait is not None and verdict.refused == "rpm" else verdict.reset_requests_s
-    tokens = wait if wait is not None and verdict.refused == "tpm" else verdict.reset_tokens_s
-    return _headers(entry, verdict.remaining_requests, _duration(requests), verdict.remaining_tokens, _duration(tokens))
-
-
-def _headers(entry: Entry, requests: int, requests_reset: bytes, tokens: int, tokens_reset: bytes) -> RateHeaders:
-    """The headers of an admission (module doc): the key's template (`Entry.rate_template`, its
-    limits in place) filled in by one format per request."""
-    if entry.rpm >= 0:
-        if entry.tpm >= 0:
-            return entry.rate_template % (requests, requests_reset, tokens, tokens_reset)
-        return entry.rate_template % (requests, requests_reset)
-    if entry.tpm >= 0:
-        return entry.rate_template % (tokens, tokens_reset)
-    return b""
-
-
-@lru_cache(maxsize=4096)
-def _duration(seconds: float) -> bytes:
-    """`duration` as header bytes; resets repeat (whole milliseconds), so they are formatted once."""
-    return duration(seconds).encode()
-
-
-def duration(seconds: float) -> str:
-    """OpenAI's reset format: `20ms`, `1.5s`, `6m0s`."""
-    if seconds < 1:
-        return f"{int(seconds * 1000)}ms"
-    minutes, rest = divmod(seconds, 60)
-    text = f"{rest:.3f}".rstrip("0").rstrip(".")
-    return f"{int(minutes)}m{text}s" if minutes else f"{text}s"
 
 
 def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now: datetime) -> GatewayError:

@@ -108,6 +108,7 @@ class KeyRing:
         self._log = log
         self._by_hash: dict[bytes, Entry] = {}  # by the raw SHA-256 of the secret (no hex per request)
         self.by_id: dict[str, Entry] = {}
+        self.version = 0  # counts changes of `by_id`: what keeps per-key state may drop the gone (`AccessGate`)
         self._revoked: set[str] = set()  # ids of keys seen revoked: a revocation is final (`merge`)
         self._admin: Entry | None = None
         secret = os.environ.get(auth.admin_key_env)
@@ -199,6 +200,7 @@ class KeyRing:
         entries.extend(entry for key_id, entry in held.items() if key_id not in seen and key_id != ADMIN_ID)
         self._by_hash = {bytes.fromhex(entry.record.secret_hash): entry for entry in entries}
         self.by_id = {entry.record.id: entry for entry in entries}
+        self.version += 1
 
     def apply(self, record: KeyRecord) -> None:
         """One key as it now is (revoked: gone from the ring for good); a version older than the
@@ -208,6 +210,7 @@ class KeyRing:
         old = self.by_id.get(record.id)
         if old is not None and old.record.updated_at > record.updated_at:
             return
+        self.version += 1
         if old is not None:
             del self.by_id[record.id]
             self._by_hash.pop(bytes.fromhex(old.record.secret_hash), None)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Container
 from typing import Literal, Protocol
 
 from msgspec import Struct
@@ -93,6 +94,11 @@ class LocalLimiter:
     def __init__(self, share: int = 1) -> None:
         self.share = share
         self._keys: dict[str, _KeyState] = {}
+
+    def forget(self, live: Container[str]) -> None:
+        """Drop the counters of keys not in `live` (revoked: none of their requests comes again)."""
+        for key_id in [key_id for key_id in self._keys if key_id not in live]:
+            del self._keys[key_id]
 
     async def admit(self, ask: Ask) -> Verdict:
         state = self._keys.get(ask.key_id) or self._keys.setdefault(ask.key_id, _KeyState())

@@ -12,9 +12,9 @@ import pytest
 from litestar import Litestar
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE
 
-from app.access.gate import duration, rate_headers
 from app.access.keyring import Entry
 from app.access.limiter import Verdict
+from app.access.rate_headers import duration, rate_headers
 from app.edge.cycle import _SPECIAL
 from app.edge.key_guard import rate_window, require_admin, require_key, require_page_key
 from app.pipeline.events import header_pairs
@@ -321,3 +321,20 @@ def test_every_route_a_key_guard_opens_also_carries_the_window_middleware(gw: Ga
     ]
     assert len(guarded) >= 10
     assert [handler.handler_name for handler in guarded if rate_window not in handler.resolve_middleware()] == []
+
+
+async def test_keys_revoked_leave_no_state_behind(gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream) -> None:
+    """A process churning keys (create, use, revoke) kept each one's counters and plans for good:
+    7 KB a key, without Redis. What is kept is the live keys' alone once a new plan is made."""
+    up.set_default(answer("ok"))
+    gate = gw.service.access
+    assert gate is not None
+    for _ in range(20):
+        key = await make_key(rpm=100, tpm=100_000, budget_usd="5")
+        assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(key["secret"]))).status_code == 200
+        revoked = await gw.client.delete(f"/api/v1/keys/{key['id']}", headers=bearer(ADMIN))
+        assert revoked.status_code == 200, revoked.text
+    live = await make_key(rpm=100)
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(live["secret"]))).status_code == 200
+    assert set(gate._local._keys) == {live["id"]}
+    assert {entry.record.id for entry, _model, _pin in gate._plans} == {live["id"]}
