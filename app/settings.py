@@ -25,10 +25,10 @@ import tomllib
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
+from urllib.parse import unquote
 
 import msgspec
 from msgspec import Meta, Struct, field
-from sqlalchemy import make_url
 
 from app.config_urls import database_url_problem, url_problem
 from providers.config import KIND_DEFAULTS, ProviderConfig, ProviderKind, Timeouts, WireProfile
@@ -353,10 +353,11 @@ def _join(*parts: str) -> str:
 def _sqlite_directory_problem(url: str) -> str | None:
     """SQLite creates its file, not the directory: a path into one that does not exist was taken
     for a database outage at start-up (the service ran on a saved catalog, recording nothing)."""
-    parsed = make_url(url)
-    path = parsed.database if parsed.get_backend_name() == "sqlite" else None
-    if not path or not path.startswith("/") or parsed.query:
+    prefix = "sqlite+aiosqlite:///"
+    raw = url[len(prefix) :] if url.startswith(prefix) else ""
+    if not raw.startswith("/") or "?" in raw:
         return None  # `:memory:`, or a URI SQLite reads itself
+    path = unquote(raw)  # as SQLAlchemy reads it (`%41` is `A`)
     directory = Path(path).parent
     try:
         found = directory.is_dir()

@@ -314,7 +314,7 @@ class AccessGate:
 
     def settle(self, ticket: Ticket, cost: Decimal | None, tokens: int | None) -> None:
         """The request's real cost and tokens replace what it reserved; None where they are unknown
-        (`app.pipeline.pipeline._settlement`): the reservation, its worst case, stands for it."""
+        (`app.pipeline.accounting.settlement`): the reservation, its worst case, stands for it."""
         lane, shared = ticket.lane, self._shared
         if lane is not None and shared is not None:  # leased: Redis's
             nano = to_nano(cost) if cost is not None else ticket.cost

@@ -10,7 +10,8 @@ the ledger beside an authoritative (or amortized) cost. Unknown usage stays NULL
 never 0.
 
 `ledger_record` is a function of the request's context and its outcome only; the canonical log
-line is that record (`log_line`, or `app.logging.LineWriter.request_line` from its JSON).
+line is that record (`log_line`, or `app.logging.LineWriter.request_line` from its JSON). What
+settles an API key's reservation is the outcome's too (`settlement`).
 """
 
 from __future__ import annotations
@@ -105,3 +106,27 @@ def log_line(log: Any, record: LedgerRecord) -> None:
     """The canonical line through structlog's chain, for a pipeline without the service's
     `LineWriter` (which writes the same fields from the record's JSON: `LineWriter.request_line`)."""
     log.info("request", **msgspec.to_builtins(record))
+
+
+_ZERO = Decimal(0)
+
+
+def settlement(outcome: Outcome) -> tuple[Decimal | None, int | None]:
+    """What settles a key's reservation (access.md): the real cost and token count. A failure with
+    no usage settles to 0, and so does a cancellation with nothing counted (the client gone while
+    its request queued for a backend; one gone mid-answer has counted usage). Where a figure is
+    unknown otherwise (an answer whose upstream reported no usage, tokens in a bucket the catalog
+    has no price for) it is None: the reservation, the worst case the request was admitted on,
+    stands for it, so an unknown cost never spends a budget's money for free. The ledger keeps
+    NULL (cost.md: unknown is not zero)."""
+    usage, usd = outcome.usage, outcome.cost.usd
+    if usage is None:  # an answer's is unknown; a failure's, or a cancellation's before any output, 0
+        answered = outcome.status == "ok"
+        return (usd if usd is not None else None if answered else _ZERO), (None if answered else 0)
+    return usd, (
+        usage.input_tokens
+        + usage.output_tokens
+        + usage.reasoning_tokens
+        + usage.cache_read_tokens
+        + usage.cache_write_tokens
+    )

@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
-from decimal import Decimal
 from typing import Any
 
 from app.access.gate import AccessGate, Ticket
@@ -50,7 +49,7 @@ from app.context import RequestContext
 from app.errors import AllBackendsFailed, GatewayError, InvalidRequest, UpstreamTimeout
 from app.logging import LineWriter
 from app.metrics import Metrics
-from app.pipeline.accounting import ledger_record, log_line, price
+from app.pipeline.accounting import ledger_record, log_line, price, settlement
 from app.pipeline.admission import admit
 from app.pipeline.estimate import estimate_input_tokens
 from app.pipeline.events import UNPRICED, Event, Outcome, Started, StreamHead, header_texts
@@ -301,7 +300,7 @@ class Pipeline:
         outcome = run.outcome = self._outcome(run)
         try:
             if run.ticket is not None and self.access is not None:
-                self.access.settle(run.ticket, *_settlement(outcome))
+                self.access.settle(run.ticket, *settlement(outcome))
             record = ledger_record(run.ctx, outcome)
             encoded = RECORD_JSON.encode(record)  # once, for the journal's line and the log's
             self._record(record, encoded)
@@ -369,30 +368,6 @@ def _counted_usage(request: AnyRequest, fold: Fold) -> ev.Usage:
         input_tokens=estimate_input_tokens(request),
         output_tokens=fold.relayed_output,
         reasoning_tokens=fold.relayed_reasoning,
-    )
-
-
-_ZERO = Decimal(0)
-
-
-def _settlement(outcome: Outcome) -> tuple[Decimal | None, int | None]:
-    """What settles a key's reservation (access.md): the real cost and token count. A failure with
-    no usage settles to 0, and so does a cancellation with nothing counted (the client gone while
-    its request queued for a backend; one gone mid-answer has counted usage). Where a figure is
-    unknown otherwise (an answer whose upstream reported no usage, tokens in a bucket the catalog
-    has no price for) it is None: the reservation, the worst case the request was admitted on,
-    stands for it, so an unknown cost never spends a budget's money for free. The ledger keeps
-    NULL (cost.md: unknown is not zero)."""
-    usage, usd = outcome.usage, outcome.cost.usd
-    if usage is None:  # an answer's is unknown; a failure's, or a cancellation's before any output, 0
-        answered = outcome.status == "ok"
-        return (usd if usd is not None else None if answered else _ZERO), (None if answered else 0)
-    return usd, (
-        usage.input_tokens
-        + usage.output_tokens
-        + usage.reasoning_tokens
-        + usage.cache_read_tokens
-        + usage.cache_write_tokens
     )
 
 
