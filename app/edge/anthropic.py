@@ -199,10 +199,9 @@ class AnthropicStream(StreamRenderer):
         return fmt.frame("error", fmt.ErrorBody(error=detail))
 
     def opening(self, head: ev.StreamHead) -> bytes:
-        """An upstream slow to start: `message_start` (the model is resolved by now) and a
-        `ping`, as Anthropic opens a stream, not a `ping` alone before it."""
-        if head.model is None:
-            return self.ping
+        """An upstream slow to start: `message_start` (the request is admitted, its model known)
+        and a `ping`, as Anthropic opens a stream, not a `ping` alone before it."""
+        assert head.model is not None
         self._opened = True
         return self._message_start(head.model) + self.ping
 

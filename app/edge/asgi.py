@@ -172,11 +172,11 @@ async def read_body(receive: Receive, limit: int, headers: Iterable[tuple[bytes,
 
     A body declared over `limit` is refused once its first piece is in, not after `limit` bytes
     (nor, from a client that sends a few and then nothing, at the body deadline as a 408). That
-    413 keeps the connection: it reads the rest of the body and drops it, so a client still
-    writing gets its answer instead of a reset (closing on unread data sends one), and the body
-    deadline or the keep-alive timeout closes it behind a client that stalls. Looked at only for
-    a body in pieces: the usual request arrives in one read. (A declared body of which nothing
-    has arrived is not seen here: it meets the body deadline.)"""
+    413 (`DeclaredTooLarge`) keeps the connection, which reads the rest and drops it for at most
+    `app.edge.connection.DRAIN_S`, so a client still writing gets its answer instead of a reset
+    (closing on unread data sends one). Looked at only for a body in pieces: the usual request
+    arrives in one read. (A declared body of which nothing has arrived is not seen here: it meets
+    the body deadline.)"""
     chunks: list[bytes] = []
     size = 0
     while True:

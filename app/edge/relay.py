@@ -97,7 +97,7 @@ class Relay:
             if self._begun:
                 self._push(self._renderer.ping)
                 delay = self._interval
-            elif self.head.ready:
+            elif self.head.model is not None:  # admitted
                 self._push(self._renderer.opening(self.head))
                 delay = self._interval
             else:  # not admitted yet: the head waits for the key's headers (`StreamHead`)

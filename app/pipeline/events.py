@@ -67,19 +67,17 @@ def header_texts(block: RateHeaders) -> dict[str, str]:
 
 
 class StreamHead:
-    """What a stream's response head may need before its first event: the model, once resolved,
-    and an API key's `x-ratelimit-*`, once admitted (`ready`). Made and set by the pipeline as it
-    learns them (`Pipeline.stream`), read by the relay when the response starts, which is before
-    `Started` when a keep-alive must go out first (an upstream slow to answer). No keep-alive
-    starts the response before `ready`: the head carries the key's headers, and a refusal is
-    still an HTTP error."""
+    """What a stream's response head may need before its first event, set by the pipeline once
+    the request is admitted (`Pipeline.stream`): the model (None until then) and an API key's
+    `x-ratelimit-*`. The relay reads it when the response starts, which is before `Started` when
+    a keep-alive must go out first (an upstream slow to answer). No keep-alive starts the response
+    before admission: the head carries the key's headers, and a refusal is still an HTTP error."""
 
-    __slots__ = ("headers", "model", "ready")
+    __slots__ = ("headers", "model")
 
     def __init__(self) -> None:
         self.model: str | None = None
         self.headers: RateHeaders = b""
-        self.ready = False
 
 
 class Started(Struct, frozen=True):

@@ -171,8 +171,8 @@ class Pipeline:
         """Canonical events in batches (never an empty one): `Started` alone first, then the
         events of each upstream read, the `Outcome` last. Raises `GatewayError` before the first
         batch when no backend produced content; afterwards a failure is an `Outcome` with its
-        `error`. `head` learns the model, then the API key's rate headers and `ready` once the
-        request is admitted, before any batch."""
+        `error`. `head` learns the model and the API key's rate headers once the request is
+        admitted, before any batch."""
         run = _Run(ctx, request)
         run.head = head
         try:
@@ -216,8 +216,6 @@ class Pipeline:
         request, deadline = run.request, run.ctx.deadline
         run.model = model = self.router.resolve_model(request.model, now)
         admit(request, model)
-        if run.head is not None:
-            run.head.model = model.id
         access = self.access
         entry = access.permit(run.ctx, model) if access is not None else None
         route = self.router.route(model, request.provider)
@@ -229,9 +227,9 @@ class Pipeline:
                 # (vLLM: the rest of the context) let one answer spend past the budget. A model with
                 # no `max_output` was reserved its whole context, which no answer can pass.
                 request.max_tokens = model.max_output
-        if run.head is not None:
+        if run.head is not None:  # admitted: what a keep-alive that starts the response needs
             run.head.headers = run.ticket.headers if run.ticket is not None else b""
-            run.head.ready = True
+            run.head.model = model.id
         candidates = Candidates(route.backends, now, self._probe_interval_s, self._quota_recheck_s)
         failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:
