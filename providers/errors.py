@@ -139,12 +139,7 @@ def classify_response(
     """Classify a non-2xx upstream answer by its status and structured body (never its prose)."""
     error, structured = _error_body(body)
     lowered = {key.lower(): value for key, value in headers.items()}
-    if status == 404 and not structured:
-        # "404 unknown model" is an error document (OpenAI's `error`, vLLM's flat one, Ollama's
-        # `{"error": "text"}`); a 404 without one (empty, text, HTML, FastAPI's bare `detail`) is
-        # a route the upstream does not have: its `base_url` is wrong, not the request.
-        return UpstreamError(Failure.TRANSIENT, "upstream returned 404", status=404)
-    return _classified(status, error, retry_after_from(lowered, now=now))
+    return _classified(status, error, retry_after_from(lowered, now=now), structured=structured)
 
 
 def classify_error_chunk(error: ErrorBody) -> UpstreamError:
@@ -155,8 +150,8 @@ def classify_error_chunk(error: ErrorBody) -> UpstreamError:
     return _classified(status, error, None)
 
 
-def _classified(status: int, error: ErrorBody, retry_after: float | None) -> UpstreamError:
-    kind = _failure_for(status, error)
+def _classified(status: int, error: ErrorBody, retry_after: float | None, *, structured: bool = True) -> UpstreamError:
+    kind = _failure_for(status, error, structured)
     code = error.code if isinstance(error.code, str) else error.type
     if kind is Failure.CLIENT and error.message:
         message = error.message[:_MESSAGE_LIMIT]
@@ -165,13 +160,18 @@ def _classified(status: int, error: ErrorBody, retry_after: float | None) -> Ups
     return UpstreamError(kind, message, status=status, retry_after=retry_after, code=code)
 
 
-def _failure_for(status: int, error: ErrorBody) -> Failure:
+def _failure_for(status: int, error: ErrorBody, structured: bool) -> Failure:
     if status == 402 or error.code in _QUOTA_CODES or error.type in _QUOTA_CODES:
         return Failure.QUOTA
     if status == 429:
         return Failure.CAPACITY
     if status in (401, 403):
         return Failure.AUTH
+    if status == 404 and not structured:
+        # "404 unknown model" is an error document (OpenAI's `error`, vLLM's flat one, Ollama's
+        # `{"error": "text"}`); a 404 without one (empty, text, HTML, FastAPI's bare `detail`) is
+        # a route the upstream does not have: its `base_url` is wrong, not the request.
+        return Failure.TRANSIENT
     if status in _CLIENT_STATUSES:
         return Failure.CLIENT
     return Failure.TRANSIENT  # 408, 5xx, 529, and anything unexpected: try another backend
