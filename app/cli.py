@@ -24,13 +24,12 @@ from pathlib import Path
 import msgspec
 import uvicorn
 from alembic.util import CommandError
-from sqlalchemy.engine import make_url
 from uvicorn.supervisors import Multiprocess
 
 from app import cli_cost, cli_keys, cli_usage
 from app.logging import configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
-from catalog.database import open_engine
+from catalog.database import open_engine, sqlite_file
 from catalog.files import CatalogFileError, load_catalog
 from catalog.migrate import downgrade, schema_ready, upgrade
 from catalog.saved_snapshot import read_saved_snapshot
@@ -253,9 +252,8 @@ class _StartGuard:
     the cause, leaves no database file behind."""
 
     def __init__(self, url: str) -> None:
-        parsed = make_url(url)
-        name = parsed.database if parsed.get_backend_name() == "sqlite" else None
-        path = Path(name) if name and name != ":memory:" and not name.startswith("file:") else None
+        name = sqlite_file(url)
+        path = Path(name) if name is not None else None
         self.created = path if path is not None and not path.exists() else None
         self.started = False
 

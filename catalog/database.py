@@ -23,7 +23,7 @@ import asyncio
 from typing import Any
 
 import aiosqlite
-from sqlalchemy import event
+from sqlalchemy import event, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -31,6 +31,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from catalog.sqlite_rows import SQLITE_PRAGMAS
 
 CONNECT_TIMEOUT_S = 5.0
+
+
+def sqlite_file(url: str) -> str | None:
+    """The file a SQLite URL names, as SQLAlchemy reads it (`%41` is `A`); None for another
+    database, `:memory:` or a `file:` URI."""
+    parsed = make_url(url)
+    path = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    return path if path and path != ":memory:" and not path.startswith("file:") else None
 
 
 def open_engine(url: str, **options: Any) -> AsyncEngine:

@@ -15,6 +15,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alembic import command
 from alembic.config import Config
@@ -22,7 +23,10 @@ from alembic.runtime.migration import MigrationContext
 from alembic.util import CommandError
 from sqlalchemy import Connection, make_url, pool
 
-from catalog.database import open_engine
+from catalog.database import open_engine, sqlite_file
+
+if TYPE_CHECKING:
+    from alembic.script import ScriptDirectory
 
 
 class SchemaNotCurrent(Exception):
@@ -65,12 +69,10 @@ def alembic_config(url: str) -> Config:
 def _require_known(stamped: str | None) -> None:
     """`SchemaNotCurrent` for a database stamped with a revision these scripts do not have: a newer
     Switchyard migrated it, and neither `db upgrade` nor `db downgrade` of this one can move it."""
-    from alembic.script import ScriptDirectory
-
     if stamped is None:
         return
     try:
-        ScriptDirectory.from_config(alembic_config("")).get_revision(stamped)
+        _scripts().get_revision(stamped)
     except CommandError:
         raise SchemaNotCurrent(
             f"the database is at schema revision {stamped}, which this version of Switchyard does not know "
@@ -96,9 +98,8 @@ def upgrade(url: str, revision: str = "head") -> None:
 def _sqlite_file_locked(url: str) -> Iterator[None]:
     """The file SQLite opens, as SQLAlchemy reads the URL (`%41` is `A`): the raw text made a
     second, empty file beside it and locked that one."""
-    parsed = make_url(url) if url else None
-    path = parsed.database if parsed is not None and parsed.get_backend_name() == "sqlite" else None
-    if parsed is None or not path or path == ":memory:" or path.startswith("file:") or parsed.query:
+    path = sqlite_file(url) if url else None
+    if path is None or make_url(url).query:
         yield  # not a plain file (the caller's own engine, a URI): nothing a second process shares
         return
     try:
@@ -151,6 +152,11 @@ async def downgrade_async(url: str, revision: str) -> None:
 
 def head() -> str | None:
     """The newest revision among the migration scripts."""
+    return _scripts().get_current_head()
+
+
+def _scripts() -> ScriptDirectory:
+    """The migration scripts."""
     from alembic.script import ScriptDirectory
 
-    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+    return ScriptDirectory.from_config(alembic_config(""))
