@@ -9,11 +9,15 @@ never waits on Redis. What is shared is what changes rarely and matters to every
     disabled       {prefix}:disabled:{provider}                             deleted when re-enabled
 
 A change made here (`failover.apply_failure`, `HealthMonitor`) is written as its key and published
-on `{prefix}:events` in one transaction, from a background task (fire and forget; errors are
-logged). A background listener applies the other processes' events to the local state; on start it
-subscribes first and then loads the keys, so a new worker learns what the others already know and
-misses nothing written meanwhile. Times travel as wall-clock epoch seconds and become `loop.time()`
-on arrival. Breaker and disabled keys also expire after `STATE_TTL_S`, so a record that only a
+on `{prefix}:events` in one transaction, by one background writer (fire and forget; errors are
+logged). Changes made while a write is out go in the next one, in order, the latest of each key
+only (a key's event is its whole state): a burst of failures takes one connection, not one each
+(a task per change grew the pool with every burst). Connections are named `switchyard:{worker_id}`.
+
+A background listener applies the other processes' events (`app.routing.cluster_events`) to the
+local state; on start it subscribes first and then loads the keys, so a new worker learns what the
+others already know and misses nothing written meanwhile. Times travel as wall-clock epoch seconds
+and become `loop.time()` on arrival. Breaker and disabled keys also expire after `STATE_TTL_S`, so a record that only a
 health probe can end does not outlive every gateway that could probe; a worker that loads one
 probes for itself anyway.
 
@@ -26,7 +30,8 @@ their `_bucket`/`_sum` samples, and its in-flight/queued gauges) to the hash
 after `METRICS_TTL_S`, so a worker that went away drops out. Only the fields that changed since the
 last write are sent (every one after a failed write, or when that write found the hash gone):
 packing every sample through redis-py each second was most of an idle gateway's CPU with Redis
-(callgrind). `/metrics` adds the other live workers' hashes to its own numbers (`remote_series`).
+(callgrind). `/metrics` adds the other live workers' hashes to its own numbers (`remote_series`);
+concurrent scrapes share one read.
 A worker of another version skips the names it does not know.
 """
 
@@ -43,7 +48,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
-from msgspec import Struct
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
@@ -51,8 +55,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from app.metrics import Metrics, Series
+from app.routing.cluster_events import BreakerEvent, CoolEvent, DisabledEvent, EnabledEvent, Event
 from app.routing.router import Backend, ProviderRuntime, Router
-from app.routing.state import CoolReason
 from app.settings import RedisSettings
 
 STATE_TTL_S = 3600.0  # the longest a breaker or disabled record is kept
@@ -62,37 +66,6 @@ RECONNECT_S = 1.0
 _ERRORS = (RedisError, OSError)
 
 
-class CoolEvent(Struct, tag="cool", frozen=True):
-    origin: str
-    provider: str
-    model: str
-    upstream_model: str
-    until: float  # epoch seconds
-    reason: CoolReason
-
-
-class BreakerEvent(Struct, tag="breaker", frozen=True):
-    origin: str
-    provider: str
-    model: str
-    upstream_model: str
-    open: bool
-
-
-class DisabledEvent(Struct, tag="disabled", frozen=True):
-    origin: str
-    provider: str
-    reason: str
-    quota: bool
-    at: float  # epoch seconds
-
-
-class EnabledEvent(Struct, tag="enabled", frozen=True):
-    origin: str
-    provider: str
-
-
-Event = CoolEvent | BreakerEvent | DisabledEvent | EnabledEvent
 _encode = msgspec.json.Encoder().encode
 _decode_event = msgspec.json.Decoder(Event).decode
 _decode_series = msgspec.json.Decoder(tuple[str, tuple[str, ...]]).decode
@@ -114,14 +87,20 @@ class ClusterLink:
         self.log = log
         # No retries inside the client: a failed call is logged and the listener reconnects.
         self.redis = Redis.from_url(
-            settings.url, socket_connect_timeout=1.0, socket_timeout=5.0, retry=Retry(NoBackoff(), 0)
+            settings.url,
+            socket_connect_timeout=1.0,
+            socket_timeout=5.0,
+            retry=Retry(NoBackoff(), 0),
+            client_name=f"switchyard:{self.worker_id}",
         )
         self.available = False
         self._outage_logged = False
         self._router: Router | None = None
         self._pubsub: PubSub | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._writes: set[asyncio.Task[None]] = set()
+        self._pending: dict[str, tuple[bytes, int | None]] = {}  # key → (event, expiry), oldest first
+        self._writer: asyncio.Task[None] | None = None
+        self._reading: asyncio.Future[Mapping[Series, float] | None] | None = None  # the scrapes' shared read
         self._written: dict[Series, float] = {}  # the metrics hash's fields as Redis last took them
         self._names: dict[Series, bytes] = {}  # each series' field name, encoded once
 
@@ -139,10 +118,9 @@ class ClusterLink:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._writes:
-            await asyncio.wait(set(self._writes), timeout=2.0)
-            for write in list(self._writes):
-                write.cancel()
+        if self._writer is not None:
+            await asyncio.wait({self._writer}, timeout=2.0)
+            self._writer.cancel()
         if self.available:
             with contextlib.suppress(*_ERRORS):
                 await self.redis.delete(self._metrics_key(self.worker_id))
@@ -302,21 +280,34 @@ class ClusterLink:
         """Set (or, with no expiry, delete) `key` and publish the event, in the background."""
         if not self.available:
             return  # the outage is logged; this change stays local
-        task = asyncio.create_task(self._write(key, _encode(event), expire_ms))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        self._pending.pop(key, None)  # the latest of a key goes last, after the changes made before it
+        self._pending[key] = (_encode(event), expire_ms)
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_pending())
 
-    async def _write(self, key: str, payload: bytes, expire_ms: int | None) -> None:
+    async def _write_pending(self) -> None:
+        try:
+            while self._pending:
+                changes, self._pending = self._pending, {}
+                if not await self._write(changes):
+                    self._pending.clear()  # Redis is down: these stay local, like the ones after them
+        finally:
+            self._writer = None
+
+    async def _write(self, changes: Mapping[str, tuple[bytes, int | None]]) -> bool:
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
-                if expire_ms is None:
-                    pipe.delete(key)
-                else:
-                    pipe.set(key, payload, px=max(1, expire_ms))
-                pipe.publish(self.channel, payload)
+                for key, (payload, expire_ms) in changes.items():
+                    if expire_ms is None:
+                        pipe.delete(key)
+                    else:
+                        pipe.set(key, payload, px=max(1, expire_ms))
+                    pipe.publish(self.channel, payload)
                 await pipe.execute()
         except _ERRORS as exc:
             self._down(exc)
+            return False
+        return True
 
     # -- metrics -----------------------------------------------------------------------------------
 
@@ -363,9 +354,19 @@ class ClusterLink:
             self._written = series
 
     async def remote_series(self) -> Mapping[Series, float] | None:
-        """The sum of every other live worker's metrics; None when Redis does not answer."""
+        """The sum of every other live worker's metrics; None when Redis does not answer. Scrapes
+        that come while a read is out share it: one connection, however many scrape at once."""
         if not self.available:
             return None
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read_remote())
+            self._reading.add_done_callback(self._read_done)
+        return await asyncio.shield(self._reading)
+
+    def _read_done(self, _: asyncio.Future[Mapping[Series, float] | None]) -> None:
+        self._reading = None
+
+    async def _read_remote(self) -> Mapping[Series, float] | None:
         own = self._metrics_key(self.worker_id).encode()
         try:
             keys = [k async for k in self.redis.scan_iter(match=self._metrics_key("*"), count=500) if k != own]

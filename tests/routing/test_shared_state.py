@@ -404,6 +404,31 @@ async def test_the_queue_is_split_too(start_gateway: StartGateway, alpha: Replay
     assert len(completions(alpha)) == 2
 
 
+async def test_a_burst_of_state_changes_takes_one_connection_and_reaches_the_other_worker(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """40 answers of 429 that land together are 40 cool-downs published at once: they go in one
+    background write after another on one connection, not a connection each (the pool kept every
+    connection a burst opened: 4 → 9 over a long run of failing upstreams). 40 scrapes at once
+    share one read of the other workers' metrics."""
+    a, b = await _pair(start_gateway, store, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(error(429, "rate_limit_error", {"retry-after": "30"}, first_byte_delay_s=0.5), repeat=40)
+    beta.enqueue(answer("from beta"), repeat=40)
+    responses = await asyncio.gather(*(complete(a) for _ in range(40)))
+    assert {r.json()["provider"] for r in responses} == {"beta"}
+    assert len(completions(alpha)) == 40  # every one was in flight when the first 429 came
+    scrapes = await asyncio.gather(*(a.client.get("/metrics") for _ in range(40)))  # each reads b's hash
+    assert {r.status_code for r in scrapes} == {200}
+    assert a.service.cluster is not None
+    name = f"switchyard:{a.service.cluster.worker_id}"
+    connections = [c for c in await store.client.client_list() if c["name"] == name]
+    assert 1 <= len(connections) <= 3, connections  # listener, state writer, metrics writer
+    assert await store.keys("cool") == [ALPHA_CHAT]
+    state = (await deployments(b))["alpha"]
+    assert state["cooling_reason"] == "capacity"
+    assert 29.0 < seconds_until(state["cooling_until"]) <= 30.0
+
+
 async def test_redis_unreachable_the_gateway_still_serves_on_its_own_state(
     start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
 ) -> None:
