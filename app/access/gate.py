@@ -239,12 +239,14 @@ class AccessGate:
 
     def _sweep(self) -> None:
         """Drop what is kept of keys the ring no longer holds (revoked) or holds in a newer version:
-        their plans, and this process's counters of the revoked. Run when a plan is made after the
-        ring changed: a process churning keys kept every one's state (7 KB a key)."""
+        their plans, and this process's counters and Redis lanes of the revoked. Run when a plan is
+        made after the ring changed: a process churning keys kept every one's state (7 KB a key)."""
         self._swept = self.keyring.version
         live = self.keyring.by_id
         self._plans = {key: plan for key, plan in self._plans.items() if live.get(key[0].record.id) is key[0]}
         self._local.forget(live)
+        if self._shared is not None:
+            self._shared.forget(live)
 
     async def admit(self, entry: Entry, ctx: RequestContext, reservation: Reservation) -> Ticket:
         """A limited key's admission by its limiter (Redis, or this process's), for `reservation`

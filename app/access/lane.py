@@ -76,3 +76,10 @@ class Lane:
     def settlement(self, items: list[bytes]) -> bytes:
         """One `EVALSHA` of the settlement script for `items` (each six encoded arguments)."""
         return b"".join((self.settle_script.head(6 * len(items)), self.keys, *items))
+
+    def answered(self, asking: asyncio.Future[None] | None) -> None:
+        """The admission that asked for a lease is back (or gone): the requests waiting for it go on."""
+        if asking is not None:
+            if self.asking is asking:
+                self.asking = None
+            asking.set_result(None)

@@ -17,14 +17,14 @@ are passed to `HINCRBY` as the strings Python wrote (Lua would print a large num
 form); comparisons use Lua numbers, exact for integers below 2^53 (nano-dollars: $9 million).
 The spend hash of a calendar period expires a day after the period, `total` never; a missing one
 (first use in the period, or a Redis that lost its data) is loaded from the ledger by the gate.
-
 What the admission script does per call, and why it stays cheap: `app.access.redis_scripts`.
 
 Every Redis failure becomes `LimiterDown` here, the one boundary; the gate decides what follows.
-The client (`app.access.resp`: one pipelined connection, not redis-py, whose per-call overhead
-halved keys-mode throughput) has a 1 s timeout and no retries: a limited request waits about 2 s
-at most (a lease another request asked for, then its own admission). A settlement is sent without
-waiting for it (no task per request): its failure reaches the gate through the `failed` callback.
+Lanes (`app.access.lane`) of revoked keys are dropped when the gate sweeps (`forget`). The client
+(`app.access.resp`: one pipelined connection, not redis-py, whose per-call overhead halved keys-mode
+throughput) has a 1 s timeout and no retries: a limited request waits about 2 s at most (a lease
+another request asked for, then its own admission). A settlement is sent without waiting for it (no
+task per request): its failure reaches the gate through the `failed` callback.
 
 Settlements wait, briefly, to be sent together: `settle` keeps a request's arguments, and the
 next admission (before its own command, in the same write: they may free what it asks for), or a
@@ -42,7 +42,7 @@ replicas got 429s); a lease given back waits `LAZY_S`. Waiting only holds a rese
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from functools import partial
 from typing import Any
 
@@ -97,12 +97,16 @@ class RedisLimiter:
         lane = self._lanes.get(key)
         if lane is None:
             if len(self._lanes) > 10_000:
-                for old in self._lanes.values():  # a lane kept by a caller stops leasing
-                    if old.lease is not None:
-                        self._end(old, old.lease)
-                self._lanes.clear()
+                self.forget(())
             lane = self._lanes[key] = Lane(self, ask.key_id, ask.period, key[2:])
         return lane
+
+    def forget(self, live: Container[str]) -> None:
+        """Drop the lanes of keys not in `live`; their leases end (a lane a caller keeps stops leasing)."""
+        for key, lane in [(key, lane) for key, lane in self._lanes.items() if lane.key_id not in live]:
+            if lane.lease is not None:
+                self._end(lane, lane.lease)
+            del self._lanes[key]
 
     def take(self, lane: Lane, tokens: int, cost: int) -> Lease | None:
         """An admission of `tokens` and `cost` from this process's lease of the key, without Redis,
@@ -151,10 +155,10 @@ class RedisLimiter:
                 admission.add_done_callback(partial(self._abandoned, lane, ask, sent_at, asking))
                 raise
             except BaseException:
-                _answered(lane, asking)
+                lane.answered(asking)
                 self._free_slot(lane, ask)
                 raise
-            _answered(lane, asking)
+            lane.answered(asking)
             try:
                 if type(reply) is bytes or reply[0] != 6:  # 6: would pass once other processes' leases end
                     break
@@ -220,7 +224,7 @@ class RedisLimiter:
             else:
                 self._free_slot(lane, ask)
         finally:
-            _answered(lane, asking)
+            lane.answered(asking)
 
     def _free_slot(self, lane: Lane, ask: Ask) -> None:
         """An admission of unknown outcome (its reply lost, or not the script's): the concurrency
@@ -338,14 +342,6 @@ class RedisLimiter:
 
     async def close(self) -> None:
         await self.redis.close()
-
-
-def _answered(lane: Lane, asking: asyncio.Future[None] | None) -> None:
-    """The admission that asked for a lease is back (or gone): the requests waiting for it go on."""
-    if asking is not None:
-        if lane.asking is asking:
-            lane.asking = None
-        asking.set_result(None)
 
 
 def _item(rid: bytes, at: bytes, delta: bytes, reserved: bytes, spent: bytes, kind: bytes) -> bytes:
