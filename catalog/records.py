@@ -49,6 +49,18 @@ class LedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
     ttft_ms: float | None = None
 
 
+UPSTREAM_ID_MAX = 300  # the width of `ledger.upstream_request_id`
+
+
+def storable_id(upstream_id: str | None) -> str | None:
+    """An upstream's id for its request as the column keeps it: at most `UPSTREAM_ID_MAX`
+    characters, no NUL. The upstream chooses it, and PostgreSQL refuses the row of a longer one or
+    of a NUL in text (SQLite keeps either): the row would be lost for the sake of an id."""
+    if upstream_id is None or (len(upstream_id) <= UPSTREAM_ID_MAX and "\x00" not in upstream_id):
+        return upstream_id
+    return upstream_id.replace("\x00", "")[:UPSTREAM_ID_MAX]
+
+
 RECORD_JSON = msgspec.json.Encoder()
 """The one encoder of a record's JSON: the journal's line, and the canonical log line the pipeline
 writes from the same bytes (encoded once per request)."""

@@ -45,6 +45,7 @@ from catalog.exact import COST_SCALE as COST_SCALE
 from catalog.exact import PRICE_PRECISION as PRICE_PRECISION
 from catalog.exact import PRICE_SCALE as PRICE_SCALE
 from catalog.exact import Money, aware_utc, utc_sqlite_text
+from catalog.records import UPSTREAM_ID_MAX
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -218,7 +219,7 @@ class LedgerRow(Base):
     model: Mapped[str | None] = mapped_column(String(200), nullable=True)
     provider: Mapped[str | None] = mapped_column(String(100), nullable=True)
     upstream_model: Mapped[str | None] = mapped_column(String(300), nullable=True)
-    upstream_request_id: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    upstream_request_id: Mapped[str | None] = mapped_column(String(UPSTREAM_ID_MAX), nullable=True)
     streamed: Mapped[bool] = mapped_column(Boolean)
     status: Mapped[str] = mapped_column(String(16))
     error_type: Mapped[str | None] = mapped_column(String(100), nullable=True)

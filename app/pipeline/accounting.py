@@ -26,7 +26,7 @@ from app.context import RequestContext
 from app.pipeline.events import UNPRICED, Cost, Outcome
 from catalog.exact import COST_PRECISION, COST_SCALE
 from catalog.pricing import estimate_cost
-from catalog.records import LedgerRecord
+from catalog.records import LedgerRecord, storable_id
 from catalog.snapshot import CatalogSnapshot
 from providers.events import Usage
 
@@ -80,7 +80,7 @@ def ledger_record(ctx: RequestContext, outcome: Outcome) -> LedgerRecord:
         model=outcome.model,
         provider=outcome.provider,
         upstream_model=outcome.upstream_model,
-        upstream_request_id=outcome.upstream_request_id,
+        upstream_request_id=storable_id(outcome.upstream_request_id),
         streamed=ctx.stream,
         status=outcome.status,
         error_type=error.type if error is not None else None,
