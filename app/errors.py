@@ -8,6 +8,7 @@
       MethodNotAllowed     405   invalid_request_error   (Allow)
       RequestTimeout       408   invalid_request_error   (closes the connection)
       PayloadTooLarge      413   invalid_request_error   (closes the connection)
+        DeclaredTooLarge   413   invalid_request_error   a declared length over the limit (keeps the connection)
       UnsupportedMediaType 415   invalid_request_error   (closes the connection)
       HeadersTooLarge      431   invalid_request_error   (closes the connection)
       AtCapacity           429   rate_limit_error        (Retry-After)
@@ -17,6 +18,7 @@
       NoBackendAvailable   503   unavailable             (Retry-After)
       UsageNotRecordable   503   unavailable             (the ledger's journal cannot be written)
       LimitsUnavailable    503   unavailable             Redis unreachable for a key with limits
+      DatabaseUnavailable  503   unavailable             a read the answer needs (a report, the keys)
       UpstreamTimeout      504   upstream_error
       InternalError        500   internal_error          (never carries internal detail)
 

@@ -5,14 +5,15 @@ the files are removed. Prices are history and are never updated or deleted, beca
 point at them and old requests must re-price exactly. For each (provider, model) the file entries,
 sorted by `effective_from`, each own a window `[effective_from, next entry's effective_from)`:
 
-- no database row in the window: the entry is inserted with its own `effective_from`;
+- no database row in the window: the entry is inserted with its own `effective_from`, even one
+  already past (a newly listed price or a newly dated entry keeps the date the file gives it);
 - otherwise the entry's price is made to hold over what of its window is still ahead, from
   `start = max(effective_from, now + CHANGE_LEAD)`: a row is inserted at `start` when the price in
   effect there is another (the file's price changed), and after each later row in the window whose
   price is another (a date moved earlier, a price edited before it starts). Where a row of another
   price sits at that very instant, the new one starts 1µs after it (a row is never updated).
-  Nothing before `start` changes: a change never takes effect retroactively, nor before every
-  process has loaded it (`CHANGE_LEAD`).
+  Nothing before `start` changes: a change to a price the database already holds never takes
+  effect retroactively, nor before every process has loaded it (`CHANGE_LEAD`).
 - a window wholly before `start` cannot change without rewriting history: an edit of it is
   skipped and counted in `prices_ignored`; a window whose price already holds counts in
   `prices_unchanged`. `prices_added` counts rows.
@@ -213,7 +214,8 @@ async def _sync_prices(
 async def sync_catalog(engine: AsyncEngine, catalog: CatalogFile, *, now: datetime | None = None) -> SyncReport:
     """Make the SQL catalog match `catalog` (see the module docstring for the price rule).
 
-    `now` (aware) is the instant a changed price takes effect; tests pass it, callers leave it.
+    `now` (aware) is the sync's instant: a changed price takes effect at `max(effective_from, now +
+    CHANGE_LEAD)`; tests pass it, callers leave it.
     """
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     async with engine.begin() as connection:

@@ -1,7 +1,7 @@
 """The SQL schema of the catalog and the usage ledger, and the two column types that keep it exact.
 
-One `metadata` holds every table; Alembic's `migrations/versions/0001_initial.py` creates the same
-schema explicitly, and `tests/catalog` checks the two agree.
+One `metadata` holds every table; the Alembic migration chain (`migrations/versions`) creates the
+same schema explicitly, and `tests/catalog/test_migrations.py` checks that the chain at head agrees.
 
 Two portability decisions live here, because SQLite and PostgreSQL must behave identically:
 
@@ -11,8 +11,9 @@ Two portability decisions live here, because SQLite and PostgreSQL must behave i
 - `ExactDecimal`: PostgreSQL keeps `NUMERIC(p, s)`; SQLite's NUMERIC affinity would turn the value
   into a float, so there the value is stored as its decimal text. On both databases the value is
   first rounded (half-even) to the column's scale so a row reads back the same everywhere; a value
-  with more integer digits than the column allows is refused. Aggregating money on SQLite must
-  therefore sum `Decimal`s in Python (SQLite's `SUM` over text would go through floats).
+  with more integer digits than the column allows is refused. SQLite's `SUM` over that text would
+  go through floats, so money on SQLite is summed as integer pieces of the text, in SQL
+  (`catalog.exact_sum`, `catalog.usage_sql`).
 """
 
 from __future__ import annotations

@@ -27,9 +27,10 @@ Grouped by hour, the sources' groups are already the report's (no hour is in two
 they are not summed again: hour x model in the bench, one hash aggregate of 5,768 groups less.
 
 Money is exact on both databases. PostgreSQL sums NUMERIC. SQLite keeps costs as decimal text
-(`catalog.tables.ExactDecimal`) and has no exact decimal SUM, so each cost is cut in SQL into two
-integers — whole nano-dollars and the remaining 1e-18 dollars (the ledger's scale) — summed
-exactly as integers and joined again (`catalog.usage_sql`). Each group's sums are printed as the
+(`catalog.tables.ExactDecimal`) and has no exact decimal SUM, so each cost is cut in SQL into three
+signed integers — whole dollars, the next nine decimals (nano-dollars) and the last nine (1e-18
+dollars, the ledger's scale) — each summed exactly as an integer and joined again
+(`catalog.usage_sql._split`). Each group's sums are printed as the
 exact decimal without trailing zeros (`0.0000166`) — by PostgreSQL itself, which also sorts the
 groups, or in Python for SQLite (`Dialect.printed`) — and the totals are the printed rows'
 sums, money added as `Decimal`s in a context that cannot round (`_totals`).

@@ -19,7 +19,8 @@ A leaf package: it knows nothing of Litestar, SQL or the catalog. The app hands 
     dialect.py         which endpoint, body builder and parsers a request takes (chat or text)
     server_metrics.py  a local server's queue depth from its Prometheus `/metrics`
     transport.py       `H1Transport`: lean HTTP/1.1 for plain-http upstreams (aiohttp for https)
-    adapter.py         `Provider`: one HTTP exchange, events out; `make_client`
+    timers.py          coarse timers: the request path's timeouts on one event-loop timer
+    adapter.py         `Provider`: one HTTP exchange, events out; `UpstreamClient` and `make_client`
 
 Every provider kind (`local`, `fastrun`, `primalabs`, `openai_compatible`) is the same `Provider`
 class with different configuration data.

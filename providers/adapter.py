@@ -1,7 +1,8 @@
 """One configured provider, reached over HTTP: request out, canonical events back.
 
-`Provider` is the only class here and `batches` (or `events`, one at a time) its one streaming
-method; every kind of provider is this class with different `ProviderConfig` data. It joins the
+`Provider` is the one provider class and `batches` (or `events`, one at a time) its one streaming
+method; every kind of provider is this class with different `ProviderConfig` data (the module's
+other class, `UpstreamClient`, is the process-wide HTTP client all providers share). It joins the
 pure pieces (`build_body` and the request's `Dialect`: chat or text completions, `SSEParser`,
 `classify_*`) to one HTTP exchange.
 
@@ -117,7 +118,7 @@ class Provider:
         self._head_s = min(timeouts.first_byte, timeouts.total)
         self._json_timeout = {"connect": timeouts.connect, "read": timeouts.first_byte, "write": None, "pool": None}
         # An https stream's client read timeout also bounds its head, so it is `first_byte` at least,
-        # and each body read is held to `idle` by a deadline of its own (`_idle_bounded`) when that
+        # and each body read is held to `idle` by a deadline of its own (`_bounded`) when that
         # is shorter; the plain-HTTP transport keeps the two bounds apart itself.
         read_s = max(timeouts.idle, timeouts.first_byte)
         self._stream_timeout = {"connect": timeouts.connect, "read": read_s, "write": None, "pool": None}

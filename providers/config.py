@@ -31,7 +31,10 @@ class WireProfile(Struct, frozen=True):
     reasoning_history: bool = False  # send assistant `thinking` back as `reasoning_content`
     stream_usage: bool = True  # ask for `stream_options: {"include_usage": true}`
     max_completion_tokens: bool = False  # host wants `max_completion_tokens` instead of `max_tokens`
-    health_path: str = "/models"  # relative to base_url's origin handling in the adapter
+    # the probe's route: `/models` is `{base_url}/models`; another path is asked on the server root
+    # (base_url less `/v1`), with `{base_url}/models` the fallback where it has no such route
+    # or cannot be reached (`Provider.probe`)
+    health_path: str = "/models"
 
 
 KIND_DEFAULTS: dict[str, WireProfile] = {

@@ -98,7 +98,7 @@ class Entry:
         windows = [_REQUESTS % self.rpm] if self.rpm >= 0 else []
         if self.tpm >= 0:
             windows.append(_TOKENS % self.tpm)
-        self.rate_template = b"\r\n".join(windows)  # `app.access.gate._headers` fills in the rest
+        self.rate_template = b"\r\n".join(windows)  # `app.access.rate_headers.admission_headers` fills in the rest
 
 
 class KeyRing:

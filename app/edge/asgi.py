@@ -24,7 +24,8 @@ once when it does).
 API keys. With `[auth] mode = "keys"` every door authenticates here, once its body is read (an
 unread body would keep the connection busy) and before it is translated: a 401 costs no parsing.
 The key becomes the context's `Principal`; its `x-ratelimit-*` headers come back from the pipeline
-on the `Outcome` (JSON) or the `Started` event (streams, kept by the `Relay`), and on errors.
+on the `Outcome` (JSON) or, for streams, on the `StreamHead` the pipeline fills once the request
+is admitted (`relay.head.headers`, read when the response starts), and on errors.
 """
 
 from __future__ import annotations

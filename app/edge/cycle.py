@@ -121,7 +121,7 @@ def write_head(send: Callable[..., Any], status: int, headers: Sequence[Sequence
 
     `made`: header lines the gateway formatted itself (`app.pipeline.events.RateHeaders`), which
     pass uvicorn's checks by construction and are none of its special ones — an API key's
-    `x-ratelimit-*` (`app.access.gate._headers`: constant lowercase names, values of digits and
+    `x-ratelimit-*` (`app.access.rate_headers`: constant lowercase names, values of digits and
     `duration`'s `0-9 . m s`). They are written after `headers` as they are, without the byte
     checks, which cost as much again as a common head's own (bench/RESULTS.md); `tests/access`
     checks every value the gate can make against uvicorn's patterns."""

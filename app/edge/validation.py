@@ -4,11 +4,14 @@ Every rejection is an `InvalidRequest` whose `param` is the JSON path of the fai
 same notation api.md uses (`messages[0].content[1].kind`). Nothing is silently dropped: a part that
 a role cannot carry (a `tool_call` in a user message) is a 400, not a quiet omission.
 
-msgspec reports the path of a validation failure as "... - at `$.a.b[0]`"; that suffix is the only
-thing parsed from its message, turning it into `param`. The server never reads a client-named file
-or fetches a client-named URL: media URLs must be `https://` or `data:` and are passed through.
-Client-supplied values quoted in messages (msgspec's "Invalid enum value '...'" included) are cut
-to a short prefix (`app.errors.clip`).
+msgspec reports the path of a validation failure as "... - at `$.a.b[0]`"; that suffix becomes
+`param`. Three of msgspec's phrasings are also recognised, to say them in api.md's words
+(`validation_error`): "Expected `object`" with no path (the body is not a JSON object), "Invalid
+value" at a union's tag (an unknown `kind`), and "Object missing required field" (`param` then
+names the field: "field required"); any other message is passed on as msgspec wrote it, except
+that client-supplied values quoted in it (msgspec's "Invalid enum value '...'" included) are cut
+to a short prefix (`app.errors.clip`). The server never reads a client-named file or fetches a
+client-named URL: media URLs must be `https://` or `data:` and are passed through.
 
 Nesting: a request body may nest at most `MAX_JSON_DEPTH` (64) arrays and objects deep, counting
 the body's own object as level 1; deeper is a 400 whose `param` names the free-form field holding

@@ -4,7 +4,8 @@ The gateway has no tokenizer for the models it fronts (and loading one per model
 than the request), so it estimates: about four characters of text per token, the usual figure for
 English prose under BPE tokenizers, plus a few tokens of framing per message. Used where nothing
 better exists: the usage recorded for a cancelled stream whose upstream never reported usage
-(marked `usage_estimated` in the ledger), and the request-size check before routing.
+(marked `usage_estimated` in the ledger). The request-size check at admission counts the same
+characters (`prompt_chars`) but divides by 8, for a lower bound (`app.pipeline.admission`).
 
 Counted: system text, every text, thinking, tool-call argument and tool-result part, the tools'
 JSON definitions and the output schema; for a raw-prompt completion, the prompt (no framing).

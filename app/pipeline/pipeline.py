@@ -1,10 +1,10 @@
 """The request pipeline: route → failover loop → fold → `Outcome` → ledger row, metrics, log line.
 
-This is the only module that touches both `providers` and `catalog`, and it knows no wire format:
-it takes a `RequestContext` and a request from an ingress (a `CompletionRequest`, or a
-`TextCompletionRequest` for a raw prompt: the pipeline reads only `model` and `provider` and hands
-the request to admission and the adapter) and gives back canonical events (`app.pipeline.events`)
-that the ingress renders.
+This is where a request's flow meets both `providers` (the adapter's attempt and its events) and
+`catalog` (the price and the ledger row), and it knows no wire format: it takes a `RequestContext`
+and a request from an ingress (a `CompletionRequest`, or a `TextCompletionRequest` for a raw
+prompt: the pipeline reads only `model` and `provider` and hands the request to admission and the
+adapter) and gives back canonical events (`app.pipeline.events`) that the ingress renders.
 
     complete(ctx, request) -> Outcome     a JSON answer: the fold of the whole event stream
     stream(ctx, request)   -> head, batches   lists of events: Started, block events …, the Outcome
