@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime, time
 from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
@@ -24,7 +24,6 @@ from catalog.tables import PRICE_PRECISION, PRICE_SCALE
 
 # `completions`: the model's deployments take raw prompts on `/completions` (POST /v1/completions)
 Capability = Literal["tools", "vision", "reasoning", "structured_output", "audio", "documents", "completions"]
-CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))
 MONEY_KEYS = ("input", "output", "cache_read", "cache_write", "reasoning")
 
 _T = TypeVar("_T")

@@ -271,9 +271,6 @@ class EngineStore(SQLiteRows):
 class _Skipped(Exception):
     """A batch with a request id already present, or twice: `EngineStore` takes it row by row."""
 
-    async def close(self) -> None:
-        return None
-
 
 class PostgresStore:
     """Batches as one JSON document that PostgreSQL unpacks into ledger rows (and their roll-ups).

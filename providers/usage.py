@@ -14,12 +14,8 @@ counted, so the details are subtracted out here, once:
 A detail may be missing, `null` or `{}` (all mean 0), and is clamped into `[0, total]`, so a
 host's inconsistent numbers never produce a negative bucket.
 
-Anthropic-style usage (the `/messages` passthrough) is additive already: `input_tokens` excludes
-cache reads and writes. Its streamed `message_delta` usage is cumulative, so a later report
-replaces the fields it carries instead of adding to them (`merge_anthropic`).
-
 Authoritative cost: OpenRouter-style `usage.cost` is USD, xAI's `usage.cost_in_usd_ticks` is
-10^10 ticks per USD. Both become an exact `Decimal`: the Structs here declare `cost` as `Decimal`,
+10^10 ticks per USD. Both become an exact `Decimal`: `OpenAIUsage` declares `cost` as `Decimal`,
 and msgspec decodes a JSON number into a Decimal field from its text, so `0.000123456789` is never
 a float on the way. Digits past the ledger's 18 decimal places (`LEDGER_SCALE`) are rounded off
 (half to even) here, once: the answer said `0.000123456789012345678` while the ledger kept
@@ -29,9 +25,7 @@ a float on the way. Digits past the ledger's 18 decimal places (`LEDGER_SCALE`) 
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
 
-import msgspec
 from msgspec import Struct
 
 from providers.events import Usage, UsageReport
@@ -66,30 +60,6 @@ class OpenAIUsage(Struct):
     prompt_cache_hit_tokens: int | None = None  # DeepSeek
     cost: Decimal | None = None  # OpenRouter: USD billed
     cost_in_usd_ticks: int | None = None  # xAI: 10^10 ticks per USD
-
-
-class AnthropicUsage(Struct):
-    """`usage` of an Anthropic-style message (`message_start`/`message_delta`/whole response)."""
-
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cache_read_input_tokens: int | None = None
-    cache_creation_input_tokens: int | None = None
-
-
-_openai_decoder = msgspec.json.Decoder(OpenAIUsage, strict=False)
-
-
-def decode_openai_usage(raw: bytes | str) -> OpenAIUsage:
-    """Decode a JSON `usage` object exactly (cost digits kept); raises msgspec errors on garbage."""
-    return _openai_decoder.decode(raw)
-
-
-def openai_usage_from(obj: OpenAIUsage | dict[str, Any]) -> OpenAIUsage:
-    """Accept an already-decoded mapping too (its `cost`, if a float, is as exact as the float)."""
-    if isinstance(obj, OpenAIUsage):
-        return obj
-    return msgspec.convert(obj, OpenAIUsage, strict=False)
 
 
 def _clamp(value: int | None, high: int) -> int:
@@ -156,28 +126,3 @@ def openai_cost(usage: OpenAIUsage) -> Decimal | None:
 
 def openai_report(usage: OpenAIUsage) -> UsageReport:
     return UsageReport(usage=openai_buckets(usage), cost_usd=openai_cost(usage))
-
-
-def anthropic_buckets(usage: AnthropicUsage) -> Usage:
-    """Anthropic buckets are disjoint already; thinking tokens are not reported apart from output."""
-    return Usage(
-        input_tokens=max(usage.input_tokens or 0, 0),
-        output_tokens=max(usage.output_tokens or 0, 0),
-        reasoning_tokens=0,
-        cache_read_tokens=max(usage.cache_read_input_tokens or 0, 0),
-        cache_write_tokens=max(usage.cache_creation_input_tokens or 0, 0),
-    )
-
-
-def merge_anthropic(earlier: AnthropicUsage, later: AnthropicUsage) -> AnthropicUsage:
-    """Fold a later (cumulative) report over an earlier one: fields it carries replace, never add."""
-    return AnthropicUsage(
-        input_tokens=_later(earlier.input_tokens, later.input_tokens),
-        output_tokens=_later(earlier.output_tokens, later.output_tokens),
-        cache_read_input_tokens=_later(earlier.cache_read_input_tokens, later.cache_read_input_tokens),
-        cache_creation_input_tokens=_later(earlier.cache_creation_input_tokens, later.cache_creation_input_tokens),
-    )
-
-
-def _later(earlier: int | None, later: int | None) -> int | None:
-    return earlier if later is None else later

@@ -57,7 +57,6 @@ _CANONICAL_PART = re.compile(r"(content\[\d+\])\.data(\.arguments|\.content)?(?=
 _CANONICAL_TOOL = re.compile(r"^(tools\[\d+\])\.parameters$")
 _BLOCK_FIELDS = {".arguments": ".input", ".content": ".content"}  # else a media part's `data`: `.source`
 _ASSISTANT_ONLY = (fmt.ToolUseBlock, fmt.ThinkingBlock, fmt.RedactedThinkingBlock)
-_USER_ONLY = (fmt.ToolResultBlock, fmt.ImageBlock, fmt.DocumentBlock)
 
 
 def decode_messages(body: bytes, providers: Collection[str]) -> CompletionRequest:

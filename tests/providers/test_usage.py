@@ -4,21 +4,19 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import msgspec
 import pytest
 
 from catalog.exact import COST_SCALE
 from providers.events import Usage, UsageReport
-from providers.usage import (
-    LEDGER_SCALE,
-    AnthropicUsage,
-    anthropic_buckets,
-    decode_openai_usage,
-    merge_anthropic,
-    openai_buckets,
-    openai_cost,
-    openai_report,
-    openai_usage_from,
-)
+from providers.usage import LEDGER_SCALE, OpenAIUsage, openai_buckets, openai_cost, openai_report
+
+# as the adapters decode it: a field of a chunk decoded with `strict=False` (providers/openai_chat.py)
+_decoder = msgspec.json.Decoder(OpenAIUsage, strict=False)
+
+
+def decode_openai_usage(raw: str) -> OpenAIUsage:
+    return _decoder.decode(raw)
 
 
 def buckets(raw: str) -> Usage:
@@ -129,28 +127,3 @@ def test_a_negative_cost_is_no_bill() -> None:
 def test_report_joins_buckets_and_cost() -> None:
     usage = decode_openai_usage('{"prompt_tokens":5,"completion_tokens":2,"cost":0.25}')
     assert openai_report(usage) == UsageReport(usage=Usage(input_tokens=5, output_tokens=2), cost_usd=Decimal("0.25"))
-
-
-def test_from_mapping() -> None:
-    usage = openai_usage_from({"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}})
-    assert openai_buckets(usage) == Usage(input_tokens=5, cache_read_tokens=4)
-    assert openai_usage_from(usage) is usage
-
-
-def test_anthropic_usage_is_additive() -> None:
-    usage = AnthropicUsage(
-        input_tokens=20, output_tokens=7, cache_read_input_tokens=1000, cache_creation_input_tokens=300
-    )
-    assert anthropic_buckets(usage) == Usage(
-        input_tokens=20, output_tokens=7, cache_read_tokens=1000, cache_write_tokens=300
-    )
-    assert anthropic_buckets(AnthropicUsage()) == Usage()
-
-
-def test_anthropic_message_delta_is_cumulative() -> None:
-    start = AnthropicUsage(input_tokens=20, output_tokens=1, cache_read_input_tokens=1000)
-    first = merge_anthropic(start, AnthropicUsage(output_tokens=15))
-    second = merge_anthropic(first, AnthropicUsage(output_tokens=42))
-    assert anthropic_buckets(second) == Usage(input_tokens=20, output_tokens=42, cache_read_tokens=1000)
-    corrected = merge_anthropic(second, AnthropicUsage(input_tokens=25, cache_creation_input_tokens=0))
-    assert anthropic_buckets(corrected) == Usage(input_tokens=25, output_tokens=42, cache_read_tokens=1000)
