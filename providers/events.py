@@ -57,8 +57,11 @@ class ToolCallArgs(Struct, frozen=True):
 
 
 class TopLogprob(Struct, frozen=True):
+    """An alternative to a sampled token; `logprob` None where the upstream gave none (SGLang
+    writes a probability of zero, `-inf`, as null; vLLM's schema allows it)."""
+
     token: str
-    logprob: float
+    logprob: float | None
     bytes: list[int] | None = None
 
 

@@ -166,6 +166,8 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         if reason:
             if reason == "abort":  # vLLM: the engine aborted the request; what came is truncated
                 raise UpstreamError(Failure.TRANSIENT, "upstream aborted the request", status=502)
+            if reason == "error":  # OpenRouter: its provider failed mid-answer (the choice has an `error`)
+                raise UpstreamError(Failure.TRANSIENT, "upstream ended its answer with an error", status=502)
             self._finish = normalise_finish(reason)
         return events
 

@@ -88,7 +88,7 @@ def build_text_body(req: TextCompletionRequest, upstream_model: str, cfg: Provid
 class _TextLogprobs(Struct):
     tokens: list[str] | None = None
     token_logprobs: list[float | None] | None = None
-    top_logprobs: list[dict[str, float] | None] | None = None
+    top_logprobs: list[dict[str, float | None] | None] | None = None
     text_offset: list[int] | None = None
 
 

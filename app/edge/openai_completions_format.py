@@ -121,7 +121,7 @@ class TextLogprobs(Struct):
 
     tokens: list[str]
     token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float] | None]
+    top_logprobs: list[dict[str, float | None] | None]
     text_offset: list[int]
 
 

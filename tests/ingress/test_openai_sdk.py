@@ -452,7 +452,12 @@ async def test_structured_output_streamed(aclient: openai.AsyncOpenAI, primary: 
 LOGPROBS = {
     "content": [
         {"token": "Hi", "logprob": -0.25, "bytes": [72, 105], "top_logprobs": [{"token": "Hi", "logprob": -0.25}]},
-        {"token": "!", "logprob": -1.5, "bytes": None, "top_logprobs": [{"token": "!", "logprob": -1.5}]},
+        {
+            "token": "!",
+            "logprob": -1.5,
+            "bytes": None,
+            "top_logprobs": [{"token": "!", "logprob": -1.5}, {"token": "?", "logprob": None}],  # SGLang's -inf
+        },
     ]
 }
 
@@ -480,7 +485,7 @@ async def test_logprobs_relayed_whole_and_streamed(aclient: openai.AsyncOpenAI, 
 
     expected = [
         ("Hi", -0.25, [72, 105], [("Hi", -0.25)]),
-        ("!", -1.5, None, [("!", -1.5)]),
+        ("!", -1.5, None, [("!", -1.5), ("?", None)]),
     ]
     for result in (completion, final):
         logprobs = result.choices[0].logprobs

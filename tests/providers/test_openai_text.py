@@ -32,7 +32,7 @@ from tests.support.upstream import ReplayUpstream, upstream_fixture
 STREAM_ID = "cmpl-9c1d2e3f4a5b4c7d8e9f0a1b2c3d4e5f"
 
 
-def token(text: str, logprob: float | None, offset: int | None, *top: tuple[str, float]) -> TokenLogprob:
+def token(text: str, logprob: float | None, offset: int | None, *top: tuple[str, float | None]) -> TokenLogprob:
     return TokenLogprob(text, logprob, top_logprobs=[TopLogprob(t, v) for t, v in top], text_offset=offset)
 
 
@@ -80,7 +80,8 @@ def test_vllm_whole_answer_with_cached_tokens() -> None:
 
 
 def test_echoed_prompt_token_without_probability_and_missing_arrays() -> None:
-    echoed = {"tokens": ["Hi", "!"], "token_logprobs": [None, -0.5], "top_logprobs": [None, {"!": -0.5}]}
+    tops = [None, {"!": -0.5, "?": None}]  # null: an alternative without a probability (SGLang's -inf)
+    echoed = {"tokens": ["Hi", "!"], "token_logprobs": [None, -0.5], "top_logprobs": tops}
     replay = replay_stream(
         [text_chunk("Hi!", logprobs=echoed), b": keep-alive\n\n", b"data: \n\n", text_chunk("", "eos")],
         TextStreamParser(),
@@ -89,7 +90,7 @@ def test_echoed_prompt_token_without_probability_and_missing_arrays() -> None:
     assert replay.events == [
         UpstreamMeta("cmpl-1"),
         TextDelta("Hi!"),
-        Logprobs([token("Hi", None, None), token("!", -0.5, None, ("!", -0.5))]),
+        Logprobs([token("Hi", None, None), token("!", -0.5, None, ("!", -0.5), ("?", None))]),
         Finish("stop"),  # EOF after a finish reason is a clean end; an unknown reason reads as stop
     ]
 

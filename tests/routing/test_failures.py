@@ -19,10 +19,19 @@ from tests.routing.conftest import launch
 from tests.support.client import complete, datas, post, stream
 from tests.support.gateway import StartGateway
 from tests.support.observe import completions, deployments, metric, row_view, scrape, seconds_until
-from tests.support.replies import answer, chunk, error, stream_answer
+from tests.support.replies import answer, chunk, error, stream_answer, usage_chunk
 from tests.support.upstream import ReplayUpstream, played, reply_json, reply_sse
 
 FAILURE_COOLDOWN = 4
+# OpenRouter: the model's provider failed mid-answer; `finish_reason: error` and an `error` on the choice
+OPENROUTER_CHOICE = {"index": 0, "finish_reason": "error", "error": {"code": 502, "message": "Provider returned error"}}
+OPENROUTER_ERROR_CHUNK = {"id": "gen-1", "choices": [{**OPENROUTER_CHOICE, "delta": {"content": ""}}]}
+OPENROUTER_ERROR_ANSWER = {
+    "id": "gen-1",
+    "object": "chat.completion",
+    "choices": [{**OPENROUTER_CHOICE, "message": {"role": "assistant", "content": ""}}],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 0, "total_tokens": 10},
+}
 
 
 @pytest.mark.parametrize(
@@ -225,6 +234,21 @@ async def test_first_byte_stall_on_every_backend_is_504_within_the_bound(
 
 # -- garbage and truncated streams -----------------------------------------------------------------
 
+
+async def test_an_answer_that_finishes_with_an_error_fails_over(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """OpenRouter's `finish_reason: "error"` ends a failed answer: no clean (empty) 200 from alpha."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(reply_json(200, OPENROUTER_ERROR_ANSWER))
+    beta.enqueue(answer("from beta"))
+    response = await complete(gw)
+    assert response.status_code == 200, response.text
+    assert (response.json()["provider"], response.json()["message"]["content"][0]["data"]) == ("beta", "from beta")
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("ok", None, None, 2, "beta")
+
+
 NOT_A_LENGTH = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: abc\r\n\r\n{}"
 
 
@@ -263,6 +287,7 @@ async def test_a_malformed_answer_fails_over_and_its_connection_is_closed(
         pytest.param(['data: {"choices": [{"delta": \n\n'], id="broken-json"),
         pytest.param([chunk({"role": "assistant", "content": ""})], id="eof-without-finish-before-content"),
         pytest.param([": keep-alive\n\n"], id="comment-only-then-eof"),
+        pytest.param([OPENROUTER_ERROR_CHUNK], id="openrouter-error-finish"),
     ],
 )
 async def test_garbage_or_truncated_stream_before_content_fails_over(
@@ -284,6 +309,7 @@ async def test_garbage_or_truncated_stream_before_content_fails_over(
     [
         pytest.param(['data: {"choices": [{"delta": \n\n'], id="broken-json"),
         pytest.param(["data: not json\n\n"], id="eof-without-finish"),
+        pytest.param([OPENROUTER_ERROR_CHUNK, usage_chunk(10, 1)], id="openrouter-error-finish"),
     ],
 )
 async def test_garbage_or_truncated_stream_after_content_is_an_error_event(
