@@ -282,8 +282,13 @@ async def _stream_batches(
             if batch:
                 ready, batch = batch, []
                 yield ready
-        for payload in sse.finish():
-            batch += parser.feed(payload)
+        for payload in sse.finish():  # an event the stream ended inside (no blank line after it)
+            try:
+                batch += parser.feed(payload)
+            except UpstreamError:
+                if not parser.done:
+                    raise
+                break  # cut short after the finish reason: not dispatched (as the SSE standard says)
         batch += parser.finish()
     except Exception:
         batch += parser.unreported()

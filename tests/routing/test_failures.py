@@ -304,6 +304,22 @@ async def test_garbage_or_truncated_stream_before_content_fails_over(
     assert (await deployments(gw))["alpha"]["cooling_reason"] == "failure"
 
 
+async def test_an_event_cut_short_after_the_finish_reason_is_dropped(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """The connection ends inside the usage chunk, after the finish reason: the answer is whole.
+    The SSE standard drops an event the stream ends inside; its usage stays unknown (NULL)."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    cut = 'data: {"id":"chatcmpl-r1","choices":[],"usage":{"prompt_tokens":10,"compl'
+    alpha.enqueue(reply_sse([chunk({"content": "Whole"}), chunk({}, "stop"), cut], done=False))
+    _, frames = await stream(gw)
+    assert [d["type"] for d in datas(frames)] == ["stream_start", "text_start", "text_delta", "text_end", "finish"]
+    assert datas(frames)[-1]["finish_reason"] == "stop"
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("ok", None, None, 1, "alpha")
+    assert (row["input_tokens"], row["output_tokens"]) == (None, None)
+
+
 @pytest.mark.parametrize(
     "tail",
     [
