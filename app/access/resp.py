@@ -274,7 +274,7 @@ class RespClient:
         self._protocol = protocol
         try:
             for command in self._hello:
-                await self.call(*command)
+                await _hello(protocol, command)
         except BaseException:  # AUTH or SELECT refused: never leave that connection to later commands
             self._drop(protocol)
             raise
@@ -299,6 +299,17 @@ class RespClient:
     async def close(self) -> None:
         if self._protocol is not None:
             self._drop(self._protocol)
+
+
+async def _hello(protocol: _Protocol, command: tuple[bytes | str | int, ...]) -> None:
+    """`AUTH` or `SELECT` on a new connection, on it, not through `RespClient.call`: reset before
+    it (uvloop may report the reset first), `call` waited for a new connection, the one being made
+    (its own task), and every later call of the process with it."""
+    if protocol.lost is not None:
+        raise protocol.lost
+    reply = await protocol.send(encode(command))
+    if isinstance(reply, RespError):
+        raise reply
 
 
 def bulk(value: bytes) -> bytes:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 import pytest
+import uvloop
 
 from app.access.resp import RespClient, RespError, Script, bulk, encode
 
@@ -178,3 +180,48 @@ async def test_a_refused_select_drops_its_connection_and_the_next_call_connects_
 async def _bulk(reader: asyncio.StreamReader) -> bytes:
     size = int((await reader.readline())[1:])
     return (await reader.readexactly(size + 2))[:-2]
+
+
+def test_a_connection_closed_before_its_select_is_a_resp_error_and_the_client_recovers() -> None:
+    """A peer that accepts and resets at once (a proxy in front of a Redis that is gone, Redis at
+    `maxclients`): on uvloop (the gateway's loop) the reset is seen before the connection's
+    `SELECT` is posted, which then waited for the connection being made: its own task. Every later
+    call of the process hung with it, Redis back or not."""
+    uvloop.run(_closed_before_select())
+
+
+async def _closed_before_select() -> None:
+    closing = [3]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if closing[0]:
+            closing[0] -= 1
+            writer.transport.abort()  # a reset, before anything is read
+            return
+        while line := await reader.readline():
+            [await _bulk(reader) for _ in range(int(line[1:]))]
+            writer.write(b"+OK\r\n")
+            await writer.drain()
+
+    loop = asyncio.get_running_loop()
+    connect = loop.create_connection
+
+    async def slow_to_resume(*args: Any, **kwargs: Any) -> Any:  # as a busy loop is: the reset comes first
+        made = await connect(*args, **kwargs)
+        await asyncio.sleep(0.05)
+        return made
+
+    loop.create_connection = slow_to_resume  # type: ignore[method-assign]
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = RespClient(f"redis://127.0.0.1:{port}/3", timeout=1.0)
+    try:
+        async with asyncio.timeout(5):
+            for _ in range(3):
+                with pytest.raises(RespError):
+                    await client.call("PING")
+            assert await client.call("PING") == b"OK"
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
