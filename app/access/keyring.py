@@ -232,17 +232,24 @@ class KeyRing:
         loop = asyncio.get_running_loop()
         seen: tuple[int, datetime | None] | None = None
         read_at = loop.time()
+        failing = False  # logged once when reading starts failing, once when it works again
         while True:
             await asyncio.sleep(POLL_S)
             try:
                 async with asyncio.timeout(READ_S):
                     mark = await keys_watermark(self._engine)
-                    if mark == seen and loop.time() - read_at < REDIS_POLL_S:
+                    if mark == seen and loop.time() - read_at < REDIS_POLL_S and not failing:
                         continue
                     seen, read_at = mark, loop.time()
                     await self.reload()
             except Exception as exc:  # TimeoutError too  # the database is down: keep the keys known, try again later
-                self._log.warning("keys_reload_failed", error=type(exc).__name__)
+                if not failing:
+                    self._log.warning("keys_reload_failed", error=type(exc).__name__)
+                failing = True
+            else:
+                if failing:
+                    self._log.warning("keys_reload_recovered")
+                failing = False
 
     async def _listen(self, settings: RedisSettings) -> None:
         """Reload the keys named on the channel; after a reconnect, reload them all."""

@@ -22,6 +22,7 @@ from tests.access.conftest import ADMIN, bearer, keyed_gateway
 from tests.catalog.conftest import PgDatabases
 from tests.support.client import COMPLETIONS, body
 from tests.support.gateway import StartGateway
+from tests.support.logs import Logs
 from tests.support.replies import answer
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.upstream import ReplayUpstream
@@ -96,3 +97,29 @@ async def test_a_revocation_by_the_cli_arrives_after_the_database_connection_sta
         return response.status_code == 401
 
     await wait_until(refused, within=10.0, interval=0.2)
+
+
+async def test_a_database_outage_is_logged_once_by_the_key_poll_not_every_poll(
+    logs: Logs,
+    start_gateway: StartGateway,
+    up: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    proxied_database: tuple[str, TcpProxy],
+) -> None:
+    """The key poll (every 0.5 s) logged `keys_reload_failed` at every try while the database was
+    down: 2 lines a second per process. One when it starts failing, one when it works again."""
+    monkeypatch.setattr(app.access.keyring, "READ_S", 0.3)
+    url, proxy = proxied_database
+    gw = await keyed_gateway(start_gateway, up, monkeypatch, database_url=url)
+    proxy.cut()
+    await asyncio.sleep(2.5)  # five polls
+    assert len(logs.lines("keys_reload_failed", gw)) == 1
+    proxy.restore()
+
+    async def recovered() -> bool:
+        return len(logs.lines("keys_reload_recovered", gw)) == 1
+
+    await wait_until(recovered, within=5.0, interval=0.2)
+    await asyncio.sleep(1.0)
+    assert len(logs.lines("keys_reload_failed", gw)) == 1
+    assert len(logs.lines("keys_reload_recovered", gw)) == 1
