@@ -134,7 +134,7 @@ class Histogram:
 
 class Metrics:
     def __init__(self) -> None:
-        self._pending: list[tuple[float, Outcome]] = []  # finished requests not counted yet
+        self._pending: list[tuple[float, bool, Outcome]] = []  # finished requests not counted yet
         self.requests = Counter(
             "switchyard_requests_total",
             "Completed requests by model, provider and status.",
@@ -207,22 +207,23 @@ class Metrics:
         Only an append here: the requests are counted in batches (`_count_pending`) when the
         numbers are read (`samples`) or `PENDING_LIMIT` wait, a tight loop over a few hundred
         requests being cheaper than the same work spread between them."""
-        self._pending.append((ctx.started, outcome))
+        self._pending.append((ctx.started, ctx.stream, outcome))
         if len(self._pending) >= PENDING_LIMIT:
             self._count_pending()
 
     def _count_pending(self) -> None:
         pending, self._pending = self._pending, []
-        for started, outcome in pending:
-            self._count(started, outcome)
+        for started, stream, outcome in pending:
+            self._count(started, stream, outcome)
 
-    def _count(self, started: float, outcome: Outcome) -> None:
+    def _count(self, started: float, stream: bool, outcome: Outcome) -> None:
+        """First content and speed only for a stream: a whole answer's content comes at its end."""
         model, provider = outcome.model or "", outcome.provider or ""
         self.requests.inc((model, provider, outcome.status))
         key = (model, provider)
         finished, first = outcome.finished, outcome.first_content
         self.duration.observe(key, finished - started)
-        if first is not None:
+        if first is not None and stream:
             self.first_token.observe(key, first - started)
         usage = outcome.usage
         if usage is not None:
@@ -230,7 +231,7 @@ class Metrics:
             counts = (usage.input_tokens, output, reasoning, usage.cache_read_tokens, usage.cache_write_tokens)
             self.tokens.add(key, counts)
             generated = output + reasoning
-            if first is not None and generated > 0 and finished > first:
+            if first is not None and stream and generated > 0 and finished > first:
                 self.speed.observe(key, generated / (finished - first))
         cost = outcome.cost
         if cost.usd is not None and cost.source is not None:

@@ -236,10 +236,13 @@ class Service:
         """`/metrics`: this process's numbers, plus the other live workers' when Redis is configured.
 
         The collector reads `remote` while `generate_latest` runs: one synchronous call on the
-        event loop, so no other scrape can change it meanwhile."""
+        event loop, so no other scrape can change it meanwhile. While Redis does not answer it
+        keeps the other workers' numbers as last read: dropped, the sums fell and rose from one
+        scrape to the next (whichever worker answered), which Prometheus takes for counter resets."""
         assert self.collector is not None
         remote = await self.cluster.remote_series() if self.cluster is not None else None
-        self.collector.remote = remote or {}
+        if remote is not None:
+            self.collector.remote = remote
         return generate_latest(self.registry)
 
     async def database_ready(self) -> bool:

@@ -282,6 +282,37 @@ async def test_metrics_on_any_worker_sum_every_live_worker(
     assert len(await store.keys("metrics")) == 2
 
 
+async def test_counters_do_not_fall_while_redis_is_away(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """Redis gone, a worker showed its own numbers alone: the sums fell and rose from one scrape
+    to the next (whichever worker answered), which Prometheus reads as counter resets. It keeps
+    the others' numbers as last read."""
+    relay = Relay()
+    await relay.start()
+    upstreams = {"alpha": alpha, "beta": beta}
+    a = await launch(start_gateway, upstreams, redis={**store.config, "url": relay.url})
+    b = await launch(start_gateway, upstreams, redis=store.config)
+    alpha.enqueue(answer(), repeat=3)
+    for gw in (a, b, b):
+        assert (await complete(gw)).json()["provider"] == "alpha"
+
+    async def total() -> float | None:
+        samples = await scrape(a)
+        return metric(samples, "switchyard_requests_total", model="chat-1", provider="alpha", status="ok")
+
+    async def summed() -> bool:
+        return await total() == 3
+
+    try:
+        await wait_until(summed, within=3.0)
+        await relay.stop()
+        for _ in range(3):
+            assert await total() == 3
+    finally:
+        await relay.stop()
+
+
 async def test_a_metrics_hash_redis_lost_is_written_whole_again(
     store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
 ) -> None:
