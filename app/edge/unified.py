@@ -93,31 +93,14 @@ class UnifiedStream(StreamRenderer):
         self._ctx = ctx
         self._request = request
         self._text_id = ""
-        self._renderers: dict[type, Callable[[Any], bytes]] = {
-            ev.TextDelta: self._text_delta,
-            ev.ReasoningDelta: _reasoning_delta,
-            ev.Started: self._started,
-            ev.TextStart: self._text_start,
-            ev.TextEnd: _text_end,
-            ev.ReasoningStart: _reasoning_start,
-            ev.ReasoningEnd: _reasoning_end,
-            ev.ToolCallStart: _tool_call_start,
-            ev.ToolCallDelta: _tool_call_delta,
-            ev.ToolCallEnd: _tool_call_end,
-            ev.Logprobs: _nothing,  # not part of api.md's stream
-            ev.Outcome: self._outcome,
-        }
 
     def render(self, event: ev.Event) -> bytes:
         if type(event) is ev.TextDelta:  # the per-chunk case, inline
             return fmt.frame(fmt.TextDelta(self._text_id, event.text))
-        return self._renderers[type(event)](event)
+        return _RENDERERS[type(event)](self, event)
 
     def error(self, error: GatewayError) -> bytes:
         return fmt.frame(fmt.ErrorEvent(error=stream_error_view(error)))
-
-    def _text_delta(self, event: ev.TextDelta) -> bytes:
-        return fmt.frame(fmt.TextDelta(self._text_id, event.text))
 
     def _started(self, event: ev.Started) -> bytes:
         return fmt.frame(fmt.StreamStart(self._ctx.request_id, event.model, event.provider))
@@ -143,35 +126,50 @@ _REASONING_START = fmt.frame(fmt.ReasoningStart())
 _REASONING_END = fmt.frame(fmt.ReasoningEnd())
 
 
-def _nothing(_event: ev.Logprobs) -> bytes:
+def _nothing(_stream: UnifiedStream, _event: ev.Logprobs) -> bytes:
     return b""
 
 
-def _reasoning_delta(event: ev.ReasoningDelta) -> bytes:
+def _reasoning_delta(_stream: UnifiedStream, event: ev.ReasoningDelta) -> bytes:
     return fmt.frame(fmt.ReasoningDelta(event.text))
 
 
-def _reasoning_start(_event: ev.ReasoningStart) -> bytes:
+def _reasoning_start(_stream: UnifiedStream, _event: ev.ReasoningStart) -> bytes:
     return _REASONING_START
 
 
-def _reasoning_end(_event: ev.ReasoningEnd) -> bytes:
+def _reasoning_end(_stream: UnifiedStream, _event: ev.ReasoningEnd) -> bytes:
     return _REASONING_END
 
 
-def _text_end(event: ev.TextEnd) -> bytes:
+def _text_end(_stream: UnifiedStream, event: ev.TextEnd) -> bytes:
     return fmt.frame(fmt.TextEnd(f"text_{event.index}"))
 
 
-def _tool_call_start(event: ev.ToolCallStart) -> bytes:
+def _tool_call_start(_stream: UnifiedStream, event: ev.ToolCallStart) -> bytes:
     return fmt.frame(fmt.ToolCallStart(fmt.ToolCallView(event.id, event.name, "function", {}, "")))
 
 
-def _tool_call_delta(event: ev.ToolCallDelta) -> bytes:
+def _tool_call_delta(_stream: UnifiedStream, event: ev.ToolCallDelta) -> bytes:
     return fmt.frame(fmt.ToolCallDelta(fmt.ToolCallView(event.id, event.name, "function", {}, event.fragment)))
 
 
-def _tool_call_end(event: ev.ToolCallEnd) -> bytes:
+def _tool_call_end(_stream: UnifiedStream, event: ev.ToolCallEnd) -> bytes:
     call = event.call
     view = fmt.ToolCallView(call.id, call.name, "function", call.arguments, call.raw_arguments or "")
     return fmt.frame(fmt.ToolCallEnd(view))
+
+
+_RENDERERS: dict[type, Callable[[UnifiedStream, Any], bytes]] = {  # every event but the text deltas (`render`)
+    ev.ReasoningDelta: _reasoning_delta,
+    ev.Started: UnifiedStream._started,
+    ev.TextStart: UnifiedStream._text_start,
+    ev.TextEnd: _text_end,
+    ev.ReasoningStart: _reasoning_start,
+    ev.ReasoningEnd: _reasoning_end,
+    ev.ToolCallStart: _tool_call_start,
+    ev.ToolCallDelta: _tool_call_delta,
+    ev.ToolCallEnd: _tool_call_end,
+    ev.Logprobs: _nothing,  # not part of api.md's stream
+    ev.Outcome: UnifiedStream._outcome,
+}
