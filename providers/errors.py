@@ -3,7 +3,7 @@
 Every failure of an upstream call reaches the app as an `UpstreamError`; its `kind` says what
 routing does:
 
-    UpstreamError                     raised by `Provider.events` (probes answer False/None instead)
+    UpstreamError                     raised by `Provider.batches` (and `events`) (probes answer False/None instead)
       kind = Failure.TRANSIENT        connection refused/reset, a malformed answer, 408/500/502/503/
                                       504/529, an `{"error"}` chunk, a stream cut before its finish:
                                       try the next backend, cool this one down
@@ -75,7 +75,8 @@ class Failure(enum.Enum):
 
 
 class UpstreamError(Exception):
-    """A classified upstream failure. `mid_stream` is set when content had already been parsed."""
+    """A classified upstream failure. `answered`: the upstream answered with an error (its status,
+    or an error inside a 200), classified here; not an answer the adapter could not read."""
 
     def __init__(
         self,
@@ -85,6 +86,7 @@ class UpstreamError(Exception):
         status: int | None = None,
         retry_after: float | None = None,
         code: str | None = None,
+        answered: bool = False,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -92,6 +94,7 @@ class UpstreamError(Exception):
         self.status = status
         self.retry_after = retry_after
         self.code = code
+        self.answered = answered
 
     def __repr__(self) -> str:
         return f"UpstreamError({self.kind.value}, status={self.status}, code={self.code!r})"
@@ -157,7 +160,7 @@ def _classified(status: int, error: ErrorBody, retry_after: float | None, *, str
         message = error.message[:_MESSAGE_LIMIT]
     else:
         message = f"upstream returned {status}"
-    return UpstreamError(kind, message, status=status, retry_after=retry_after, code=code)
+    return UpstreamError(kind, message, status=status, retry_after=retry_after, code=code, answered=True)
 
 
 def _failure_for(status: int, error: ErrorBody, structured: bool) -> Failure:

@@ -231,9 +231,7 @@ def attempt_cause(exc: UpstreamError) -> str:
     if chain:
         phrases = (phrase for error in chain for kind, phrase in _TRANSPORT_PHRASES if isinstance(error, kind))
         return next(phrases, "connection failed")
-    # `classify_response` words every non-client status this way; a status with any other message
-    # is one the adapter set for an answer or stream it could not read.
-    if exc.status is not None and (exc.kind is Failure.CLIENT or exc.message == f"upstream returned {exc.status}"):
+    if exc.status is not None and (exc.kind is Failure.CLIENT or exc.answered):  # not one the adapter could not read
         return str(exc.status)
     return "malformed response"
 
