@@ -36,6 +36,15 @@ SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 TOKENS_PER_SECOND = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0)
 
 
+_CODES = {code: (str(code),) for code in range(400, 600)}  # an error's status as its label
+_DONE = {"ok": ("200",), "cancelled": ("499",), "error": ("502",)}  # without an error: by the row's status
+
+
+def refused(metrics: Metrics, status_code: int) -> None:
+    """A request refused before routing (the edge's one place for them, `app.edge.rejection`)."""
+    metrics.responses.inc(_CODES.get(status_code, (str(status_code),)))
+
+
 class Counter:
     __slots__ = ("help", "labels", "name", "values")
 
@@ -165,6 +174,12 @@ class Metrics:
             "Cost in USD by model, provider and source (a float for dashboards; the ledger is exact).",
             ("model", "provider", "source"),
         )
+        self.responses = Counter(
+            "switchyard_responses_total",
+            "Requests by the HTTP status of their answer: completions by their ledger row (200; the error's"
+            " status, in a stream too; 499 cancelled), and every request refused before routing.",
+            ("code",),
+        )
         self.limits_local = Counter(
             "switchyard_limits_local_total",
             "Admissions of limited API keys decided by this process alone: Redis unreachable, [auth] fail_open.",
@@ -196,6 +211,7 @@ class Metrics:
             self.tokens,
             self.cost,
             self.limits_local,
+            self.responses,
         ]
 
     def histograms(self) -> list[Histogram]:
@@ -219,7 +235,10 @@ class Metrics:
     def _count(self, started: float, stream: bool, outcome: Outcome) -> None:
         """First content and speed only for a stream: a whole answer's content comes at its end."""
         model, provider = outcome.model or "", outcome.provider or ""
-        self.requests.inc((model, provider, outcome.status))
+        status = outcome.status
+        self.requests.inc((model, provider, status))
+        error = outcome.error
+        self.responses.inc(_CODES.get(error.status_code, ("502",)) if error is not None else _DONE[status])
         key = (model, provider)
         finished, first = outcome.finished, outcome.first_content
         self.duration.observe(key, finished - started)

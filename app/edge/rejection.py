@@ -29,6 +29,7 @@ from app.errors import (
 )
 from app.ids import uuid7
 from app.logging import get_logger
+from app.metrics import refused
 from catalog.database import database_unreachable
 
 _log = get_logger("switchyard.errors")
@@ -43,6 +44,9 @@ def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[s
     log = _logger(request)
     error = _as_gateway_error(exc, request_id, log)
     if not getattr(request.state, "routed", False):
+        service = getattr(request.app.state, "service", None)
+        if service is not None:
+            refused(service.metrics, error.status_code)
         log.info(
             "request",
             request_id=request_id,

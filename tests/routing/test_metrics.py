@@ -23,7 +23,7 @@ from tests.routing.conftest import launch
 from tests.support.client import complete, stream
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.observe import Sample, metric, scrape
-from tests.support.replies import answer, stream_answer
+from tests.support.replies import answer, error, stream_answer
 from tests.support.upstream import ReplayUpstream
 
 T0 = 100.0  # every request starts here
@@ -179,6 +179,7 @@ async def test_exposition_declares_every_family_with_its_type(gw: GatewayHandle)
         "switchyard_tokens": "counter",
         "switchyard_cost_usd": "counter",
         "switchyard_limits_local": "counter",
+        "switchyard_responses": "counter",
         DURATION: "histogram",
         FIRST_TOKEN: "histogram",
         SPEED: "histogram",
@@ -225,3 +226,22 @@ async def test_requests_through_the_gateway_fill_histograms_and_token_counters(
     tokens = {dict(labels)["bucket"]: v for (n, labels), v in samples.items() if n == "switchyard_tokens_total"}
     assert tokens == {"input": 12, "output": 4, "reasoning": 0, "cache_read": 0, "cache_write": 0}
     assert not [s for s in samples if s[0] == "switchyard_cost_usd_total"]  # this catalog has no prices
+
+
+async def test_responses_are_counted_by_status_routed_or_refused_before_routing(
+    gw: GatewayHandle, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """`switchyard_requests_total{status="error"}` holds a client's 400 and an upstream's 502 alike,
+    and requests refused before routing (a bad body, an unknown path) were in no counter: an error
+    rate by status could not be written."""
+    alpha.enqueue(answer())
+    assert (await complete(gw)).status_code == 200
+    assert (await gw.client.post("/api/v1/completions", content=b"{")).status_code == 400
+    assert (await gw.client.get("/api/v1/nowhere")).status_code == 404
+    alpha.enqueue(error(500))
+    beta.enqueue(error(500))
+    assert (await complete(gw)).status_code == 502
+    assert (await complete(gw, "orphan-1")).status_code == 503
+    samples = await scrape(gw)
+    codes = {dict(labels)["code"]: v for (n, labels), v in samples.items() if n == "switchyard_responses_total"}
+    assert codes == {"200": 1, "400": 1, "404": 1, "502": 1, "503": 1}
