@@ -7,7 +7,8 @@ Every kind of provider speaks this dialect, so this is the one place that knows 
 
 Wire quirks resolved here (see providers.md):
 - reasoning text arrives as `delta.reasoning` (vLLM, Ollama) or `delta.reasoning_content`
-  (SGLang, llama.cpp); both are read;
+  (SGLang, llama.cpp); both are read; `content` may be a list of parts (Mistral: `text` parts,
+  and `thinking` parts whose text is reasoning);
 - tool-call deltas are matched by `id` first, then `index`: `id`/`name` are set once (llama.cpp
   repeats them in every delta), parallel calls may all claim `index: 0` and differ only by `id`,
   and a delta with a new `id` but no name continues the call at its index (a server that invents a
@@ -58,8 +59,17 @@ class _ToolCallDelta(Struct):
     function: _Function | None = None
 
 
+class _Part(Struct):
+    """A part of a `content` given as a list (Mistral): `text`, or `thinking` (its reasoning, as
+    text parts); other kinds of parts carry nothing to relay."""
+
+    type: str = "text"
+    text: str | None = None
+    thinking: str | list[_Part] | None = None
+
+
 class _Delta(Struct):
-    content: str | None = None
+    content: str | list[_Part] | None = None
     refusal: str | None = None  # OpenAI: the model declined (structured outputs); text, streamed too
     reasoning: str | None = None
     reasoning_content: str | None = None
@@ -143,8 +153,12 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
         reasoning = delta.reasoning or delta.reasoning_content
         if reasoning:
             events.append(ReasoningDelta(text=reasoning))
-        if delta.content:
-            events.append(TextDelta(text=delta.content))
+        content = delta.content
+        if content:
+            if isinstance(content, str):
+                events.append(TextDelta(text=content))
+            else:
+                _parts(content, events)
         if delta.refusal:  # relayed as text (the client reads why), and the finish is `content_filter`
             self._refused = True
             events.append(TextDelta(text=delta.refusal))
@@ -211,6 +225,17 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
         if call.fragments:
             events.append(ToolCallArgs(key=call.key, fragment="".join(call.fragments)))
             call.fragments = []
+
+
+def _parts(parts: list[_Part], events: list[Event]) -> None:
+    for part in parts:
+        if part.type == "thinking" and part.thinking:
+            thinking = part.thinking
+            text = thinking if isinstance(thinking, str) else "".join(inner.text or "" for inner in thinking)
+            if text:
+                events.append(ReasoningDelta(text=text))
+        elif part.type == "text" and part.text:
+            events.append(TextDelta(text=part.text))
 
 
 def _continues(latest: _Call, delta: _ToolCallDelta) -> bool:

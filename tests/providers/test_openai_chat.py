@@ -428,6 +428,35 @@ def test_whole_answer_with_object_arguments_and_no_ids() -> None:
     ]
 
 
+MISTRAL_CONTENT = [
+    {
+        "type": "thinking",
+        "thinking": [{"type": "text", "text": "The user greets; "}, {"type": "text", "text": "greet."}],
+    },
+    {"type": "text", "text": "Hello!"},
+    {"type": "image_url", "image_url": "https://example.invalid/x.png"},  # nothing to relay
+]
+
+
+def test_content_as_a_list_of_parts_is_text_and_reasoning() -> None:
+    """Mistral's reasoning models answer `content` as parts: a 502 (malformed) before."""
+    body = {"choices": [{"message": {"role": "assistant", "content": MISTRAL_CONTENT}, "finish_reason": "stop"}]}
+    expected = [ReasoningDelta("The user greets; greet."), TextDelta("Hello!"), Finish("stop")]
+    assert parse_chat_response(msgspec.json.encode(body)) == expected
+    streamed = feed(
+        chunk({"content": [{"type": "thinking", "thinking": [{"type": "text", "text": "The user greets; "}]}]}),
+        chunk({"content": [{"type": "thinking", "thinking": "greet."}]}),
+        chunk({"content": [{"type": "text", "text": "Hello!"}]}),
+        chunk({"content": ""}, "stop"),
+    )
+    assert streamed == [
+        ReasoningDelta("The user greets; "),
+        ReasoningDelta("greet."),
+        TextDelta("Hello!"),
+        Finish("stop"),
+    ]
+
+
 @pytest.mark.parametrize(
     "body",
     [b"<html>bad gateway</html>", b'{"object":"chat.completion","choices":[]}', b'{"error":{"message":"x"}}'],
