@@ -154,8 +154,11 @@ def _service(request: Request[Any, Any, Any]) -> Service:
     return service
 
 
-async def _publish(service: Service, record: KeyRecord) -> None:
+async def _publish(service: Service, record: KeyRecord, event: str) -> None:
+    """The change applied here and announced to the other processes, and logged (`event`: the
+    admin API's audit trail; the key's id, name and owner, never its secret)."""
     assert service.access is not None
+    service.log.info(event, key_id=record.id, name=record.name, owner=record.owner)
     service.access.keyring.apply(record)
     if service.settings.redis is not None and not await announce(service.settings.redis, record.id):
         service.log.warning("key_change_not_announced", key_id=record.id, within_s=REDIS_POLL_S)
@@ -174,7 +177,7 @@ async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
     _enforceable(service, changes)
     assert service.engine is not None
     record, secret = await create_key(service.engine, _models_checked(service, changes))
-    await _publish(service, record)
+    await _publish(service, record, "key_created")
     return _json({**to_builtins(record), "secret": secret}, 201)
 
 
@@ -216,7 +219,7 @@ async def change(request: Request[Any, Any, Any]) -> Response[bytes]:
     record = await update_key(service.engine, key_id, changes)
     if record is None:
         raise NotFound(f"no key '{key_id[:64]}'")
-    await _publish(service, record)
+    await _publish(service, record, "key_updated")
     return _json(to_builtins(record))
 
 
@@ -226,7 +229,7 @@ async def revoke(request: Request[Any, Any, Any]) -> Response[bytes]:
     record = await revoke_key(service.engine, key_id)
     if record is None:
         raise NotFound(f"no key '{key_id[:64]}'")
-    await _publish(service, record)
+    await _publish(service, record, "key_revoked")
     return _json(to_builtins(record))
 
 

@@ -151,6 +151,26 @@ async def test_no_secret_in_any_table_or_log_line(
         assert needle not in metrics
 
 
+async def test_key_changes_over_the_api_leave_an_audit_trail(
+    logs: Logs, start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Creating, changing and revoking a key over HTTP left no line in the log."""
+    gw = await keyed_gateway(start_gateway, up, monkeypatch)
+    created = await gw.client.post("/api/v1/keys", json={"name": "ci", "owner": "team-a"}, headers=bearer(ADMIN))
+    key_id, secret = created.json()["id"], created.json()["secret"]
+    changed = await gw.client.patch(f"/api/v1/keys/{key_id}", json={"rpm": 10}, headers=bearer(ADMIN))
+    revoked = await gw.client.delete(f"/api/v1/keys/{key_id}", headers=bearer(ADMIN))
+    assert (created.status_code, changed.status_code, revoked.status_code) == (201, 200, 200)
+    trail = [
+        (event, line["key_id"], line["name"], line["owner"])
+        for event in ("key_created", "key_updated", "key_revoked")
+        for line in logs.lines(event, gw)
+    ]
+    assert trail == [(event, key_id, "ci", "team-a") for event in ("key_created", "key_updated", "key_revoked")]
+    assert secret not in logs.raw
+    assert secret[3:] not in logs.raw
+
+
 LONG = "n" * 201
 
 
