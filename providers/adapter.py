@@ -211,38 +211,47 @@ class Provider:
             return await self._client.send_direct(request)
 
     async def probe(self, *, keyed: bool = False) -> bool:
-        """Is the upstream answering? `health_path` other than `/models` is tried on the server
-        root first (vLLM's `/health`); `{base_url}/models` is the fallback, for a server that has
-        no such route (404, 405, 501: Ollama) or could not be reached on it, and the hosted probe.
-        Any other answer is the server's own word that it is not up (providers.md: "`/health` is
-        200 when up"; llama.cpp answers 503 while it loads the model, vLLM 500 once its engine
-        died) even when `/models` answers. `keyed`: only `{base_url}/models`, with the key,
-        answers — the probe of a provider disabled for its key (a vLLM started with `--api-key`
-        answers `/health` to anyone)."""
+        """Is the upstream answering? (`probe_failure` is None.)"""
+        return await self.probe_failure(keyed=keyed) is None
+
+    async def probe_failure(self, *, keyed: bool = False) -> str | None:
+        """None when the upstream is up; else why not: its status (`503`), or the class of the
+        error that kept it from answering (`ConnectError`). `health_path` other than `/models` is
+        tried on the server root first (vLLM's `/health`); `{base_url}/models` is the fallback, for
+        a server that has no such route (404, 405, 501: Ollama) or could not be reached on it, and
+        the hosted probe. Any other answer is the server's own word that it is not up
+        (providers.md: "`/health` is 200 when up"; llama.cpp answers 503 while it loads the model,
+        vLLM 500 once its engine died) even when `/models` answers. `keyed`: only
+        `{base_url}/models`, with the key, answers — the probe of a provider disabled for its key
+        (a vLLM started with `--api-key` answers `/health` to anyone)."""
         health_path = self.config.wire.health_path
         if not keyed and health_path != "/models":
-            response = await self._get(f"{self._root}{health_path}")
-            if response is not None and response.status_code not in _NO_HEALTH_ROUTE:
-                return response.status_code == 200
-        return await self._probe_url(self._models_url)
+            answer = await self._get(f"{self._root}{health_path}")
+            if not isinstance(answer, str) and answer.status_code not in _NO_HEALTH_ROUTE:
+                return _failure(answer)
+        answer = await self._get(self._models_url)
+        return answer if isinstance(answer, str) else _failure(answer)
 
     async def queue_depth(self) -> float | None:
         """The server's own queue from `{root}/metrics` (vLLM, SGLang); None when it has none."""
         response = await self._get(f"{self._root}/metrics")
-        if response is None or response.status_code != 200:
+        if isinstance(response, str) or response.status_code != 200:
             return None
         return server_queue_depth(response.text)
 
-    async def _probe_url(self, url: str) -> bool:
-        response = await self._get(url)
-        return response is not None and response.status_code == 200
-
-    async def _get(self, url: str) -> httpx.Response | None:
-        """A probe's GET, its body read; None when the upstream could not be reached."""
+    async def _get(self, url: str) -> httpx.Response | str:
+        """A probe's GET, its body read; or why the upstream could not be reached (the class of the
+        transport's error)."""
         timeout = httpx.Timeout(_PROBE_READ_TIMEOUT, connect=self.config.timeouts.connect)
-        with contextlib.suppress(UpstreamError), upstream_errors():
-            return await self._client.get(url, headers=self._probe_headers, timeout=timeout)
-        return None
+        try:
+            with upstream_errors():
+                return await self._client.get(url, headers=self._probe_headers, timeout=timeout)
+        except UpstreamError as exc:
+            return type(exc.__cause__).__name__ if exc.__cause__ is not None else exc.kind.value
+
+
+def _failure(response: httpx.Response) -> str | None:
+    return None if response.status_code == 200 else str(response.status_code)
 
 
 _NO_HEALTH_ROUTE = frozenset({404, 405, 501})

@@ -73,12 +73,13 @@ class HealthMonitor:
     async def _probe(self, runtime: ProviderRuntime) -> None:
         error: Exception | None = None
         try:
-            ok = await runtime.adapter.probe(keyed=runtime.state.disabled_reason is not None)
+            failure = await runtime.adapter.probe_failure(keyed=runtime.state.disabled_reason is not None)
+            ok = failure is None
             depth = await runtime.adapter.queue_depth() if ok and runtime.config.kind == "local" else None
-        except Exception as exc:  # a bug, not an unreachable upstream (the adapter answers False)
-            ok, depth, error = False, None, exc
+        except Exception as exc:  # a bug, not an unreachable upstream (the adapter answers why)
+            ok, depth, error, failure = False, None, exc, None
         now = asyncio.get_running_loop().time()
-        self._log_transition(runtime.config.name, ok, now, error)
+        self._log_transition(runtime.config.name, ok, now, error, failure)
         state = runtime.state
         publisher = runtime.publisher
         if ok and state.disabled_reason is not None and state.may_reenable(now, self.quota_recheck_s):
@@ -105,9 +106,10 @@ class HealthMonitor:
         name = runtime.config.name
         self._probes[name] = self._probes.get(name, 0) + 1
 
-    def _log_transition(self, provider: str, ok: bool, now: float, error: Exception | None) -> None:
-        """`probe_failed` when a provider's probes start failing, `probe_recovered` when they pass
-        again: one line per change, not one per round."""
+    def _log_transition(self, provider: str, ok: bool, now: float, error: Exception | None, cause: str | None) -> None:
+        """`probe_failed` (with its `cause`: the upstream's status or the transport error's class)
+        when a provider's probes start failing, `probe_recovered` when they pass again: one line
+        per change, not one per round."""
         since = self._failing_since.get(provider)
         if ok and since is not None:
             del self._failing_since[provider]
@@ -115,6 +117,6 @@ class HealthMonitor:
         elif not ok and since is None:
             self._failing_since[provider] = now
             if error is None:
-                self.log.warning("probe_failed", provider=provider, error=None)
+                self.log.warning("probe_failed", provider=provider, cause=cause, error=None)
             else:
                 self.log.error("probe_failed", provider=provider, error=type(error).__name__, exc_info=error)

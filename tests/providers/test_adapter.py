@@ -241,24 +241,25 @@ async def test_connection_refused(client: Any) -> None:
     assert error is not None
     assert error.kind is Failure.TRANSIENT
     assert await Provider(config, client).probe() is False
+    assert await Provider(config, client).probe_failure() == "ConnectError"
 
 
 @pytest.mark.parametrize(
-    ("routes", "healthy"),
+    ("routes", "failure"),
     [
-        ({"/health": 200}, True),
-        ({"/health": 503, "/v1/models": 200}, False),  # llama.cpp loading its model: not up
-        ({"/health": 500, "/v1/models": 200}, False),
-        ({"/health": 404, "/v1/models": 200}, True),  # no such route (Ollama): `/v1/models` tells
-        ({"/health": 405, "/v1/models": 200}, True),
-        ({"/v1/models": 200}, True),
-        ({"/health": 503, "/v1/models": 503}, False),
+        ({"/health": 200}, None),
+        ({"/health": 503, "/v1/models": 200}, "503"),  # llama.cpp loading its model: not up
+        ({"/health": 500, "/v1/models": 200}, "500"),
+        ({"/health": 404, "/v1/models": 200}, None),  # no such route (Ollama): `/v1/models` tells
+        ({"/health": 405, "/v1/models": 200}, None),
+        ({"/v1/models": 200}, None),
+        ({"/health": 503, "/v1/models": 503}, "503"),
     ],
 )
-async def test_local_probe(upstream: ReplayUpstream, client: Any, routes: dict[str, int], healthy: bool) -> None:
+async def test_local_probe(upstream: ReplayUpstream, client: Any, routes: dict[str, int], failure: str | None) -> None:
     answer_probes(upstream, routes)
     config = ProviderConfig(name="local", kind="local", base_url=upstream.url, wire=KIND_DEFAULTS["local"])
-    assert await Provider(config, client).probe() is healthy
+    assert await Provider(config, client).probe_failure() == failure
 
 
 @pytest.mark.parametrize(("status", "healthy"), [(200, True), (401, False)])

@@ -251,7 +251,7 @@ async def test_a_failing_probe_is_logged_when_it_starts_failing_and_when_it_reco
     assert metric(await scrape(gw), "switchyard_backend_probe_failed", provider="alpha", model="chat-1") == 0
     await wait_until(lambda: len(logs.lines("probe_recovered", gw)) > 0)
     assert logs.lines("probe_failed") == [
-        {"event": "probe_failed", "level": "warning", "provider": "alpha", "error": None}
+        {"event": "probe_failed", "level": "warning", "provider": "alpha", "cause": "503", "error": None}
     ]
     (line,) = logs.lines("probe_recovered")
     assert {k: v for k, v in line.items() if k != "failing_s"} == {
