@@ -185,6 +185,7 @@ class Metrics:
             "Admissions of limited API keys decided by this process alone: Redis unreachable, [auth] fail_open.",
             (),
         )
+        self.limits_local.values[()] = 0  # a sample from the start: `increase()` sees the first outage's
         pair = ("model", "provider")
         self.duration = Histogram(
             "switchyard_request_duration_seconds", "Time from request to its last byte.", pair, SECONDS

@@ -59,6 +59,7 @@ async def test_fail_open_enforces_the_local_share_and_says_so(
     gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis, auth={"fail_open": True})
     client = gw.client
     limited = (await client.post("/api/v1/keys", json={"name": "l", "rpm": 2}, headers=bearer(ADMIN))).json()
+    assert "switchyard_limits_local_total 0.0" in (await client.get("/metrics")).text  # a rate needs a first sample
     private_redis.stop()
 
     statuses = [
