@@ -73,6 +73,7 @@ class _Run:
     request's `Outcome` once (`Pipeline._close`)."""
 
     __slots__ = (
+        "attempting",
         "attempts",
         "backend",
         "ctx",
@@ -94,6 +95,7 @@ class _Run:
         self.ctx = ctx
         self.request = request
         self.attempts = 0
+        self.attempting = False  # an attempt is out that `switchyard_attempts_total` has not counted
         self.model: ModelEntry | None = None
         self.backend: Backend | None = None
         self.slot: Backend | None = None  # the backend whose concurrency slot this request holds
@@ -154,7 +156,7 @@ class Pipeline:
             run.error = _with_headers(exc, run.ticket)
             raise
         except asyncio.CancelledError:
-            run.status = "cancelled"
+            self._cancelled(run)
             raise
         finally:
             self._close(run)
@@ -205,7 +207,7 @@ class Pipeline:
             run.error = _with_headers(exc, run.ticket)
             raise
         except (asyncio.CancelledError, GeneratorExit):
-            run.status = "cancelled"
+            self._cancelled(run)
             raise
         finally:
             self._close(run)
@@ -236,6 +238,7 @@ class Pipeline:
             run.slot = run.backend = backend
             run.gpu = self._gpu_time.start(backend.name)
             run.attempts += 1
+            run.attempting = True
             if run.attempts > 1:
                 self.metrics.retries.inc((model.id,))
             run.fold = Fold(emit=emit)
@@ -250,6 +253,7 @@ class Pipeline:
                 self._release(run)
                 cut = UpstreamError(Failure.TIMEOUT, "the request deadline passed")
                 log_attempt(self._log, backend, cut, None)
+                run.attempting = False
                 self.metrics.attempts.inc((backend.name, cut.kind.value))
                 failures.append((backend.name, cut))
                 break
@@ -272,15 +276,24 @@ class Pipeline:
 
     def _attempt_ok(self, run: _Run) -> None:
         run.status = "ok"
+        run.attempting = False
         if run.backend is not None:
             run.backend.state.record(True)
             self.metrics.attempts.inc((run.backend.name, "ok"))
 
     def _attempt_failed(self, run: _Run, exc: UpstreamError) -> None:
         backend = run.backend
+        run.attempting = False
         if backend is not None:
             apply_failure(backend, exc, asyncio.get_running_loop().time(), self.metrics, self._log)
             self.metrics.attempts.inc((backend.name, exc.kind.value))
+
+    def _cancelled(self, run: _Run) -> None:
+        """The client went away; an attempt then out is counted `cancelled`."""
+        run.status = "cancelled"
+        if run.attempting and run.backend is not None:
+            run.attempting = False
+            self.metrics.attempts.inc((run.backend.name, "cancelled"))
 
     def _release(self, run: _Run) -> None:
         if run.slot is not None:

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from tests.gateway.conftest import primary_cost
 from tests.support.gateway import GatewayHandle
-from tests.support.observe import rows_when
+from tests.support.observe import metric, rows_when, scrape
 from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
 from tests.support.waiting import wait_until
 
@@ -70,6 +70,7 @@ async def test_a_json_client_that_disconnects_cancels_the_upstream_request(
     # Nothing came back, so the gateway counts what it can: the prompt went upstream.
     assert estimated_usage(row) == ("cancelled", True, PROMPT_ESTIMATE, 0, 0, 0, 0, "estimated")
     assert Decimal(row["cost_usd"]) == primary_cost(PROMPT_ESTIMATE, 0) == Decimal("0.0000104")
+    assert metric(await scrape(gw), "switchyard_attempts_total", provider="primary", outcome="cancelled") == 1
 
 
 async def test_a_stream_cancelled_before_any_output_cancels_the_upstream_within_a_second(
@@ -112,6 +113,9 @@ async def test_a_cancelled_stream_without_upstream_usage_records_what_was_relaye
     expected = primary_cost(PROMPT_ESTIMATE, 3, reasoning=2)
     assert Decimal(row["cost_usd"]) == Decimal(row["estimated_cost_usd"]) == expected
     assert row["stop_reason"] is None
+    samples = await scrape(gw)  # the attempt the client cut short is counted as such, once
+    assert metric(samples, "switchyard_attempts_total", provider="primary", outcome="cancelled") == 1
+    assert metric(samples, "switchyard_attempts_total", provider="primary", outcome="ok") is None
 
 
 async def test_usage_the_upstream_reported_is_never_marked_estimated(
