@@ -21,7 +21,8 @@ headers are buffered without limit. `GuardedHttpToolsProtocol` adds, per connect
   one read beyond the limit is ever buffered.
 
 These answers are written here, not by the app (no request has reached it), in the same error
-format (`app.errors.error_body`, or Anthropic's under `/v1/messages`) with an `x-request-id`.
+format (`app.errors.error_body`, or Anthropic's under `/v1/messages`) with an `x-request-id`, and
+logged with it.
 
 Cost: a timer is armed only when a head or a body is still incomplete after the data received so
 far — a request whose head and body arrive in one read, the usual case, arms none (the connection's
@@ -55,6 +56,7 @@ from app.edge.anthropic_format import error_document
 from app.edge.cycle import hold_head
 from app.errors import GatewayError, HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout, error_body
 from app.ids import uuid7
+from app.logging import get_logger
 from app.settings import ServerSettings
 from providers.timers import Handle, timers_of
 
@@ -255,8 +257,20 @@ def declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int:
 
 
 def _raw_response(error: GatewayError, request_id: str, target: bytes) -> bytes:
-    """`error`'s response, closing the connection; in Anthropic's shape for its door."""
+    """`error`'s response, closing the connection; in Anthropic's shape for its door. Logged as
+    the app logs a refusal (`app.edge.rejection`): the request's `request` line, so the id the
+    client got is in the log; its path cut after three segments (no key the app would mask)."""
     path = target.split(b"?", 1)[0]
+    segments = path.decode("latin-1").split("/")
+    shown = "/".join(segments[:4]) + ("/…" if len(segments) > 4 else "")
+    get_logger("switchyard.errors").info(
+        "request",
+        request_id=request_id,
+        path=shown[:200],
+        status="rejected",
+        error_status=error.status_code,
+        error_type=error.type,
+    )
     own = b""
     if path == b"/v1/messages" or path.startswith(b"/v1/messages/"):
         body = error_document(error.status_code, error.message, error.param, request_id)

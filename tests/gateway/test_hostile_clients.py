@@ -16,6 +16,7 @@ import pytest
 import app.edge.connection
 from tests.gateway.conftest import CATALOG, providers_for
 from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.logs import Logs
 from tests.support.upstream import ReplayUpstream, reply_json
 
 TIMEOUT = 0.5
@@ -269,3 +270,26 @@ async def test_a_head_httptools_cannot_parse_gets_the_json_error(guarded: Gatewa
         body = msgspec.json.decode(answer.body)
         assert body["error"]["message"].startswith("malformed HTTP request")
         assert ("type" in body) == head.startswith(b"POST /v1/messages")  # Anthropic's shape on its door
+
+
+async def test_what_the_connection_refuses_is_logged_with_the_id_the_client_got(
+    logs: Logs, start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    """A 431, a 413 at `Expect` and a 408 are written by the connection, not the app: the client
+    got an `x-request-id` that no log line had."""
+    guarded = await start_gateway(providers=providers_for(primary, secondary), catalog=CATALOG, server=LIMITS)
+    limit = guarded.service.settings.server.max_body_bytes
+    too_many = HEAD + b"".join(b"x-h%d: v\r\n" % i for i in range(21)) + b"\r\n"
+    expect = HEAD + b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % (limit + 1)
+    secret_path = b"POST /api/v1/keys/sy-secret/x HTTP/1.1\r\nhost: gw\r\n"  # half a head: 408
+    answers = [await exchange(guarded, head) for head in (too_many, expect, secret_path)]
+    assert [answer.status for answer in answers] == [431, 413, 408]
+    assert guarded.service.log_writer is not None
+    guarded.service.log_writer.flush()
+    refused = {line["request_id"]: line for line in logs.lines("request", guarded)}
+    seen = [refused[answer.headers["x-request-id"]] for answer in answers]
+    assert [(line["path"], line["status"], line["error_status"], line["error_type"]) for line in seen] == [
+        ("/api/v1/completions", "rejected", 431, "invalid_request_error"),
+        ("/api/v1/completions", "rejected", 413, "invalid_request_error"),
+        ("/api/v1/keys/…", "rejected", 408, "invalid_request_error"),  # a secret in a path is not written
+    ]
