@@ -201,12 +201,15 @@ class ChatStream(StreamRenderer):
         """The first call streams live; a later one waits for its end (canonical calls end with the
         answer) and is sent whole: its start, then all its arguments. Upstreams may interleave the
         fragments of parallel calls, and the OpenAI SDK's stream helper takes a call for done at the
-        first delta of another (`arguments.done` with '', a strict tool's parse failing)."""
-        if event.index == self._live_call:
-            return b""
+        first delta of another (`arguments.done` with '', a strict tool's parse failing). A call the
+        upstream gave no arguments (`""`) gets `{}`, as OpenAI sends: `""` is no JSON to a client."""
         call, chunks = event.call, self._chunks
+        raw = call.raw_arguments or ""
+        given = raw.strip() != ""
+        if event.index == self._live_call:
+            return b"" if given else chunks.tool_call_args(event.index, "{}")
         start = chunks.tool_call_start(event.index, call.id, call.name)
-        return start + chunks.tool_call_args(event.index, call.raw_arguments) if call.raw_arguments else start
+        return start + chunks.tool_call_args(event.index, raw if given else "{}")
 
     def _outcome(self, outcome: ev.Outcome) -> bytes:
         if outcome.error is not None:

@@ -383,6 +383,37 @@ async def test_tool_call_whose_id_and_name_repeat(aclient: openai.AsyncOpenAI, p
     assert _calls(completion) == [("Xb2kQ9", "get_weather", {"city": "Berlin"})]
 
 
+async def test_calls_without_arguments_stream_as_an_empty_object(
+    aclient: openai.AsyncOpenAI, primary: ReplayUpstream
+) -> None:
+    """An upstream that sends no argument (`""`) for a call of a tool without parameters: the
+    client read `""`, which `json.loads` refuses; OpenAI sends `{}`. Both the live call and the
+    one sent whole at the end."""
+    primary.enqueue(
+        reply_sse(
+            [
+                chunk(
+                    {
+                        "tool_calls": [
+                            {"index": 0, "id": "c1", "type": "function", "function": {"name": "now", "arguments": ""}}
+                        ]
+                    }
+                ),
+                chunk(
+                    {
+                        "tool_calls": [
+                            {"index": 1, "id": "c2", "type": "function", "function": {"name": "now", "arguments": ""}}
+                        ]
+                    }
+                ),
+                chunk({}, "tool_calls"),
+            ]
+        )
+    )
+    completion = await _streamed_calls(aclient)
+    assert _calls(completion) == [("c1", "now", {}), ("c2", "now", {})]
+
+
 async def test_tool_calls_whole_answer_and_named_choice(client: openai.OpenAI, primary: ReplayUpstream) -> None:
     primary.enqueue("nonstream_tool_calls")
 
