@@ -14,7 +14,8 @@ Wire quirks resolved here (see providers.md):
   and a delta with a new `id` but no name continues the call at its index (a server that invents a
   fresh id per delta);
 - `ToolCallStart` waits until the name is known (a call still without an id then gets
-  `call_<key>`); argument fragments seen before are buffered and sent as one `ToolCallArgs`;
+  `call_<key>`, one whose id an earlier call has `<id>_<key>`); argument fragments seen before
+  are buffered and sent as one `ToolCallArgs`;
 - a call never named by the end of the stream is still started (its arguments kept), and `stop`
   with calls returned reads as `tool_calls`.
 
@@ -111,13 +112,14 @@ class _Call:
 class ChatStreamParser(OpenAIStreamParser[_Chunk]):
     """Feed it the `data` payloads of one `/chat/completions` stream; it returns events."""
 
-    __slots__ = ("_by_id", "_calls", "_refused")
+    __slots__ = ("_by_id", "_calls", "_ids", "_refused")
     decoder = msgspec.json.Decoder(_Chunk, strict=False)
 
     def __init__(self) -> None:
         super().__init__()
         self._calls: list[_Call] = []
         self._by_id: dict[str, _Call] = {}
+        self._ids: set[str] = set()  # the ids the calls were started with: one each
         self._refused = False
 
     def _choice(self, chunk: _Chunk, events: list[Event]) -> str | None:
@@ -216,10 +218,16 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
         return None
 
     def _start(self, call: _Call, events: list[Event], *, force: bool) -> None:
+        """Start `call` once it has a name (`force`: without). Its id is its own: a call with none
+        gets `call_<key>`, and one whose id an earlier call has `<id>_<key>`, since a client
+        pairs each result with its call by id (`tool_call_id`)."""
         if call.id is None:
             if not force and call.name is None:
                 return
             call.id = f"call_{call.key}"
+        elif call.id in self._ids:
+            call.id = f"{call.id}_{call.key}"
+        self._ids.add(call.id)
         call.started = True
         events.append(ToolCallStart(key=call.key, id=call.id, name=call.name or ""))
         if call.fragments:

@@ -223,7 +223,8 @@ def test_late_id_is_adopted_and_fresh_ids_without_name_continue_the_call() -> No
 def test_two_calls_one_id_stay_two_calls(same: str) -> None:
     """providers.md: accumulate by index (and id when present). A server that gives two calls one
     id (or an empty one) still sent two calls: at two indexes of a stream, or two entries of one
-    list (a whole answer's, with no indexes)."""
+    list (a whole answer's, with no indexes). The second gets an id of its own: a client pairs
+    each tool result with its call by id."""
     streamed = feed(
         chunk(call(0, same, "f", '{"a":')),
         chunk(call(1, same, "g", '{"b":')),
@@ -232,7 +233,7 @@ def test_two_calls_one_id_stay_two_calls(same: str) -> None:
         chunk(finish="tool_calls"),
         "[DONE]",
     )
-    first, second = ("same", "same") if same else ("call_0", "call_1")
+    first, second = ("same", "same_1") if same else ("call_0", "call_1")
     assert streamed == [
         ToolCallStart(0, first, "f"),
         ToolCallArgs(0, '{"a":'),
