@@ -118,9 +118,10 @@ class ClusterLink:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._writer is not None:
-            await asyncio.wait({self._writer}, timeout=2.0)
-            self._writer.cancel()
+        writer = self._writer  # None again once it is done
+        if writer is not None:
+            await asyncio.wait({writer}, timeout=2.0)
+            writer.cancel()
         if self.available:
             with contextlib.suppress(*_ERRORS):
                 await self.redis.delete(self._metrics_key(self.worker_id))

@@ -21,6 +21,9 @@ import msgspec
 import pytest
 from redis.asyncio import Redis
 
+from app.metrics import Metrics
+from app.routing.cluster import ClusterLink
+from app.settings import RedisSettings
 from tests.routing.conftest import PROBE_PATH, launch
 from tests.routing.test_metrics import DURATION, FIRST_TOKEN, REQUESTS, SPEED, buckets, cumulative, finish_all
 from tests.support.client import Held, complete
@@ -453,11 +456,24 @@ async def test_a_burst_of_state_changes_takes_one_connection_and_reaches_the_oth
     assert a.service.cluster is not None
     name = f"switchyard:{a.service.cluster.worker_id}"
     connections = [c for c in await store.client.client_list() if c["name"] == name]
-    assert 1 <= len(connections) <= 3, connections  # listener, state writer, metrics writer
+    assert 1 <= len(connections) <= 4, connections  # listener, state writer, metrics writer, a scrape
     assert await store.keys("cool") == [ALPHA_CHAT]
     state = (await deployments(b))["alpha"]
     assert state["cooling_reason"] == "capacity"
     assert 29.0 < seconds_until(state["cooling_until"]) <= 30.0
+
+
+async def test_a_link_stopped_while_a_state_write_is_out_stops_cleanly(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """`stop` waits for the write out (up to 2 s); the writer, once done, is None: cancelling it
+    raised AttributeError, and the service's stop skipped the rest (the ledger's last flush)."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    link = ClusterLink(RedisSettings(url=REDIS_URL, key_prefix=store.prefix), Metrics(), gw.service.log)
+    await link.start(gw.service.router)
+    link.provider_enabled(gw.service.router.providers["alpha"])  # a write out, in the background
+    async with asyncio.timeout(5):
+        await link.stop()  # raised AttributeError once the write was done
 
 
 async def test_redis_unreachable_the_gateway_still_serves_on_its_own_state(
