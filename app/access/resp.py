@@ -273,8 +273,7 @@ class RespClient:
             raise RespError(f"cannot connect: {type(exc).__name__}: {exc}") from None
         self._protocol = protocol
         try:
-            for command in self._hello:
-                await _hello(protocol, command)
+            await _hello(protocol, self._hello)
         except BaseException:  # AUTH or SELECT refused: never leave that connection to later commands
             self._drop(protocol)
             raise
@@ -301,15 +300,18 @@ class RespClient:
             self._drop(self._protocol)
 
 
-async def _hello(protocol: _Protocol, command: tuple[bytes | str | int, ...]) -> None:
-    """`AUTH` or `SELECT` on a new connection, on it, not through `RespClient.call`: reset before
-    it (uvloop may report the reset first), `call` waited for a new connection, the one being made
-    (its own task), and every later call of the process with it."""
+async def _hello(protocol: _Protocol, commands: list[tuple[bytes | str | int, ...]]) -> None:
+    """`AUTH` and `SELECT` on a new connection, all queued at once, before any command posted
+    meanwhile (sent one after the other, a command posted during `AUTH`'s round trip ran before
+    `SELECT`, in database 0). On the connection itself, not through `RespClient.call`: reset
+    before them (uvloop may report the reset first), `call` waited for a new connection, the one
+    being made (its own task), and every later call of the process with it."""
     if protocol.lost is not None:
         raise protocol.lost
-    reply = await protocol.send(encode(command))
-    if isinstance(reply, RespError):
-        raise reply
+    replies = await asyncio.gather(*(protocol.send(encode(command)) for command in commands), return_exceptions=True)
+    for reply in replies:
+        if isinstance(reply, BaseException):  # an error reply (`RespError`), or the connection's failure
+            raise reply
 
 
 def bulk(value: bytes) -> bytes:

@@ -225,3 +225,32 @@ async def _closed_before_select() -> None:
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_command_posted_during_auth_runs_after_select() -> None:
+    """AUTH and SELECT went one after the other: a command posted during AUTH's round trip left
+    before SELECT and ran in database 0 (another deployment's counters)."""
+    seen: list[list[bytes]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            parts = [await _bulk(reader) for _ in range(int(line[1:]))]
+            seen.append(parts)
+            if parts[0] == b"AUTH":
+                await asyncio.sleep(0.05)  # a round trip
+            writer.write(b"+OK\r\n")
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = RespClient(f"redis://:secret@127.0.0.1:{port}/3", timeout=1.0)
+    try:
+        first = asyncio.ensure_future(client.call("GET", "first"))
+        await asyncio.sleep(0.02)  # connected, AUTH on its way
+        assert await asyncio.gather(first, client.call("GET", "second")) == [b"OK", b"OK"]
+        assert [parts[0] for parts in seen[:2]] == [b"AUTH", b"SELECT"]
+        assert sorted(parts[1] for parts in seen[2:]) == [b"first", b"second"]
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
