@@ -259,14 +259,12 @@ def declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int:
 def _raw_response(error: GatewayError, request_id: str, target: bytes) -> bytes:
     """`error`'s response, closing the connection; in Anthropic's shape for its door. Logged as
     the app logs a refusal (`app.edge.rejection`): the request's `request` line, so the id the
-    client got is in the log; its path cut after three segments (no key the app would mask)."""
+    client got is in the log, with the path's route words only (`_route_words`)."""
     path = target.split(b"?", 1)[0]
-    segments = path.decode("latin-1").split("/")
-    shown = "/".join(segments[:4]) + ("/…" if len(segments) > 4 else "")
     get_logger("switchyard.errors").info(
         "request",
         request_id=request_id,
-        path=shown[:200],
+        path=_route_words(path),
         status="rejected",
         error_status=error.status_code,
         error_type=error.type,
@@ -285,6 +283,23 @@ def _raw_response(error: GatewayError, request_id: str, target: bytes) -> bytes:
         f"x-request-id: {request_id}\r\n"
     )
     return head.encode("latin-1") + own + b"connection: close\r\n\r\n" + body
+
+
+_ROUTE_WORDS = frozenset(
+    b"api v1 completions chat messages keys me usage models catalog drift gpu-cost healthz readyz metrics".split()
+)
+
+
+def _route_words(path: bytes) -> str:
+    """`path` up to its first segment that is not a word of the gateway's routes (`/…` then): a
+    secret pasted into a path (a key, the admin's) is not the connection's to write, and it has
+    no key ring to mask one with, as the app does (`app.edge.rejection`)."""
+    segments = path.split(b"/")[1:]
+    kept = 0
+    while kept < len(segments) and segments[kept] in _ROUTE_WORDS:
+        kept += 1
+    shown = b"".join(b"/" + segment for segment in segments[:kept]).decode()
+    return shown + "/…" if kept < len(segments) else shown or "/"
 
 
 def connection_limits(server: ServerSettings) -> ConnectionLimits:

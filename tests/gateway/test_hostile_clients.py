@@ -282,8 +282,9 @@ async def test_what_the_connection_refuses_is_logged_with_the_id_the_client_got(
     too_many = HEAD + b"".join(b"x-h%d: v\r\n" % i for i in range(21)) + b"\r\n"
     expect = HEAD + b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % (limit + 1)
     secret_path = b"POST /api/v1/keys/sy-secret/x HTTP/1.1\r\nhost: gw\r\n"  # half a head: 408
-    answers = [await exchange(guarded, head) for head in (too_many, expect, secret_path)]
-    assert [answer.status for answer in answers] == [431, 413, 408]
+    admin_path = b"POST /v1/the-admin-secret HTTP/1.1\r\nhost: gw\r\n"  # a secret of any shape
+    answers = [await exchange(guarded, head) for head in (too_many, expect, secret_path, admin_path)]
+    assert [answer.status for answer in answers] == [431, 413, 408, 408]
     assert guarded.service.log_writer is not None
     guarded.service.log_writer.flush()
     refused = {line["request_id"]: line for line in logs.lines("request", guarded)}
@@ -292,4 +293,5 @@ async def test_what_the_connection_refuses_is_logged_with_the_id_the_client_got(
         ("/api/v1/completions", "rejected", 431, "invalid_request_error"),
         ("/api/v1/completions", "rejected", 413, "invalid_request_error"),
         ("/api/v1/keys/…", "rejected", 408, "invalid_request_error"),  # a secret in a path is not written
+        ("/v1/…", "rejected", 408, "invalid_request_error"),  # only the words of the gateway's routes
     ]
