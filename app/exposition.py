@@ -4,11 +4,12 @@ services in one process — the tests start several — never share numbers).
 
 Nothing is copied into prometheus_client's metric objects on the request path: at scrape time
 `collect()` reads the counters' and histograms' dicts (as samples: `Metrics.samples()`), adds the
-other live workers' samples (`remote`, fetched from Redis for this scrape by
-`app.routing.cluster`), and builds metric families; the backend gauges are read from the live
-state then, so they never drift. In-flight and queued are summed over workers too; the state
-gauges need no sum, the state being shared. A remote histogram bucket whose `le` this process
-does not know (another version's bounds) is left out of the buckets but still in `+Inf` and the sum.
+other live workers' samples (`remote`, fetched from Redis for this scrape by `app.routing.cluster`,
+or as last read while Redis does not answer: `Service.render_metrics`), and builds metric families;
+the backend gauges are read from the live state then, so they never drift. In-flight and queued are
+summed over workers too; the state gauges need no sum, the state being shared. A remote histogram
+bucket whose `le` this process does not know (another version's bounds) is left out of the buckets
+but still in `+Inf` and the sum.
 
 The ledger gauges (rows pending, oldest pending age, journal writable) are this process's own,
 read from its `LedgerWriter` at scrape time and not summed over workers: each worker has its own

@@ -33,7 +33,7 @@ from app.access.keyring import KeyRing
 from app.catalog_watch import CatalogWatch
 from app.exposition import GatewayCollector
 from app.logging import LineWriter, get_logger
-from app.metrics import Metrics
+from app.metrics import SUMMED_GAUGES, Metrics
 from app.pipeline.gpu_time import GpuTime
 from app.pipeline.pipeline import Pipeline
 from app.routing.cluster import ClusterLink
@@ -237,12 +237,16 @@ class Service:
 
         The collector reads `remote` while `generate_latest` runs: one synchronous call on the
         event loop, so no other scrape can change it meanwhile. While Redis does not answer it
-        keeps the other workers' numbers as last read: dropped, the sums fell and rose from one
-        scrape to the next (whichever worker answered), which Prometheus takes for counter resets."""
+        keeps the other workers' counters and histograms as last read (dropped, the sums fell and
+        rose from one scrape to the next, whichever worker answered, which Prometheus takes for
+        counter resets), but not their in-flight and queued gauges, which would stand still."""
         assert self.collector is not None
         remote = await self.cluster.remote_series() if self.cluster is not None else None
         if remote is not None:
             self.collector.remote = remote
+        elif self.collector.remote:
+            kept = self.collector.remote
+            self.collector.remote = {series: value for series, value in kept.items() if series[0] not in SUMMED_GAUGES}
         return generate_latest(self.registry)
 
     async def database_ready(self) -> bool:

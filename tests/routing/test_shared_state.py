@@ -290,7 +290,7 @@ async def test_counters_do_not_fall_while_redis_is_away(
 ) -> None:
     """Redis gone, a worker showed its own numbers alone: the sums fell and rose from one scrape
     to the next (whichever worker answered), which Prometheus reads as counter resets. It keeps
-    the others' numbers as last read."""
+    the others' counters as last read (not their gauges: those would stand still)."""
     relay = Relay()
     await relay.start()
     upstreams = {"alpha": alpha, "beta": beta}
@@ -299,20 +299,25 @@ async def test_counters_do_not_fall_while_redis_is_away(
     alpha.enqueue(answer(), repeat=3)
     for gw in (a, b, b):
         assert (await complete(gw)).json()["provider"] == "alpha"
+    alpha.enqueue(stalled_stream())
+    held = Held(b)
 
-    async def total() -> float | None:
+    async def seen() -> tuple[float | None, float | None]:
         samples = await scrape(a)
-        return metric(samples, "switchyard_requests_total", model="chat-1", provider="alpha", status="ok")
+        total = metric(samples, "switchyard_requests_total", model="chat-1", provider="alpha", status="ok")
+        return total, metric(samples, "switchyard_backend_in_flight", provider="alpha", model="chat-1")
 
     async def summed() -> bool:
-        return await total() == 3
+        return await seen() == (3, 1)
 
     try:
+        assert await held.started() == "alpha"
         await wait_until(summed, within=3.0)
         await relay.stop()
-        for _ in range(3):
-            assert await total() == 3
+        for _ in range(3):  # b's requests stay in the sum; its request in flight, a gauge, does not
+            assert await seen() == (3, 0)
     finally:
+        await held.release()
         await relay.stop()
 
 
