@@ -37,7 +37,7 @@ TOKENS_PER_SECOND = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 25
 
 
 _CODES = {code: (str(code),) for code in range(400, 600)}  # an error's status as its label
-_DONE = {"ok": ("200",), "cancelled": ("499",), "error": ("502",)}  # without an error: by the row's status
+_DONE = {"ok": ("200",), "cancelled": ("499",), "error": ("500",)}  # no error: the row's status (`error`: a bug)
 
 
 def refused(metrics: Metrics, status_code: int) -> None:
@@ -239,7 +239,7 @@ class Metrics:
         status = outcome.status
         self.requests.inc((model, provider, status))
         error = outcome.error
-        self.responses.inc(_CODES.get(error.status_code, ("502",)) if error is not None else _DONE[status])
+        self.responses.inc(_CODES.get(error.status_code, ("500",)) if error is not None else _DONE[status])
         key = (model, provider)
         finished, first = outcome.finished, outcome.first_content
         self.duration.observe(key, finished - started)

@@ -21,7 +21,7 @@ import re
 import secrets
 import unicodedata
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Literal
 
@@ -39,6 +39,7 @@ SECRET_PREFIX = "sy-"  # noqa: S105  # the secrets' public prefix, not a secret
 SECRET_BYTES = 32
 DISPLAY_CHARS = 4
 SPEND_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # `spent_since(…, None)`: every row
+SPEND_END = datetime(3000, 1, 1, tzinfo=UTC)  # no end: a row a replica's clock dated ahead counts too
 BudgetPeriod = Literal["day", "month", "total"]
 
 
@@ -200,8 +201,7 @@ async def spent_since(engine: AsyncEngine, key_id: str, since: datetime | None) 
     sum over the raw rows read every row of the ledger for a key's all-time spend (the reporting
     index leads with the time): 172 ms at 2 million rows on PostgreSQL, and on SQLite each cost
     was read into Python."""
-    now = datetime.now(UTC)
-    query = UsageQuery(start=since or SPEND_EPOCH, end=now + timedelta(days=1), only_key=key_id, latency=False)
+    query = UsageQuery(start=since or SPEND_EPOCH, end=SPEND_END, only_key=key_id, latency=False)
     total = (await usage_report(engine, query)).totals.cost_usd
     return Decimal(total) if total is not None else Decimal(0)
 

@@ -294,8 +294,8 @@ async def _stream_batches(
         for payload in sse.finish():  # an event the stream ended inside (no blank line after it)
             try:
                 batch += parser.feed(payload)
-            except UpstreamError:
-                if not parser.done:
+            except UpstreamError as exc:
+                if not parser.done or exc.answered:  # an error the upstream sent is one
                     raise
                 break  # cut short after the finish reason: not dispatched (as the SSE standard says)
         batch += parser.finish()

@@ -165,9 +165,10 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         reason = self._choice(chunk, events)
         if reason:
             if reason == "abort":  # vLLM: the engine aborted the request; what came is truncated
-                raise UpstreamError(Failure.TRANSIENT, "upstream aborted the request", status=502)
+                raise UpstreamError(Failure.TRANSIENT, "upstream aborted the request", status=502, answered=True)
             if reason == "error":  # OpenRouter: its provider failed mid-answer (the choice has an `error`)
-                raise UpstreamError(Failure.TRANSIENT, "upstream ended its answer with an error", status=502)
+                message = "upstream ended its answer with an error"
+                raise UpstreamError(Failure.TRANSIENT, message, status=502, answered=True)
             self._finish = normalise_finish(reason)
         return events
 

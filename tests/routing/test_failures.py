@@ -249,6 +249,30 @@ async def test_an_answer_that_finishes_with_an_error_fails_over(
     assert row_view(row) == ("ok", None, None, 2, "beta")
 
 
+async def test_an_answer_that_finishes_with_an_error_is_named_by_its_status(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """The upstream said it failed: the attempt's cause is its 502, not "malformed response"."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    alpha.enqueue(reply_json(200, OPENROUTER_ERROR_ANSWER))
+    beta.enqueue(error(500))
+    response = await complete(gw)
+    assert response.status_code == 502
+    assert response.json()["error"]["message"] == "all backends refused the request (alpha: 502; beta: 500)"
+
+
+async def test_an_error_event_after_the_finish_reason_is_still_an_error(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """Only an event cut short is dropped at the end: an error the upstream sent, whole but for
+    its blank line, is an error as it is with one."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    late_error = 'data: {"error": {"message": "engine died", "code": 503}}'
+    alpha.enqueue(reply_sse([chunk({"content": "Whole"}), chunk({}, "stop"), late_error], done=False))
+    _, frames = await stream(gw)
+    assert [d["type"] for d in datas(frames)] == ["stream_start", "text_start", "text_delta", "text_end", "error"]
+
+
 NOT_A_LENGTH = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: abc\r\n\r\n{}"
 
 
