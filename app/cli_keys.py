@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from app.access.keyring import REDIS_POLL_S, announce
+from app.access.keyring import POLL_S, REDIS_POLL_S, announce
 from app.settings import ConfigError, Settings
 from catalog.database import open_engine
 from catalog.files import CatalogFileError, load_catalog
@@ -48,7 +48,7 @@ _COLUMNS = ("id", "name", "owner", "prefix", "models", "budget", "rpm", "tpm", "
 
 
 def add_parser(commands: Any, config_option: Callable[[argparse.ArgumentParser], None]) -> None:
-    keys = commands.add_parser("keys", help="API keys (access.md)").add_subparsers(dest="keys_command", required=True)
+    keys = commands.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="a new key; prints its secret once")
     create.add_argument("--name", required=True)
     _options(create, config_option)
@@ -136,7 +136,7 @@ async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges
         if settings.redis is not None and not await announce(settings.redis, record.id):
             print(
                 f"switchyard: warning: Redis could not be reached, so running servers see this change "
-                f"at their next poll (within {REDIS_POLL_S:g} s), not at once",
+                f"at their next poll (every {POLL_S:g} s; {REDIS_POLL_S:g} s at the latest), not at once",
                 file=sys.stderr,
             )
         return 0

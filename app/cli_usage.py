@@ -39,7 +39,7 @@ FIGURES = tuple(UsageFigures.__struct_fields__)
 
 def add_parser(commands: Any) -> None:
     """Register `usage` on the `switchyard` parser's subcommands."""
-    usage = commands.add_parser("usage", help="the usage report (cost.md), from the database")
+    usage = commands.add_parser("usage", help="the usage report, from the database")
     usage.add_argument("--config", help="config file (default: $SWITCHYARD_CONFIG, ./config.toml, bundled example)")
     usage.add_argument("--group-by", help="comma-separated: model, provider, key, owner, api, day, hour, status")
     usage.add_argument("--from", dest="start", help="inclusive, ISO 8601 (default: 30 days before --to)")

@@ -25,7 +25,7 @@ from litestar import HttpMethod, Request, Router, get, route
 from litestar.response import Response
 from msgspec import UNSET, Struct, UnsetType
 
-from app.access.keyring import REDIS_POLL_S, announce
+from app.access.keyring import POLL_S, REDIS_POLL_S, announce
 from app.edge.guards import check_json_headers
 from app.edge.key_guard import caller, rate_window, require_admin, require_key
 from app.edge.validation import validation_error
@@ -161,7 +161,7 @@ async def _publish(service: Service, record: KeyRecord, event: str) -> None:
     service.log.info(event, key_id=record.id, name=record.name, owner=record.owner)
     service.access.keyring.apply(record)
     if service.settings.redis is not None and not await announce(service.settings.redis, record.id):
-        service.log.warning("key_change_not_announced", key_id=record.id, within_s=REDIS_POLL_S)
+        service.log.warning("key_change_not_announced", key_id=record.id, poll_s=POLL_S, within_s=REDIS_POLL_S)
 
 
 def _json(data: object, status: int = 200) -> Response[bytes]:

@@ -163,7 +163,7 @@ def test_a_change_redis_cannot_announce_is_said(tmp_path: Path) -> None:
     assert created.returncode == 0, created.stderr
     assert created.stderr == (
         "switchyard: warning: Redis could not be reached, so running servers see this change at their "
-        "next poll (within 10 s), not at once\n"
+        "next poll (every 0.5 s; 10 s at the latest), not at once\n"
     )
     key = json.loads(created.stdout)
     revoked = run_cli(tmp_path, "keys", "revoke", key["id"], "--config", config)
