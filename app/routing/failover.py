@@ -52,9 +52,12 @@ class Candidates:
 
     def _out(self, backend: Backend, now: float) -> bool:
         """Whether `backend` is out of rotation at `now`; when it comes back counts toward the
-        answer's `Retry-After`."""
+        answer's `Retry-After` (a provider whose key variable is unset never comes back by itself:
+        it counts nothing)."""
         state = backend.state
         provider = backend.provider.state
+        if provider.key_missing:
+            return True
         if not provider.ready and provider.quota_exhausted:  # out until the re-check, then a probe
             self.health_waits.append(max(self._probe_interval, provider.disabled_at + self._quota_recheck - now))
         elif not provider.ready or state.breaker_open or state.probe_failed:
@@ -249,7 +252,7 @@ def exhausted(failures: list[tuple[str, UpstreamError]], candidates: Candidates)
     """What the client gets when the loop ends without an answer; `failures` are (provider, error)
     per attempt, in order."""
     if not failures:
-        soonest = min(candidates.capacity_waits + candidates.health_waits, default=1.0)  # any backend back
+        soonest = min(candidates.capacity_waits + candidates.health_waits, default=None)  # any backend back
         if candidates.capacity_waits:
             return AtCapacity("all backends for this model are at capacity", retry_after=soonest)
         return NoBackendAvailable("no backend is available for this model", retry_after=soonest)

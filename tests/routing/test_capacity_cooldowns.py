@@ -210,3 +210,23 @@ async def test_the_429_retry_after_is_when_the_backend_is_back(
     assert response.status_code == 429, response.text
     assert response.headers["retry-after"] == told
     assert 0 < seconds_until((await deployments(gw))["alpha"]["cooling_until"]) <= float(told)
+
+
+async def test_a_provider_whose_key_is_unset_counts_nothing_toward_retry_after(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, gamma: ReplayUpstream
+) -> None:
+    """gamma's key variable is unset: it is out for the process's life, and no probe brings it
+    back. It made every answer `Retry-After: 10` (the probe interval), the backends that would be
+    back only in 30 s aside; a model served by it alone gets no `Retry-After`."""
+    unset = {"api_key_env": "SWITCHYARD_TEST_UNSET_KEY"}
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta, "gamma": gamma}, gamma=unset)
+    for upstream in (alpha, beta):
+        upstream.enqueue(error(429, "rate_limit_error", {"retry-after": "30"}))
+    first, second = await complete(gw), await complete(gw)
+    assert (first.status_code, second.status_code) == (429, 429)
+    assert (first.headers["retry-after"], second.headers["retry-after"]) == ("30", "30")
+    alone = await launch(start_gateway, {"gamma": gamma}, gamma=unset)
+    refused = await complete(alone)
+    assert refused.status_code == 503, refused.text
+    assert "retry-after" not in refused.headers
+    assert completions(gamma) == []
