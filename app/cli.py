@@ -94,12 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # here, where a reader gone is caught, not at the interpreter's exit
+        return code
     except (ConfigError, CatalogFileError) as exc:
         print(f"switchyard: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 1
+    except BrokenPipeError:  # the reader went away (`| head`): what it read is what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush is not an error
+        return 0
     except Exception as exc:
         print(f"switchyard: {_reason(exc)}", file=sys.stderr)
         return 1

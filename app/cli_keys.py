@@ -1,12 +1,12 @@
 """`switchyard keys create|list|update|revoke`: API keys on the configured database, no server needed.
 
-Options are access.md's. `create` prints the secret on a line of its own (the only time it is
-shown), or with `--format json` the key object with a `secret` field. `update` changes only the
+`create` prints the secret on a line of its own (the only time it is shown; the key's id goes to
+stderr), or with `--format json` the key object with a `secret` field. `update` changes only the
 options given; `none` clears one (`--models none`: every model; `--budget-usd none`: no budget).
 Like `serve`, the embedded SQLite database is brought up to date first (`auto_migrate`).
 
 A change is announced on Redis when `[redis]` is configured (every process reloads the key within a
-second); without Redis the running processes poll the table and see it within 5 seconds.
+second); without Redis the running processes poll the table's watermark (every 0.5 s) and see it then.
 """
 
 from __future__ import annotations
@@ -117,11 +117,13 @@ async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges
         if command == "create":
             assert changes is not None
             record, secret = await create_key(engine, _with_catalog_ids(checked(changes), settings))
-            print(
-                msgspec.json.encode({**key_builtins(record), "secret": secret}).decode()
-                if args.format == "json"
-                else secret
-            )
+            if args.format == "json":
+                print(msgspec.json.encode({**key_builtins(record), "secret": secret}).decode())
+            else:  # the secret alone on stdout, for `$(…)`; its id, which the other commands take, beside
+                print(secret)
+                print(f"switchyard: created {record.id}; the secret is shown this once", file=sys.stderr)
+            if record.expires_at is not None and record.expires_at <= datetime.now(UTC):
+                print(f"switchyard: warning: {record.id} has expired already", file=sys.stderr)
         else:
             found = await _change(engine, args, changes, settings)
             if found is None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +173,44 @@ def test_a_change_redis_cannot_announce_is_said(tmp_path: Path) -> None:
     assert revoked.returncode == 0
     assert "Redis could not be reached" in revoked.stderr
     assert _list(tmp_path)[0]["revoked_at"] is not None
+
+
+def test_create_names_the_new_keys_id_and_warns_of_a_past_expiry(tmp_path: Path) -> None:
+    """The secret alone on stdout (for `$(…)`); the id the other commands take was nowhere but in
+    `keys list`, and a key created expired said nothing."""
+    write_config(tmp_path, extra=KEYS_MODE)
+    created = run_cli(
+        tmp_path,
+        "keys",
+        "create",
+        "--name",
+        "old",
+        "--expires",
+        "2020-01-01",
+        "--config",
+        str(tmp_path / "config.toml"),
+    )
+    assert created.returncode == 0, created.stderr
+    (key,) = _list(tmp_path)
+    assert created.stdout == f"{created.stdout.strip()}\n"
+    assert created.stdout.startswith(key["prefix"])
+    assert created.stderr == (
+        f"switchyard: created {key['id']}; the secret is shown this once\n"
+        f"switchyard: warning: {key['id']} has expired already\n"
+    )
+
+
+def test_a_reader_that_goes_away_is_no_error(tmp_path: Path) -> None:
+    """`switchyard keys list | head -1`: the list's reader is gone before it ends; the command
+    printed a BrokenPipeError (or Python's "Exception ignored" at exit, status 120)."""
+    write_config(tmp_path, extra=KEYS_MODE)
+    for n in range(3):
+        _keys(tmp_path, "create", "--name", f"k{n}")
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte
+    listing = subprocess.run(
+        [sys.executable, "-m", "app.cli", "keys", "list", "--config", str(tmp_path / "config.toml")],
+        cwd=tmp_path, env=cli_env(), stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
+    )  # fmt: skip
+    os.close(write)
+    assert (listing.returncode, listing.stderr) == (0, "")
