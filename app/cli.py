@@ -42,9 +42,15 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the service")
     _config_option(serve)
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=_within(0, 65535))  # the ranges of [server] port and workers
-    serve.add_argument("--workers", type=_within(1, 64))
+    serve.add_argument("--host", help="address to listen on (default: [server] host)")
+    serve.add_argument(  # the ranges of [server] port and workers
+        "--port", type=_within(0, 65535), help="port to listen on, 0 for any free one (default: [server] port)"
+    )
+    serve.add_argument(
+        "--workers",
+        type=_within(1, 64),
+        help="worker processes, 1 to 64 (default: [server] workers; several need [redis] for limits)",
+    )
 
     db = commands.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)
     _config_option(db.add_parser("upgrade", help="apply Alembic migrations"))
