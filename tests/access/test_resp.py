@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -149,21 +150,13 @@ async def test_a_refused_select_drops_its_connection_and_the_next_call_connects_
     seen: list[list[bytes]] = []
     refuse = [True]
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            line = await reader.readline()
-            if not line:
-                return
-            parts = [await _bulk(reader) for _ in range(int(line[1:]))]
-            seen.append(parts)
-            if parts[0] == b"SELECT" and refuse[0]:
-                refuse[0] = False
-                writer.write(b"-ERR DB index is out of range\r\n")
-            else:
-                writer.write(b"+OK\r\n")
-            await writer.drain()
+    async def reply(parts: list[bytes]) -> bytes:
+        if parts[0] == b"SELECT" and refuse[0]:
+            refuse[0] = False
+            return b"-ERR DB index is out of range\r\n"
+        return b"+OK\r\n"
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    server = await asyncio.start_server(_answering(seen, reply), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = RespClient(f"redis://127.0.0.1:{port}/3", timeout=1.0)
     try:
@@ -175,6 +168,21 @@ async def test_a_refused_select_drops_its_connection_and_the_next_call_connects_
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+def _answering(
+    seen: list[list[bytes]], reply: Callable[[list[bytes]], Awaitable[bytes]]
+) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """A fake Redis: each command read is kept in `seen` and answered with what `reply` says."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            parts = [await _bulk(reader) for _ in range(int(line[1:]))]
+            seen.append(parts)
+            writer.write(await reply(parts))
+            await writer.drain()
+
+    return serve
 
 
 async def _bulk(reader: asyncio.StreamReader) -> bytes:
@@ -232,16 +240,12 @@ async def test_a_command_posted_during_auth_runs_after_select() -> None:
     before SELECT and ran in database 0 (another deployment's counters)."""
     seen: list[list[bytes]] = []
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while line := await reader.readline():
-            parts = [await _bulk(reader) for _ in range(int(line[1:]))]
-            seen.append(parts)
-            if parts[0] == b"AUTH":
-                await asyncio.sleep(0.05)  # a round trip
-            writer.write(b"+OK\r\n")
-            await writer.drain()
+    async def reply(parts: list[bytes]) -> bytes:
+        if parts[0] == b"AUTH":
+            await asyncio.sleep(0.05)  # a round trip
+        return b"+OK\r\n"
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    server = await asyncio.start_server(_answering(seen, reply), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = RespClient(f"redis://:secret@127.0.0.1:{port}/3", timeout=1.0)
     try:
