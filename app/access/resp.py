@@ -271,12 +271,12 @@ class RespClient:
             )
         except (OSError, TimeoutError) as exc:
             raise RespError(f"cannot connect: {type(exc).__name__}: {exc}") from None
-        self._protocol = protocol
         try:
             await _hello(protocol, self._hello)
         except BaseException:  # AUTH or SELECT refused: never leave that connection to later commands
             self._drop(protocol)
             raise
+        self._protocol = protocol  # only now: a command posted meanwhile waits for the connect
         return protocol
 
     def _drop(self, protocol: _Protocol) -> None:
@@ -296,16 +296,19 @@ class RespClient:
             await self.call("PING")  # answered after everything sent before it
 
     async def close(self) -> None:
+        if self._connecting is not None:
+            self._connecting.cancel()  # a connection still saying AUTH/SELECT is dropped by its task
         if self._protocol is not None:
             self._drop(self._protocol)
 
 
 async def _hello(protocol: _Protocol, commands: list[tuple[bytes | str | int, ...]]) -> None:
-    """`AUTH` and `SELECT` on a new connection, all queued at once, before any command posted
-    meanwhile (sent one after the other, a command posted during `AUTH`'s round trip ran before
-    `SELECT`, in database 0). On the connection itself, not through `RespClient.call`: reset
-    before them (uvloop may report the reset first), `call` waited for a new connection, the one
-    being made (its own task), and every later call of the process with it."""
+    """`AUTH` and `SELECT` on a new connection, queued at once, before the client publishes the
+    connection: a command posted meanwhile waits for the connect (published during `AUTH`'s round
+    trip, a command ran before `SELECT`, or after a refused one, in database 0). On the connection
+    itself, not through `RespClient.call`: reset before them (uvloop may report the reset first),
+    `call` waited for a new connection, the one being made (its own task), and every later call
+    of the process with it."""
     if protocol.lost is not None:
         raise protocol.lost
     replies = await asyncio.gather(*(protocol.send(encode(command)) for command in commands), return_exceptions=True)

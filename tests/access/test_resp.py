@@ -258,3 +258,35 @@ async def test_a_command_posted_during_auth_runs_after_select() -> None:
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_command_posted_while_select_is_refused_never_runs_on_that_connection() -> None:
+    """A command posted during the connect went on the connection before its `SELECT` was
+    answered; refused, Redis ran it in database 0 and the caller got its reply as a success."""
+    seen: list[list[bytes]] = []
+    refuse = [True]
+
+    async def reply(parts: list[bytes]) -> bytes:
+        if parts[0] == b"AUTH":
+            await asyncio.sleep(0.05)  # a round trip
+        if parts[0] == b"SELECT" and refuse[0]:
+            refuse[0] = False
+            return b"-ERR DB index is out of range\r\n"
+        return b"+OK\r\n"
+
+    server = await asyncio.start_server(_answering(seen, reply), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = RespClient(f"redis://:secret@127.0.0.1:{port}/3", timeout=1.0)
+    try:
+        first = asyncio.ensure_future(client.call("PING"))
+        await asyncio.sleep(0.02)  # connected, AUTH on its way
+        second = asyncio.ensure_future(client.call("INCR", "counter"))
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        assert [type(result) for result in results] == [RespError, RespError]
+        assert [parts[0] for parts in seen] == [b"AUTH", b"SELECT"]  # nothing ran in database 0
+        assert await client.call("INCR", "counter") == b"OK"  # the next call connects again
+        assert [parts[0] for parts in seen[2:]] == [b"AUTH", b"SELECT", b"INCR"]
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
