@@ -50,7 +50,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from providers.config import ProviderConfig
 from providers.dialect import DIALECTS, Dialect, build_body
-from providers.errors import Failure, UpstreamError, classify_response, upstream_errors
+from providers.errors import Failure, UpstreamError, classify_response, transport_error, upstream_errors
 from providers.events import Event
 from providers.openai_stream import OpenAIStreamParser
 from providers.server_metrics import queue_depth as server_queue_depth
@@ -247,7 +247,7 @@ class Provider:
             with upstream_errors():
                 return await self._client.get(url, headers=self._probe_headers, timeout=timeout)
         except UpstreamError as exc:
-            return type(exc.__cause__).__name__ if exc.__cause__ is not None else exc.kind.value
+            return transport_error(exc) or exc.kind.value  # the innermost cause: https wraps all in ConnectTimeout
 
 
 def _failure(response: httpx.Response) -> str | None:

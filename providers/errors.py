@@ -49,6 +49,7 @@ generic description otherwise (it never holds a key, a URL with credentials, or 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import email.utils
 import enum
@@ -315,3 +316,23 @@ def _timed_out(exc: BaseException) -> bool:
         # verification) to httpx.ConnectTimeout, so the aiohttp cause decides.
         return isinstance(cause, TimeoutError)
     return isinstance(exc, httpx.TimeoutException)
+
+
+def wrapped(exc: UpstreamError) -> list[BaseException]:
+    """The exceptions the adapter wrapped (`raise classify_transport(e) from e`), outermost first."""
+    chain: list[BaseException] = []
+    cause = exc.__cause__
+    while cause is not None:
+        chain.append(cause)
+        cause = cause.__cause__
+    return chain
+
+
+def transport_error(exc: UpstreamError) -> str | None:
+    """The class of the innermost wrapped exception (`ConnectionRefusedError`, `ReadError`, ...);
+    None for an HTTP answer or an unreadable body. A timer's `CancelledError`, and its plain
+    `TimeoutError` under a named one, say how the wait was cut, not what timed out: a connect
+    timeout is `ConnectTimeout` (it read `CancelledError`); a bare timer's is `TimeoutError`."""
+    chain = [error for error in wrapped(exc) if not isinstance(error, asyncio.CancelledError)]
+    named = [error for error in chain if type(error) is not TimeoutError] or chain
+    return type(named[-1]).__name__ if named else None

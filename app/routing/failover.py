@@ -35,7 +35,7 @@ from app.errors import AllBackendsFailed, AtCapacity, GatewayError, NoBackendAva
 from app.metrics import Metrics
 from app.routing.router import Backend
 from app.routing.state import CoolReason
-from providers.errors import MALFORMED, MAX_RETRY_AFTER, Failure, UpstreamError
+from providers.errors import MALFORMED, MAX_RETRY_AFTER, Failure, UpstreamError, transport_error, wrapped
 
 
 class Candidates:
@@ -205,32 +205,12 @@ def log_attempt(log: Any, backend: Backend, exc: UpstreamError, cooldown_s: floa
     )
 
 
-def _wrapped(exc: UpstreamError) -> list[BaseException]:
-    """The exceptions the adapter wrapped (`raise classify_transport(e) from e`), outermost first."""
-    chain: list[BaseException] = []
-    cause = exc.__cause__
-    while cause is not None:
-        chain.append(cause)
-        cause = cause.__cause__
-    return chain
-
-
-def transport_error(exc: UpstreamError) -> str | None:
-    """The class of the innermost wrapped exception (`ConnectionRefusedError`, `ReadError`, ...);
-    None for an HTTP answer or an unreadable body. A timer's `CancelledError`, and its plain
-    `TimeoutError` under a named one, say how the wait was cut, not what timed out: a connect
-    timeout is `ConnectTimeout` (it read `CancelledError`); a bare timer's is `TimeoutError`."""
-    chain = [error for error in _wrapped(exc) if not isinstance(error, asyncio.CancelledError)]
-    named = [error for error in chain if type(error) is not TimeoutError] or chain
-    return type(named[-1]).__name__ if named else None
-
-
 def attempt_cause(exc: UpstreamError) -> str:
     """A short, safe description of one failed attempt: the upstream's status (`503`), or what went
     wrong on the wire. Never the upstream's message, a URL or a key."""
     if exc.kind is Failure.TIMEOUT:
         return "timed out"
-    chain = _wrapped(exc)
+    chain = wrapped(exc)
     if chain:
         phrases = (phrase for error in chain for kind, phrase in _TRANSPORT_PHRASES if isinstance(error, kind))
         return next(phrases, "connection failed")

@@ -110,6 +110,9 @@ async def test_an_untrusted_certificate_is_a_transport_failure(
         assert error is not None
         assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream connection failed")
         assert await adapter.probe() is False
+        # the innermost cause, as `attempt_failed`'s `error`: httpx-aiohttp wraps every
+        # connection failure over https in `ConnectTimeout`, which `probe_failed` said
+        assert await adapter.probe_failure() == "SSLCertVerificationError"
     finally:
         await client.aclose()
     assert (upstream.requests, upstream.probes) == ([], [])
