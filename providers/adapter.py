@@ -216,7 +216,7 @@ class Provider:
 
     async def probe_failure(self, *, keyed: bool = False) -> str | None:
         """None when the upstream is up; else why not: its status (`503`), or the class of the
-        error that kept it from answering (`ConnectError`). `health_path` other than `/models` is
+        error that kept it from answering (`ConnectionRefusedError`). `health_path` other than `/models` is
         tried on the server root first (vLLM's `/health`); `{base_url}/models` is the fallback, for
         a server that has no such route (404, 405, 501: Ollama) or could not be reached on it, and
         the hosted probe. Any other answer is the server's own word that it is not up

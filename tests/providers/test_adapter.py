@@ -241,7 +241,7 @@ async def test_connection_refused(client: Any) -> None:
     assert error is not None
     assert error.kind is Failure.TRANSIENT
     assert await Provider(config, client).probe() is False
-    assert await Provider(config, client).probe_failure() == "ConnectError"
+    assert await Provider(config, client).probe_failure() == "ConnectionRefusedError"
 
 
 @pytest.mark.parametrize(
