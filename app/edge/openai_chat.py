@@ -139,6 +139,8 @@ def message_of(outcome: ev.Outcome) -> fmt.AssistantOut:
             arguments = call.raw_arguments
             if arguments is None:
                 arguments = fmt.encoder.encode(call.arguments).decode()
+            elif not arguments.strip():  # none given: `{}`, as OpenAI sends (`""` is no JSON to a client)
+                arguments = "{}"
             calls.append(fmt.ToolCallOut(call.id, "function", fmt.FunctionOut(call.name, arguments)))
     return fmt.AssistantOut(
         role="assistant",

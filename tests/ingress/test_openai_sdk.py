@@ -412,6 +412,11 @@ async def test_calls_without_arguments_stream_as_an_empty_object(
     )
     completion = await _streamed_calls(aclient)
     assert _calls(completion) == [("c1", "now", {}), ("c2", "now", {})]
+    whole = [{"id": "c3", "type": "function", "function": {"name": "now", "arguments": ""}}]
+    message = {"role": "assistant", "content": None, "tool_calls": whole}
+    primary.enqueue(reply_json(200, {"choices": [{"message": message, "finish_reason": "tool_calls"}]}))
+    answered = await aclient.chat.completions.create(model="chat", messages=USER, tools=_tools())
+    assert _calls(answered) == [("c3", "now", {})]  # not streamed: the same
 
 
 async def test_tool_calls_whole_answer_and_named_choice(client: openai.OpenAI, primary: ReplayUpstream) -> None:
