@@ -108,9 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 1
-    except BrokenPipeError:  # the reader went away (`| head`): what it read is what it wanted
+    except BrokenPipeError:  # the reader went away (`| head`): quietly, with the status of a shell tool
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush is not an error
-        return 0
+        return 141  # 128 + SIGPIPE: not a success (`keys create`'s secret never reached anyone)
     except Exception as exc:
         print(f"switchyard: {_reason(exc)}", file=sys.stderr)
         return 1

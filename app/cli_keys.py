@@ -120,7 +120,7 @@ async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges
             if args.format == "json":
                 print(msgspec.json.encode({**key_builtins(record), "secret": secret}).decode())
             else:  # the secret alone on stdout, for `$(…)`; its id, which the other commands take, beside
-                print(secret)
+                print(secret, flush=True)  # delivered before the line that says so
                 print(f"switchyard: created {record.id}; the secret is shown this once", file=sys.stderr)
             if record.expires_at is not None and record.expires_at <= datetime.now(UTC):
                 print(f"switchyard: warning: {record.id} has expired already", file=sys.stderr)

@@ -202,7 +202,9 @@ def test_create_names_the_new_keys_id_and_warns_of_a_past_expiry(tmp_path: Path)
 
 def test_a_reader_that_goes_away_is_no_error(tmp_path: Path) -> None:
     """`switchyard keys list | head -1`: the list's reader is gone before it ends; the command
-    printed a BrokenPipeError (or Python's "Exception ignored" at exit, status 120)."""
+    printed a BrokenPipeError (or Python's "Exception ignored" at exit, status 120). It ends
+    quietly, with a shell tool's status (141: not a success, for `keys create`: its secret was
+    never read), and says nothing of a key it could not show."""
     write_config(tmp_path, extra=KEYS_MODE)
     for n in range(3):
         _keys(tmp_path, "create", "--name", f"k{n}")
@@ -212,5 +214,10 @@ def test_a_reader_that_goes_away_is_no_error(tmp_path: Path) -> None:
         [sys.executable, "-m", "app.cli", "keys", "list", "--config", str(tmp_path / "config.toml")],
         cwd=tmp_path, env=cli_env(), stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
     )  # fmt: skip
+    assert (listing.returncode, listing.stderr) == (141, "")
+    made = subprocess.run(
+        [sys.executable, "-m", "app.cli", "keys", "create", "--name", "x", "--config", str(tmp_path / "config.toml")],
+        cwd=tmp_path, env=cli_env(), stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
+    )  # fmt: skip
     os.close(write)
-    assert (listing.returncode, listing.stderr) == (0, "")
+    assert (made.returncode, made.stderr) == (141, "")  # no "created", no success: the secret was lost
