@@ -156,7 +156,7 @@ class Pipeline:
             run.error = _with_headers(exc, run.ticket)
             raise
         except asyncio.CancelledError:
-            self._cancelled(run)
+            run.status = "cancelled"
             raise
         finally:
             self._close(run)
@@ -207,7 +207,7 @@ class Pipeline:
             run.error = _with_headers(exc, run.ticket)
             raise
         except (asyncio.CancelledError, GeneratorExit):
-            self._cancelled(run)
+            run.status = "cancelled"
             raise
         finally:
             self._close(run)
@@ -288,12 +288,6 @@ class Pipeline:
             apply_failure(backend, exc, asyncio.get_running_loop().time(), self.metrics, self._log)
             self.metrics.attempts.inc((backend.name, exc.kind.value))
 
-    def _cancelled(self, run: _Run) -> None:
-        """The client went away; an attempt then out is counted `cancelled`."""
-        run.status = "cancelled"
-        if run.attempting and run.backend is not None:
-            run.attempting = False
-            self.metrics.attempts.inc((run.backend.name, "cancelled"))
 
     def _release(self, run: _Run) -> None:
         if run.slot is not None:
@@ -307,6 +301,9 @@ class Pipeline:
         log the request. Never raises."""
         if run.outcome is not None:
             return run.outcome
+        if run.attempting and run.backend is not None:  # the client went away during it, or a bug ended it
+            run.attempting = False
+            self.metrics.attempts.inc((run.backend.name, "cancelled" if run.status == "cancelled" else "error"))
         self._release(run)
         outcome = run.outcome = self._outcome(run)
         try:
