@@ -219,13 +219,13 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
 
     def _start(self, call: _Call, events: list[Event], *, force: bool) -> None:
         """Start `call` once it has a name (`force`: without). Its id is its own: a call with none
-        gets `call_<key>`, and one whose id an earlier call has `<id>_<key>`, since a client
-        pairs each result with its call by id (`tool_call_id`)."""
+        gets `call_<key>`, and one whose id an earlier call has `<id>_<key>` (again, until no
+        call has it), since a client pairs each result with its call by id (`tool_call_id`)."""
         if call.id is None:
             if not force and call.name is None:
                 return
             call.id = f"call_{call.key}"
-        elif call.id in self._ids:
+        while call.id in self._ids:  # an upstream may have sent `a_2` before `a`, `a` twice
             call.id = f"{call.id}_{call.key}"
         self._ids.add(call.id)
         call.started = True

@@ -257,6 +257,20 @@ def test_two_calls_one_id_stay_two_calls(same: str) -> None:
     ]
 
 
+def test_ids_made_unique_never_meet_an_id_the_upstream_sent() -> None:
+    """`a_2, a, a` became `a_2, a, a_2`; a call named `call_1` beside one without an id, two `call_1`."""
+    events = feed(
+        chunk(call(0, "a_2", "f", "{}")),
+        chunk(call(1, "a", "f", "{}")),
+        chunk(call(2, "a", "f", "{}")),
+        chunk(call(3, "call_4", "f", "{}")),
+        chunk(call(4, None, "f", "{}")),
+        chunk(finish="tool_calls"),
+    )
+    ids = [event.id for event in events if isinstance(event, ToolCallStart)]
+    assert ids == ["a_2", "a", "a_2_2", "call_4", "call_4_4"]
+
+
 def test_a_call_that_never_got_a_name_is_still_reported() -> None:
     events = feed(chunk(call(None, "c9", None, "{}")), chunk(finish="tool_calls"))
     assert events == [ToolCallStart(0, "c9", ""), ToolCallArgs(0, "{}"), Finish("tool_calls")]
