@@ -177,7 +177,7 @@ class Metrics:
         self.responses = Counter(
             "switchyard_responses_total",
             "Requests by the HTTP status of their answer: completions by their ledger row (200; the error's"
-            " status, in a stream too; 499 cancelled), and every request refused before routing.",
+            " status, in a stream too; 499 cancelled; 500 a bug), and every other request answered with an error.",
             ("code",),
         )
         self.limits_local = Counter(

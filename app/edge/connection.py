@@ -298,8 +298,10 @@ def _route_words(path: bytes) -> str:
     kept = 0
     while kept < len(segments) and segments[kept] in _ROUTE_WORDS:
         kept += 1
+    if segments == [b""]:  # `/`
+        return "/"
     shown = b"".join(b"/" + segment for segment in segments[:kept]).decode()
-    return shown + "/…" if kept < len(segments) else shown or "/"
+    return shown + "/…" if kept < len(segments) else shown
 
 
 def connection_limits(server: ServerSettings) -> ConnectionLimits:
