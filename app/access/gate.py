@@ -310,6 +310,7 @@ class AccessGate:
         self._counter.inc(())
         if not self._outage:
             self._outage = True
+            self._local.forget_spend()  # each outage starts from the ledger's spend of then, not the last outage's
             self._log.error("limits_local", reason=str(exc), detail="[auth] fail_open: this process enforces its share")
 
     # -- settlement ----------------------------------------------------------------------------

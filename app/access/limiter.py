@@ -196,6 +196,12 @@ class LocalLimiter:
         state = self._keys.setdefault(ask.key_id, _KeyState())
         state.budgets.setdefault(ask.period, [spent, 0, 0])
 
+    def forget_spend(self) -> None:
+        """Drop every budget's spend, to be loaded from the ledger again at the next admission (the
+        gate, as Redis fails with `fail_open`: the spend of a last outage is long out of date)."""
+        for state in self._keys.values():
+            state.budgets.clear()
+
     def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
         state = self._keys.get(ask.key_id)
         if state is None:

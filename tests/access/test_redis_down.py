@@ -17,7 +17,8 @@ from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.logs import Logs
 from tests.support.ports import free_port
 from tests.support.replies import answer
-from tests.support.upstream import ReplayUpstream
+from tests.support.tcp_proxy import TcpProxy
+from tests.support.upstream import ReplayUpstream, reply_json
 from tests.support.waiting import wait_until
 
 
@@ -96,3 +97,32 @@ async def test_a_key_made_in_the_database_reaches_a_process_whose_redis_is_down_
 
 async def _is(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
+
+
+async def test_fail_open_takes_each_outages_spend_from_the_ledger_of_then(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, private_redis: PrivateRedis
+) -> None:
+    """The process kept the spend it loaded at its first outage: at the next one it admitted as if
+    nothing had been spent through Redis meanwhile (167 % of a budget in the chaos run)."""
+    usage = {"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000}  # $0.003 at $1/$2 per M
+    up.set_default(
+        reply_json(200, {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}], "usage": usage})
+    )
+    with TcpProxy(private_redis.port) as proxy:
+        redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "t"}
+        gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis, auth={"fail_open": True})
+        made = await gw.client.post("/api/v1/keys", json={"name": "b", "budget_usd": "0.01"}, headers=bearer(ADMIN))
+        key = bearer(made.json()["secret"])
+
+        async def spend() -> int:
+            response = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=1), headers=key)
+            assert gw.service.ledger is not None
+            await gw.service.ledger.flush()
+            return response.status_code
+
+        proxy.cut()  # the first outage: its spend $0 from the ledger, then $0.003
+        assert await spend() == 200
+        proxy.restore()
+        assert [await spend(), await spend()] == [200, 200]  # through Redis: $0.009 in all
+        proxy.cut()  # the second: $0.009 from the ledger, room for one more worst case only
+        assert [await spend(), await spend(), await spend()] == [200, 429, 429]
