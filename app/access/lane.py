@@ -83,3 +83,31 @@ class Lane:
             if self.asking is asking:
                 self.asking = None
             asking.set_result(None)
+
+
+_SIX = b"$%d\r\n%s\r\n" * 6
+
+
+def settlement_item(rid: bytes, at: bytes, delta: bytes, reserved: bytes, spent: bytes, kind: bytes) -> bytes:
+    """A settlement script's six arguments; `kind`: `-` a request in flight, `=` summed
+    settlements, a number a lease's unused requests."""
+    return _SIX % (
+        len(rid),
+        rid,
+        len(at),
+        at,
+        len(delta),
+        delta,
+        len(reserved),
+        reserved,
+        len(spent),
+        spent,
+        len(kind),
+        kind,
+    )
+
+
+def summed_item(lane: Lane) -> bytes:
+    second, delta, reserved, spent = lane.summed or (0, 0, -1, 0)
+    lane.summed = None
+    return settlement_item(b"=", b"%d" % second, b"%d" % delta, b"%d" % reserved, b"%d" % spent, b"=")

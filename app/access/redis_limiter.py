@@ -48,19 +48,22 @@ from typing import Any
 
 from msgspec import Struct
 
-from app.access.lane import Lane, spend_key
+from app.access.lane import Lane, settlement_item, spend_key, summed_item
 from app.access.lease import GRACE_S, LEASE_MAX, LEASE_S, Lease
 from app.access.limiter import Ask, LimiterDown, Verdict
 from app.access.redis_scripts import ADMIT, LOAD, SETTLE, UNREADABLE_REPLY, malformed, refused
-from app.access.resp import RespClient, RespError, Script, bulk
+from app.access.resp import RespClient, RespError, RespLost, Script, bulk
 from app.settings import RedisSettings
 
 _BULK = {bytes, type(None)}
 LAZY_S = 0.002  # the longest a lease given back, or a lost admission's slot, waits to be sent
 SUMMED_S = 0.02  # the longest summed settlements wait to be sent (module doc)
 WAIT_S = LEASE_S + GRACE_S + 0.1  # the longest an admission waits for other processes' leases
+REFREE_S = 1.0  # how soon a slot give-back Redis did not take goes again (`refree`)
+REFREE_FOR_S = 60.0  # how long, for an item whose hold is not known (a settlement that only frees a slot)
+_FREE = settlement_item(b"", b"0", b"0", b"-1", b"0", b"-")[len(bulk(b"")) :]  # what follows the id of an item
+# that only takes the request off the in-flight set: no tokens, no budget, nothing spent
 _THREE = b"$%d\r\n%s\r\n" * 3  # three arguments, each `bulk`
-_SIX = b"$%d\r\n%s\r\n" * 6
 
 
 class RedisLimiter:
@@ -84,6 +87,7 @@ class RedisLimiter:
         self.clock = clock
         self.lease_max = lease_max
         self.retries: set[asyncio.Future[Any]] = set()
+        self.freeing: dict[bytes, float] = {}  # slot give-backs not known to have reached Redis, and until when
         self._lanes: dict[tuple[str, str, int, int, int, int, int], Lane] = {}
         self._unsent: dict[Lane, list[bytes]] = {}  # settlements waiting to be sent, by key
         self._unsent_timer: asyncio.TimerHandle | None = None
@@ -228,9 +232,27 @@ class RedisLimiter:
 
     def _free_slot(self, lane: Lane, ask: Ask) -> None:
         """An admission of unknown outcome (its reply lost, or not the script's): the concurrency
-        slot Redis may have taken is given back (a `ZREM`, nothing if Redis never counted it)."""
+        slot Redis may have taken is given back (a `ZREM`, nothing if Redis never counted it),
+        again while Redis cannot be reached (`refree`), as long as the slot could be held."""
         if ask.max_concurrency >= 0:
-            self._queue(lane, _item(ask.request_id.encode(), b"0", b"0", b"-1", b"0", b"-"), LAZY_S)
+            free = settlement_item(ask.request_id.encode(), b"0", b"0", b"-1", b"0", b"-")
+            self.freeing[free] = self._loop.time() + ask.hold_ms / 1000
+            self._queue(lane, free, LAZY_S)
+
+    def refree(self, lane: Lane, items: list[bytes]) -> bool:
+        """After a settlement command was lost (Redis gone or silent: whether it ran is unknown),
+        its items that only give a slot back (a `ZREM`, harmless twice) go again in `REFREE_S`;
+        whether that was all the command held. An admission Redis ran after its caller gave up on
+        it (a stall) holds its slot for the whole hold unless a give-back reaches Redis: lost, a
+        key's `max_concurrency` was taken for 15 minutes by a stall of a second."""
+        now = self._loop.time()
+        frees = [item for item in items if item.endswith(_FREE)]
+        for free in frees:
+            if now < self.freeing.setdefault(free, now + REFREE_FOR_S):
+                self._queue(lane, free, REFREE_S)
+            else:
+                del self.freeing[free]
+        return len(frees) == len(items)
 
     def _expire(self, lane: Lane, lease: Lease) -> None:
         if lane.lease is lease:
@@ -242,7 +264,7 @@ class RedisLimiter:
         if lane.lease is lease:
             lane.lease = None
             lane.want = lease.next_size(self.lease_max)
-        self._queue(lane, _item(*lease.unused(lane.budgeted)), LAZY_S)
+        self._queue(lane, settlement_item(*lease.unused(lane.budgeted)), LAZY_S)
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         await self._call(self._load, self._load.command(self.lane(ask).spend_keys, (b"%d" % spent, b"%d" % ttl_s)))
@@ -256,9 +278,9 @@ class RedisLimiter:
         rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
         reserved = ask.cost if lane.budgeted else -1
         items = self._unsent.pop(lane, [])  # this key's only: other keys' keep waiting to be sent together
-        items.append(_item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"))
+        items.append(settlement_item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"))
         command = lane.settlement(items)
-        self.redis.post_to(command, _Settlement(self, lane.key_id, command))
+        self.redis.post_to(command, _Settlement(self, lane, command, items))
         self.redis.flush()  # written now, before the answer's last bytes (module doc)
 
     def settle_summed(self, lane: Lane, second: int, tokens: int, reserved: int, cost: int) -> None:
@@ -273,7 +295,7 @@ class RedisLimiter:
             summed[3] += cost
             return
         if summed is not None:
-            self._queue(lane, _summed(lane), SUMMED_S)
+            self._queue(lane, summed_item(lane), SUMMED_S)
         lane.summed = [second, tokens, reserved, cost]
         self._queue(lane, None, SUMMED_S)
 
@@ -305,10 +327,10 @@ class RedisLimiter:
         unsent, self._unsent = self._unsent, {}
         for lane, items in unsent.items():
             if lane.summed is not None:
-                items.append(_summed(lane))
+                items.append(summed_item(lane))
             if items:
                 command = lane.settlement(items)
-                self.redis.post_to(command, _Settlement(self, lane.key_id, command))
+                self.redis.post_to(command, _Settlement(self, lane, command, items))
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
@@ -344,53 +366,32 @@ class RedisLimiter:
         await self.redis.close()
 
 
-def _item(rid: bytes, at: bytes, delta: bytes, reserved: bytes, spent: bytes, kind: bytes) -> bytes:
-    """A settlement script's six arguments; `kind`: `-` a request in flight, `=` summed
-    settlements, a number a lease's unused requests."""
-    return _SIX % (
-        len(rid),
-        rid,
-        len(at),
-        at,
-        len(delta),
-        delta,
-        len(reserved),
-        reserved,
-        len(spent),
-        spent,
-        len(kind),
-        kind,
-    )
-
-
-def _summed(lane: Lane) -> bytes:
-    second, delta, reserved, spent = lane.summed or (0, 0, -1, 0)
-    lane.summed = None
-    return _item(b"=", b"%d" % second, b"%d" % delta, b"%d" % reserved, b"%d" % spent, b"=")
-
-
 class _Settlement(Struct):
     """A settlement's answer: nothing to do when it went through; the script loaded again and the
     settlement resent on NOSCRIPT (Redis restarted); reported to the gate otherwise. One per
     settlement command (the settlements of one key sent together)."""
 
     limiter: RedisLimiter
-    key_id: str
+    lane: Lane
     command: bytes
+    items: list[bytes]
 
     def __call__(self, reply: Any) -> None:
-        if not isinstance(reply, RespError):
-            return
         limiter = self.limiter
+        if not isinstance(reply, RespError):
+            if limiter.freeing:  # slots given back: no more tries
+                for item in self.items:
+                    limiter.freeing.pop(item, None)
+            return
         if str(reply).startswith("NOSCRIPT"):
             retry = asyncio.ensure_future(limiter.redis.evalsha(limiter.settle_script, self.command))
             limiter.retries.add(retry)
             retry.add_done_callback(self._retried)
-        else:
-            limiter.failed(self.key_id, f"{type(reply).__name__}: {reply}")
+        elif not (isinstance(reply, RespLost) and limiter.refree(self.lane, self.items)):  # slots alone: quiet
+            limiter.failed(self.lane.key_id, f"{type(reply).__name__}: {reply}")
 
     def _retried(self, done: asyncio.Future[Any]) -> None:
         self.limiter.retries.discard(done)
         error = None if done.cancelled() else done.exception()
         if error is not None:
-            self.limiter.failed(self.key_id, f"{type(error).__name__}: {error}")
+            self.limiter.failed(self.lane.key_id, f"{type(error).__name__}: {error}")

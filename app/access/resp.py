@@ -40,6 +40,10 @@ class RespError(Exception):
     """Redis unreachable, too slow, or an error reply."""
 
 
+class RespLost(RespError):
+    """Redis unreachable or too slow: whether it ran the command is unknown (not an error reply)."""
+
+
 class _Protocol(asyncio.Protocol):
     def __init__(self, timeout: float) -> None:
         self.transport: asyncio.Transport | None = None
@@ -84,7 +88,7 @@ class _Protocol(asyncio.Protocol):
             return
         late = self.sent_at[0] + self.timeout - self.loop.time()
         if late <= 0:
-            self.fail(RespError(f"no answer within {self.timeout} s"))
+            self.fail(RespLost(f"no answer within {self.timeout} s"))
             if self.transport is not None:
                 self.transport.close()
         else:
@@ -104,7 +108,7 @@ class _Protocol(asyncio.Protocol):
         self.transport = cast("asyncio.Transport", transport)  # uvloop's is not an asyncio.Transport subclass
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.fail(RespError(f"connection lost: {exc}" if exc else "connection closed"))
+        self.fail(RespLost(f"connection lost: {exc}" if exc else "connection closed"))
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -221,7 +225,7 @@ class RespClient:
     def _posted(self, done: asyncio.Future[Reply], handler: Handler) -> None:
         self._connecting_posts.discard(done)
         if done.cancelled():
-            handler(RespError("cancelled"))
+            handler(RespLost("cancelled"))
             return
         error = done.exception()
         if error is None:
@@ -270,7 +274,7 @@ class RespClient:
                 self._timeout,
             )
         except (OSError, TimeoutError) as exc:
-            raise RespError(f"cannot connect: {type(exc).__name__}: {exc}") from None
+            raise RespLost(f"cannot connect: {type(exc).__name__}: {exc}") from None
         try:
             await _hello(protocol, self._hello)
         except BaseException:  # AUTH or SELECT refused: never leave that connection to later commands

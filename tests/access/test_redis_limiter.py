@@ -6,6 +6,7 @@ settlement Redis cannot take reaches the gate's `failed` callback."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -384,4 +385,60 @@ async def test_an_admission_whose_reply_is_lost_gives_its_concurrency_slot_back(
         await limiter.close()
         server.close()
         await server.wait_closed()
+        _forget(prefix)
+
+
+class _Relay:
+    """A relay to the real Redis whose mode the test sets: `normal`; `unanswered` (commands reach
+    Redis, its replies are dropped: it ran them, the client cannot know); `lost` (commands are
+    dropped: Redis never sees them)."""
+
+    def __init__(self) -> None:
+        self.mode = "normal"
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        redis_reader, redis_writer = await asyncio.open_connection("127.0.0.1", 6379)
+        await asyncio.gather(self._pipe(reader, redis_writer, "lost"), self._pipe(redis_reader, writer, "unanswered"))
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, dropping: str) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await source.read(65536):
+                if self.mode != dropping:
+                    sink.write(data)
+        sink.close()
+
+
+async def test_a_slot_give_back_redis_never_got_goes_again() -> None:
+    """An admission whose reply was lost took its `max_concurrency` slot in Redis; the give-back
+    that followed was lost too (Redis still out of reach), and the slot stayed taken for the hold:
+    a stall of a second held a key's slots for 15 minutes. It goes again until Redis takes it."""
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    relay = _Relay()
+    port = await relay.start()
+    limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), lambda *_: None)
+    ask = Ask(key_id="k1", request_id="r1", period="total", max_concurrency=1, hold_ms=600_000)
+    flight = Redis.from_url(URL)
+    try:
+        await limiter.redis.call("PING")
+        relay.mode = "unanswered"
+        with pytest.raises(LimiterDown):
+            await limiter.admit(ask)  # Redis took the slot; the reply never came (1 s)
+        assert flight.zrange(f"{prefix}:lim:{{k1}}:flight", 0, -1) == [b"r1"]
+        relay.mode = "lost"  # the give-back, sent at once, never reaches Redis
+        await asyncio.sleep(1.5)
+        assert flight.zcard(f"{prefix}:lim:{{k1}}:flight") == 1
+        relay.mode = "normal"
+        await asyncio.sleep(2.0)  # its next try
+        assert flight.zcard(f"{prefix}:lim:{{k1}}:flight") == 0
+        assert limiter.freeing == {}
+    finally:
+        flight.close()
+        await limiter.close()
+        assert relay.server is not None
+        relay.server.close()
         _forget(prefix)
