@@ -55,6 +55,7 @@ _GC_YOUNG_THRESHOLD = 20_000
 LEDGER_CLOSE_S = 5.0  # at shutdown the ledger writes what it can this long; the rest stays in the journal
 ENGINE_DISPOSE_S = 2.0  # closing pooled connections to a database that is gone must not hang the exit
 READY_CHECK_S = 2.0  # a database slower than this to answer `SELECT 1` is not ready
+REMOTE_METRICS_S = 1.0  # a scrape waits this long for the other workers' numbers, then takes the last read
 
 
 class Service:
@@ -239,9 +240,14 @@ class Service:
         event loop, so no other scrape can change it meanwhile. While Redis does not answer it
         keeps the other workers' counters and histograms as last read (dropped, the sums fell and
         rose from one scrape to the next, whichever worker answered, which Prometheus takes for
-        counter resets), but not their in-flight and queued gauges, which would stand still."""
+        counter resets), but not their in-flight and queued gauges, which would stand still. A
+        scrape waits `REMOTE_METRICS_S` at most for them (the read goes on, for the next scrape)."""
         assert self.collector is not None
-        remote = await self.cluster.remote_series() if self.cluster is not None else None
+        remote = None
+        if self.cluster is not None:
+            with contextlib.suppress(TimeoutError):  # a stalled Redis held a scrape 5 s (its socket timeout)
+                async with asyncio.timeout(REMOTE_METRICS_S):
+                    remote = await self.cluster.remote_series()
         if remote is not None:
             self.collector.remote = remote
         elif self.collector.remote:

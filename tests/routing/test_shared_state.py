@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,6 +32,7 @@ from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.observe import completions, deployments, metric, row_view, scrape, seconds_until
 from tests.support.ports import free_port
 from tests.support.replies import answer, error, models_reply, stalled_stream
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.upstream import ReplayUpstream
 from tests.support.waiting import wait_until
 
@@ -319,6 +321,33 @@ async def test_counters_do_not_fall_while_redis_is_away(
     finally:
         await held.release()
         await relay.stop()
+
+
+async def test_a_scrape_waits_a_second_at_most_for_a_stalled_redis(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """A Redis that stops answering held `/metrics` for its 5 s socket timeout; the scrape takes
+    the other workers' numbers as last read after a second."""
+    upstreams = {"alpha": alpha, "beta": beta}
+    with TcpProxy(6379) as proxy:
+        a = await launch(start_gateway, upstreams, redis={**store.config, "url": f"redis://127.0.0.1:{proxy.port}/0"})
+        b = await launch(start_gateway, upstreams, redis=store.config)
+        alpha.enqueue(answer(), repeat=2)
+        for gw in (b, b):
+            assert (await complete(gw)).json()["provider"] == "alpha"
+
+        async def total() -> float | None:
+            samples = await scrape(a)
+            return metric(samples, "switchyard_requests_total", model="chat-1", provider="alpha", status="ok")
+
+        async def summed() -> bool:
+            return await total() == 2
+
+        await wait_until(summed, within=3.0)
+        proxy.stall()  # a's pooled connections: no byte again
+        started = time.monotonic()
+        assert await total() == 2
+        assert time.monotonic() - started < 2.0
 
 
 async def test_a_metrics_hash_redis_lost_is_written_whole_again(
