@@ -288,7 +288,6 @@ class Pipeline:
             apply_failure(backend, exc, asyncio.get_running_loop().time(), self.metrics, self._log)
             self.metrics.attempts.inc((backend.name, exc.kind.value))
 
-
     def _release(self, run: _Run) -> None:
         if run.slot is not None:
             run.slot.state.release()
