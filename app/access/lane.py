@@ -111,3 +111,19 @@ def summed_item(lane: Lane) -> bytes:
     second, delta, reserved, spent = lane.summed or (0, 0, -1, 0)
     lane.summed = None
     return settlement_item(b"=", b"%d" % second, b"%d" % delta, b"%d" % reserved, b"%d" % spent, b"=")
+
+
+def resent(item: bytes) -> tuple[bytes | None, bool]:
+    """What of a settlement item Redis may not have run must go again, and whether the item only
+    gave a slot back. A slot give-back goes again as it is (a `ZREM`: harmless twice); a request's
+    spend goes again without the release of its reservation (which the hold ends) or its tokens'
+    difference (the window's minute ends that); a lease's give-back does not (its lease ends)."""
+    if item.endswith(_FREE):
+        return item, True
+    rid, at, _delta, _reserved, spent, kind = item.split(b"\r\n")[1:12:2]  # six bulk strings, no line break in any
+    if kind in (b"-", b"=") and spent != b"0":
+        return settlement_item(rid, at, b"0", b"0", spent, kind), False
+    return None, False
+
+
+_FREE = settlement_item(b"", b"0", b"0", b"-1", b"0", b"-")[len(bulk(b"")) :]  # after its id: only a slot freed

@@ -48,7 +48,7 @@ from typing import Any
 
 from msgspec import Struct
 
-from app.access.lane import Lane, settlement_item, spend_key, summed_item
+from app.access.lane import Lane, resent, settlement_item, spend_key, summed_item
 from app.access.lease import GRACE_S, LEASE_MAX, LEASE_S, Lease
 from app.access.limiter import Ask, LimiterDown, Verdict
 from app.access.redis_scripts import ADMIT, LOAD, SETTLE, UNREADABLE_REPLY, malformed, refused
@@ -59,10 +59,8 @@ _BULK = {bytes, type(None)}
 LAZY_S = 0.002  # the longest a lease given back, or a lost admission's slot, waits to be sent
 SUMMED_S = 0.02  # the longest summed settlements wait to be sent (module doc)
 WAIT_S = LEASE_S + GRACE_S + 0.1  # the longest an admission waits for other processes' leases
-REFREE_S = 1.0  # how soon a slot give-back Redis did not take goes again (`refree`)
-REFREE_FOR_S = 60.0  # how long, for an item whose hold is not known (a settlement that only frees a slot)
-_FREE = settlement_item(b"", b"0", b"0", b"-1", b"0", b"-")[len(bulk(b"")) :]  # what follows the id of an item
-# that only takes the request off the in-flight set: no tokens, no budget, nothing spent
+REFREE_S = 1.0  # how soon what a lost settlement must not lose goes again (`after_loss`)
+REFREE_FOR_S = 60.0  # for how long, when the hold is not known
 _THREE = b"$%d\r\n%s\r\n" * 3  # three arguments, each `bulk`
 
 
@@ -233,26 +231,27 @@ class RedisLimiter:
     def _free_slot(self, lane: Lane, ask: Ask) -> None:
         """An admission of unknown outcome (its reply lost, or not the script's): the concurrency
         slot Redis may have taken is given back (a `ZREM`, nothing if Redis never counted it),
-        again while Redis cannot be reached (`refree`), as long as the slot could be held."""
+        again while Redis cannot be reached (`after_loss`), as long as the slot could be held."""
         if ask.max_concurrency >= 0:
             free = settlement_item(ask.request_id.encode(), b"0", b"0", b"-1", b"0", b"-")
             self.freeing[free] = self._loop.time() + ask.hold_ms / 1000
             self._queue(lane, free, LAZY_S)
 
-    def refree(self, lane: Lane, items: list[bytes]) -> bool:
-        """After a settlement command was lost (Redis gone or silent: whether it ran is unknown),
-        its items that only give a slot back (a `ZREM`, harmless twice) go again in `REFREE_S`;
-        whether that was all the command held. An admission Redis ran after its caller gave up on
-        it (a stall) holds its slot for the whole hold unless a give-back reaches Redis: lost, a
-        key's `max_concurrency` was taken for 15 minutes by a stall of a second."""
-        now = self._loop.time()
-        frees = [item for item in items if item.endswith(_FREE)]
-        for free in frees:
-            if now < self.freeing.setdefault(free, now + REFREE_FOR_S):
-                self._queue(lane, free, REFREE_S)
-            else:
-                del self.freeing[free]
-        return len(frees) == len(items)
+    def after_loss(self, lane: Lane, items: list[bytes]) -> bool:
+        """A settlement command lost (Redis gone or silent; whether it ran is unknown): what of it
+        Redis must not miss (`app.access.lane.resent`) goes again every `REFREE_S` until Redis takes it;
+        whether the command gave slots back alone (nothing to report). Lost, an admission a
+        stalled Redis ran late held its slot for the hold, and a spend never counted let a budget
+        overshoot once the hold ended; sent twice, a spend counts twice: on the side of refusing."""
+        now, quiet = self._loop.time(), True
+        for item in items:
+            again, free = resent(item)
+            quiet = quiet and free
+            if again is not None and now < self.freeing.setdefault(again, now + REFREE_FOR_S):
+                self._queue(lane, again, REFREE_S)
+            elif again is not None:
+                del self.freeing[again]
+        return quiet
 
     def _expire(self, lane: Lane, lease: Lease) -> None:
         if lane.lease is lease:
@@ -387,7 +386,7 @@ class _Settlement(Struct):
             retry = asyncio.ensure_future(limiter.redis.evalsha(limiter.settle_script, self.command))
             limiter.retries.add(retry)
             retry.add_done_callback(self._retried)
-        elif not (isinstance(reply, RespLost) and limiter.refree(self.lane, self.items)):  # slots alone: quiet
+        elif not (isinstance(reply, RespLost) and limiter.after_loss(self.lane, self.items)):  # slots alone: quiet
             limiter.failed(self.lane.key_id, f"{type(reply).__name__}: {reply}")
 
     def _retried(self, done: asyncio.Future[Any]) -> None:
