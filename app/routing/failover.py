@@ -45,7 +45,8 @@ class Candidates:
         """`quota_recheck`: how long a provider whose balance ran out stays out (`quota_recheck_s`)."""
         self.capacity_waits: list[float] = []  # seconds until a capacity cool-down ends
         self.health_waits: list[float] = []  # seconds until a failure cool-down ends or a probe runs
-        self._probe_interval, self._quota_recheck = probe_interval, quota_recheck
+        self.unset = False  # a provider whose key variable is unset was passed over
+        self.probe_interval, self._quota_recheck = probe_interval, quota_recheck
         self.pending = [backend for backend in backends if not self._out(backend, now)]
         self.pending.sort(key=lambda b: (-b.priority, -b.provider.config.priority, b.state.load))
         self._checked = True  # `pending` was just sorted out: the first `next` takes it as it is
@@ -56,12 +57,13 @@ class Candidates:
         it counts nothing)."""
         state = backend.state
         provider = backend.provider.state
-        if provider.key_missing:
+        if provider.key_missing:  # out until a restart: it shortens no other backend's wait
+            self.unset = True
             return True
         if not provider.ready and provider.quota_exhausted:  # out until the re-check, then a probe
-            self.health_waits.append(max(self._probe_interval, provider.disabled_at + self._quota_recheck - now))
+            self.health_waits.append(max(self.probe_interval, provider.disabled_at + self._quota_recheck - now))
         elif not provider.ready or state.breaker_open or state.probe_failed:
-            self.health_waits.append(self._probe_interval)
+            self.health_waits.append(self.probe_interval)
         elif state.cooling(now):
             wait = state.cooling_until - now
             (self.capacity_waits if state.cool_reason == "capacity" else self.health_waits).append(wait)
@@ -233,6 +235,8 @@ def exhausted(failures: list[tuple[str, UpstreamError]], candidates: Candidates)
     per attempt, in order."""
     if not failures:
         soonest = min(candidates.capacity_waits + candidates.health_waits, default=None)  # any backend back
+        if soonest is None:  # only providers a restart brings back: a probe's interval, as for a disabled one
+            soonest = candidates.probe_interval if candidates.unset else 1.0
         if candidates.capacity_waits:
             return AtCapacity("all backends for this model are at capacity", retry_after=soonest)
         return NoBackendAvailable("no backend is available for this model", retry_after=soonest)

@@ -217,7 +217,8 @@ async def test_a_provider_whose_key_is_unset_counts_nothing_toward_retry_after(
 ) -> None:
     """gamma's key variable is unset: it is out for the process's life, and no probe brings it
     back. It made every answer `Retry-After: 10` (the probe interval), the backends that would be
-    back only in 30 s aside; a model served by it alone gets no `Retry-After`."""
+    back only in 30 s aside; a model served by it alone gets the probe interval (api.md: a 503
+    for a disabled backend has one)."""
     unset = {"api_key_env": "SWITCHYARD_TEST_UNSET_KEY"}
     gw = await launch(start_gateway, {"alpha": alpha, "beta": beta, "gamma": gamma}, gamma=unset)
     for upstream in (alpha, beta):
@@ -228,5 +229,5 @@ async def test_a_provider_whose_key_is_unset_counts_nothing_toward_retry_after(
     alone = await launch(start_gateway, {"gamma": gamma}, gamma=unset)
     refused = await complete(alone)
     assert refused.status_code == 503, refused.text
-    assert "retry-after" not in refused.headers
+    assert refused.headers["retry-after"] == "10"
     assert completions(gamma) == []
