@@ -148,15 +148,7 @@ async def test_a_refused_select_drops_its_connection_and_the_next_call_connects_
     """A `SELECT` (or `AUTH`) that errs once used to leave its connection to later commands: they
     ran on database 0 (another process's counters) or met `NOAUTH` until a restart."""
     seen: list[list[bytes]] = []
-    refuse = [True]
-
-    async def reply(parts: list[bytes]) -> bytes:
-        if parts[0] == b"SELECT" and refuse[0]:
-            refuse[0] = False
-            return b"-ERR DB index is out of range\r\n"
-        return b"+OK\r\n"
-
-    server = await asyncio.start_server(_answering(seen, reply), "127.0.0.1", 0)
+    server = await asyncio.start_server(_answering(seen, _refusing_select_once()), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = RespClient(f"redis://127.0.0.1:{port}/3", timeout=1.0)
     try:
@@ -183,6 +175,21 @@ def _answering(
             await writer.drain()
 
     return serve
+
+
+def _refusing_select_once(auth_round_trip: float = 0.0) -> Callable[[list[bytes]], Awaitable[bytes]]:
+    """A fake Redis's answers: `+OK`, but an error to the first `SELECT`; `AUTH` after a round trip."""
+    refuse = [True]
+
+    async def reply(parts: list[bytes]) -> bytes:
+        if parts[0] == b"AUTH":
+            await asyncio.sleep(auth_round_trip)
+        if parts[0] == b"SELECT" and refuse[0]:
+            refuse[0] = False
+            return b"-ERR DB index is out of range\r\n"
+        return b"+OK\r\n"
+
+    return reply
 
 
 async def _bulk(reader: asyncio.StreamReader) -> bytes:
@@ -264,17 +271,7 @@ async def test_a_command_posted_while_select_is_refused_never_runs_on_that_conne
     """A command posted during the connect went on the connection before its `SELECT` was
     answered; refused, Redis ran it in database 0 and the caller got its reply as a success."""
     seen: list[list[bytes]] = []
-    refuse = [True]
-
-    async def reply(parts: list[bytes]) -> bytes:
-        if parts[0] == b"AUTH":
-            await asyncio.sleep(0.05)  # a round trip
-        if parts[0] == b"SELECT" and refuse[0]:
-            refuse[0] = False
-            return b"-ERR DB index is out of range\r\n"
-        return b"+OK\r\n"
-
-    server = await asyncio.start_server(_answering(seen, reply), "127.0.0.1", 0)
+    server = await asyncio.start_server(_answering(seen, _refusing_select_once(0.05)), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = RespClient(f"redis://:secret@127.0.0.1:{port}/3", timeout=1.0)
     try:
