@@ -326,6 +326,8 @@ class AccessGate:
         elif (ask := ticket.ask) is not None:
             nano = to_nano(cost) if cost is not None else ask.cost
             ticket.limiter.settle(ask, ticket.second, tokens if tokens is not None else ask.tokens, nano)
+            if shared is not None and ticket.limiter is self._local:  # admitted alone (`fail_open`)
+                shared.add_spend(ask, nano)
 
     def _settle_failed(self, key_id: str, reason: str) -> None:
         self._log.error("limits_settle_failed", key_id=key_id, reason=reason)

@@ -26,17 +26,17 @@ throughput) has a 1 s timeout and no retries: a limited request waits about 2 s 
 another request asked for, then its own admission). A settlement is sent without waiting for it (no
 task per request): its failure reaches the gate through the `failed` callback.
 
-Settlements wait, briefly, to be sent together: `settle` keeps a request's arguments, and the
-next admission (before its own command, in the same write: they may free what it asks for), or a
-timer, sends every settlement waiting as one script call per key. Under load that is one command,
-one reply and one handler for the requests that ended since the last admission, instead of one
-each; on loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU. The
-settlements of a key without `max_concurrency` are summed per second of the window (nothing to
-take off the in-flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits from its lease, so
-the timer, not an admission, sends them); a request in flight's own is written at once, with its
-key's waiting ones, before the last bytes of its answer (its `max_concurrency` slot is free to other
-processes only once Redis has it: sent later, a client sending requests one after the other to two
-replicas got 429s); a lease given back waits `LAZY_S`. Waiting only holds a reservation longer.
+Settlements wait, briefly, to be sent together: `settle` keeps a request's arguments, and the next
+admission (before its own command, in the same write: they may free what it asks for), or a timer,
+sends every settlement waiting as one script call per key. Under load that is one command, one reply
+and one handler for the requests that ended since the last admission, instead of one each; on
+loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU. The settlements of
+a key without `max_concurrency` are summed per second of the window (nothing to take off the in-
+flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits from its lease, so the timer, not an
+admission, sends them); a request in flight's own is written at once, with its key's waiting ones,
+before the last bytes of its answer (its `max_concurrency` slot is free to other processes only once
+Redis has it: sent later, a client sending requests one after the other to two replicas got 429s); a
+lease given back waits `LAZY_S`. Waiting only holds a reservation longer.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ LAZY_S = 0.002  # the longest a lease given back, or a lost admission's slot, wa
 SUMMED_S = 0.02  # the longest summed settlements wait to be sent (module doc)
 WAIT_S = LEASE_S + GRACE_S + 0.1  # the longest an admission waits for other processes' leases
 REFREE_S = 1.0  # how soon what a lost settlement must not lose goes again (`after_loss`)
-REFREE_FOR_S = 60.0  # for how long, when the hold is not known
+REFREE_FOR_S, DAY_S = 60.0, 86_400.0  # for how long, when the hold is not known; a day
 _THREE = b"$%d\r\n%s\r\n" * 3  # three arguments, each `bulk`
 
 
@@ -76,16 +76,11 @@ class RedisLimiter:
         `clock` (microseconds since the epoch) replaces Redis's `TIME` in admissions (tests; a
         lease lasts in the loop's time, so a test stepping its clock passes `lease_max=1`: no
         leases); `lease_max` is the most admissions a lease holds (`app.access.lease`)."""
-        self.prefix = settings.key_prefix
-        self.redis = RespClient(settings.url, timeout=1.0)
-        self.admit_script = Script(ADMIT, 4)
-        self.settle_script = Script(SETTLE, 4)
-        self._load = Script(LOAD, 1)
-        self.failed = failed
-        self.clock = clock
-        self.lease_max = lease_max
+        self.prefix, self.redis = settings.key_prefix, RespClient(settings.url, timeout=1.0)
+        self.admit_script, self.settle_script, self._load = Script(ADMIT, 4), Script(SETTLE, 4), Script(LOAD, 1)
+        self.failed, self.clock, self.lease_max = failed, clock, lease_max
         self.retries: set[asyncio.Future[Any]] = set()
-        self.freeing: dict[bytes, float] = {}  # slot give-backs not known to have reached Redis, and until when
+        self.freeing: dict[bytes, float] = {}  # what goes again until Redis takes it (`after_loss`), until when
         self._lanes: dict[tuple[str, str, int, int, int, int, int], Lane] = {}
         self._unsent: dict[Lane, list[bytes]] = {}  # settlements waiting to be sent, by key
         self._unsent_timer: asyncio.TimerHandle | None = None
@@ -237,6 +232,14 @@ class RedisLimiter:
             self.freeing[free] = self._loop.time() + ask.hold_ms / 1000
             self._queue(lane, free, LAZY_S)
 
+    def add_spend(self, ask: Ask, spent: int) -> None:
+        """A spend counted here alone (`fail_open`), added to Redis's once it answers (within a day;
+        to a spend it holds only: one it lost is loaded from the ledger, which has this one)."""
+        if ask.budget >= 0 and spent > 0:
+            item = settlement_item(ask.request_id.encode(), b"0", b"0", b"0", b"%d" % spent, b"=")
+            self.freeing[item] = self._loop.time() + DAY_S
+            self._queue(self.lane(ask), item, REFREE_S)
+
     def after_loss(self, lane: Lane, items: list[bytes]) -> bool:
         """A settlement command lost (Redis gone or silent; whether it ran is unknown): what of it
         Redis must not miss (`app.access.lane.resent`) goes again every `REFREE_S` until Redis takes it;
@@ -366,9 +369,8 @@ class RedisLimiter:
 
 
 class _Settlement(Struct):
-    """A settlement's answer: nothing to do when it went through; the script loaded again and the
-    settlement resent on NOSCRIPT (Redis restarted); reported to the gate otherwise. One per
-    settlement command (the settlements of one key sent together)."""
+    """A settlement command's answer (one key's settlements): the script loaded and the command
+    resent on NOSCRIPT (Redis restarted); `after_loss` when lost; reported to the gate otherwise."""
 
     limiter: RedisLimiter
     lane: Lane
@@ -394,3 +396,5 @@ class _Settlement(Struct):
         error = None if done.cancelled() else done.exception()
         if error is not None:
             self.limiter.failed(self.lane.key_id, f"{type(error).__name__}: {error}")
+        else:  # went through: as an answer that did
+            self(None)

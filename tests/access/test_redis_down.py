@@ -6,6 +6,7 @@ under two `serve` processes on PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 
 import pytest
@@ -27,6 +28,10 @@ async def _two_keys(gw: GatewayHandle) -> tuple[str, str]:
     limited = await client.post("/api/v1/keys", json={"name": "l", "rpm": 100}, headers=bearer(ADMIN))
     plain = await client.post("/api/v1/keys", json={"name": "p"}, headers=bearer(ADMIN))
     return limited.json()["secret"], plain.json()["secret"]
+
+
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000}  # $0.003 at $1/$2 per M
+COSTLY = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}], "usage": USAGE}
 
 
 async def test_limited_keys_fail_closed(
@@ -104,10 +109,7 @@ async def test_fail_open_takes_each_outages_spend_from_the_ledger_of_then(
 ) -> None:
     """The process kept the spend it loaded at its first outage: at the next one it admitted as if
     nothing had been spent through Redis meanwhile (167 % of a budget in the chaos run)."""
-    usage = {"prompt_tokens": 1000, "completion_tokens": 1000, "total_tokens": 2000}  # $0.003 at $1/$2 per M
-    up.set_default(
-        reply_json(200, {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}], "usage": usage})
-    )
+    up.set_default(reply_json(200, COSTLY))
     with TcpProxy(private_redis.port) as proxy:
         redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "t"}
         gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis, auth={"fail_open": True})
@@ -126,3 +128,30 @@ async def test_fail_open_takes_each_outages_spend_from_the_ledger_of_then(
         assert [await spend(), await spend()] == [200, 200]  # through Redis: $0.009 in all
         proxy.cut()  # the second: $0.009 from the ledger, room for one more worst case only
         assert [await spend(), await spend(), await spend()] == [200, 429, 429]
+
+
+async def test_fail_open_spend_reaches_redis_once_it_answers(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, private_redis: PrivateRedis
+) -> None:
+    """What the process admitted alone during an outage was never added to Redis's spend: once
+    Redis answered again the key admitted as if it was not spent (191 % of a budget in the Redis
+    chaos run). It is added as Redis answers, before the next admission."""
+    up.set_default(reply_json(200, COSTLY))
+    with TcpProxy(private_redis.port) as proxy:
+        redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "t"}
+        gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis, auth={"fail_open": True})
+        made = await gw.client.post("/api/v1/keys", json={"name": "b", "budget_usd": "0.01"}, headers=bearer(ADMIN))
+        key = bearer(made.json()["secret"])
+
+        async def spend() -> int:
+            response = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=1), headers=key)
+            assert gw.service.ledger is not None
+            await gw.service.ledger.flush()
+            return response.status_code
+
+        assert await spend() == 200  # through Redis: its spend $0.003
+        await asyncio.sleep(0.1)  # its settlement sent (within 20 ms)
+        proxy.cut()
+        assert [await spend(), await spend()] == [200, 200]  # alone: $0.009 in all
+        proxy.restore()
+        assert [await spend(), await spend()] == [200, 429]  # Redis: $0.009 of $0.01, then $0.012
