@@ -7,7 +7,7 @@ under two `serve` processes on PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -104,6 +104,25 @@ async def _is(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
 
 
+async def _spender(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, proxy: TcpProxy
+) -> Callable[[], Awaitable[int]]:
+    """A `fail_open` gateway whose Redis is behind `proxy`, and a request of a key with a $0.01
+    budget ($0.003 each, a worst case of $0.0001 reserved): its status, once the ledger has it."""
+    redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "t"}
+    gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis, auth={"fail_open": True})
+    made = await gw.client.post("/api/v1/keys", json={"name": "b", "budget_usd": "0.01"}, headers=bearer(ADMIN))
+    key = bearer(made.json()["secret"])
+
+    async def spend() -> int:
+        response = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=1), headers=key)
+        assert gw.service.ledger is not None
+        await gw.service.ledger.flush()
+        return response.status_code
+
+    return spend
+
+
 async def test_fail_open_takes_each_outages_spend_from_the_ledger_of_then(
     start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, private_redis: PrivateRedis
 ) -> None:
@@ -111,17 +130,7 @@ async def test_fail_open_takes_each_outages_spend_from_the_ledger_of_then(
     nothing had been spent through Redis meanwhile (167 % of a budget in the chaos run)."""
     up.set_default(reply_json(200, COSTLY))
     with TcpProxy(private_redis.port) as proxy:
-        redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "t"}
-        gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis, auth={"fail_open": True})
-        made = await gw.client.post("/api/v1/keys", json={"name": "b", "budget_usd": "0.01"}, headers=bearer(ADMIN))
-        key = bearer(made.json()["secret"])
-
-        async def spend() -> int:
-            response = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=1), headers=key)
-            assert gw.service.ledger is not None
-            await gw.service.ledger.flush()
-            return response.status_code
-
+        spend = await _spender(start_gateway, up, monkeypatch, proxy)
         proxy.cut()  # the first outage: its spend $0 from the ledger, then $0.003
         assert await spend() == 200
         proxy.restore()
@@ -138,17 +147,7 @@ async def test_fail_open_spend_reaches_redis_once_it_answers(
     chaos run). It is added as Redis answers, before the next admission."""
     up.set_default(reply_json(200, COSTLY))
     with TcpProxy(private_redis.port) as proxy:
-        redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "t"}
-        gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis, auth={"fail_open": True})
-        made = await gw.client.post("/api/v1/keys", json={"name": "b", "budget_usd": "0.01"}, headers=bearer(ADMIN))
-        key = bearer(made.json()["secret"])
-
-        async def spend() -> int:
-            response = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=1), headers=key)
-            assert gw.service.ledger is not None
-            await gw.service.ledger.flush()
-            return response.status_code
-
+        spend = await _spender(start_gateway, up, monkeypatch, proxy)
         assert await spend() == 200  # through Redis: its spend $0.003
         await asyncio.sleep(0.1)  # its settlement sent (within 20 ms)
         proxy.cut()
