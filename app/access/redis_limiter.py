@@ -31,8 +31,8 @@ admission (before its own command, in the same write: they may free what it asks
 sends every settlement waiting as one script call per key. Under load that is one command, one reply
 and one handler for the requests that ended since the last admission, instead of one each; on
 loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU. The settlements of
-a key without `max_concurrency` are summed per second of the window (nothing to take off the in-
-flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits from its lease, so the timer, not an
+a key without `max_concurrency` are summed per second of the window (nothing to take off the
+in-flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits from its lease, so the timer, not an
 admission, sends them); a request in flight's own is written at once, with its key's waiting ones,
 before the last bytes of its answer (its `max_concurrency` slot is free to other processes only once
 Redis has it: sent later, a client sending requests one after the other to two replicas got 429s); a
@@ -80,7 +80,7 @@ class RedisLimiter:
         self.admit_script, self.settle_script, self._load = Script(ADMIT, 4), Script(SETTLE, 4), Script(LOAD, 1)
         self.failed, self.clock, self.lease_max = failed, clock, lease_max
         self.retries: set[asyncio.Future[Any]] = set()
-        self.freeing: dict[bytes, float] = {}  # what goes again until Redis takes it (`after_loss`), until when
+        self.resending: dict[bytes, float] = {}  # what goes again until Redis takes it (`after_loss`), until when
         self._lanes: dict[tuple[str, str, int, int, int, int, int], Lane] = {}
         self._unsent: dict[Lane, list[bytes]] = {}  # settlements waiting to be sent, by key
         self._unsent_timer: asyncio.TimerHandle | None = None
@@ -229,7 +229,7 @@ class RedisLimiter:
         again while Redis cannot be reached (`after_loss`), as long as the slot could be held."""
         if ask.max_concurrency >= 0:
             free = settlement_item(ask.request_id.encode(), b"0", b"0", b"-1", b"0", b"-")
-            self.freeing[free] = self._loop.time() + ask.hold_ms / 1000
+            self.resending[free] = self._loop.time() + ask.hold_ms / 1000
             self._queue(lane, free, LAZY_S)
 
     def add_spend(self, ask: Ask, spent: int) -> None:
@@ -237,7 +237,7 @@ class RedisLimiter:
         to a spend it holds only: one it lost is loaded from the ledger, which has this one)."""
         if ask.budget >= 0 and spent > 0:
             item = settlement_item(ask.request_id.encode(), b"0", b"0", b"0", b"%d" % spent, b"=")
-            self.freeing[item] = self._loop.time() + DAY_S
+            self.resending[item] = self._loop.time() + DAY_S
             self._queue(self.lane(ask), item, REFREE_S)
 
     def after_loss(self, lane: Lane, items: list[bytes]) -> bool:
@@ -250,10 +250,10 @@ class RedisLimiter:
         for item in items:
             again, free = resent(item)
             quiet = quiet and free
-            if again is not None and now < self.freeing.setdefault(again, now + REFREE_FOR_S):
+            if again is not None and now < self.resending.setdefault(again, now + REFREE_FOR_S):
                 self._queue(lane, again, REFREE_S)
             elif again is not None:
-                del self.freeing[again]
+                del self.resending[again]
         return quiet
 
     def _expire(self, lane: Lane, lease: Lease) -> None:
@@ -380,9 +380,9 @@ class _Settlement(Struct):
     def __call__(self, reply: Any) -> None:
         limiter = self.limiter
         if not isinstance(reply, RespError):
-            if limiter.freeing:  # slots given back: no more tries
+            if limiter.resending:  # taken: no more tries
                 for item in self.items:
-                    limiter.freeing.pop(item, None)
+                    limiter.resending.pop(item, None)
             return
         if str(reply).startswith("NOSCRIPT"):
             retry = asyncio.ensure_future(limiter.redis.evalsha(limiter.settle_script, self.command))

@@ -435,7 +435,7 @@ async def test_a_slot_give_back_redis_never_got_goes_again() -> None:
         relay.mode = "normal"
         await asyncio.sleep(2.0)  # its next try
         assert flight.zcard(f"{prefix}:lim:{{k1}}:flight") == 0
-        assert limiter.freeing == {}
+        assert limiter.resending == {}
     finally:
         flight.close()
         await limiter.close()
@@ -467,7 +467,7 @@ async def test_a_spend_redis_never_got_goes_again() -> None:
         await asyncio.sleep(1.5)  # its next try
         assert await _spend(limiter) == (5000, 7000)  # spent; reserved until the hold
         assert [key for key, _reason in failures] == ["k1"]  # the loss is reported once
-        assert limiter.freeing == {}
+        assert limiter.resending == {}
     finally:
         await limiter.close()
         assert relay.server is not None
