@@ -55,6 +55,7 @@ from app.edge.asgi import serve
 from app.edge.key_guard import rate_window, require_key
 from app.edge.rejection import as_gateway_error
 from app.edge.relay import StreamRenderer
+from app.edge.unified_format import json_number
 from app.errors import GatewayError, NotFound
 from app.pipeline import events as ev
 from app.service import Service
@@ -137,7 +138,7 @@ def message_of(ctx: RequestContext, outcome: ev.Outcome) -> fmt.Message:
         stop_reason=stop_reason_of(outcome),
         stop_sequence=outcome.stop_sequence,
         usage=usage_of(outcome.usage),
-        cost_usd=outcome.cost.usd,
+        cost_usd=json_number(outcome.cost.usd),
         cost_source=outcome.cost.source,
     )
 
@@ -281,7 +282,7 @@ class AnthropicStream(StreamRenderer):
         delta = fmt.MessageDelta(
             delta=fmt.Delta(stop_reason=stop_reason, stop_sequence=outcome.stop_sequence),
             usage=usage_of(outcome.usage),
-            cost_usd=outcome.cost.usd,
+            cost_usd=json_number(outcome.cost.usd),
             cost_source=outcome.cost.source,
         )
         return self._close() + fmt.frame("message_delta", delta) + fmt.MESSAGE_STOP_FRAME

@@ -14,7 +14,6 @@ block opens), the JSON-encoded string and a constant suffix: no Struct per chunk
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -196,7 +195,8 @@ class Message(Struct, tag_field="type", tag="message"):
     stop_reason: StopReason | None
     stop_sequence: str | None
     usage: Usage
-    cost_usd: Decimal | None  # the gateway's own fields, as in the native API; Anthropic's SDK ignores them
+    # `json_number`; the gateway's own fields, as in the native API; Anthropic's SDK ignores them
+    cost_usd: msgspec.Raw | None
     cost_source: CostSource | None
 
 
@@ -215,7 +215,7 @@ class Delta(Struct):
 class MessageDelta(Struct, tag_field="type", tag="message_delta"):
     delta: Delta
     usage: Usage
-    cost_usd: Decimal | None
+    cost_usd: msgspec.Raw | None  # `json_number`
     cost_source: CostSource | None
 
 

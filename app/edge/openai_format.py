@@ -16,13 +16,13 @@ chunk is that prefix, one encoded string and a constant tail.
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from app.context import RequestContext
+from app.edge.unified_format import json_number
 from app.edge.validation import MAX_TOKENS_LIMIT
 from app.errors import StreamErrorView
 from app.pipeline.events import Outcome
@@ -245,7 +245,7 @@ class UsageOut(Struct):
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
     completion_tokens_details: CompletionTokensDetails
-    cost: Decimal | None
+    cost: msgspec.Raw | None  # `json_number`
     cost_source: CostSource | None
 
 
@@ -263,7 +263,7 @@ def usage_of(outcome: Outcome) -> UsageOut:
         total_tokens=prompt + completion,
         prompt_tokens_details=PromptTokensDetails(usage.cache_read_tokens, usage.cache_write_tokens),
         completion_tokens_details=CompletionTokensDetails(usage.reasoning_tokens),
-        cost=outcome.cost.usd,
+        cost=json_number(outcome.cost.usd),
         cost_source=outcome.cost.source,
     )
 

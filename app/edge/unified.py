@@ -69,7 +69,7 @@ def response_of(ctx: RequestContext, request: CompletionRequest, outcome: ev.Out
         stop_reason=outcome.stop_reason or "end_turn",
         usage=outcome.usage or Usage(),
         output=structured_output(message) if request.schema is not None else None,
-        cost_usd=outcome.cost.usd,
+        cost_usd=fmt.json_number(outcome.cost.usd),
         cost_source=outcome.cost.source,
     )
 

@@ -1,8 +1,9 @@
 """The public output formats: the completion response and the `stream_event` SSE frames.
 
 The request format lives in `providers.types` (it is also the adapters' input); this module holds
-what the gateway sends back. Encoders are built once; `Decimal` costs are encoded as JSON numbers
-with every digit kept (`decimal_format="number"`), so `cost_usd` is exact on the wire.
+what the gateway sends back. Encoders are built once; a cost goes out as a JSON number with every
+digit kept and no exponent (`json_number`), so `cost_usd` is exact on the wire and reads as people
+write money: `0.000183`, `0`, never `1.83E-4` or `0E-10`.
 
 Frames are pre-framed bytes (`event: stream_event\\ndata: {...}\\n\\n`): the per-chunk path is one
 Struct construction, one encode and one concatenation.
@@ -18,9 +19,16 @@ from msgspec import Struct
 
 from app.errors import StreamErrorView
 from app.pipeline.events import StopReason
+from catalog.exact_sum import decimal_text
 from catalog.records import CostSource
 from providers.events import Usage
 from providers.types import Message
+
+
+def json_number(value: Decimal | None) -> msgspec.Raw | None:
+    """A cost for the wire: a JSON number, exact, without the exponent `str(Decimal)` gives below
+    1e-6 (msgspec's `decimal_format="number"` writes that text as it is)."""
+    return None if value is None else msgspec.Raw(decimal_text(value).encode())
 
 
 class CompletionResponse(Struct):
@@ -31,7 +39,7 @@ class CompletionResponse(Struct):
     stop_reason: StopReason
     usage: Usage
     output: Any
-    cost_usd: Decimal | None
+    cost_usd: msgspec.Raw | None  # `json_number`
     cost_source: CostSource | None
 
 

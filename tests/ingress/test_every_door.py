@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.gateway import GatewayHandle
-from tests.support.upstream import ReplayUpstream
+from tests.support.catalog import catalog_toml, model, price
+from tests.support.gateway import GatewayHandle, StartGateway, provider_table
+from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
 
 TRANSCRIPTS = [
     "fastrun_cached_stream",
@@ -173,3 +174,51 @@ async def test_a_transcript_reads_the_same_through_every_door(
     assert len({tuple(row[bucket] for bucket in BUCKETS) for row in rows}) == 1
     assert len({(row["cost_usd"], row["cost_source"], row["status"]) for row in rows}) == 1
     assert {row["status"] for row in rows} == {"ok"}
+
+
+ZERO_PRICED = catalog_toml(
+    model("chat-1", ("primary", "org/chat-1", 100), capabilities=["completions"], default=True),
+    prices=[price("primary", "chat-1", "0", "0")],
+)
+SMALL_COSTS = [(None, "0"), (0, "0"), (1.2e-7, "0.00000012")]  # the upstream's bill → what every door writes
+
+
+@pytest.mark.parametrize(("billed", "written"), SMALL_COSTS)
+async def test_a_small_or_zero_cost_is_written_without_an_exponent_on_every_door(
+    start_gateway: StartGateway, primary: ReplayUpstream, billed: float | None, written: str
+) -> None:
+    """`str(Decimal)` gives `0E-10` (a zero price's estimate) and `1.2E-7`: valid JSON numbers, but
+    not what a person or a strict money parser expects. Each door writes the plain decimal, JSON
+    and streamed."""
+    gw = await start_gateway(providers=provider_table({"primary": primary}), catalog=ZERO_PRICED)
+    usage = {"prompt_tokens": 3, "completion_tokens": 1} | ({} if billed is None else {"cost": billed})
+    chat = {"id": "c", "choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
+    text = {"id": "t", "object": "text_completion", "choices": [{"text": "hi", "finish_reason": "stop"}]}
+    chunks = [{"id": "c", "choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]}, {"usage": usage}]
+    for answer in (chat, chat, chat):
+        primary.enqueue(reply_json(200, {**answer, "usage": usage}))
+    primary.enqueue(reply_json(200, {**text, "usage": usage}))
+    primary.enqueue(reply_sse(chunks), repeat=3)
+    messages = [{"role": "user", "content": USER_TEXT}]
+    native_messages = [{"role": "user", "content": [{"kind": "text", "data": USER_TEXT}]}]
+    requests = [
+        ("/api/v1/completions", {"messages": native_messages}, f'"cost_usd":{written},'),
+        ("/v1/chat/completions", {"messages": messages}, f'"cost":{written},'),
+        ("/v1/messages", {"max_tokens": 9, "messages": messages}, f'"cost_usd":{written},'),
+        ("/v1/completions", {"prompt": "Say:"}, f'"cost":{written},'),
+        ("/api/v1/completions", {"stream": True, "messages": native_messages}, f'"cost_usd":{written},'),
+        (
+            "/v1/chat/completions",
+            {"stream": True, "stream_options": {"include_usage": True}, "messages": messages},
+            f'"cost":{written},',
+        ),
+        ("/v1/messages", {"stream": True, "max_tokens": 9, "messages": messages}, f'"cost_usd":{written},'),
+    ]
+    for path, body, expected in requests:
+        response = await gw.client.post(path, json=body)
+        assert response.status_code == 200, response.text
+        assert expected in response.text, (path, response.text)
+        assert "E-" not in response.text, path
+    rows = await gw.ledger_rows()
+    source = "estimated" if billed is None else "authoritative"
+    assert {(Decimal(row["cost_usd"]), row["cost_source"]) for row in rows} == {(Decimal(written), source)}
