@@ -19,6 +19,9 @@ Parser decisions: `choices[0].text` → `TextDelta`; `choices[0].logprobs` (para
 `tokens`, `token_logprobs`, `top_logprobs` as `{token: logprob}` maps, `text_offset`) → one
 `Logprobs` event after the text it belongs to, each token keeping its `text_offset`; a
 `token_logprobs` entry of null (the first echoed prompt token has no probability) stays None.
+A choice without `text` but with a chat-shaped `message.content` (whole) or `delta.content`
+(streamed), as some servers answer `/completions`, is read as that text: an answer read as empty
+would be billed and relayed as nothing.
 """
 
 from __future__ import annotations
@@ -92,11 +95,23 @@ class _TextLogprobs(Struct):
     text_offset: list[int] | None = None
 
 
+class _ChatShaped(Struct):
+    content: str | None = None
+
+
 class _TextChoice(Struct):
     index: int = 0
     text: str | None = None
     finish_reason: str | None = None
     logprobs: _TextLogprobs | None = None
+    message: _ChatShaped | None = None
+    delta: _ChatShaped | None = None
+
+    def answer_text(self) -> str | None:
+        if self.text is not None:
+            return self.text
+        shaped = self.message or self.delta
+        return None if shaped is None else shaped.content
 
 
 class _TextChunk(ChunkBase):
@@ -117,8 +132,9 @@ class TextStreamParser(OpenAIStreamParser[_TextChunk]):
         choice = answer_choice(chunk.choices)
         if choice is None:
             return None
-        if choice.text:
-            events.append(TextDelta(text=choice.text))
+        text = choice.answer_text()
+        if text:
+            events.append(TextDelta(text=text))
         if choice.logprobs is not None and choice.logprobs.tokens:
             events.append(Logprobs(token_logprobs(choice.logprobs)))
         return choice.finish_reason

@@ -95,6 +95,17 @@ def test_echoed_prompt_token_without_probability_and_missing_arrays() -> None:
     ]
 
 
+def test_a_chat_shaped_answer_is_read_as_its_text() -> None:
+    """Some servers answer `/completions` with chat's `message` / `delta`; its content is the text."""
+    choice = {"message": {"role": "assistant", "content": "Paris."}, "finish_reason": "stop"}
+    whole = msgspec.json.encode({"id": "cmpl-3", "choices": [choice]})
+    assert parse_text_response(whole) == [UpstreamMeta("cmpl-3"), TextDelta("Paris."), Finish("stop")]
+    delta = b'data: {"id": "cmpl-1", "choices": [{"delta": {"content": "Par"}}]}\n\n'
+    replay = replay_stream([delta, text_chunk("is.", "stop")], TextStreamParser())
+    assert replay.error is None
+    assert replay.events == [UpstreamMeta("cmpl-1"), TextDelta("Par"), TextDelta("is."), Finish("stop")]
+
+
 def test_truncated_stream_and_error_inside_a_200() -> None:
     truncated = replay_stream([text_chunk("Hel")], TextStreamParser())
     assert truncated.events == [UpstreamMeta("cmpl-1"), TextDelta("Hel")]
