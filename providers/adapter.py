@@ -156,10 +156,20 @@ class Provider:
                     async with contextlib.aclosing(batches_of) as batches:
                         async for batch in batches:
                             yield batch
-                elif isinstance(response, RawResponse):  # its reads keep `total`: no coroutine more per request
-                    yield dialect.parse_answer(await response.aread(deadline))
                 else:
-                    yield dialect.parse_answer(await _whole(response, deadline))
+                    if isinstance(response, RawResponse):  # its reads keep `total`: no coroutine more per request
+                        whole = await response.aread(deadline)
+                    else:
+                        whole = await _whole(response, deadline)
+                    parser = dialect.stream_parser()
+                    try:
+                        events = parser.parse_whole(whole)
+                    except UpstreamError:
+                        billed = parser.unreported()  # a failed answer's usage: those tokens were billed
+                        if billed:
+                            yield billed
+                        raise
+                    yield events
             except UpstreamError as exc:  # an error answer, or an error chunk in a stream
                 self._scrub(exc)
                 raise

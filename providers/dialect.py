@@ -3,8 +3,8 @@
 A `CompletionRequest` (messages) goes to `{base_url}/chat/completions`, a `TextCompletionRequest`
 (a raw prompt) to `{base_url}/completions`. Every provider kind serves both (providers.md), so the
 choice depends on the request alone: `Provider.events` asks `build_body` for the dialect and the
-encoded body, and takes the endpoint path, the stream parser and the whole-answer parser from the
-`Dialect`. Adding a dialect is an entry here, not a branch in the adapter.
+encoded body, and takes the endpoint path and the parser (of a stream, or of a whole answer with
+`parse_whole`) from the `Dialect`. Adding a dialect is an entry here, not a branch in the adapter.
 """
 
 from __future__ import annotations
@@ -13,21 +13,19 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from providers.config import ProviderConfig
-from providers.events import Event
-from providers.openai_chat import ChatStreamParser, build_chat_body, parse_chat_response
+from providers.openai_chat import ChatStreamParser, build_chat_body
 from providers.openai_stream import OpenAIStreamParser
-from providers.openai_text import TextStreamParser, build_text_body, parse_text_response
+from providers.openai_text import TextStreamParser, build_text_body
 from providers.types import AnyRequest, CompletionRequest, TextCompletionRequest
 
 
 class Dialect(NamedTuple):
     path: str  # relative to the provider's base_url
     stream_parser: Callable[[], OpenAIStreamParser[Any]]
-    parse_answer: Callable[[bytes], list[Event]]
 
 
-CHAT = Dialect("/chat/completions", ChatStreamParser, parse_chat_response)
-TEXT = Dialect("/completions", TextStreamParser, parse_text_response)
+CHAT = Dialect("/chat/completions", ChatStreamParser)
+TEXT = Dialect("/completions", TextStreamParser)
 DIALECTS = (CHAT, TEXT)
 
 

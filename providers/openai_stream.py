@@ -24,7 +24,10 @@ not depend on what a choice carries, so they are written once:
   channel, and any surrogate still alone (and one in another field) becomes U+FFFD (`_mend`);
 - the finish reason `tool_calls` is kept only when calls were returned (a server whose tool-call
   parser failed says `tool_calls` over plain text: that answer stopped, `stop`); vLLM's `abort`
-  (the engine gave the request up) is a failure, 502, never a clean finish of a truncated answer.
+  (the engine gave the request up) and OpenRouter's `error` (its provider failed mid-answer) are a
+  failure, 502, never a clean finish of a truncated answer. The failure is raised at the end of
+  the stream, not at that chunk: the usage chunk that follows is read first (content after it is
+  not), so the tokens the upstream billed reach the ledger (`unreported`).
 
 A dialect subclasses it with its chunk Struct (a `ChunkBase` with `choices`), its decoder, and
 `_choice` (the events of one chunk's first choice); `_closing` and `_final_reason` are the hooks
@@ -52,6 +55,12 @@ _FINISH_REASONS = {
     "tool_calls": "tool_calls",
     "function_call": "tool_calls",
     "content_filter": "content_filter",
+}
+
+
+_FAILED_FINISHES = {
+    "abort": "upstream aborted the request",  # vLLM: the engine gave it up; what came is truncated
+    "error": "upstream ended its answer with an error",  # OpenRouter: its provider failed mid-answer
 }
 
 
@@ -91,12 +100,13 @@ def raise_error_chunk(chunk: ChunkBase) -> None:
 class OpenAIStreamParser(ABC, Generic[ChunkT]):
     """Feed it the `data` payloads of one stream; it returns events (module doc)."""
 
-    __slots__ = ("_closed", "_done", "_finish", "_first", "_held", "_matched", "_usage")
+    __slots__ = ("_closed", "_done", "_failed", "_finish", "_first", "_held", "_matched", "_usage")
     decoder: ClassVar[msgspec.json.Decoder[Any]]
 
     def __init__(self) -> None:
         self._usage: OpenAIUsage | None = None
         self._finish: str | None = None
+        self._failed: str | None = None  # why the answer ended in failure (`abort`, `error`): raised at the end
         self._matched: str | None = None  # the stop string the upstream says it met (vLLM, SGLang)
         self._first = True
         self._done = False
@@ -106,7 +116,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
     @property
     def done(self) -> bool:
         """`[DONE]` was seen, or a chunk carried a finish reason: EOF now is a clean end."""
-        return self._done or self._finish is not None
+        return self._done or self._finish is not None or self._failed is not None
 
     def feed(self, payload: str | bytes) -> list[Event]:
         """The events of one `data` payload; `[DONE]` yields the closing events."""
@@ -162,14 +172,14 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
                 events.append(UpstreamMeta(upstream_request_id=chunk.id))
         if chunk.usage is not None and counts_tokens(chunk.usage):
             self._usage = chunk.usage
+        if self._failed is not None:
+            return events  # after a failed finish only its usage is read
         reason = self._choice(chunk, events)
         if reason:
-            if reason == "abort":  # vLLM: the engine aborted the request; what came is truncated
-                raise UpstreamError(Failure.TRANSIENT, "upstream aborted the request", status=502, answered=True)
-            if reason == "error":  # OpenRouter: its provider failed mid-answer (the choice has an `error`)
-                message = "upstream ended its answer with an error"
-                raise UpstreamError(Failure.TRANSIENT, message, status=502, answered=True)
-            self._finish = normalise_finish(reason)
+            if reason in _FAILED_FINISHES:
+                self._failed = reason
+            else:
+                self._finish = normalise_finish(reason)
         return events
 
     def _mend(self, events: list[Event]) -> list[Event]:
@@ -204,6 +214,8 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         """The closing events at the end of the stream; raises if it was truncated."""
         if self._closed:
             return []
+        if self._failed is not None:  # its usage stays for `unreported`
+            raise UpstreamError(Failure.TRANSIENT, _FAILED_FINISHES[self._failed], status=502, answered=True)
         if not self.done:
             raise UpstreamError(Failure.TRANSIENT, "upstream stream ended before a finish reason", status=502)
         if self._first:  # `[DONE]` and nothing before it: no answer at all, as a whole one without choices

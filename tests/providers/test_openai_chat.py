@@ -378,9 +378,12 @@ def test_abort_is_a_failure_not_a_finish() -> None:
     """vLLM's `abort`: the engine gave the request up; the text so far is truncated."""
     parser = ChatStreamParser()
     assert parser.feed(chunk({"content": "half"})) == [TextDelta("half")]
+    assert parser.feed(chunk(finish="abort")) == []  # raised at the end: its usage may follow
+    assert parser.feed(chunk({"content": "more"}, usage={"prompt_tokens": 4, "completion_tokens": 2})) == []
     with pytest.raises(UpstreamError) as failed:
-        parser.feed(chunk(finish="abort"))
-    assert (failed.value.kind, failed.value.status) == (Failure.TRANSIENT, 502)
+        parser.feed("[DONE]")
+    assert (failed.value.kind, failed.value.status, failed.value.answered) == (Failure.TRANSIENT, 502, True)
+    assert parser.unreported() == [report(input_tokens=4, output_tokens=2)]  # billed: the ledger keeps it
     with pytest.raises(UpstreamError):
         parse_chat_response(b'{"choices":[{"message":{"content":"half"},"finish_reason":"abort"}]}')
 

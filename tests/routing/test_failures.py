@@ -261,6 +261,23 @@ async def test_an_answer_that_finishes_with_an_error_is_named_by_its_status(
     assert response.json()["error"]["message"] == "all backends refused the request (alpha: 502; beta: 500)"
 
 
+async def test_the_usage_of_an_answer_that_finished_with_an_error_is_recorded(
+    start_gateway: StartGateway, alpha: ReplayUpstream
+) -> None:
+    """The upstream billed the prompt of the answer it failed: the row keeps those tokens."""
+    gw = await launch(start_gateway, {"alpha": alpha}, common={"failure_cooldown_s": 0})  # both attempts on alpha
+    alpha.enqueue(reply_json(200, OPENROUTER_ERROR_ANSWER))
+    after = [OPENROUTER_ERROR_CHUNK, usage_chunk(7, 1), chunk({"content": "y"})]
+    alpha.enqueue(reply_sse([chunk({"content": "x"}), *after]))
+    assert (await complete(gw)).status_code == 502
+    _, frames = await stream(gw)
+    assert [d["type"] for d in datas(frames)] == ["stream_start", "text_start", "text_delta", "text_end", "error"]
+    assert "".join(d.get("delta", "") for d in datas(frames)) == "x"  # no content after the failed finish
+    whole, streamed = await gw.ledger_rows()
+    assert [row_view(row) for row in (whole, streamed)] == [("error", "upstream_error", 502, 1, "alpha")] * 2
+    assert [(row["input_tokens"], row["output_tokens"]) for row in (whole, streamed)] == [(10, 0), (7, 1)]
+
+
 async def test_an_error_event_after_the_finish_reason_is_still_an_error(
     start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
 ) -> None:
@@ -364,3 +381,5 @@ async def test_garbage_or_truncated_stream_after_content_is_an_error_event(
     assert completions(beta) == []
     (row,) = await gw.ledger_rows()
     assert row_view(row) == ("error", "upstream_error", 502, 1, "alpha")
+    billed = (10, 1) if tail[0] is OPENROUTER_ERROR_CHUNK else (None, None)  # the usage after the error finish
+    assert (row["input_tokens"], row["output_tokens"]) == billed
