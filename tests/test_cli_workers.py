@@ -7,6 +7,9 @@ Uses the real Redis on this machine under a key prefix of its own, deleted after
 
 from __future__ import annotations
 
+import functools
+import json
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ from redis import Redis
 
 from tests.support.cli import Process, cli_env, complete, processes, start_mock, write_config
 from tests.support.ports import free_port
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until_sync
 
 SECRET = "sk-test-SECRET-123"
@@ -73,3 +77,28 @@ def test_two_workers_split_the_limit_and_sum_their_metrics(tmp_path: Path, prefi
 
         wait_until_sync(every_scrape_counts_six, what=lambda: f"summed metrics, last scrapes {scrapes[-3:]}")
     client.close()
+
+
+def _count(process: Process, event: str, expected: int) -> bool:
+    return process.output()[0].count(f'"event":"{event}"') == expected
+
+
+def test_connections_redis_reset_are_an_outage_not_a_bug(tmp_path: Path, prefix: str) -> None:
+    """uvloop's RuntimeError for a write on a connection Redis reset (redis-py does not wrap it)
+    is Redis lost, once per outage, then reconnected; not `redis_listener_failed` and a traceback."""
+    with processes() as started, TcpProxy(6379) as proxy:
+        extra = f'[redis]\nurl = "redis://127.0.0.1:{proxy.port}/0"\nkey_prefix = "{prefix}"\n'
+        config = write_config(tmp_path, start_mock(tmp_path, started), extra)
+        port = free_port()
+        args = ["serve", "--config", str(config), "--port", str(port)]
+        started.append(serve := Process(tmp_path, "serve", args, cli_env(SWITCHYARD_TEST_HOSTED_KEY=SECRET)))
+        serve.wait_http(f"http://127.0.0.1:{port}/healthz")
+        for outage in range(1, 3):
+            proxy.cut()
+            proxy.restore()
+            reconnects = functools.partial(_count, serve, "redis_reconnected", outage)
+            wait_until_sync(reconnects, 10, what="a reconnect")
+        assert serve.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+    events = [json.loads(line)["event"] for line in serve.output()[0].splitlines() if line.startswith("{")]
+    assert "redis_listener_failed" not in events
+    assert (events.count("redis_unavailable"), events.count("redis_reconnected")) == (2, 2)

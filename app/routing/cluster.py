@@ -63,7 +63,10 @@ STATE_TTL_S = 3600.0  # the longest a breaker or disabled record is kept
 METRICS_INTERVAL_S = 1.0
 METRICS_TTL_S = 10.0
 RECONNECT_S = 1.0
-_ERRORS = (RedisError, OSError)
+# What a lost Redis raises. uvloop raises RuntimeError ("the handler is closed") for a write on a
+# connection Redis reset, which redis-py hands up as it is; every block these are caught around
+# holds Redis calls only, so there a RuntimeError is the link, not a bug of the gateway.
+_ERRORS = (RedisError, OSError, RuntimeError)
 
 
 _encode = msgspec.json.Encoder().encode
