@@ -61,6 +61,7 @@ from app.access.worstcase import (
     period_bounds,
     seconds_until,
     show_usd,
+    time_bound_nano,
     to_nano,
     worst_cost_nano,
     worst_rates,
@@ -122,12 +123,13 @@ class Plan:
     route's worst-case rates (`worst_rates`, scaled to integers) when the key has a budget, the
     period, and Redis's lane of the key once an admission has made it (`admit`)."""
 
-    __slots__ = ("end", "lane", "period", "rates", "snapshot", "start")
+    __slots__ = ("end", "floor", "lane", "period", "rates", "snapshot", "start")
 
     def __init__(
         self, snapshot: CatalogSnapshot, start: datetime, end: datetime, period: str, rates: WorstRates | None
     ) -> None:
         self.snapshot, self.start, self.end, self.period, self.rates = snapshot, start, end, period, rates
+        self.floor = 0  # nano-dollars: the route's GPU-time bound (`worstcase.time_bound_nano`)
         self.lane: Lane | None = None
 
 
@@ -146,6 +148,11 @@ class AccessGate:
         self._outage = False
         timeouts = [p.timeouts.total for p in settings.providers.values()] or [600.0]
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
+        self._gpu_bounds = {  # the worst a request can cost on each provider priced by GPU time
+            name: time_bound_nano(Decimal(p.gpu_hour_usd), p.timeouts.total)
+            for name, p in settings.providers.items()
+            if p.gpu_hour_usd is not None
+        }
         self._plans: dict[tuple[Entry, str, str | None], Plan] = {}
         self._swept = keyring.version  # the ring's version when `_sweep` last ran
 
@@ -197,6 +204,8 @@ class AccessGate:
         if plan is None or plan.snapshot is not snapshot or not plan.start <= now < plan.end:
             plan = self._plan(entry, snapshot, model, request.provider, providers, now)
         cost = worst_cost_nano(tokens_in, tokens_out, plan.rates) if plan.rates is not None else 0
+        if cost < plan.floor:
+            cost = plan.floor
         lane = plan.lane
         if lane is not None:
             shared = self._shared
@@ -227,6 +236,8 @@ class AccessGate:
             start = max(period_start or _DAWN, rates.start or _DAWN)
             end = min(period_end or _FOREVER, rates.end or _FOREVER)
         plan = Plan(snapshot, start, end, period, rates)
+        if rates is not None and self._gpu_bounds:
+            plan.floor = max(self._gpu_bounds.get(name, 0) for name in providers)
         if self.keyring.version != self._swept:
             self._sweep()
         if len(self._plans) > 4096:

@@ -16,6 +16,13 @@ read, cache write) and the highest output-side rate (output, reasoning), and the
 over the backends: failover may land anywhere in the route. A backend with no input or output
 price makes the budget unenforceable: 403 (access.md).
 
+A backend with `gpu_hour_usd` is priced by its busy time, not by the catalog's rates (cost.md,
+`cost_source: amortized`): a request's share of that time is at most its attempt's own time in
+flight, which the provider's `timeouts.total` bounds, so its worst case there is
+`gpu_hour_usd x total / 3600` (`time_bound_nano`), and the reservation is the larger of the two
+bounds. Without it, a model with low catalog rates reserved next to nothing and settled at its
+GPU time: seven concurrent requests spent seven times a budget.
+
 Money is counted in whole nano-dollars (`NANO` per USD), rounded up, so that Redis can add and
 compare it exactly (its Lua numbers are doubles: exact up to $9 million) and rounding never lets
 the accounted spend fall below the real one.
@@ -27,6 +34,7 @@ import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -123,6 +131,12 @@ def worst_cost_nano(input_tokens: int, output_tokens: int, rates: WorstRates) ->
     rates scaled once to whole numbers), exact, without Decimal arithmetic per request."""
     cost = -(-(input_tokens * rates.rate_in + output_tokens * rates.rate_out) * 1000 // rates.scale)
     return cost if cost > 0 else 0
+
+
+def time_bound_nano(gpu_hour_usd: Decimal, seconds: float) -> int:
+    """The most `seconds` of a GPU at `gpu_hour_usd` can cost, in nano-dollars rounded up (exact:
+    in fractions, as the amortized cost itself is computed)."""
+    return math.ceil(Fraction(gpu_hour_usd) * Fraction(seconds) * 1_000_000_000 / 3600)
 
 
 def to_nano(usd: Decimal | None) -> int:
