@@ -168,10 +168,13 @@ class LocalLimiter:
         self, ask: Ask, state: _KeyState, now: float, requests: int, tokens: int
     ) -> tuple[Refusal, float] | None:
         rpm, tpm = self._limit(ask.rpm), self._limit(ask.tpm)
-        if ask.rpm >= 0 and requests + 1 > rpm:
-            return "rpm", _wait(state.buckets, now, 1, requests + 1 - rpm)
+        after = 0.0  # when both refuse, an rpm refusal's Retry-After waits for tpm too: until a request passes
         if ask.tpm >= 0 and tokens + ask.tokens > tpm:
-            return "tpm", _wait(state.buckets, now, 2, tokens + ask.tokens - tpm)
+            after = _wait(state.buckets, now, 2, tokens + ask.tokens - tpm)
+        if ask.rpm >= 0 and requests + 1 > rpm:
+            return "rpm", max(_wait(state.buckets, now, 1, requests + 1 - rpm), after)
+        if after:
+            return "tpm", after
         if ask.max_concurrency >= 0:
             clock = time.monotonic()
             for request_id in [r for r, expiry in state.flight.items() if expiry <= clock]:

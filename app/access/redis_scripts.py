@@ -161,8 +161,10 @@ if code then
     if soon and not over(lr, lt, lc) then return {6, math.max(5, math.ceil(soon - now * 1000))} end
   end
   if code == 1 then return {1, 0, reqs, toks, held, spend[1]} end
-  if code == 2 then return {2, wait('r', reqs + 1 - rpm), reqs, toks, held} end
-  return {3, wait('t', toks + tokens - tpm), reqs, toks, held}
+  local after = 0  -- an rpm refusal waits for tpm too, when both refuse: until a request would pass
+  if tpm >= 0 and toks + tokens > tpm then after = wait('t', toks + tokens - tpm) end
+  if code == 2 then return {2, math.max(wait('r', reqs + 1 - rpm), after), reqs, toks, held} end
+  return {3, after, reqs, toks, held}
 end
 if conc >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now * 1000)

@@ -57,3 +57,24 @@ async def test_the_window_sums_follow_every_admission_settlement_and_slide(monke
         window = [entry for entry in admitted if entry.second > int(clock.now) - WINDOW_S]
         assert verdict.remaining_requests == RPM - len(window)
         assert verdict.remaining_tokens == TPM - sum(entry.tokens for entry in window)
+
+
+async def test_an_rpm_refusal_waits_for_tpm_too_when_both_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retry-After is "seconds until a request would pass" (access.md): at t+31 the second request
+    leaves rpm room at t+60, but the 29 tokens of t+30 hold tpm until t+90. A client that waited
+    29 s was refused again, for tpm."""
+    clock = _Clock(1_796_400_000.0)
+    monkeypatch.setattr(limiter_module.time, "time", clock.time)
+    local = LocalLimiter()
+
+    def ask(n: int, tokens: int) -> Ask:
+        return Ask(key_id="k", request_id=f"r{n}", period="total", rpm=2, tpm=30, tokens=tokens)
+
+    assert (await local.admit(ask(1, 1))).refused is None
+    clock.now += 30
+    assert (await local.admit(ask(2, 29))).refused is None
+    clock.now += 1
+    refused = await local.admit(ask(3, 10))
+    assert (refused.refused, refused.retry_after) == ("rpm", 59.0)
+    clock.now += 59
+    assert (await local.admit(ask(4, 10))).refused is None

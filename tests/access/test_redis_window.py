@@ -47,10 +47,13 @@ class Model:
             "remaining_tokens": max(0, TPM - used),
             "reset_tokens_s": held,
         }
+        # Retry-After: until a request would pass, so an rpm refusal waits for tpm too when both refuse
+        after = self._wait(now, 1, used + tokens - TPM) if used + tokens > TPM else 0
         if requests + 1 > RPM:
-            return Verdict(refused="rpm", retry_after=self._wait(now, 0, requests + 1 - RPM) / 1000, **window)
-        if used + tokens > TPM:
-            return Verdict(refused="tpm", retry_after=self._wait(now, 1, used + tokens - TPM) / 1000, **window)
+            wait = max(self._wait(now, 0, requests + 1 - RPM), after)
+            return Verdict(refused="rpm", retry_after=wait / 1000, **window)
+        if after:
+            return Verdict(refused="tpm", retry_after=after / 1000, **window)
         bucket = self.buckets.setdefault(sec, [0, 0])
         bucket[0] += 1
         bucket[1] += tokens
