@@ -39,7 +39,7 @@ SECRET_PREFIX = "sy-"  # noqa: S105  # the secrets' public prefix, not a secret
 SECRET_BYTES = 32
 DISPLAY_CHARS = 4
 SPEND_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # `spent_since(…, None)`: every row
-SPEND_END = datetime(3000, 1, 1, tzinfo=UTC)  # no end: a row a replica's clock dated ahead counts too
+SPEND_END = datetime(3000, 1, 1, tzinfo=UTC)  # `spent_since(…, until=None)`: no end
 BudgetPeriod = Literal["day", "month", "total"]
 
 
@@ -195,13 +195,16 @@ async def revoke_key(engine: AsyncEngine, key_id: str) -> KeyRecord | None:
     return await get_key(engine, key_id)
 
 
-async def spent_since(engine: AsyncEngine, key_id: str, since: datetime | None) -> Decimal:
-    """The ledger's cost total for `key_id` from `since` (None: ever), exactly: the usage report's
+async def spent_since(
+    engine: AsyncEngine, key_id: str, since: datetime | None, until: datetime | None = None
+) -> Decimal:
+    """The ledger's cost total for `key_id` from `since` (None: ever) until `until` (exclusive; None:
+    no end, so a row a replica's clock dated ahead counts too), exactly: the usage report's
     total for the key, so whole days and hours come from the roll-ups (`catalog.usage_report`). A
     sum over the raw rows read every row of the ledger for a key's all-time spend (the reporting
     index leads with the time): 172 ms at 2 million rows on PostgreSQL, and on SQLite each cost
     was read into Python."""
-    query = UsageQuery(start=since or SPEND_EPOCH, end=SPEND_END, only_key=key_id, latency=False)
+    query = UsageQuery(start=since or SPEND_EPOCH, end=until or SPEND_END, only_key=key_id, latency=False)
     total = (await usage_report(engine, query)).totals.cost_usd
     return Decimal(total) if total is not None else Decimal(0)
 

@@ -312,7 +312,7 @@ class AccessGate:
             _tag, start, end = period_bounds(record.budget_period or "total", now)
             ttl = int(seconds_until(end, now) or 0) + DAY_S if end is not None else 0  # kept a day after
             async with asyncio.timeout(SPEND_READ_S):
-                spent = await spent_since(self._engine, ask.key_id, start)
+                spent = await spent_since(self._engine, ask.key_id, start, end)  # a period's rows only
             await limiter.load_spend(ask, to_nano(spent), ttl)
             verdict = await limiter.admit(ask)
         return verdict
@@ -362,7 +362,7 @@ class AccessGate:
             known = None
         if known is not None:
             return from_nano(known[0]), start, end
-        return await spent_since(self._engine, record.id, start), start, end
+        return await spent_since(self._engine, record.id, start, end), start, end
 
 
 def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now: datetime) -> GatewayError:

@@ -3,12 +3,16 @@ use leaves behind: no secret in any table or log line."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
 from sqlalchemy import inspect, text
 
+from catalog.ledger import write_records
 from tests.access.conftest import ADMIN, ADMIN_ENV, CATALOG, MakeKey, bearer, keyed_gateway
+from tests.catalog.test_ledger_writer import record
 from tests.support.client import COMPLETIONS, body
 from tests.support.gateway import GatewayHandle, StartGateway, provider_table
 from tests.support.logs import Logs
@@ -123,6 +127,22 @@ async def test_me_reports_spend_and_what_is_left(gw: GatewayHandle, make_key: Ma
     assert "secret_hash" not in me
     other = (await gw.client.get("/api/v1/keys/me", headers=bearer(unbudgeted["secret"]))).json()
     assert (other["spent_usd"], "remaining_usd" in other) == ("0.000005", False)  # from the ledger's sum
+
+
+async def test_a_days_spend_leaves_out_the_next_days_rows(
+    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
+) -> None:
+    """A row a replica's clock dated tomorrow counts in tomorrow's spend, not today's as well
+    (access.md: the sum of the ledger's costs for that key in the period)."""
+    up.set_default(answer("ok"))
+    key = await make_key(budget_usd="0.01", budget_period="day")
+    tomorrow = datetime.now(UTC) + timedelta(days=1)
+    assert gw.service.engine is not None
+    ahead = record(1, api_key_id=key["id"], started_at=tomorrow, finished_at=tomorrow, cost_usd=Decimal(1))
+    await write_records(gw.service.engine, [ahead])
+    me = (await gw.client.get("/api/v1/keys/me", headers=bearer(key["secret"]))).json()
+    assert (me["spent_usd"], me["remaining_usd"]) == ("0", "0.01")
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(key["secret"]))).status_code == 200
 
 
 async def test_no_secret_in_any_table_or_log_line(

@@ -1,7 +1,8 @@
 """A key's spend (`catalog.keys.spent_since`: `GET /api/v1/keys/me`, a budget's first admission in
 a period) is the usage report's total for the key, so whole days and hours come from the roll-ups:
-the sum of its rows' known costs from a moment, exactly, on both databases — a row a replica's
-clock dated ahead included, other keys' rows and unpriced rows left out."""
+the sum of its rows' known costs in a period, exactly, on both databases — other keys' rows and
+unpriced rows left out. Without an end (a `total` budget) a row a replica's clock dated ahead
+counts; a day's or month's spend leaves out the rows of the next period, which count in it."""
 
 from __future__ import annotations
 
@@ -37,5 +38,7 @@ async def test_a_keys_spend_is_the_exact_sum_of_its_known_costs(engine: AsyncEng
     assert await spent_since(engine, "key_a", None) == Decimal("3.875000000000000004")
     assert await spent_since(engine, "key_a", NOW - timedelta(days=3)) == Decimal("2.625000000000000003")
     assert await spent_since(engine, "key_a", NOW - timedelta(minutes=1)) == Decimal("2.625")
+    assert await spent_since(engine, "key_a", NOW - timedelta(minutes=1), NOW + timedelta(days=1)) == Decimal("2.5")
+    assert await spent_since(engine, "key_a", NOW + timedelta(days=2), NOW + timedelta(days=3)) == Decimal("0.125")
     assert await spent_since(engine, "key_b", None) == Decimal(7)
     assert await spent_since(engine, "key_c", None) == Decimal(0)
