@@ -21,14 +21,14 @@ import re
 import secrets
 import unicodedata
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Literal
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 from sqlalchemy import func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from catalog.files import CatalogFile
 from catalog.tables import ApiKey
@@ -123,16 +123,15 @@ async def create_key(engine: AsyncEngine, changes: KeyChanges) -> tuple[KeyRecor
     if changes.name is UNSET:
         raise ValueError("a key needs a name")
     secret = new_secret()
-    now = datetime.now(UTC)
-    row = ApiKey(
-        id=f"key_{secrets.token_hex(8)}",
-        secret_hash=hash_secret(secret),
-        prefix=display_prefix(secret),
-        created_at=now,
-        updated_at=now,
-        **changes.values(),
-    )
     async with engine.begin() as conn:
+        row = ApiKey(
+            id=f"key_{secrets.token_hex(8)}",
+            secret_hash=hash_secret(secret),
+            prefix=display_prefix(secret),
+            created_at=datetime.now(UTC),
+            updated_at=await _changed_at(conn),
+            **changes.values(),
+        )
         await conn.execute(insert(ApiKey).values(**{c: getattr(row, c) for c in _row_columns(row)}))
     return await _get(engine, row.id), secret
 
@@ -176,21 +175,31 @@ async def keys_watermark(engine: AsyncEngine) -> tuple[int, datetime | None]:
     return int(count), latest
 
 
+async def _changed_at(conn: AsyncConnection) -> datetime:
+    """`updated_at` for a change: now, or just after the table's latest `updated_at` when that is
+    not behind now. Versions are written by every host's clock (the CLI's, each replica's): a change
+    from a host whose clock was behind the last writer's got an older `updated_at` than the version
+    processes held, which kept theirs (`KeyRing.apply`), and the watermark they poll did not move;
+    the change never reached them until a restart. So every change moves both forward."""
+    latest = (await conn.execute(select(func.max(ApiKey.updated_at)))).scalar_one()
+    now = datetime.now(UTC)
+    return now if latest is None or latest < now else latest + timedelta(microseconds=1)
+
+
 async def update_key(engine: AsyncEngine, key_id: str, changes: KeyChanges) -> KeyRecord | None:
-    values = {**changes.values(), "updated_at": datetime.now(UTC)}
     async with engine.begin() as conn:
+        values = {**changes.values(), "updated_at": await _changed_at(conn)}
         result = await conn.execute(update(ApiKey).where(ApiKey.id == key_id).values(**values))
     return await get_key(engine, key_id) if result.rowcount else None
 
 
 async def revoke_key(engine: AsyncEngine, key_id: str) -> KeyRecord | None:
     """Revoked keys stay (their ledger rows point at them); revoking twice keeps the first time."""
-    now = datetime.now(UTC)
     async with engine.begin() as conn:
         await conn.execute(
             update(ApiKey)
             .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
-            .values(revoked_at=now, updated_at=now)
+            .values(revoked_at=datetime.now(UTC), updated_at=await _changed_at(conn))
         )
     return await get_key(engine, key_id)
 

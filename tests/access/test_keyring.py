@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import msgspec
 import pytest
 import structlog
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.access.gate import AccessGate
@@ -22,7 +23,16 @@ from app.errors import AuthenticationFailed
 from app.metrics import Counter
 from app.settings import Settings
 from catalog.database import open_engine
-from catalog.keys import KeyChanges, KeyRecord, create_key, hash_secret, list_keys, revoke_key, update_key
+from catalog.keys import (
+    KeyChanges,
+    KeyRecord,
+    create_key,
+    hash_secret,
+    keys_watermark,
+    list_keys,
+    revoke_key,
+    update_key,
+)
 from catalog.migrate import upgrade_async
 from catalog.snapshot import ModelEntry
 
@@ -159,6 +169,44 @@ async def test_a_snapshot_older_than_a_change_keeps_the_change_and_the_new_key(t
     await ring.reload()  # a fresh snapshot has both as they are
     assert ring.by_id[first.id].record.budget_usd == Decimal(5)
     assert ring.authenticate(_headers(secret)).record.id == second.id
+
+
+@pytest.mark.parametrize("change", ["update", "revoke", "create"])
+async def test_a_change_from_a_host_whose_clock_is_behind_still_reaches_the_ring(
+    table: AsyncEngine, change: str
+) -> None:
+    """The version processes hold was written by a host whose clock is 30 s ahead (a replica);
+    the CLI's change, on a clock behind it, must still move the key's version and the table's
+    watermark forward: processes kept their version, the change never reached them."""
+    record, secret = await create_key(table, KeyChanges(name="k"))
+    async with table.begin() as conn:  # the last writer's clock was ahead
+        await conn.execute(text("UPDATE keys SET updated_at = :at"), {"at": _sqlite_time(record.updated_at, 30)})
+    ring = _table_ring(table)
+    await ring.reload()
+    held = ring.by_id[record.id].record.updated_at
+    assert held >= record.updated_at + timedelta(seconds=30)
+    if change == "update":
+        changed = await update_key(table, record.id, KeyChanges(name="renamed"))
+    elif change == "revoke":
+        changed = await revoke_key(table, record.id)
+    else:
+        changed, _ = await create_key(table, KeyChanges(name="new"))
+    assert changed is not None
+    assert changed.updated_at > held
+    assert (await keys_watermark(table))[1] == changed.updated_at  # the poll sees it
+    ring.apply(changed)
+    if change == "update":
+        assert ring.by_id[record.id].record.name == "renamed"
+    elif change == "revoke":
+        with pytest.raises(AuthenticationFailed):
+            ring.authenticate(_headers(secret))
+    else:
+        assert changed.id in ring.by_id
+
+
+def _sqlite_time(at: datetime, ahead_s: int) -> str:
+    """How `UTCDateTime` keeps a time on SQLite (naive UTC ISO text), `ahead_s` later."""
+    return (at + timedelta(seconds=ahead_s)).astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ")
 
 
 def test_a_key_revoked_after_the_edge_authenticated_it_is_refused_at_the_gate() -> None:
