@@ -72,12 +72,12 @@ class RedisLimiter:
         clock: Callable[[], int] | None = None,
         lease_max: int = LEASE_MAX,
     ) -> None:
-        """`failed(key_id, reason)` hears of a settlement Redis did not take (nobody awaits one);
-        `clock` (microseconds since the epoch) replaces Redis's `TIME` in admissions (tests; a
-        lease lasts in the loop's time, so a test stepping its clock passes `lease_max=1`: no
-        leases); `lease_max` is the most admissions a lease holds (`app.access.lease`)."""
-        self.prefix, self.redis = settings.key_prefix, RespClient(settings.url, timeout=1.0)
+        """`failed(key_id, reason)` hears of a settlement Redis did not take (nobody awaits one); `clock`
+        (µs since the epoch) replaces Redis's `TIME` in admissions (tests, with `lease_max=1`: a lease
+        lasts in the loop's time); `lease_max`: the most admissions a lease holds (`app.access.lease`)."""
         self.admit_script, self.settle_script, self._load = Script(ADMIT, 4), Script(SETTLE, 4), Script(LOAD, 1)
+        scripts = (self.admit_script, self.settle_script, self._load)  # loaded on each connection
+        self.prefix, self.redis = settings.key_prefix, RespClient(settings.url, 1.0, scripts)
         self.failed, self.clock, self.lease_max = failed, clock, lease_max
         self.retries: set[asyncio.Future[Any]] = set()
         self.resending: dict[bytes, float] = {}  # what goes again until Redis takes it (`after_loss`), until when

@@ -28,7 +28,7 @@ import contextlib
 import hashlib
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
@@ -168,7 +168,11 @@ def encode(args: tuple[bytes | str | int, ...]) -> bytes:
 class RespClient:
     """One pipelined connection to Redis, opened on first use and again after a failure."""
 
-    def __init__(self, url: str, timeout: float = 1.0) -> None:
+    def __init__(self, url: str, timeout: float = 1.0, scripts: Sequence[Script] = ()) -> None:
+        """`scripts` are loaded on every new connection, before any command of the client's: after
+        a restart (connections drop, Redis forgets its scripts) an `EVALSHA` meeting `NOSCRIPT` was
+        sent again once its script was loaded, behind the commands posted meanwhile, so the first
+        admission after a restart could run before the settlement that came before it."""
         parts = urlsplit(url)
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or 6379
@@ -180,6 +184,7 @@ class RespClient:
             self._hello.append(("AUTH", user, password) if user else ("AUTH", password))
         if parts.path.strip("/") not in ("", "0"):
             self._hello.append(("SELECT", int(parts.path.strip("/"))))
+        self._hello += [("SCRIPT", "LOAD", script.source) for script in scripts]
         self._timeout = timeout
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Task[_Protocol] | None = None
@@ -307,12 +312,12 @@ class RespClient:
 
 
 async def _hello(protocol: _Protocol, commands: list[tuple[bytes | str | int, ...]]) -> None:
-    """`AUTH` and `SELECT` on a new connection, queued at once, before the client publishes the
-    connection: a command posted meanwhile waits for the connect (published during `AUTH`'s round
-    trip, a command ran before `SELECT`, or after a refused one, in database 0). On the connection
-    itself, not through `RespClient.call`: reset before them (uvloop may report the reset first),
-    `call` waited for a new connection, the one being made (its own task), and every later call
-    of the process with it."""
+    """`AUTH`, `SELECT` and the scripts' `SCRIPT LOAD` on a new connection, queued at once, before
+    the client publishes the connection: a command posted meanwhile waits for the connect
+    (published during `AUTH`'s round trip, a command ran before `SELECT`, or after a refused one, in
+    database 0). On the connection itself, not through `RespClient.call`: reset before them
+    (uvloop may report the reset first), `call` waited for a new connection, the one being made
+    (its own task), and every later call of the process with it."""
     if protocol.lost is not None:
         raise protocol.lost
     replies = await asyncio.gather(*(protocol.send(encode(command)) for command in commands), return_exceptions=True)

@@ -48,6 +48,33 @@ async def test_a_script_is_loaded_on_noscript_and_returns_nested_replies() -> No
         await client.close()
 
 
+async def test_the_clients_scripts_are_loaded_by_each_connection_before_its_first_command() -> None:
+    """After a restart (Redis forgets its scripts and drops the connection) a script's first
+    `EVALSHA` runs at once, in its order among the commands posted: on `NOSCRIPT` it went again
+    once loaded, behind them (an admission ran before the settlement posted first)."""
+    script = Script(f"-- {uuid.uuid4().hex}\nreturn ARGV[1]", 0)
+    client = RespClient(URL, scripts=[script])
+    other = RespClient(URL)
+    try:
+        for _ in range(2):
+            assert await client.post(script.command(b"", (b"first",))) == b"first"  # no NOSCRIPT, no retry
+            own_id = await client.call("CLIENT", "ID")
+            await other.call("SCRIPT", "FLUSH")  # as a restart: the scripts and the connection gone
+            await other.call("CLIENT", "KILL", "ID", own_id)
+            await _until_lost(client)
+    finally:
+        await client.close()
+        await other.close()
+
+
+async def _until_lost(client: RespClient) -> None:
+    for _ in range(100):
+        if not client.connected:
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail("the killed connection was not seen lost")
+
+
 async def test_a_silent_server_is_dropped_after_the_timeout_and_the_next_call_reconnects() -> None:
     connections: list[asyncio.StreamWriter] = []
 
