@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.access.gate import AccessGate
 from app.access.keyring import KeyRing
+from app.access.resp import RespError
 from app.catalog_watch import CatalogWatch
 from app.exposition import GatewayCollector
 from app.logging import LineWriter, get_logger
@@ -265,6 +266,21 @@ class Service:
         except Exception:
             return False
         return True
+
+    async def limits_state(self) -> str | None:
+        """`/readyz`'s `limits`, with Redis's limiter (keys mode and `[redis]`): `ok` when it answers
+        `PING` within `READY_CHECK_S`; else `unavailable` (limited keys get 503) or `local` (each
+        process enforces its share: `fail_open`). Not a condition of readiness: every replica shares
+        the one Redis, and keys without limits are served as ever."""
+        shared = self.access.shared if self.access is not None else None
+        if shared is None:
+            return None
+        try:
+            async with asyncio.timeout(READY_CHECK_S):
+                await shared.redis.call("PING")
+        except (RespError, TimeoutError):
+            return "local" if self.settings.auth.fail_open else "unavailable"
+        return "ok"
 
 
 def tune_gc() -> None:

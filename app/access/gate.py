@@ -156,6 +156,10 @@ class AccessGate:
         self._plans: dict[tuple[Entry, str, str | None], Plan] = {}
         self._swept = keyring.version  # the ring's version when `_sweep` last ran
 
+    @property
+    def shared(self) -> RedisLimiter | None:
+        return self._shared
+
     async def close(self) -> None:
         if self._shared is not None:
             await self._shared.drain()

@@ -3,7 +3,7 @@
 `/readyz` is ready with the database reachable, a backend ready and requests recordable; its
 `ledger` says how the usage ledger stands (`Service.ledger_state`): `ok`, `behind` (the database
 is failing or rows are waiting in the journal), `unwritable` (the journal cannot be written) or
-`disabled`.
+`disabled`; with keys and Redis, `limits` says whether Redis's limiter answers (`Service.limits_state`).
 
 (`POST /api/v1/completions` is a raw ASGI route in `app.edge.unified`.) Errors are raised as
 `GatewayError` and rendered by the one exception handler in `app.application`.
@@ -75,6 +75,9 @@ async def readyz(state: State) -> Response[bytes]:
     backends = router is not None and any(b.ready(now) for b in router.all_backends())
     ok = database and backends and service.recording
     status = "ok" if ok else "unavailable"
-    ledger = service.ledger_state
-    body = _plain_encoder.encode({"status": status, "database": database, "backends": backends, "ledger": ledger})
+    view = {"status": status, "database": database, "backends": backends, "ledger": service.ledger_state}
+    limits = await service.limits_state()
+    if limits is not None:
+        view["limits"] = limits
+    body = _plain_encoder.encode(view)
     return Response(body, media_type=_JSON, status_code=200 if ok else 503)

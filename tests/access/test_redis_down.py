@@ -41,8 +41,12 @@ async def test_limited_keys_fail_closed(
     gw = await keyed_gateway(start_gateway, up, monkeypatch, redis={"url": private_redis.url, "key_prefix": "t"})
     limited, plain = await _two_keys(gw)
     assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(limited))).status_code == 200
+    assert (await gw.client.get("/readyz")).json()["limits"] == "ok"
 
     private_redis.stop()
+
+    ready = await gw.client.get("/readyz")  # still ready (keys without limits are served), and says why not all
+    assert (ready.status_code, ready.json()["status"], ready.json()["limits"]) == (200, "ok", "unavailable")
 
     refused = await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(limited))
     assert refused.status_code == 503
@@ -75,6 +79,7 @@ async def test_fail_open_enforces_the_local_share_and_says_so(
 
     assert statuses == [200, 200, 429]  # this one process is all there is: its share is the whole rpm
     assert "switchyard_limits_local_total 3.0" in (await client.get("/metrics")).text
+    assert (await client.get("/readyz")).json()["limits"] == "local"
     (line,) = logs.lines("limits_local", gw)
     assert line["level"] == "error"
 
