@@ -220,20 +220,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _body_timed_out(self) -> None:
         self._deadline = None
-        cycle = self.cycle
-        if self.transport.is_closing() or cycle is None:
-            return
-        if not cycle.response_started:
-            request_id = self.scope.get("state", {}).get("request_id") or uuid7()  # the app's, if it set one
-            error = RequestTimeout("request body not received in time")
-            self.transport.write(_raw_response(error, request_id, self.scope.get("raw_path", b"")))
-        cycle.disconnected = True  # the application's receive() now says http.disconnect
-        cycle.message_event.set()
-        self.transport.close()
+        if not self.transport.is_closing() and self.cycle is not None:
+            self._refuse_body(RequestTimeout("request body not received in time"))
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to what httptools cannot parse (a CR or a NUL in a header value, a
         broken request line): plain text there, the gateway's JSON error here, as every other."""
+        if self._phase == _BODY:  # the head was read: its body's framing (a chunk size) is broken
+            self._refuse_body(InvalidRequest("malformed HTTP request: its chunked body breaks HTTP's rules"))
+            return
         self._refuse_head(InvalidRequest("malformed HTTP request: a header or the request line breaks HTTP's rules"))
 
     def _refuse_head(self, error: GatewayError) -> None:
@@ -241,6 +236,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         request is still being sent."""
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(_raw_response(error, uuid7(), self.url))
+        self.transport.close()
+
+    def _refuse_body(self, error: GatewayError) -> None:
+        """Answer `error` to a request whose body cannot be read (too slow, or its chunks broken),
+        unless its response has begun, and close; the application, waiting for that body, hears the
+        client gone. A broken chunk size used to get no answer at all: only the close."""
+        cycle = self.cycle
+        if cycle is None:
+            self._refuse_head(error)
+            return
+        if not cycle.response_started:
+            request_id = self.scope.get("state", {}).get("request_id") or uuid7()  # the app's, if it set one
+            self.transport.write(_raw_response(error, request_id, self.scope.get("raw_path", b"")))
+        cycle.disconnected = True  # the application's receive() now says http.disconnect
+        cycle.message_event.set()
         self.transport.close()
 
 

@@ -272,6 +272,25 @@ async def test_a_head_httptools_cannot_parse_gets_the_json_error(guarded: Gatewa
         assert ("type" in body) == head.startswith(b"POST /v1/messages")  # Anthropic's shape on its door
 
 
+@pytest.mark.parametrize("size", [b"zz", b"-5", b"ffffffffffffffffff"])
+async def test_a_chunked_body_whose_framing_breaks_gets_the_json_error(
+    guarded: GatewayHandle, primary: ReplayUpstream, size: bytes
+) -> None:
+    """The head was read (the application waits for the body), then a chunk size is not one: the
+    client got no answer at all, only the close."""
+    chunked = HEAD + b"transfer-encoding: chunked\r\n\r\n"
+    answer = await exchange(guarded, chunked + size + b"\r\n{}\r\n0\r\n\r\n")
+    assert_refused(answer, 400)
+    assert msgspec.json.decode(answer.body)["error"]["message"] == (
+        "malformed HTTP request: its chunked body breaks HTTP's rules"
+    )
+    assert primary.requests == []
+    primary.enqueue(reply_json(200, {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}))
+    framed = HEAD + b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n%x\r\n" % len(BODY)
+    served = await exchange(guarded, framed + BODY + b"\r\n0\r\n\r\n")
+    assert served.status == 200, served  # a well-framed chunked body is read as before
+
+
 async def test_what_the_connection_refuses_is_logged_with_the_id_the_client_got(
     logs: Logs, start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
 ) -> None:
