@@ -135,6 +135,20 @@ CASES = [
     Case("max_tokens over max_output", body({"messages": [USER], "max_tokens": 4097}), 400, "max_tokens"),
     Case("prompt over the context window", body({"messages": [text(300_000)]}), 400, "messages"),
     Case("prompt plus max_tokens over", body({"messages": [text(250_000)], "max_tokens": 4096}), 400, "messages"),
+    # named by the part holding most of it
+    Case("a system text over the context window", body({"messages": [USER], "system": "s" * 300_000}), 400, "system"),
+    Case(
+        "a schema over the context window",
+        body({"messages": [USER], "schema": {"type": "object", "description": "d" * 300_000}}),
+        400,
+        "schema",
+    ),
+    Case(
+        "tools over the context window",
+        body({"messages": [USER], "tools": [{"name": "f", "description": "d" * 300_000}]}),
+        400,
+        "tools",
+    ),
     # client values megabytes long: echoed as a short prefix
     Case("5 MB model name", body({"model": LONG, "messages": [USER]}), 400, "model"),
     Case("5 MB provider pin", body({"provider": LONG, "messages": [USER]}), 400, "provider"),

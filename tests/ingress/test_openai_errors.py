@@ -148,6 +148,22 @@ BAD = [
     ({"messages": [USER], "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
     ({"messages": [USER], "stop": ""}, "stop"),
     ({"messages": [USER], "stop": ["END", ""]}, "stop"),
+    # a prompt over the context window, named by the part that holds most of it
+    ({"messages": [{"role": "system", "content": "s" * 300_000}, USER]}, "messages"),
+    (
+        {"messages": [USER], "tools": [{**TOOL, "function": {"name": "f", "description": "d" * 300_000}}]},
+        "tools",
+    ),
+    (
+        {
+            "messages": [USER],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": {"description": "d" * 300_000}},
+            },
+        },
+        "response_format",
+    ),
 ]
 
 

@@ -202,6 +202,17 @@ def image_of(media_type: str) -> dict[str, Any]:
             "output_config.format.schema",
             None,
         ),
+        # a prompt over the context window, named by the part that holds most of it
+        ({"max_tokens": 8, "messages": [USER], "system": "s" * 1_100_000}, "system", None),
+        (
+            {
+                "max_tokens": 8,
+                "messages": [USER],
+                "output_config": {"format": {"type": "json_schema", "schema": {"description": "d" * 1_100_000}}},
+            },
+            "output_config.format.schema",
+            None,
+        ),
     ],
 )
 async def test_invalid_requests_are_400_naming_the_field(
