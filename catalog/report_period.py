@@ -46,7 +46,7 @@ def parse_instant(param: str, value: str) -> datetime:
     except OverflowError:  # an offset that moves it out of the years 1 to 9999
         instant = None
     if instant is None or not EARLIEST <= instant < LATEST:
-        raise QueryError(param, f"out of range: {value[:64]!r} (from 0001-02-01 to 9999-12-01)")
+        raise QueryError(param, f"out of range: {value[:64]!r} (from 0001-02-01, up to but not including 9999-12-01)")
     return instant
 
 

@@ -19,9 +19,11 @@ cost.md is silent:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote, unquote_to_bytes
 
 import msgspec
 
@@ -105,6 +107,8 @@ class UsageReport(msgspec.Struct, kw_only=True):
 def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | None = None) -> UsageQuery:
     """The `UsageQuery` that `params` ask for; QueryError names the first bad parameter."""
     for name in params:
+        if not name.strip():  # `?=x`, `?&=`: a name the message could not show
+            raise QueryError(name[:64], f"a parameter without a name ({name[:64]!r}; one of {', '.join(PARAMETERS)})")
         if name not in PARAMETERS:
             raise QueryError(name[:64], "unknown parameter")
     period = parse_period(params.get("from"), params.get("to"), now)
@@ -114,8 +118,8 @@ def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | Non
             raise QueryError("group_by", f"unknown group {name[:64]!r} (one of {', '.join(GROUPS)})")
     filters: dict[str, Any] = {name: _values(params, name) for name in FILTERS}
     for name, values in filters.items():
-        if any(char < " " or "\ud800" <= char <= "\udfff" for value in values for char in value):
-            raise QueryError(name, "must not hold control characters or undecodable bytes")  # a NUL: PostgreSQL's error
+        if any(_UNREADABLE_CHAR.search(value) for value in values):
+            raise QueryError(name, UNREADABLE)  # a NUL: PostgreSQL's error; a control no key or model name holds
     for name, known in (("status", STATUSES), ("api", APIS)):
         for value in filters[name]:
             if value not in known:
@@ -133,6 +137,24 @@ def parse_query(params: Mapping[str, str], now: datetime, *, only_key: str | Non
         latency=latency,
         **filters,
     )
+
+
+UNREADABLE = "must not hold control characters or undecodable bytes"
+_UNREADABLE_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # C0, DEL, C1, lone surrogates
+
+
+def undecodable(query_string: bytes) -> str | None:
+    """The first parameter of a raw query string whose name or value is not UTF-8 once
+    percent-decoded, or None. The parsed query has U+FFFD in its place (`?owner=%FF`), a filter on
+    a name nobody has that answered an empty report, not the 400 a bad value gets."""
+    for pair in query_string.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        try:
+            unquote_to_bytes(name.replace(b"+", b" ")).decode()
+            unquote_to_bytes(value.replace(b"+", b" ")).decode()
+        except UnicodeDecodeError:
+            return unquote(name.decode("latin-1").replace("+", " "), errors="replace")[:64]
+    return None
 
 
 def _values(params: Mapping[str, str], name: str) -> tuple[str, ...]:

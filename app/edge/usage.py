@@ -38,7 +38,7 @@ from app.errors import DatabaseUnavailable, InvalidRequest, NotFound
 from app.service import Service
 from catalog.database import database_unreachable
 from catalog.report_period import QueryError
-from catalog.usage_query import UsageQuery, parse_query
+from catalog.usage_query import UNREADABLE, UsageQuery, parse_query, undecodable
 from catalog.usage_report import usage_report
 
 _encoder = msgspec.json.Encoder()
@@ -78,6 +78,9 @@ def _accepts_gzip(header: str) -> bool:
 
 
 def _query(request: Request[Any, Any, Any], **changes: Any) -> UsageQuery:
+    bad = undecodable(request.scope.get("query_string", b""))
+    if bad is not None:
+        raise InvalidRequest(f"{bad}: {UNREADABLE}", param=bad)
     try:
         query = parse_query(_params(request), datetime.now(UTC), only_key=visible_key(request))
     except QueryError as exc:

@@ -94,15 +94,22 @@ async def test_the_report_is_the_ledgers_aggregate(gw: GatewayHandle, params: di
         ("from=0001-01-01T00:00:00%2B14:00", "from"),  # in UTC, the year 0
         ("to=9999-12-31T23:59:59-12:00", "to"),  # in UTC, the year 10000
         ("from=2026-01-01&to=9999-12-31", "to"),  # the report's day and hour rounding would overflow
+        # filters that name nothing a ledger can hold: they answered an empty report
+        ("owner=%FF", "owner"),  # not UTF-8 (the parsed query has U+FFFD there)
+        ("model=%ED%A0%80", "model"),  # a surrogate's encoding, not UTF-8 either
+        ("model=a%7Fb", "model"),  # DEL
+        ("key=a%C2%85b", "key"),  # a C1 control (NEL)
+        ("=x", ""),  # a parameter without a name: its message says so
     ],
 )
 async def test_a_bad_parameter_is_a_400_naming_it(gw: GatewayHandle, query: str, param: str) -> None:
     response = await gw.client.get(f"{USAGE}?{query}")
-    assert response.status_code == 400
+    assert response.status_code == 400, response.text
     body = response.json()
     error = body["error"]
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", 400, param)
     assert error["message"].startswith(f"{param}: ")
+    assert not error["message"].startswith(": unknown parameter")
     assert body["errors"][0]["status"] == "400"
     assert body["errors"][0]["detail"] == error["message"]
     assert response.headers["x-request-id"] == body["request_id"]
