@@ -5,9 +5,9 @@
   without `Content-Type` is taken as JSON, so `curl --data-binary @body.json` works as is; but curl's
   `-d` default, `application/x-www-form-urlencoded`, like every other type, is a 415 that says
   which header to send — a form body silently parsed as JSON would hide the client's mistake.
-- `Content-Encoding` must be absent or `identity`: the gateway decodes no compressed bodies (a
-  gzip body would otherwise be a confusing "not valid JSON", and inflating one is a way to turn a
-  small request into a large allocation).
+- `Content-Encoding` must be absent or `identity`, and `Transfer-Encoding` name no coding but
+  `chunked`: the gateway decodes no compressed bodies (a gzip body would otherwise be a confusing
+  "not valid JSON", and inflating one is a way to turn a small request into a large allocation).
 
 `check_json_headers(scope["headers"])` is called by each JSON door before it reads the body, so
 the rejection costs no body read; the error closes the connection (the unread body goes with it).
@@ -34,6 +34,11 @@ def check_json_headers(headers: Iterable[tuple[bytes, bytes]]) -> None:
         elif name == b"content-encoding" and value.strip().lower() not in (b"identity", b""):
             shown = clip(value.decode("latin-1"))
             raise UnsupportedMediaType(f"content-encoding '{shown}' is not supported: send the body uncompressed")
+        elif name == b"transfer-encoding" and any(
+            coding.strip() not in (b"chunked", b"identity", b"") for coding in value.lower().split(b",")
+        ):
+            shown = clip(value.decode("latin-1"))
+            raise UnsupportedMediaType(f"transfer-encoding '{shown}' is not supported: send the body uncompressed")
 
 
 def _is_json(value: bytes) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import time
 
 import msgspec
@@ -289,6 +290,17 @@ async def test_a_chunked_body_whose_framing_breaks_gets_the_json_error(
     framed = HEAD + b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n%x\r\n" % len(BODY)
     served = await exchange(guarded, framed + BODY + b"\r\n0\r\n\r\n")
     assert served.status == 200, served  # a well-framed chunked body is read as before
+
+
+@pytest.mark.parametrize("codings", [b"gzip, chunked", b"deflate,chunked", b"br, chunked"])
+async def test_a_compressed_transfer_coding_is_a_415_naming_it(guarded: GatewayHandle, codings: bytes) -> None:
+    """As `content-encoding: gzip` is: the body was read as JSON, "not valid JSON" at byte 0."""
+    packed = gzip.compress(BODY)
+    head = HEAD + b"transfer-encoding: %s\r\nconnection: close\r\n\r\n%x\r\n" % (codings, len(packed))
+    answer = await exchange(guarded, head + packed + b"\r\n0\r\n\r\n")
+    assert_refused(answer, 415)
+    message = msgspec.json.decode(answer.body)["error"]["message"]
+    assert message == f"transfer-encoding '{codings.decode()}' is not supported: send the body uncompressed"
 
 
 async def test_what_the_connection_refuses_is_logged_with_the_id_the_client_got(
