@@ -11,11 +11,11 @@ the service's engine, off the hot path; each is one grouped SQL aggregate. With 
 from __future__ import annotations
 
 import msgspec
-from litestar import Request, get
+from litestar import Request, route
 from litestar.datastructures import State
 from litestar.response import Response
 
-from app.edge.key_guard import rate_window, require_admin
+from app.edge.key_guard import GET_HEAD, rate_window, require_admin
 from app.errors import InvalidRequest
 from app.service import Service
 from catalog.drift import price_drift
@@ -39,7 +39,7 @@ def _period(request: Request[object, object, State]) -> Period:
         raise InvalidRequest(exc.message, param=exc.param) from None
 
 
-@get("/api/v1/catalog/drift", middleware=[rate_window], guards=[require_admin])
+@route("/api/v1/catalog/drift", http_method=GET_HEAD, middleware=[rate_window], guards=[require_admin])
 async def catalog_drift(request: Request[object, object, State], state: State) -> Response[bytes]:
     period = _period(request)
     service: Service = state.service
@@ -47,7 +47,7 @@ async def catalog_drift(request: Request[object, object, State], state: State) -
     return Response(_encoder.encode(await price_drift(service.engine, period)), media_type=_JSON)
 
 
-@get("/api/v1/catalog/gpu-cost", middleware=[rate_window], guards=[require_admin])
+@route("/api/v1/catalog/gpu-cost", http_method=GET_HEAD, middleware=[rate_window], guards=[require_admin])
 async def catalog_gpu_cost(request: Request[object, object, State], state: State) -> Response[bytes]:
     period = _period(request)
     service: Service = state.service

@@ -15,17 +15,16 @@ import asyncio
 from typing import Any
 
 import msgspec
-from litestar import HttpMethod, Request, get, route
+from litestar import Request, route
 from litestar.datastructures import State
 from litestar.response import Response
 
-from app.edge.key_guard import rate_window, require_key, visible
+from app.edge.key_guard import GET_HEAD, rate_window, require_key, visible
 from app.edge.models_view import model_list
 from app.exposition import CONTENT_TYPE
 from app.service import Service
 
 _JSON = "application/json"
-_GET_HEAD = [HttpMethod.GET, HttpMethod.HEAD]  # health checkers and load balancers that probe with HEAD
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _plain_encoder = msgspec.json.Encoder()
 
@@ -35,7 +34,7 @@ def _service(state: State) -> Service:
     return service
 
 
-@get("/api/v1/models", middleware=[rate_window], guards=[require_key])
+@route("/api/v1/models", http_method=GET_HEAD, middleware=[rate_window], guards=[require_key])
 async def list_models(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every model, or with API keys the models the caller's key may use."""
     router = _service(state).router
@@ -49,18 +48,18 @@ async def list_models(state: State, request: Request[Any, Any, Any]) -> Response
     return Response(_plain_encoder.encode(models), media_type=_JSON)
 
 
-@route("/metrics", http_method=_GET_HEAD)
+@route("/metrics", http_method=GET_HEAD)
 async def metrics(state: State) -> Response[bytes]:
     # Set as a header: from `media_type` Litestar would append a second `charset` to it.
     return Response(await _service(state).render_metrics(), headers={"content-type": CONTENT_TYPE})
 
 
-@route("/healthz", http_method=_GET_HEAD)
+@route("/healthz", http_method=GET_HEAD)
 async def healthz() -> Response[bytes]:
     return Response(b'{"status":"ok"}', media_type=_JSON)
 
 
-@route("/readyz", http_method=_GET_HEAD)
+@route("/readyz", http_method=GET_HEAD)
 async def readyz(state: State) -> Response[bytes]:
     """api.md: ready when the database answers, a backend is ready and usage can be recorded. A
     backend counts as ready until a probe says otherwise, so a readiness check that comes before

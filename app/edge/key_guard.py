@@ -22,6 +22,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from litestar import HttpMethod
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,6 +36,8 @@ from catalog.snapshot import CatalogSnapshot, ModelEntry
 
 _STATE = "api_key"
 _RATE = "api_key_rate_headers"
+
+GET_HEAD = [HttpMethod.GET, HttpMethod.HEAD]  # every read route's: RFC 9110 has a GET route answer HEAD too
 
 
 async def require_key(connection: ASGIConnection[Any, Any, Any, Any], _handler: BaseRouteHandler) -> None:

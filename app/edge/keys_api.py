@@ -21,13 +21,13 @@ from decimal import Decimal
 from typing import Any
 
 import msgspec
-from litestar import HttpMethod, Request, Router, get, route
+from litestar import HttpMethod, Request, Router, route
 from litestar.response import Response
 from msgspec import UNSET, Struct, UnsetType
 
 from app.access.keyring import POLL_S, REDIS_POLL_S, announce
 from app.edge.guards import check_json_headers
-from app.edge.key_guard import caller, rate_window, require_admin, require_key
+from app.edge.key_guard import GET_HEAD, caller, rate_window, require_admin, require_key
 from app.edge.validation import validation_error
 from app.errors import InvalidRequest, NotFound, clip
 from app.service import Service
@@ -187,7 +187,7 @@ async def list_all(request: Request[Any, Any, Any]) -> Response[bytes]:
     return _json({"data": [to_builtins(record) for record in await list_keys(service.engine)]})
 
 
-@get("/me", guards=[require_key])
+@route("/me", http_method=GET_HEAD, guards=[require_key])
 async def me(request: Request[Any, Any, Any]) -> Response[bytes]:
     service = _service(request)
     entry = caller(request)

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from litestar import Request, asgi, get
+from litestar import Request, asgi, route
 from litestar.datastructures import State
 from litestar.response import Response
 from litestar.types import Receive, Scope, Send
@@ -36,7 +36,7 @@ from msgspec import UNSET
 from app.context import RequestContext
 from app.edge import openai_format as fmt
 from app.edge.asgi import serve
-from app.edge.key_guard import rate_window, require_key, visible
+from app.edge.key_guard import GET_HEAD, rate_window, require_key, visible
 from app.edge.openai_format import created_of, usage_of
 from app.edge.openai_translate import decode_chat, to_request
 from app.edge.relay import StreamRenderer
@@ -79,7 +79,7 @@ def _translate(body: bytes, _service: Service) -> _Chat:
     return _Chat(decode_chat(body))
 
 
-@get("/v1/models", middleware=[rate_window], guards=[require_key])
+@route("/v1/models", http_method=GET_HEAD, middleware=[rate_window], guards=[require_key])
 async def openai_models(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
     """Catalog ids, not aliases; with API keys, only the models the caller's key may use."""
     service: Service = state.service
@@ -92,7 +92,7 @@ async def openai_models(state: State, request: Request[Any, Any, Any]) -> Respon
     return Response(fmt.encoder.encode(fmt.ModelCards(data=cards)), media_type="application/json")
 
 
-@get("/v1/models/{model_id:path}", middleware=[rate_window], guards=[require_key])
+@route("/v1/models/{model_id:path}", http_method=GET_HEAD, middleware=[rate_window], guards=[require_key])
 async def openai_model(state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
     """One model's card, as OpenAI's `GET /v1/models/{model}` (`client.models.retrieve`): a catalog
     id or alias the caller's key may use; 404 otherwise."""

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from litestar import Request, get
+from litestar import Request, route
 from litestar.datastructures import State
 from litestar.params import FromPath
 from litestar.response import Response
 
-from app.edge.key_guard import rate_window, require_key, require_page_key, visible_key
+from app.edge.key_guard import GET_HEAD, rate_window, require_key, require_page_key, visible_key
 from app.edge.spend_page import PAGE_HEADERS, render_page
 from app.errors import DatabaseUnavailable, InvalidRequest, NotFound
 from app.service import Service
@@ -93,7 +93,7 @@ def _service(state: State) -> Service:
     return service
 
 
-@get("/api/v1/usage", middleware=[rate_window], guards=[require_key])
+@route("/api/v1/usage", http_method=GET_HEAD, middleware=[rate_window], guards=[require_key])
 async def usage(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     engine = _service(state).engine
     assert engine is not None
@@ -101,7 +101,7 @@ async def usage(request: Request[Any, Any, Any], state: State) -> Response[bytes
     return Response(_encoder.encode(report), media_type="application/json")
 
 
-@get("/usage", middleware=[rate_window], guards=[require_page_key])
+@route("/usage", http_method=GET_HEAD, middleware=[rate_window], guards=[require_page_key])
 async def spend_page(request: Request[Any, Any, Any], state: State) -> Response[str]:
     engine = _service(state).engine
     assert engine is not None
@@ -137,7 +137,12 @@ def _plotly_bundle() -> tuple[bytes, bytes]:
     return plain, gzip.compress(plain, compresslevel=6, mtime=0)
 
 
-@get("/usage/plotly/{version:str}/plotly.min.js", middleware=[rate_window], guards=[require_page_key])
+@route(
+    "/usage/plotly/{version:str}/plotly.min.js",
+    http_method=GET_HEAD,
+    middleware=[rate_window],
+    guards=[require_page_key],
+)
 async def plotly_script(request: Request[Any, Any, Any], version: FromPath[str]) -> Response[bytes]:
     if version != metadata.version("plotly"):
         raise NotFound(f"no chart library version {version[:32]!r} here")

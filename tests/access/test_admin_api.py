@@ -268,8 +268,35 @@ async def test_options_lists_every_method_of_each_key_path(gw: GatewayHandle) ->
     assert allowed == {
         "/api/v1/keys": (204, "GET, OPTIONS, POST"),
         "/api/v1/keys/key_x": (204, "DELETE, OPTIONS, PATCH"),
-        "/api/v1/keys/me": (204, "GET, OPTIONS"),
+        "/api/v1/keys/me": (204, "GET, HEAD, OPTIONS"),
     }
+
+
+READ_ROUTES = (
+    "/v1/models",
+    "/v1/models/chat",
+    "/api/v1/models",
+    "/api/v1/usage",
+    "/usage",
+    "/api/v1/catalog/drift",
+    "/api/v1/catalog/gpu-cost",
+    "/api/v1/keys/me",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+)
+
+
+async def test_every_read_route_answers_head_as_it_answers_get(gw: GatewayHandle, make_key: MakeKey) -> None:
+    """RFC 9110: a server that answers GET answers HEAD, with the same head and no body (a
+    monitor probing with HEAD got 405 from every route but the health ones)."""
+    key = await make_key(name="reader")
+    for path in READ_ROUTES:
+        headers = bearer(ADMIN if "catalog" in path else key["secret"])
+        got, head = await gw.client.get(path, headers=headers), await gw.client.head(path, headers=headers)
+        assert (path, got.status_code, head.status_code) == (path, 200, 200)
+        assert head.content == b""
+        assert head.headers["content-type"] == got.headers["content-type"]
 
 
 async def test_the_admin_secret_pasted_into_a_path_is_masked_in_the_log(
