@@ -371,9 +371,9 @@ class AccessGate:
 
 def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now: datetime) -> GatewayError:
     """The 429 of a refused admission. A request that reserves more tokens than the key's `tpm`
-    could never pass, however long it waited, nor one whose worst case is more than the key's whole
-    budget: it gets no `Retry-After` (a client would retry it forever), and access.md's message goes
-    on to say what to change, as OpenAI's "Request too large" does."""
+    could never pass, however long it waited: it gets no `Retry-After` (a client would retry it
+    forever), and access.md's message goes on to say what to change, as OpenAI's "Request too
+    large" does."""
     record = entry.record
     error: GatewayError
     if verdict.refused == "tpm" and ask.tokens > entry.tpm:
@@ -387,11 +387,7 @@ def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now
         _tag, _start, end = period_bounds(period, now)
         spent, budget = show_usd(from_nano(verdict.spent)), show_usd(record.budget_usd or Decimal(0))
         message = f"budget exceeded: spent ${spent} of ${budget} this {period}"
-        retry_after = seconds_until(end, now)
-        if ask.cost > entry.budget_nano:  # no period's budget can take it
-            alone, retry_after = show_usd(from_nano(ask.cost)), None
-            message += f": this request alone may cost ${alone} (its input and max_tokens); lower max_tokens"
-        error = BudgetExceeded(message, retry_after=retry_after)
+        error = BudgetExceeded(message, retry_after=seconds_until(end, now))
     else:
         which = verdict.refused
         error = KeyRateLimited(f"rate limit reached for this API key ({which})", retry_after=verdict.retry_after)

@@ -191,24 +191,6 @@ async def test_tpm_refuses_what_would_exceed_it(gw: GatewayHandle, make_key: Mak
     assert again.headers["x-ratelimit-remaining-tokens"] == str(1000 - 4 - 989)
 
 
-async def test_a_request_whose_worst_case_is_more_than_the_whole_budget_is_told_so(
-    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
-) -> None:
-    """No period's budget can admit it: no Retry-After to wait for (it said: until the period
-    ends, then refused again), and the message says what to change."""
-    up.set_default(answer("ok"))
-    key = await make_key(budget_usd="0.001", budget_period="day")
-    headers = bearer(key["secret"])
-    too_large = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=900), headers=headers)
-    message = (  # 89 input tokens at $1 and 900 at $2 per million
-        "budget exceeded: spent $0.00 of $0.001 this day: this request alone may cost $0.001889 (its input and "
-        "max_tokens); lower max_tokens"
-    )
-    assert _error(too_large) == (429, "insufficient_quota", message)
-    assert "retry-after" not in too_large.headers
-    assert (await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=100), headers=headers)).status_code == 200
-
-
 async def test_a_refusal_tells_the_window_as_it_stands(
     gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
 ) -> None:
