@@ -161,23 +161,20 @@ async def test_anthropic_door_through_the_anthropic_sdk(
 async def test_an_exhausted_budget_is_insufficient_quota_at_every_door(
     gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
 ) -> None:
-    """A budget below one request's worst case: refused before any upstream call, saying so."""
+    """A budget below one request's worst case: refused before any upstream call."""
     key = await make_key(budget_usd="0.0001", budget_period="total")
-    message = (
-        "budget exceeded: spent $0.00 of $0.0001 this total: "
-        "this request alone may cost ${} (its input and max_tokens); lower max_tokens"
-    )
+    message = "budget exceeded: spent $0.00 of $0.0001 this total"
     native = await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(key["secret"]))
     assert (native.status_code, native.json()["error"]["type"]) == (429, "insufficient_quota")
-    assert native.json()["error"]["message"] == message.format("0.002089")  # 89 tokens in at $1, 1,000 out at $2
+    assert native.json()["error"]["message"] == message
     assert "retry-after" not in native.headers  # a `total` budget never renews
     sdk = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=key["secret"], max_retries=0)
     with pytest.raises(openai.RateLimitError) as quota:
         await sdk.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
-    assert (quota.value.type, _message(quota.value)) == ("insufficient_quota", message.format("0.002089"))
+    assert (quota.value.type, _message(quota.value)) == ("insufficient_quota", message)
     with pytest.raises(openai.RateLimitError) as legacy:  # its worst case: 18 tokens in, 1000 out
         await sdk.completions.create(model="chat", prompt="hi", max_tokens=1000)
-    assert (legacy.value.type, _message(legacy.value)) == ("insufficient_quota", message.format("0.002018"))
+    assert (legacy.value.type, _message(legacy.value)) == ("insufficient_quota", message)
     claude = anthropic.AsyncAnthropic(base_url=gw.url, api_key=key["secret"], max_retries=0)
     with pytest.raises(anthropic.RateLimitError):
         await claude.messages.create(model="chat", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
