@@ -61,6 +61,7 @@ from providers.types import AnyRequest
 
 _ERROR_BODY_LIMIT = 64 * 1024
 _PROBE_READ_TIMEOUT = 10.0
+FAILED_GRACE_S = 1.0  # after a failed finish, how long its usage chunk is waited for (`_after_failed_finish`)
 
 
 class UpstreamClient(httpx.AsyncClient):
@@ -301,6 +302,9 @@ async def _stream_batches(
             if batch:
                 ready, batch = batch, []
                 yield ready
+            if parser.failed:
+                await _after_failed_finish(reads, sse, parser, min(FAILED_GRACE_S, deadline - loop.time()))
+                break
         for payload in sse.finish():  # an event the stream ended inside (no blank line after it)
             try:
                 batch += parser.feed(payload)
@@ -315,6 +319,20 @@ async def _stream_batches(
     finally:
         if batch:  # the last events, or those a read completed before its failure (raised next)
             yield batch
+
+
+async def _after_failed_finish(
+    reads: AsyncIterator[bytes], sse: SSEParser, parser: OpenAIStreamParser[Any], within: float
+) -> None:
+    """The reads after an answer's failed finish (vLLM's `abort`, OpenRouter's `error`), `within`
+    seconds at most: the usage chunk that follows it, then the end (`[DONE]` raises the failure).
+    An upstream that went quiet after it held the attempt until its idle timeout (60 s by default,
+    `total` with keep-alive comments), then failed it as a timeout, not as the failure it said."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(within):
+            async for data in reads:
+                for payload in sse.feed(data):
+                    parser.feed(payload)
 
 
 async def _bounded(

@@ -26,8 +26,9 @@ not depend on what a choice carries, so they are written once:
   parser failed says `tool_calls` over plain text: that answer stopped, `stop`); vLLM's `abort`
   (the engine gave the request up) and OpenRouter's `error` (its provider failed mid-answer) are a
   failure, 502, never a clean finish of a truncated answer. The failure is raised at the end of
-  the stream, not at that chunk: the usage chunk that follows is read first (content after it is
-  not), so the tokens the upstream billed reach the ledger (`unreported`).
+  the stream, not at that chunk: the usage chunk that follows is read first (content and errors
+  after it are not), so the tokens the upstream billed reach the ledger (`unreported`); the
+  adapter waits `FAILED_GRACE_S` at most for that end (`providers.adapter`).
 
 A dialect subclasses it with its chunk Struct (a `ChunkBase` with `choices`), its decoder, and
 `_choice` (the events of one chunk's first choice); `_closing` and `_final_reason` are the hooks
@@ -131,6 +132,8 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         try:
             chunk: ChunkT = self.decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
+            if self._failed is not None:
+                return []  # after a failed finish: what cannot be read changes nothing
             chunk = self._without_usage(payload, "upstream sent a malformed chunk")
         events = self.apply(chunk)
         return events if self._held is None else self._mend(events)
@@ -162,7 +165,16 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
             raise refused from None
         return chunk
 
+    @property
+    def failed(self) -> bool:
+        """The answer ended in failure (`abort`, `error`); only its usage is still read."""
+        return self._failed is not None
+
     def apply(self, chunk: ChunkT) -> list[Event]:
+        if self._failed is not None:  # after a failed finish only its usage is read: not an error, not content
+            if chunk.usage is not None and counts_tokens(chunk.usage):
+                self._usage = chunk.usage
+            return []
         if chunk.error is not None or chunk.object == "error":  # checked here: this runs per chunk
             raise_error_chunk(chunk)
         events: list[Event] = []
@@ -172,8 +184,6 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
                 events.append(UpstreamMeta(upstream_request_id=chunk.id))
         if chunk.usage is not None and counts_tokens(chunk.usage):
             self._usage = chunk.usage
-        if self._failed is not None:
-            return events  # after a failed finish only its usage is read
         reason = self._choice(chunk, events)
         if reason:
             if reason in _FAILED_FINISHES:

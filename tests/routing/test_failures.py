@@ -278,6 +278,46 @@ async def test_the_usage_of_an_answer_that_finished_with_an_error_is_recorded(
     assert [(row["input_tokens"], row["output_tokens"]) for row in (whole, streamed)] == [(10, 0), (7, 1)]
 
 
+ABORT_CHUNK = {"id": "cmpl-a", "choices": [{"index": 0, "delta": {}, "finish_reason": "abort"}]}
+
+
+@pytest.mark.parametrize("content_first", [False, True], ids=["before-content", "after-content"])
+async def test_an_upstream_quiet_after_its_failed_finish_fails_at_once(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, content_first: bool
+) -> None:
+    """vLLM's `abort`, then nothing (the connection open): the usage it may send next is waited for
+    a second at most, then the attempt fails as what the upstream said (502), not after the idle
+    timeout as a 504."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"timeouts": {"idle": 5}})
+    head = [chunk({"content": "Half"})] if content_first else []
+    alpha.enqueue(reply_sse([*head, ABORT_CHUNK], done=False, stall_after=len(head) + 1))
+    beta.enqueue(stream_answer("from beta"))
+    started = time.monotonic()
+    _, frames = await stream(gw)
+    assert time.monotonic() - started < 2.5
+    if content_first:
+        assert [d["type"] for d in datas(frames)][-1] == "error"
+        assert frames[-1][1]["error"]["code"] == 502
+    else:
+        assert frames[0][1]["provider"] == "beta"  # failed over
+    (row,) = await gw.ledger_rows()
+    assert (row["error_status"], row["error_type"]) == ((502, "upstream_error") if content_first else (None, None))
+
+
+async def test_an_error_chunk_after_a_failed_finish_does_not_change_the_failure(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """The answer failed (`abort`): an error chunk after it (a 400 would be the client's fault, no
+    failover) is not read; the failure fails over as before."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    late = {"error": {"message": "bad request", "type": "invalid_request_error", "code": 400}}
+    alpha.enqueue(reply_sse([ABORT_CHUNK, late, usage_chunk(5, 0)]))
+    beta.enqueue(answer("from beta"))
+    response = await complete(gw)
+    assert response.status_code == 200, response.text
+    assert response.json()["provider"] == "beta"
+
+
 async def test_an_error_event_after_the_finish_reason_is_still_an_error(
     start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
 ) -> None:
