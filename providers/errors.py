@@ -186,7 +186,7 @@ def _error_body(body: bytes) -> tuple[ErrorBody, bool]:
     `type` or `code`), not text or FastAPI's bare `detail`."""
     try:
         envelope = _envelope_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # nested too deep: no document
         return ErrorBody(), False
     if isinstance(envelope.error, ErrorBody):
         return envelope.error, True

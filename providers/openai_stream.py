@@ -4,7 +4,8 @@
 `openai_chat.py`, `TextStreamParser` in `openai_text.py`): it owns the rules of a stream that do
 not depend on what a choice carries, so they are written once:
 - a `data` payload that is not a JSON object (a keep-alive, empty data) is ignored; `[DONE]` ends
-  the stream; a payload that does not decode is a malformed answer (502, try the next backend);
+  the stream; a payload that does not decode (nested too deep included) is a malformed answer
+  (502, try the next backend);
 - an `{"error": ...}` payload inside a 200 (or vLLM's flat `{"object": "error", ...}`) raises,
   classified by its structured fields (`raise_error_chunk`);
 - the first chunk's `id` becomes `UpstreamMeta`;
@@ -85,6 +86,9 @@ class ChunkBase(Struct):
 
 
 ChunkT = TypeVar("ChunkT", bound=ChunkBase)
+# What decoding an upstream's JSON raises for JSON it cannot take: msgspec raises RecursionError
+# for nesting deeper than it goes (`[[[…]]]` a thousand deep), which was a 500, a bug's answer.
+_UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 def raise_error_chunk(chunk: ChunkBase) -> None:
@@ -131,7 +135,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
             payload = stripped
         try:
             chunk: ChunkT = self.decoder.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except _UNREADABLE:
             if self._failed is not None:
                 return []  # after a failed finish: what cannot be read changes nothing
             chunk = self._without_usage(payload, "upstream sent a malformed chunk")
@@ -146,6 +150,8 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         refused = UpstreamError(Failure.TRANSIENT, malformed, status=502)
         try:
             value = msgspec.json.decode(data)
+        except RecursionError:  # nested deeper than any decoder goes: no answer of anyone's
+            raise refused from None
         except msgspec.DecodeError:
             value = _with_lone_surrogates(data)
             if value is None:
@@ -263,7 +269,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         """The events of a whole (non-streamed) answer: what its stream would have yielded."""
         try:
             answer: ChunkT = self.decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except _UNREADABLE:
             answer = self._without_usage(body, "upstream sent a malformed answer")
         if not answer.choices and answer.error is None and answer.object != "error":
             raise UpstreamError(Failure.TRANSIENT, "upstream answer has no choices", status=502)
@@ -279,7 +285,7 @@ def _with_lone_surrogates(data: str | bytes) -> Any:
         return None
     try:
         return json.loads(data, parse_constant=_no_constant)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

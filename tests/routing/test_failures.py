@@ -26,6 +26,9 @@ FAILURE_COOLDOWN = 4
 # OpenRouter: the model's provider failed mid-answer; `finish_reason: error` and an `error` on the choice
 OPENROUTER_CHOICE = {"index": 0, "finish_reason": "error", "error": {"code": 502, "message": "Provider returned error"}}
 OPENROUTER_ERROR_CHUNK = {"id": "gen-1", "choices": [{**OPENROUTER_CHOICE, "delta": {"content": ""}}]}
+# msgspec raises RecursionError past its depth (a 500 before): a malformed answer like any other
+TOO_DEEP = "[" * 1000 + "1" + "]" * 1000
+TOO_DEEP_CHUNK = 'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}], "zz": ' + TOO_DEEP + "}\n\n"
 OPENROUTER_ERROR_ANSWER = {
     "id": "gen-1",
     "object": "chat.completion",
@@ -318,6 +321,17 @@ async def test_an_error_chunk_after_a_failed_finish_does_not_change_the_failure(
     assert response.json()["provider"] == "beta"
 
 
+async def test_a_whole_answer_nested_too_deep_fails_over(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    deep = '{"choices": [{"message": {"content": "x", "reasoning": ' + TOO_DEEP + '}, "finish_reason": "stop"}]}'
+    alpha.enqueue(Reply(status=200, headers=[("content-type", "application/json")], chunks=[deep.encode()]))
+    beta.enqueue(answer("from beta"))
+    response = await complete(gw)
+    assert (response.status_code, response.json()["provider"]) == (200, "beta")
+
+
 async def test_an_error_event_after_the_finish_reason_is_still_an_error(
     start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
 ) -> None:
@@ -369,6 +383,7 @@ async def test_a_malformed_answer_fails_over_and_its_connection_is_closed(
         pytest.param([chunk({"role": "assistant", "content": ""})], id="eof-without-finish-before-content"),
         pytest.param([": keep-alive\n\n"], id="comment-only-then-eof"),
         pytest.param([OPENROUTER_ERROR_CHUNK], id="openrouter-error-finish"),
+        pytest.param([TOO_DEEP_CHUNK], id="nested-too-deep"),
     ],
 )
 async def test_garbage_or_truncated_stream_before_content_fails_over(
@@ -407,6 +422,7 @@ async def test_an_event_cut_short_after_the_finish_reason_is_dropped(
         pytest.param(['data: {"choices": [{"delta": \n\n'], id="broken-json"),
         pytest.param(["data: not json\n\n"], id="eof-without-finish"),
         pytest.param([OPENROUTER_ERROR_CHUNK, usage_chunk(10, 1)], id="openrouter-error-finish"),
+        pytest.param([TOO_DEEP_CHUNK], id="nested-too-deep"),
     ],
 )
 async def test_garbage_or_truncated_stream_after_content_is_an_error_event(
