@@ -240,13 +240,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse_body(self, error: GatewayError) -> None:
         """Answer `error` to a request whose body cannot be read (too slow, or its chunks broken),
-        unless its response has begun, and close; the application, waiting for that body, hears the
-        client gone. A broken chunk size used to get no answer at all: only the close."""
+        unless its response has begun or an earlier (pipelined) request's is still being sent, which
+        the client would take for that one's; and close. The application, waiting for that body,
+        hears the client gone. A broken chunk size used to get no answer at all: only the close."""
         cycle = self.cycle
         if cycle is None:
             self._refuse_head(error)
             return
-        if not cycle.response_started:
+        if not cycle.response_started and not self.pipeline:  # queued: an earlier response is being sent
             request_id = self.scope.get("state", {}).get("request_id") or uuid7()  # the app's, if it set one
             self.transport.write(_raw_response(error, request_id, self.scope.get("raw_path", b"")))
         cycle.disconnected = True  # the application's receive() now says http.disconnect

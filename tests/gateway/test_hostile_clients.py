@@ -292,6 +292,19 @@ async def test_a_chunked_body_whose_framing_breaks_gets_the_json_error(
     assert served.status == 200, served  # a well-framed chunked body is read as before
 
 
+async def test_a_pipelined_request_whose_chunks_break_gets_no_answer_ahead_of_the_earlier_one(
+    guarded: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """The 400 would be the first bytes on the wire, which the client pairs with its first request
+    (still being answered): the connection is closed instead, as before."""
+    reply = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+    primary.enqueue(reply_json(200, reply, first_byte_delay_s=0.3))
+    first = HEAD + b"content-length: %d\r\n\r\n" % len(BODY) + BODY
+    broken = HEAD + b"transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+    answer = await exchange(guarded, first + broken)
+    assert answer.status != 400, answer
+
+
 @pytest.mark.parametrize("codings", [b"gzip, chunked", b"deflate,chunked", b"br, chunked"])
 async def test_a_compressed_transfer_coding_is_a_415_naming_it(guarded: GatewayHandle, codings: bytes) -> None:
     """As `content-encoding: gzip` is: the body was read as JSON, "not valid JSON" at byte 0."""
