@@ -56,6 +56,7 @@ _GC_YOUNG_THRESHOLD = 20_000
 LEDGER_CLOSE_S = 5.0  # at shutdown the ledger writes what it can this long; the rest stays in the journal
 ENGINE_DISPOSE_S = 2.0  # closing pooled connections to a database that is gone must not hang the exit
 READY_CHECK_S = 2.0  # a database slower than this to answer `SELECT 1` is not ready
+READY_REDIS_S = 0.5  # a limiter's Redis slower than this to answer `PING` is `unavailable` in /readyz
 REMOTE_METRICS_S = 1.0  # a scrape waits this long for the other workers' numbers, then takes the last read
 
 
@@ -269,14 +270,16 @@ class Service:
 
     async def limits_state(self) -> str | None:
         """`/readyz`'s `limits`, with Redis's limiter (keys mode and `[redis]`): `ok` when it answers
-        `PING` within `READY_CHECK_S`; else `unavailable` (limited keys get 503) or `local` (each
+        `PING` within `READY_REDIS_S`; else `unavailable` (limited keys get 503) or `local` (each
         process enforces its share: `fail_open`). Not a condition of readiness: every replica shares
-        the one Redis, and keys without limits are served as ever."""
+        the one Redis, and keys without limits are served as ever. Checked beside the database and
+        briefly, so that a hung Redis does not make a probe of a second or more time out (and every
+        replica unready at once)."""
         shared = self.access.shared if self.access is not None else None
         if shared is None:
             return None
         try:
-            async with asyncio.timeout(READY_CHECK_S):
+            async with asyncio.timeout(READY_REDIS_S):
                 await shared.redis.call("PING")
         except (RespError, TimeoutError):
             return "local" if self.settings.auth.fail_open else "unavailable"

@@ -68,14 +68,13 @@ async def readyz(state: State) -> Response[bytes]:
     service = _service(state)
     if service.health is not None and service.health.rounds == 0:
         await service.health.probe_all()
-    database = await service.database_ready()
+    database, limits = await asyncio.gather(service.database_ready(), service.limits_state())
     router = service.router
     now = asyncio.get_running_loop().time()
     backends = router is not None and any(b.ready(now) for b in router.all_backends())
     ok = database and backends and service.recording
     status = "ok" if ok else "unavailable"
     view = {"status": status, "database": database, "backends": backends, "ledger": service.ledger_state}
-    limits = await service.limits_state()
     if limits is not None:
         view["limits"] = limits
     body = _plain_encoder.encode(view)

@@ -57,6 +57,24 @@ async def test_limited_keys_fail_closed(
     assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(plain))).status_code == 200
 
 
+async def test_readyz_answers_at_once_while_the_limiters_redis_hangs(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, private_redis: PrivateRedis
+) -> None:
+    """A probe times out after a second by default (Kubernetes): a Redis that does not answer must
+    not make every replica's /readyz that slow, and so unready."""
+    up.set_default(answer("ok"))
+    with TcpProxy(private_redis.port) as proxy:
+        redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "t"}
+        gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis)
+        limited, _plain = await _two_keys(gw)
+        assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(limited))).status_code == 200
+        proxy.stall()
+        started = asyncio.get_running_loop().time()
+        ready = await gw.client.get("/readyz")
+        assert asyncio.get_running_loop().time() - started < 0.9
+        assert (ready.status_code, ready.json()["limits"]) == (200, "unavailable")
+
+
 async def test_fail_open_enforces_the_local_share_and_says_so(
     logs: Logs,
     start_gateway: StartGateway,
