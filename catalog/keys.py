@@ -27,7 +27,7 @@ from typing import Literal
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from catalog.files import CatalogFile
@@ -41,6 +41,7 @@ DISPLAY_CHARS = 4
 SPEND_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)  # `spent_since(…, None)`: every row
 SPEND_END = datetime(3000, 1, 1, tzinfo=UTC)  # `spent_since(…, until=None)`: no end
 BudgetPeriod = Literal["day", "month", "total"]
+_KEYS_LOCK = 0x6B657973  # pg_advisory_xact_lock key for key changes (`_stamp`)
 
 
 def new_secret() -> str:
@@ -123,16 +124,18 @@ async def create_key(engine: AsyncEngine, changes: KeyChanges) -> tuple[KeyRecor
     if changes.name is UNSET:
         raise ValueError("a key needs a name")
     secret = new_secret()
+    now = datetime.now(UTC)
+    row = ApiKey(
+        id=f"key_{secrets.token_hex(8)}",
+        secret_hash=hash_secret(secret),
+        prefix=display_prefix(secret),
+        created_at=now,
+        updated_at=now,  # until `_stamp`
+        **changes.values(),
+    )
     async with engine.begin() as conn:
-        row = ApiKey(
-            id=f"key_{secrets.token_hex(8)}",
-            secret_hash=hash_secret(secret),
-            prefix=display_prefix(secret),
-            created_at=datetime.now(UTC),
-            updated_at=await _changed_at(conn),
-            **changes.values(),
-        )
         await conn.execute(insert(ApiKey).values(**{c: getattr(row, c) for c in _row_columns(row)}))
+        await _stamp(conn, row.id)
     return await _get(engine, row.id), secret
 
 
@@ -175,32 +178,41 @@ async def keys_watermark(engine: AsyncEngine) -> tuple[int, datetime | None]:
     return int(count), latest
 
 
-async def _changed_at(conn: AsyncConnection) -> datetime:
-    """`updated_at` for a change: now, or just after the table's latest `updated_at` when that is
-    not behind now. Versions are written by every host's clock (the CLI's, each replica's): a change
-    from a host whose clock was behind the last writer's got an older `updated_at` than the version
-    processes held, which kept theirs (`KeyRing.apply`), and the watermark they poll did not move;
-    the change never reached them until a restart. So every change moves both forward."""
+async def _stamp(conn: AsyncConnection, key_id: str) -> None:
+    """Give a key changed in this transaction an `updated_at` past every key's (its own version
+    before the change included): now, or 1 µs after the table's latest when that is not behind.
+
+    Versions were written by each host's clock (the CLI's, each replica's): a change from a host
+    behind the last writer's got an older `updated_at` than the version processes held, which
+    kept theirs (`KeyRing.apply`), and the watermark they poll did not move, so the change never
+    reached them until a restart. Two changes at once must not read the same latest either (a
+    tie keeps the held version): on PostgreSQL a transaction-scoped advisory lock orders them; on
+    SQLite the change itself does, as it holds the database's write lock until the commit."""
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": _KEYS_LOCK})
     latest = (await conn.execute(select(func.max(ApiKey.updated_at)))).scalar_one()
     now = datetime.now(UTC)
-    return now if latest is None or latest < now else latest + timedelta(microseconds=1)
+    stamp = now if latest is None or latest < now else latest + timedelta(microseconds=1)
+    await conn.execute(update(ApiKey).where(ApiKey.id == key_id).values(updated_at=stamp))
 
 
 async def update_key(engine: AsyncEngine, key_id: str, changes: KeyChanges) -> KeyRecord | None:
     async with engine.begin() as conn:
-        values = {**changes.values(), "updated_at": await _changed_at(conn)}
+        values = {**changes.values(), "updated_at": ApiKey.updated_at}  # a write whatever changes: the lock
         result = await conn.execute(update(ApiKey).where(ApiKey.id == key_id).values(**values))
+        if result.rowcount:
+            await _stamp(conn, key_id)
     return await get_key(engine, key_id) if result.rowcount else None
 
 
 async def revoke_key(engine: AsyncEngine, key_id: str) -> KeyRecord | None:
     """Revoked keys stay (their ledger rows point at them); revoking twice keeps the first time."""
     async with engine.begin() as conn:
-        await conn.execute(
-            update(ApiKey)
-            .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
-            .values(revoked_at=datetime.now(UTC), updated_at=await _changed_at(conn))
+        result = await conn.execute(
+            update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=datetime.now(UTC))
         )
+        if result.rowcount:
+            await _stamp(conn, key_id)
     return await get_key(engine, key_id)
 
 
