@@ -15,10 +15,11 @@ choice: the limiter keeps its settlements for the next admission (`app.access.re
 
 What it speaks: RESP2 replies (simple strings, errors, integers, bulk strings, nested arrays),
 `AUTH` and `SELECT` from the URL (`redis://[[user]:password@]host[:port][/db]`; `rediss://` over
-TLS), `EVALSHA` with the script loaded on `NOSCRIPT`. Every failure — connect, timeout, a closed
-connection, an error reply — raises `RespError` (or a subclass); a timeout or a lost connection
-also closes the connection, since later replies could no longer be matched to their commands, and
-the next call connects again.
+TLS), the client's scripts loaded on each new connection, and `EVALSHA` with the script loaded on
+`NOSCRIPT` (when that load was refused, or Redis forgot the scripts on a live connection). Every
+failure — connect, timeout, a closed connection, an error reply — raises `RespError` (or a
+subclass); a timeout or a lost connection also closes the connection, since later replies could
+no longer be matched to their commands, and the next call connects again.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 Reply = Any  # bytes | int | None | list[Reply] | RespError
 Handler = Callable[[Reply], None]  # told the reply, an error reply, or the failure, as a RespError
+Command = tuple[bytes | str | int, ...]
 
 
 class RespError(Exception):
@@ -177,14 +179,14 @@ class RespClient:
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or 6379
         self._tls = parts.scheme == "rediss"
-        self._hello: list[tuple[bytes | str | int, ...]] = []
+        self._hello: list[Command] = []
         if parts.password is not None:
             user = unquote(parts.username) if parts.username else None
             password = unquote(parts.password)
             self._hello.append(("AUTH", user, password) if user else ("AUTH", password))
         if parts.path.strip("/") not in ("", "0"):
             self._hello.append(("SELECT", int(parts.path.strip("/"))))
-        self._hello += [("SCRIPT", "LOAD", script.source) for script in scripts]
+        self._scripts: list[Command] = [("SCRIPT", "LOAD", script.source) for script in scripts]
         self._timeout = timeout
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Task[_Protocol] | None = None
@@ -281,8 +283,8 @@ class RespClient:
         except (OSError, TimeoutError) as exc:
             raise RespLost(f"cannot connect: {type(exc).__name__}: {exc}") from None
         try:
-            await _hello(protocol, self._hello)
-        except BaseException:  # AUTH or SELECT refused: never leave that connection to later commands
+            await _hello(protocol, self._hello, self._scripts)
+        except BaseException:  # AUTH or SELECT refused, or lost: never leave that connection to later commands
             self._drop(protocol)
             raise
         self._protocol = protocol  # only now: a command posted meanwhile waits for the connect
@@ -311,18 +313,23 @@ class RespClient:
             self._drop(self._protocol)
 
 
-async def _hello(protocol: _Protocol, commands: list[tuple[bytes | str | int, ...]]) -> None:
+async def _hello(protocol: _Protocol, commands: list[Command], scripts: list[Command]) -> None:
     """`AUTH`, `SELECT` and the scripts' `SCRIPT LOAD` on a new connection, queued at once, before
     the client publishes the connection: a command posted meanwhile waits for the connect
     (published during `AUTH`'s round trip, a command ran before `SELECT`, or after a refused one, in
     database 0). On the connection itself, not through `RespClient.call`: reset before them
     (uvloop may report the reset first), `call` waited for a new connection, the one being made
-    (its own task), and every later call of the process with it."""
+    (its own task), and every later call of the process with it. A refused `SCRIPT LOAD` (an ACL
+    that allows `EVALSHA` of scripts loaded beforehand) is not the connection's failure: the
+    script's `EVALSHA` meets `NOSCRIPT` as it did before."""
     if protocol.lost is not None:
         raise protocol.lost
-    replies = await asyncio.gather(*(protocol.send(encode(command)) for command in commands), return_exceptions=True)
-    for reply in replies:
-        if isinstance(reply, BaseException):  # an error reply (`RespError`), or the connection's failure
+    replies = await asyncio.gather(
+        *(protocol.send(encode(command)) for command in commands + scripts), return_exceptions=True
+    )
+    for position, reply in enumerate(replies):
+        required = position < len(commands) or not isinstance(reply, RespError) or isinstance(reply, RespLost)
+        if isinstance(reply, BaseException) and required:  # an error reply (`RespError`), or the connection's failure
             raise reply
 
 

@@ -15,6 +15,7 @@ import pytest
 import uvloop
 
 from app.access.resp import RespClient, RespError, Script, bulk, encode
+from tests.access.conftest import PrivateRedis
 
 URL = "redis://127.0.0.1:6379/0"
 
@@ -48,13 +49,16 @@ async def test_a_script_is_loaded_on_noscript_and_returns_nested_replies() -> No
         await client.close()
 
 
-async def test_the_clients_scripts_are_loaded_by_each_connection_before_its_first_command() -> None:
+async def test_the_clients_scripts_are_loaded_by_each_connection_before_its_first_command(
+    private_redis: PrivateRedis,
+) -> None:
     """After a restart (Redis forgets its scripts and drops the connection) a script's first
     `EVALSHA` runs at once, in its order among the commands posted: on `NOSCRIPT` it went again
-    once loaded, behind them (an admission ran before the settlement posted first)."""
+    once loaded, behind them (an admission ran before the settlement posted first). A private
+    Redis: `SCRIPT FLUSH` is server-wide."""
     script = Script(f"-- {uuid.uuid4().hex}\nreturn ARGV[1]", 0)
-    client = RespClient(URL, scripts=[script])
-    other = RespClient(URL)
+    client = RespClient(private_redis.url, scripts=[script])
+    other = RespClient(private_redis.url)
     try:
         for _ in range(2):
             assert await client.post(script.command(b"", (b"first",))) == b"first"  # no NOSCRIPT, no retry
@@ -65,6 +69,27 @@ async def test_the_clients_scripts_are_loaded_by_each_connection_before_its_firs
     finally:
         await client.close()
         await other.close()
+
+
+async def test_a_refused_script_load_leaves_the_connection_to_the_scripts_loaded_before(
+    private_redis: PrivateRedis,
+) -> None:
+    """An ACL may allow `EVALSHA` of scripts an operator loaded, and not `SCRIPT LOAD`: the load on
+    connecting is refused, and the connection serves all the same (it failed every command)."""
+    script = Script(f"-- {uuid.uuid4().hex}\nreturn ARGV[1]", 0)
+    admin = RespClient(private_redis.url)
+    try:
+        await admin.call("SCRIPT", "LOAD", script.source)
+        await admin.call("ACL", "SETUSER", "limiter", "on", ">pw", "~*", "&*", "+@all", "-script|load")
+    finally:
+        await admin.close()
+    client = RespClient(f"redis://limiter:pw@127.0.0.1:{private_redis.port}/0", scripts=[script])
+    try:
+        assert await client.post(script.command(b"", (b"ok",))) == b"ok"
+        with pytest.raises(RespError, match="NOPERM"):
+            await client.call("SCRIPT", "LOAD", "return 1")
+    finally:
+        await client.close()
 
 
 async def _until_lost(client: RespClient) -> None:
