@@ -280,7 +280,7 @@ async def announce(redis: RedisSettings, key_id: str) -> bool:
     client = Redis.from_url(redis.url, socket_connect_timeout=1.0, socket_timeout=1.0)
     try:
         await client.publish(keys_channel(redis), key_id)
-    except (RedisError, OSError):
+    except (RedisError, OSError, RuntimeError):  # RuntimeError: uvloop's, on a connection Redis reset
         return False
     finally:
         await client.aclose()

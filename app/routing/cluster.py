@@ -135,12 +135,14 @@ class ClusterLink:
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(self.channel)
-            await self._load()
+            stored = await self._stored()
         except _ERRORS as exc:
             with contextlib.suppress(*_ERRORS):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
             self._down(exc)
             return False
+        for raw in stored:
+            self._apply_raw(raw)
         self._pubsub = pubsub
         if self._outage_logged:
             self.log.warning("redis_reconnected", worker=self.worker_id)
@@ -188,13 +190,15 @@ class ClusterLink:
         if message is not None and message.get("type") == "message":
             self._apply_raw(message["data"])
 
-    async def _load(self) -> None:
+    async def _stored(self) -> list[bytes | str]:
+        """Every cool-down, breaker and disabled provider Redis holds: Redis calls only (`_ERRORS`),
+        applied by the caller."""
+        stored: list[bytes | str] = []
         for kind in ("cool", "breaker", "disabled"):
             keys = [key async for key in self.redis.scan_iter(match=f"{self.prefix}:{kind}:*", count=500)]
             if keys:
-                for raw in await self.redis.mget(keys):
-                    if raw is not None:
-                        self._apply_raw(raw)
+                stored += [raw for raw in await self.redis.mget(keys) if raw is not None]
+        return stored
 
     def _apply_raw(self, raw: bytes | str) -> None:
         try:
