@@ -235,7 +235,7 @@ async def revoke(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 # One handler a path: Litestar's automatic OPTIONS answer keeps the methods of the first handler
 # registered on its path (`Allow: OPTIONS, POST` here, GET left out), so the methods of a path share one.
-@route("/", http_method=[HttpMethod.GET, HttpMethod.POST], guards=[require_admin], status_code=200)
+@route("/", http_method=[*GET_HEAD, HttpMethod.POST], guards=[require_admin], status_code=200)
 async def keys(request: Request[Any, Any, Any]) -> Response[bytes]:
     return await (create(request) if request.method == "POST" else list_all(request))
 

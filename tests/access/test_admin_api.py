@@ -266,7 +266,7 @@ async def test_options_lists_every_method_of_each_key_path(gw: GatewayHandle) ->
         response = await gw.client.options(path)
         allowed[path] = (response.status_code, response.headers["allow"])
     assert allowed == {
-        "/api/v1/keys": (204, "GET, OPTIONS, POST"),
+        "/api/v1/keys": (204, "GET, HEAD, OPTIONS, POST"),
         "/api/v1/keys/key_x": (204, "DELETE, OPTIONS, PATCH"),
         "/api/v1/keys/me": (204, "GET, HEAD, OPTIONS"),
     }
@@ -281,6 +281,7 @@ READ_ROUTES = (
     "/api/v1/catalog/drift",
     "/api/v1/catalog/gpu-cost",
     "/api/v1/keys/me",
+    "/api/v1/keys",
     "/healthz",
     "/readyz",
     "/metrics",
@@ -292,7 +293,7 @@ async def test_every_read_route_answers_head_as_it_answers_get(gw: GatewayHandle
     monitor probing with HEAD got 405 from every route but the health ones)."""
     key = await make_key(name="reader")
     for path in READ_ROUTES:
-        headers = bearer(ADMIN if "catalog" in path else key["secret"])
+        headers = bearer(ADMIN if "catalog" in path or path == "/api/v1/keys" else key["secret"])
         got, head = await gw.client.get(path, headers=headers), await gw.client.head(path, headers=headers)
         assert (path, got.status_code, head.status_code) == (path, 200, 200)
         assert head.content == b""
