@@ -2,7 +2,7 @@
 
 Every kind of provider speaks this dialect, so this is the one place that knows it:
 `build_chat_body` turns a `CompletionRequest` into a `/chat/completions` body, and
-`ChatStreamParser` / `parse_chat_response` turn what comes back, streamed or whole, into the same
+`ChatStreamParser` turns what comes back, streamed or whole (`parse_whole`), into the same
 `providers.events` sequence, so the app has one fold path.
 
 Wire quirks resolved here (see providers.md):
@@ -46,7 +46,7 @@ from providers.events import (
 from providers.openai_request import build_chat_body
 from providers.openai_stream import ChunkBase, OpenAIStreamParser, answer_choice, matched_stop, normalise_finish
 
-__all__ = ["ChatStreamParser", "build_chat_body", "normalise_finish", "parse_chat_response"]
+__all__ = ["ChatStreamParser", "build_chat_body", "normalise_finish"]
 
 
 class _Function(Struct):
@@ -252,8 +252,3 @@ def _continues(latest: _Call, delta: _ToolCallDelta) -> bool:
     if delta.id is None or (latest.name is None and latest.id is None):
         return True
     return delta.function is None or not delta.function.name
-
-
-def parse_chat_response(body: bytes) -> list[Event]:
-    """The events of a whole (non-streamed) answer: what its stream would have yielded."""
-    return ChatStreamParser().parse_whole(body)

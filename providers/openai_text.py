@@ -26,6 +26,8 @@ would be billed and relayed as nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
@@ -35,7 +37,7 @@ from providers.openai_request import BOUNDING_OPTIONS, WireStreamOptions, encode
 from providers.openai_stream import ChunkBase, OpenAIStreamParser, answer_choice
 from providers.types import TextCompletionRequest
 
-__all__ = ["TextStreamParser", "build_text_body", "parse_text_response"]
+__all__ = ["TextStreamParser", "build_text_body"]
 
 _PROTECTED = frozenset({"model", "prompt", "stream", "stream_options"}) | BOUNDING_OPTIONS
 
@@ -96,7 +98,13 @@ class _TextLogprobs(Struct):
 
 
 class _ChatShaped(Struct):
-    content: str | None = None
+    content: str | list[Any] | None = None  # a list: parts, the text parts' `text` read
+
+    def text(self) -> str | None:
+        content = self.content
+        if not isinstance(content, list):
+            return content
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
 class _TextChoice(Struct):
@@ -111,7 +119,7 @@ class _TextChoice(Struct):
         if self.text is not None:
             return self.text
         shaped = self.message or self.delta
-        return None if shaped is None else shaped.content
+        return None if shaped is None else shaped.text()
 
 
 class _TextChunk(ChunkBase):
@@ -159,8 +167,3 @@ def token_logprobs(logprobs: _TextLogprobs) -> list[TokenLogprob]:
             )
         )
     return result
-
-
-def parse_text_response(body: bytes) -> list[Event]:
-    """The events of a whole (non-streamed) answer: what its stream would have yielded."""
-    return TextStreamParser().parse_whole(body)

@@ -22,7 +22,7 @@ from providers.events import (
     Usage,
     UsageReport,
 )
-from providers.openai_chat import ChatStreamParser, build_chat_body, normalise_finish, parse_chat_response
+from providers.openai_chat import ChatStreamParser, build_chat_body, normalise_finish
 from providers.types import CompletionRequest
 
 Replay = Any  # conftest.Replay: .events and .error
@@ -248,7 +248,7 @@ def test_two_calls_one_id_stay_two_calls(same: str) -> None:
         {"id": same, "type": "function", "function": {"name": "g", "arguments": '{"b":2}'}},
     ]
     whole = {"choices": [{"message": {"content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}]}
-    assert parse_chat_response(msgspec.json.encode(whole)) == [
+    assert ChatStreamParser().parse_whole(msgspec.json.encode(whole)) == [
         ToolCallStart(0, first, "f"),
         ToolCallArgs(0, '{"a":1}'),
         ToolCallStart(1, second, "g"),
@@ -385,7 +385,7 @@ def test_abort_is_a_failure_not_a_finish() -> None:
     assert (failed.value.kind, failed.value.status, failed.value.answered) == (Failure.TRANSIENT, 502, True)
     assert parser.unreported() == [report(input_tokens=4, output_tokens=2)]  # billed: the ledger keeps it
     with pytest.raises(UpstreamError):
-        parse_chat_response(b'{"choices":[{"message":{"content":"half"},"finish_reason":"abort"}]}')
+        ChatStreamParser().parse_whole(b'{"choices":[{"message":{"content":"half"},"finish_reason":"abort"}]}')
 
 
 @pytest.mark.parametrize(
@@ -395,7 +395,7 @@ def test_abort_is_a_failure_not_a_finish() -> None:
 def test_a_usage_without_both_totals_is_no_report(usage: dict[str, Any]) -> None:
     assert feed(chunk({"content": "a"}, finish="stop", usage=usage)) == [TextDelta("a"), Finish("stop")]
     whole = msgspec.json.encode({"choices": [{"message": {"content": "a"}, "finish_reason": "stop"}], "usage": usage})
-    assert parse_chat_response(whole) == [TextDelta("a"), Finish("stop")]
+    assert ChatStreamParser().parse_whole(whole) == [TextDelta("a"), Finish("stop")]
     # nor does it replace an earlier report: the last *report* wins
     first = chunk({"content": "a"}, usage={"prompt_tokens": 4, "completion_tokens": 2})
     events = feed(first, chunk(usage=usage), "[DONE]")
@@ -431,7 +431,7 @@ NONSTREAM: dict[str, list[Event]] = {
 @pytest.mark.parametrize("name", sorted(NONSTREAM))
 def test_whole_answers(name: str, transcript: Callable[[str], Any]) -> None:
     [body] = transcript(name).chunks
-    assert parse_chat_response(body.encode()) == NONSTREAM[name]
+    assert ChatStreamParser().parse_whole(body.encode()) == NONSTREAM[name]
 
 
 def test_whole_answer_with_object_arguments_and_no_ids() -> None:
@@ -439,7 +439,7 @@ def test_whole_answer_with_object_arguments_and_no_ids() -> None:
         b'{"choices":[{"message":{"role":"assistant","content":"","tool_calls":['
         b'{"function":{"name":"f","arguments":{"a":1}}}]},"finish_reason":"stop"}]}'
     )
-    assert parse_chat_response(body) == [
+    assert ChatStreamParser().parse_whole(body) == [
         ToolCallStart(0, "call_0", "f"),
         ToolCallArgs(0, '{"a":1}'),
         Finish("tool_calls"),
@@ -460,7 +460,7 @@ def test_content_as_a_list_of_parts_is_text_and_reasoning() -> None:
     """Mistral's reasoning models answer `content` as parts: a 502 (malformed) before."""
     body = {"choices": [{"message": {"role": "assistant", "content": MISTRAL_CONTENT}, "finish_reason": "stop"}]}
     expected = [ReasoningDelta("The user greets; greet."), TextDelta("Hello!"), Finish("stop")]
-    assert parse_chat_response(msgspec.json.encode(body)) == expected
+    assert ChatStreamParser().parse_whole(msgspec.json.encode(body)) == expected
     streamed = feed(
         chunk({"content": [{"type": "thinking", "thinking": [{"type": "text", "text": "The user greets; "}]}]}),
         chunk({"content": [{"type": "thinking", "thinking": "greet."}]}),
@@ -481,7 +481,7 @@ def test_content_as_a_list_of_parts_is_text_and_reasoning() -> None:
 )
 def test_whole_answer_failures(body: bytes) -> None:
     with pytest.raises(UpstreamError) as raised:
-        parse_chat_response(body)
+        ChatStreamParser().parse_whole(body)
     assert raised.value.kind is Failure.TRANSIENT
 
 
@@ -724,7 +724,8 @@ def test_a_refusal_is_text_and_a_content_filter_finish() -> None:
     """OpenAI's `refusal` (structured outputs): the reason is relayed as text, and the answer did
     not end cleanly — `content_filter` (Anthropic's door says `refusal`), whole and streamed."""
     whole = {"choices": [{"message": {"content": None, "refusal": "I can't help."}, "finish_reason": "stop"}]}
-    assert parse_chat_response(msgspec.json.encode(whole)) == [TextDelta("I can't help."), Finish("content_filter")]
+    refused = ChatStreamParser().parse_whole(msgspec.json.encode(whole))
+    assert refused == [TextDelta("I can't help."), Finish("content_filter")]
     streamed = feed(chunk({"refusal": "I can't"}), chunk({"refusal": " help."}), chunk(finish="stop"), "[DONE]")
     assert streamed == [TextDelta("I can't"), TextDelta(" help."), Finish("content_filter")]
 

@@ -23,7 +23,7 @@ from providers.events import (
     Usage,
     UsageReport,
 )
-from providers.openai_text import TextStreamParser, build_text_body, parse_text_response
+from providers.openai_text import TextStreamParser, build_text_body
 from providers.types import TextCompletionRequest
 from tests.providers.conftest import replay_stream
 from tests.support.transcripts import read_transcript
@@ -70,7 +70,7 @@ def test_vllm_stream_with_logprobs_and_usage_chunk() -> None:
 
 def test_vllm_whole_answer_with_cached_tokens() -> None:
     (body,) = read_transcript("vllm_completions_json").chunks
-    assert parse_text_response(body.encode()) == [
+    assert TextStreamParser().parse_whole(body.encode()) == [
         UpstreamMeta("cmpl-4b7e1a0c9d8f4e2a"),
         TextDelta(" Paris."),
         Logprobs([PARIS, DOT]),
@@ -99,11 +99,14 @@ def test_a_chat_shaped_answer_is_read_as_its_text() -> None:
     """Some servers answer `/completions` with chat's `message` / `delta`; its content is the text."""
     choice = {"message": {"role": "assistant", "content": "Paris."}, "finish_reason": "stop"}
     whole = msgspec.json.encode({"id": "cmpl-3", "choices": [choice]})
-    assert parse_text_response(whole) == [UpstreamMeta("cmpl-3"), TextDelta("Paris."), Finish("stop")]
+    assert TextStreamParser().parse_whole(whole) == [UpstreamMeta("cmpl-3"), TextDelta("Paris."), Finish("stop")]
     delta = b'data: {"id": "cmpl-1", "choices": [{"delta": {"content": "Par"}}]}\n\n'
     replay = replay_stream([delta, text_chunk("is.", "stop")], TextStreamParser())
     assert replay.error is None
     assert replay.events == [UpstreamMeta("cmpl-1"), TextDelta("Par"), TextDelta("is."), Finish("stop")]
+    parts = {"message": {"content": [{"type": "text", "text": "Par"}, {"type": "text", "text": "is."}]}}
+    listed = msgspec.json.encode({"id": "cmpl-4", "choices": [{**parts, "finish_reason": "stop"}]})
+    assert TextStreamParser().parse_whole(listed) == [UpstreamMeta("cmpl-4"), TextDelta("Paris."), Finish("stop")]
 
 
 def test_truncated_stream_and_error_inside_a_200() -> None:
@@ -116,9 +119,9 @@ def test_truncated_stream_and_error_inside_a_200() -> None:
     assert failed.error is not None
     assert (failed.error.kind, failed.error.message) == (Failure.CLIENT, "prompt too long")
     with pytest.raises(UpstreamError, match="no choices"):
-        parse_text_response(b'{"id": "cmpl-2", "choices": []}')
+        TextStreamParser().parse_whole(b'{"id": "cmpl-2", "choices": []}')
     with pytest.raises(UpstreamError, match="malformed"):
-        parse_text_response(b'{"choices": [{"text": 5}]}')
+        TextStreamParser().parse_whole(b'{"choices": [{"text": 5}]}')
 
 
 def config(**wire: Any) -> ProviderConfig:
@@ -212,6 +215,5 @@ async def test_provider_sends_a_raw_prompt_to_completions(
         expected["stream_options"] = {"include_usage": True}
     assert sent.json() == {**expected, "logprobs": 2}
     assert events[-1] == (Finish("length") if stream else Finish("stop"))
-    assert events == (
-        VLLM_STREAM if stream else parse_text_response(read_transcript("vllm_completions_json").chunks[0].encode())
-    )
+    whole = read_transcript("vllm_completions_json").chunks[0].encode()
+    assert events == (VLLM_STREAM if stream else TextStreamParser().parse_whole(whole))

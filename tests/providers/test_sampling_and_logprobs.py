@@ -9,7 +9,7 @@ import pytest
 
 from providers.config import KIND_DEFAULTS, ProviderConfig
 from providers.events import Finish, Logprobs, TextDelta, TokenLogprob, TopLogprob
-from providers.openai_chat import ChatStreamParser, build_chat_body, parse_chat_response
+from providers.openai_chat import ChatStreamParser, build_chat_body
 from providers.types import CompletionRequest
 
 LOCAL = ProviderConfig(name="local", kind="local", base_url="http://127.0.0.1:8000/v1", wire=KIND_DEFAULTS["local"])
@@ -78,4 +78,4 @@ def test_streamed_logprobs_follow_their_delta() -> None:
 
 def test_whole_answer_logprobs() -> None:
     answer = {"choices": [{"index": 0, "message": {"content": "Hi!"}, "logprobs": LOGPROBS, "finish_reason": "stop"}]}
-    assert parse_chat_response(msgspec.json.encode(answer)) == [TextDelta("Hi!"), EXPECTED, Finish("stop")]
+    assert ChatStreamParser().parse_whole(msgspec.json.encode(answer)) == [TextDelta("Hi!"), EXPECTED, Finish("stop")]
