@@ -171,10 +171,11 @@ class RespClient:
     """One pipelined connection to Redis, opened on first use and again after a failure."""
 
     def __init__(self, url: str, timeout: float = 1.0, scripts: Sequence[Script] = ()) -> None:
-        """`scripts` are loaded on every new connection, before any command of the client's: after
-        a restart (connections drop, Redis forgets its scripts) an `EVALSHA` meeting `NOSCRIPT` was
-        sent again once its script was loaded, behind the commands posted meanwhile, so the first
-        admission after a restart could run before the settlement that came before it."""
+        """`scripts` are loaded on every new connection, before any command of the client's (unless
+        the ACL refuses the load, `_hello`): after a restart (connections drop, Redis forgets its
+        scripts) an `EVALSHA` meeting `NOSCRIPT` was sent again once its script was loaded, behind
+        the commands posted meanwhile, so the first admission after a restart could run before the
+        settlement that came before it."""
         parts = urlsplit(url)
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or 6379
@@ -319,18 +320,21 @@ async def _hello(protocol: _Protocol, commands: list[Command], scripts: list[Com
     (published during `AUTH`'s round trip, a command ran before `SELECT`, or after a refused one, in
     database 0). On the connection itself, not through `RespClient.call`: reset before them
     (uvloop may report the reset first), `call` waited for a new connection, the one being made
-    (its own task), and every later call of the process with it. A refused `SCRIPT LOAD` (an ACL
-    that allows `EVALSHA` of scripts loaded beforehand) is not the connection's failure: the
-    script's `EVALSHA` meets `NOSCRIPT` as it did before."""
+    (its own task), and every later call of the process with it. A `SCRIPT LOAD` the ACL refuses
+    (`NOPERM`: an operator who allows `EVALSHA` of scripts loaded beforehand) is not the
+    connection's failure: there the script's `EVALSHA` meets `NOSCRIPT` as it did before. Any other
+    refusal is (`LOADING`: a Redis reading its data after a restart): the next call connects again."""
     if protocol.lost is not None:
         raise protocol.lost
     replies = await asyncio.gather(
         *(protocol.send(encode(command)) for command in commands + scripts), return_exceptions=True
     )
     for position, reply in enumerate(replies):
-        required = position < len(commands) or not isinstance(reply, RespError) or isinstance(reply, RespLost)
-        if isinstance(reply, BaseException) and required:  # an error reply (`RespError`), or the connection's failure
-            raise reply
+        if not isinstance(reply, BaseException):
+            continue
+        if position >= len(commands) and type(reply) is RespError and str(reply).startswith("NOPERM"):
+            continue  # a load the ACL refuses: the operator loads the scripts (`-LOADING` is a failure: later)
+        raise reply  # an error reply (`RespError`), or the connection's failure
 
 
 def bulk(value: bytes) -> bytes:

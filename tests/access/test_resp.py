@@ -214,6 +214,33 @@ async def test_a_refused_select_drops_its_connection_and_the_next_call_connects_
         await server.wait_closed()
 
 
+async def test_a_script_load_refused_while_redis_loads_is_the_connections_failure() -> None:
+    """`-LOADING` (a restarted Redis reading its data): the connection is not published without
+    its scripts (their first `EVALSHA` would go again behind later commands); the next call
+    connects again and loads them."""
+    seen: list[list[bytes]] = []
+    loading = [True]
+
+    async def reply(parts: list[bytes]) -> bytes:
+        if parts[0] == b"SCRIPT" and loading[0]:
+            loading[0] = False
+            return b"-LOADING Redis is loading the dataset in memory\r\n"
+        return b"+OK\r\n"
+
+    server = await asyncio.start_server(_answering(seen, reply), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = RespClient(f"redis://127.0.0.1:{port}/0", timeout=1.0, scripts=[Script("return 1", 0)])
+    try:
+        with pytest.raises(RespError, match="LOADING"):
+            await client.call("PING")
+        assert await client.call("PING") == b"OK"
+        assert [parts[0] for parts in seen] == [b"SCRIPT", b"SCRIPT", b"PING"]  # never a PING without its scripts
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
 def _answering(
     seen: list[list[bytes]], reply: Callable[[list[bytes]], Awaitable[bytes]]
 ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:

@@ -315,10 +315,12 @@ async def test_an_error_chunk_after_a_failed_finish_does_not_change_the_failure(
     gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
     late = {"error": {"message": "bad request", "type": "invalid_request_error", "code": 400}}
     alpha.enqueue(reply_sse([ABORT_CHUNK, late, usage_chunk(5, 0)]))
-    beta.enqueue(answer("from beta"))
-    response = await complete(gw)
-    assert response.status_code == 200, response.text
-    assert response.json()["provider"] == "beta"
+    beta.enqueue(stream_answer("from beta"))
+    _, frames = await stream(gw)
+    assert frames[0][1]["provider"] == "beta"
+    assert [d["type"] for d in datas(frames)] == ["stream_start", "text_start", "text_delta", "text_end", "finish"]
+    samples = await scrape(gw)
+    assert metric(samples, "switchyard_attempts_total", provider="alpha", outcome="transient") == 1
 
 
 async def test_a_whole_answer_nested_too_deep_fails_over(
