@@ -328,7 +328,7 @@ async def _after_failed_finish(
     seconds at most: the usage chunk that follows it, then the end (`[DONE]` raises the failure).
     An upstream that went quiet after it held the attempt until its idle timeout (60 s by default,
     `total` with keep-alive comments), then failed it as a timeout, not as the failure it said."""
-    with contextlib.suppress(TimeoutError):
+    with contextlib.suppress(TimeoutError, httpx.TransportError):  # idle past, reset: as the end
         async with asyncio.timeout(within):
             async for data in reads:
                 for payload in sse.feed(data):

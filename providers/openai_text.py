@@ -104,7 +104,8 @@ class _ChatShaped(Struct):
         content = self.content
         if not isinstance(content, list):
             return content
-        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        texts = (p for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+        return "".join(p["text"] for p in texts if isinstance(p.get("text"), str))
 
 
 class _TextChoice(Struct):

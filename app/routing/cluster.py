@@ -141,9 +141,9 @@ class ClusterLink:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
             self._down(exc)
             return False
+        self._pubsub = pubsub  # first: closed by the next reconnect, should applying what was stored fail
         for raw in stored:
             self._apply_raw(raw)
-        self._pubsub = pubsub
         if self._outage_logged:
             self.log.warning("redis_reconnected", worker=self.worker_id)
         self.available, self._outage_logged = True, False

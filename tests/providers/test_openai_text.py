@@ -104,7 +104,8 @@ def test_a_chat_shaped_answer_is_read_as_its_text() -> None:
     replay = replay_stream([delta, text_chunk("is.", "stop")], TextStreamParser())
     assert replay.error is None
     assert replay.events == [UpstreamMeta("cmpl-1"), TextDelta("Par"), TextDelta("is."), Finish("stop")]
-    parts = {"message": {"content": [{"type": "text", "text": "Par"}, {"type": "text", "text": "is."}]}}
+    thinking = {"type": "reasoning", "text": "(hmm)"}  # not the answer's text
+    parts = {"message": {"content": [{"type": "text", "text": "Par"}, thinking, {"type": "text", "text": "is."}]}}
     listed = msgspec.json.encode({"id": "cmpl-4", "choices": [{**parts, "finish_reason": "stop"}]})
     assert TextStreamParser().parse_whole(listed) == [UpstreamMeta("cmpl-4"), TextDelta("Paris."), Finish("stop")]
 

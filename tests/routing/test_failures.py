@@ -284,14 +284,15 @@ async def test_the_usage_of_an_answer_that_finished_with_an_error_is_recorded(
 ABORT_CHUNK = {"id": "cmpl-a", "choices": [{"index": 0, "delta": {}, "finish_reason": "abort"}]}
 
 
+@pytest.mark.parametrize("idle", [5, 0.3], ids=["idle-after-the-grace", "idle-within-it"])
 @pytest.mark.parametrize("content_first", [False, True], ids=["before-content", "after-content"])
 async def test_an_upstream_quiet_after_its_failed_finish_fails_at_once(
-    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, content_first: bool
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, content_first: bool, idle: float
 ) -> None:
     """vLLM's `abort`, then nothing (the connection open): the usage it may send next is waited for
-    a second at most, then the attempt fails as what the upstream said (502), not after the idle
-    timeout as a 504."""
-    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"timeouts": {"idle": 5}})
+    a second at most (or the idle timeout, when shorter), then the attempt fails as what the
+    upstream said (502), not after the idle timeout as a 504."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"timeouts": {"idle": idle}})
     head = [chunk({"content": "Half"})] if content_first else []
     alpha.enqueue(reply_sse([*head, ABORT_CHUNK], done=False, stall_after=len(head) + 1))
     beta.enqueue(stream_answer("from beta"))
