@@ -14,6 +14,11 @@ the `Relay`. That split buys three things without per-chunk timers:
   the relay is closed, which cancels the pump, and the cancellation lands inside the pipeline's
   upstream read, which closes the upstream connection and records the request as `cancelled`.
 Frames that queue up while the client is slower than the upstream are sent joined, one write.
+The queue holds `BUFFER_BYTES` at most: past that the pump waits for the client to take some, so
+the upstream is read at the client's pace (a client that read the head and stopped held an
+unbounded queue: 5 GB behind a fast upstream). A client that takes nothing for `CLIENT_STALL_S`
+while the queue is full has stopped reading: the request ends there as `cancelled`, its upstream
+connection and slot given back.
 
 The response's head, sent with the first frame, carries an API key's `x-ratelimit-*`: the
 pipeline writes them into the request's `StreamHead` at admission, before any frame and before a
@@ -26,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from app.errors import GatewayError, InternalError
@@ -34,6 +39,8 @@ from app.pipeline.events import Event, StreamHead
 
 _END = object()
 ADMISSION_RECHECK_S = 0.25  # a keep-alive due before admission ended looks again this soon
+BUFFER_BYTES = 1 << 20  # the frames one stream may hold for a slow client (a whole usual answer)
+CLIENT_STALL_S = 60.0  # a client that takes none of a full queue for this long has stopped reading
 
 
 class StreamRenderer(Protocol):
@@ -55,7 +62,7 @@ class StreamRenderer(Protocol):
 
 class Relay:
     def __init__(
-        self, source: AsyncIterator[list[Event]], renderer: StreamRenderer, interval: float, head: StreamHead
+        self, source: AsyncGenerator[list[Event], None], renderer: StreamRenderer, interval: float, head: StreamHead
     ) -> None:
         self._source = source
         self._renderer = renderer
@@ -63,7 +70,9 @@ class Relay:
         self._begun = False  # whether `first` has returned: the response has started
         self._interval = interval
         self._items: deque[object] = deque()
+        self._queued = 0  # bytes in `_items`
         self._waiter: asyncio.Future[None] | None = None
+        self._drained: asyncio.Future[None] | None = None  # the pump's, while the queue is full
         self._loop = asyncio.get_running_loop()
         self._last = self._loop.time()
         self._timer: asyncio.TimerHandle | None = self._loop.call_later(interval, self._tick)
@@ -71,11 +80,15 @@ class Relay:
 
     async def _run(self) -> None:
         render = self._renderer.render
+        source = self._source
         try:
-            async for batch in self._source:
+            async for batch in source:
                 data = b"".join([render(event) for event in batch])
                 if data:
                     self._push(data)
+                    if self._queued > BUFFER_BYTES and not await self._room():
+                        await source.aclose()  # the client stopped reading: the request ends as cancelled
+                        return
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -83,8 +96,24 @@ class Relay:
         finally:
             self._push(_END)
 
+    async def _room(self) -> bool:
+        """Wait until the client has taken the queue down to `BUFFER_BYTES`; False when it took
+        nothing for `CLIENT_STALL_S`."""
+        while self._queued > BUFFER_BYTES:
+            self._drained = self._loop.create_future()
+            try:
+                async with asyncio.timeout(CLIENT_STALL_S):
+                    await self._drained
+            except TimeoutError:
+                return False
+            finally:
+                self._drained = None
+        return True
+
     def _push(self, item: object) -> None:
         self._items.append(item)
+        if type(item) is bytes:
+            self._queued += len(item)
         self._last = self._loop.time()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -125,7 +154,16 @@ class Relay:
             self._waiter = self._loop.create_future()
             await self._waiter
             self._waiter = None
-        return self._items.popleft()
+        return self._take()
+
+    def _take(self) -> object:
+        item = self._items.popleft()
+        if type(item) is bytes:
+            self._queued -= len(item)
+            drained = self._drained
+            if drained is not None and self._queued <= BUFFER_BYTES and not drained.done():
+                drained.set_result(None)
+        return item
 
     async def frames(self, first: bytes) -> AsyncGenerator[bytes, None]:
         try:
@@ -145,7 +183,7 @@ class Relay:
                     chunks.append(item)  # type: ignore[arg-type]
                     if not self._items:
                         break
-                    item = self._items.popleft()
+                    item = self._take()
                 yield b"".join(chunks)
         finally:
             await self.aclose()

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
+
+from app.edge import relay
 from tests.gateway.conftest import primary_cost
 from tests.support.gateway import GatewayHandle
 from tests.support.observe import metric, rows_when, scrape
@@ -128,3 +132,32 @@ async def test_usage_the_upstream_reported_is_never_marked_estimated(
     (row,) = await rows_when(gw, 1)
     assert estimated_usage(row) == ("ok", False, 7, 2, 0, 0, 0, "estimated")
     assert row["api"] == "unified"
+
+
+async def test_a_client_that_stops_reading_a_stream_holds_a_bounded_queue_then_ends_it(
+    gw: GatewayHandle, primary: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client reads the head, then nothing, behind a fast upstream of 20 MB: the relay queued
+    every frame (5 GB seen) and the request went on as `ok`. Now the pump waits once a
+    megabyte is queued, so the upstream is read at the client's pace, and a client that takes
+    nothing for `CLIENT_STALL_S` ends the request as `cancelled`, its upstream connection closed."""
+    monkeypatch.setattr(relay, "CLIENT_STALL_S", 1.0)
+    piece = "x" * 1000
+    primary.enqueue(reply_sse([chunk({"content": piece}) for _ in range(20_000)] + [chunk({}, "stop")]))
+    url = urlsplit(gw.url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the client's pace is felt
+    sock.connect((url.hostname or "127.0.0.1", url.port or 80))
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    data = json.dumps(body(stream=True)).encode()
+    head = f"POST /api/v1/completions HTTP/1.1\r\nhost: {url.netloc}\r\ncontent-type: application/json\r\n"
+    writer.write(head.encode() + b"content-length: %d\r\n\r\n" % len(data) + data)
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    try:
+        (row,) = await rows_when(gw, 1)  # within wait_until's 2 s: the stall, then the row
+        assert row["status"] == "cancelled"
+        await wait_until(lambda: primary.open_connections == 0, what="the upstream connection closed")
+    finally:
+        writer.close()
