@@ -293,18 +293,24 @@ async def _stream_batches(
     else:
         reads = _bounded(response.aiter_raw(), loop, idle, deadline)
     try:
-        async for data in reads:
-            _check_deadline(loop, deadline)
-            for payload in sse.feed(data):
-                batch += parser.feed(payload)
-                if payload == "[DONE]":
-                    return
-            if batch:
-                ready, batch = batch, []
-                yield ready
-            if parser.failed:
-                await _after_failed_finish(reads, sse, parser, min(FAILED_GRACE_S, deadline - loop.time()))
-                break
+        try:
+            async for data in reads:
+                _check_deadline(loop, deadline)
+                for payload in sse.feed(data):
+                    batch += parser.feed(payload)
+                    if payload == "[DONE]":
+                        return
+                if batch:
+                    ready, batch = batch, []
+                    yield ready
+                if parser.failed:
+                    await _after_failed_finish(reads, sse, parser, min(FAILED_GRACE_S, deadline - loop.time()))
+                    break
+        except (TimeoutError, httpx.TimeoutException):
+            if not parser.done:
+                raise
+            # the answer had finished, then nothing (no `[DONE]`, no EOF): it ends as at EOF, whole;
+            # a 504 threw the whole answer away
         for payload in sse.finish():  # an event the stream ended inside (no blank line after it)
             try:
                 batch += parser.feed(payload)

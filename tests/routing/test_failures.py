@@ -419,6 +419,20 @@ async def test_an_event_cut_short_after_the_finish_reason_is_dropped(
     assert (row["input_tokens"], row["output_tokens"]) == (None, None)
 
 
+async def test_an_upstream_quiet_after_its_finish_reason_ends_the_answer_whole(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """The finish reason came, then nothing: no usage, no `[DONE]`, no EOF. At the idle timeout
+    the answer ends as at EOF, whole (it was a 504 error event, the answer thrown away)."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"timeouts": {"idle": 0.5}})
+    alpha.enqueue(reply_sse([chunk({"content": "Whole"}), chunk({}, "stop")], done=False, stall_after=2))
+    _, frames = await stream(gw)
+    assert [d["type"] for d in datas(frames)] == ["stream_start", "text_start", "text_delta", "text_end", "finish"]
+    assert datas(frames)[-1]["finish_reason"] == "stop"
+    (row,) = await gw.ledger_rows()
+    assert row_view(row) == ("ok", None, None, 1, "alpha")
+
+
 @pytest.mark.parametrize(
     "tail",
     [
