@@ -90,6 +90,7 @@ class Relay:
                         await source.aclose()  # the client stopped reading: the request ends as cancelled
                         return
         except asyncio.CancelledError:
+            await source.aclose()  # cancelled waiting for room, not in the pipeline: it ends as cancelled too
             raise
         except BaseException as exc:
             self._push(exc)

@@ -134,16 +134,9 @@ async def test_usage_the_upstream_reported_is_never_marked_estimated(
     assert row["api"] == "unified"
 
 
-async def test_a_client_that_stops_reading_a_stream_holds_a_bounded_queue_then_ends_it(
-    gw: GatewayHandle, primary: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A client reads the head, then nothing, behind a fast upstream of 20 MB: the relay queued
-    every frame (5 GB seen) and the request went on as `ok`. Now the pump waits once a
-    megabyte is queued, so the upstream is read at the client's pace, and a client that takes
-    nothing for `CLIENT_STALL_S` ends the request as `cancelled`, its upstream connection closed."""
-    monkeypatch.setattr(relay, "CLIENT_STALL_S", 1.0)
-    piece = "x" * 1000
-    primary.enqueue(reply_sse([chunk({"content": piece}) for _ in range(20_000)] + [chunk({}, "stop")]))
+async def _stalled_reader(gw: GatewayHandle) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A streaming request from a client with a small receive window, its head read; then it reads
+    nothing."""
     url = urlsplit(gw.url)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the client's pace is felt
@@ -155,9 +148,41 @@ async def test_a_client_that_stops_reading_a_stream_holds_a_bounded_queue_then_e
     writer.write(head.encode() + b"content-length: %d\r\n\r\n" % len(data) + data)
     await writer.drain()
     assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    return reader, writer
+
+
+FLOOD = [chunk({"content": "x" * 1000}) for _ in range(20_000)] + [chunk({}, "stop")]  # 20 MB, at once
+
+
+async def test_a_client_that_stops_reading_a_stream_holds_a_bounded_queue_then_ends_it(
+    gw: GatewayHandle, primary: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client reads the head, then nothing, behind a fast upstream of 20 MB: the relay queued
+    every frame (5 GB seen) and the request went on as `ok`. Now the pump waits once a
+    megabyte is queued, so the upstream is read at the client's pace, and a client that takes
+    nothing for `CLIENT_STALL_S` ends the request as `cancelled`, its upstream connection closed."""
+    monkeypatch.setattr(relay, "CLIENT_STALL_S", 1.0)
+    primary.enqueue(reply_sse(FLOOD))
+    _reader, writer = await _stalled_reader(gw)
     try:
         (row,) = await rows_when(gw, 1)  # within wait_until's 2 s: the stall, then the row
         assert row["status"] == "cancelled"
         await wait_until(lambda: primary.open_connections == 0, what="the upstream connection closed")
     finally:
         writer.close()
+
+
+async def test_a_client_gone_while_its_stream_waits_for_it_ends_the_request_at_once(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """The queue is full and the pump waits for the client; the client closes. The cancellation
+    lands in that wait, not in the pipeline, which the relay then closes: the row says `cancelled`
+    and the upstream connection is closed."""
+    primary.enqueue(reply_sse(FLOOD))
+    _reader, writer = await _stalled_reader(gw)
+    await wait_until(lambda: len(primary.requests) == 1, what="the request upstream")
+    await asyncio.sleep(0.5)  # the queue fills
+    writer.close()
+    (row,) = await rows_when(gw, 1)
+    assert row["status"] == "cancelled"
+    await wait_until(lambda: primary.open_connections == 0, what="the upstream connection closed")
