@@ -332,7 +332,8 @@ async def _hello(protocol: _Protocol, commands: list[Command], scripts: list[Com
     for position, reply in enumerate(replies):
         if not isinstance(reply, BaseException):
             continue
-        if position >= len(commands) and type(reply) is RespError and str(reply).startswith("NOPERM"):
+        refused = isinstance(reply, RespError) and not isinstance(reply, RespLost)  # an error reply
+        if position >= len(commands) and refused and str(reply).startswith("NOPERM"):
             continue  # a load the ACL refuses: the operator loads the scripts (`-LOADING` is a failure: later)
         raise reply  # an error reply (`RespError`), or the connection's failure
 
