@@ -36,10 +36,17 @@ def body(*, stream: bool) -> dict[str, Any]:
     return {"model": "chat-1", "stream": stream, "messages": [message]}
 
 
-async def post_raw(gw: GatewayHandle, payload: dict[str, Any]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A client that sends its request and can then simply drop the connection."""
+async def post_raw(
+    gw: GatewayHandle, payload: dict[str, Any], *, window: int | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client that sends its request and can then simply drop the connection; `window`: its
+    socket's receive buffer (small: the client's pace is felt)."""
     url = urlsplit(gw.url)
-    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    sock = socket.create_connection((url.hostname or "127.0.0.1", url.port or 80))
+    if window is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, window)
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=sock)
     data = json.dumps(payload).encode()
     head = f"POST /api/v1/completions HTTP/1.1\r\nhost: {url.netloc}\r\ncontent-type: application/json\r\n"
     writer.write(head.encode() + b"content-length: %d\r\n\r\n" % len(data) + data)
@@ -137,16 +144,7 @@ async def test_usage_the_upstream_reported_is_never_marked_estimated(
 async def _stalled_reader(gw: GatewayHandle) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A streaming request from a client with a small receive window, its head read; then it reads
     nothing."""
-    url = urlsplit(gw.url)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the client's pace is felt
-    sock.connect((url.hostname or "127.0.0.1", url.port or 80))
-    sock.setblocking(False)
-    reader, writer = await asyncio.open_connection(sock=sock)
-    data = json.dumps(body(stream=True)).encode()
-    head = f"POST /api/v1/completions HTTP/1.1\r\nhost: {url.netloc}\r\ncontent-type: application/json\r\n"
-    writer.write(head.encode() + b"content-length: %d\r\n\r\n" % len(data) + data)
-    await writer.drain()
+    reader, writer = await post_raw(gw, body(stream=True), window=4096)
     assert (await reader.readline()).startswith(b"HTTP/1.1 200")
     return reader, writer
 
