@@ -97,7 +97,7 @@ class _Messages:
 
     __slots__ = ("request", "stream")
     id_header = b"request-id"  # what the anthropic SDK reads (`_request_id`, `APIStatusError.request_id`)
-    renames = None
+    renames = {"schema": "output_config.format.schema"}  # the pipeline's names this door spells otherwise
 
     def __init__(self, request: CompletionRequest) -> None:
         self.request = request

@@ -86,7 +86,8 @@ class Door(Protocol):
     @property
     def renames(self) -> dict[str, str] | None:
         """Fields the pipeline's 400s name that this request spelt otherwise (the chat door's
-        `max_completion_tokens`, which the canonical request calls `max_tokens`); None: none."""
+        `max_completion_tokens`, which the canonical request calls `max_tokens`; its `system`, a
+        message there); None: none."""
 
     def answer(self, ctx: RequestContext, outcome: Outcome) -> bytes: ...
 

@@ -62,7 +62,7 @@ class _Chat:
         self.request = to_request(chat)
         self.stream = bool(chat.stream)
         self.include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
-        self.renames = _COMPLETION_TOKENS if chat.max_completion_tokens is not None else None
+        self.renames = _COMPLETION_TOKENS if chat.max_completion_tokens is not None else _NAMES
 
     def answer(self, ctx: RequestContext, outcome: ev.Outcome) -> bytes:
         return fmt.encoder.encode(completion_of(ctx, outcome, bool(self.request.logprobs)))
@@ -72,7 +72,8 @@ class _Chat:
         return stream(ctx, self.include_usage)
 
 
-_COMPLETION_TOKENS = {"max_tokens": "max_completion_tokens"}  # the one that wins (openai_translate)
+_NAMES = {"system": "messages", "schema": "response_format"}  # the canonical request's parts, as this door has them
+_COMPLETION_TOKENS = {**_NAMES, "max_tokens": "max_completion_tokens"}  # the one that wins (openai_translate)
 
 
 def _translate(body: bytes, _service: Service) -> _Chat:

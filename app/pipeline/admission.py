@@ -7,7 +7,7 @@ Ingress-neutral (every front door's request is a `CompletionRequest` by now, or 
   `/completions`, and the prompt is never wrapped in a chat template behind the client's back;
 - `max_tokens` may not exceed the model's `max_output` (`max_tokens`);
 - the prompt must be able to fit the model's `context_window`: named by its largest part
-  (`messages`, `system`, `tools` or `schema`, as the client's door calls it), or `prompt`.
+  (`messages`, `system`, `tools` or `schema`; each door renames what it calls otherwise), or `prompt`.
 
 The prompt rule refuses only what cannot fit, never what might: the gateway has no tokenizer, and
 the usual four characters per token (`app.pipeline.estimate`) overestimates some text, so it would
@@ -26,7 +26,6 @@ from collections.abc import Collection, Iterator
 
 import msgspec
 
-from app.context import Ingress
 from app.errors import InvalidRequest
 from app.pipeline.estimate import prompt_chars
 from catalog.snapshot import ModelEntry
@@ -37,18 +36,17 @@ _CAPABILITY = {ImagePart: "vision", AudioPart: "audio", DocumentPart: "documents
 _encode = msgspec.json.encode
 
 
-def admit(request: AnyRequest, model: ModelEntry, ingress: Ingress = "unified") -> None:
-    """Raise `InvalidRequest` when `model` cannot take `request` (`ingress`: whose names the
-    fields have)."""
+def admit(request: AnyRequest, model: ModelEntry) -> None:
+    """Raise `InvalidRequest` when `model` cannot take `request`."""
     if isinstance(request, CompletionRequest):
         check_capabilities(request, model.id, model.capabilities)
     elif "completions" not in model.capabilities:
         detail = f"model '{model.id}' does not take raw-prompt completions (no 'completions' capability)"
         raise _invalid("model", detail)
-    check_limits(request, model, ingress)
+    check_limits(request, model)
 
 
-def check_limits(request: AnyRequest, model: ModelEntry, ingress: Ingress = "unified") -> None:
+def check_limits(request: AnyRequest, model: ModelEntry) -> None:
     """`max_tokens` within `max_output`, and a prompt that can fit `context_window` (module doc)."""
     answer = request.max_tokens or 0
     if model.max_output and answer > model.max_output:
@@ -59,18 +57,13 @@ def check_limits(request: AnyRequest, model: ModelEntry, ingress: Ingress = "uni
         if least + answer > model.context_window:
             asked = f"at least {least} prompt tokens" + (f" plus max_tokens {answer}" if answer else "")
             detail = f"{asked} do not fit the {model.context_window}-token context window of model '{model.id}'"
-            raise _invalid(_largest_part(request, ingress), detail)
+            raise _invalid(_largest_part(request), detail)
 
 
-_DOOR_NAMES: dict[str, dict[str, str]] = {  # a request's parts as each door names them (ingress.md)
-    "openai_chat": {"system": "messages", "schema": "response_format"},
-    "anthropic_messages": {"schema": "output_config.format.schema"},
-}
-
-
-def _largest_part(request: AnyRequest, ingress: Ingress) -> str:
-    """The part of a prompt too long that holds most of it: a schema of 270,000 characters was
-    blamed on `messages` of one word. The error path only."""
+def _largest_part(request: AnyRequest) -> str:
+    """The part of a prompt too long that holds most of it, by its canonical name (a door that
+    names it otherwise renames it: `Door.renames`): a schema of 270,000 characters was blamed on
+    `messages` of one word. The error path only."""
     if type(request) is not CompletionRequest:
         return "prompt"
     sizes = {
@@ -79,8 +72,7 @@ def _largest_part(request: AnyRequest, ingress: Ingress) -> str:
         "schema": len(_encode(request.schema)) if request.schema is not None else 0,
     }
     sizes["messages"] = prompt_chars(request) - sum(sizes.values())
-    largest = max(sizes, key=lambda part: (sizes[part], part == "messages"))  # a tie: messages
-    return _DOOR_NAMES.get(ingress, {}).get(largest, largest)
+    return max(sizes, key=lambda part: (sizes[part], part == "messages"))  # a tie: messages
 
 
 def check_capabilities(request: CompletionRequest, model: str, capabilities: Collection[str]) -> None:

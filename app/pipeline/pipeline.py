@@ -217,7 +217,7 @@ class Pipeline:
         now = loop.time()
         request, deadline = run.request, run.ctx.deadline
         run.model = model = self.router.resolve_model(request.model, now)
-        admit(request, model, run.ctx.ingress)
+        admit(request, model)
         access = self.access
         entry = access.permit(run.ctx, model) if access is not None else None
         route = self.router.route(model, request.provider)
