@@ -49,7 +49,7 @@ from typing import Any
 import httptools
 from msgspec import Struct
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from app.edge.anthropic_format import error_document
@@ -100,6 +100,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._chunk = 0  # the size of the data being parsed
         self._head_seen = 0  # the reads that carried part of the head: at least its size
         self._head_bytes = 0  # the reads wholly inside the unfinished head: at most its size
+        self._refusal = b""  # an answer waiting for the earlier (pipelined) responses: `_refuse_later`
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -112,6 +113,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         """uvicorn's, but for a request refused from a callback (answered already), and then the
         deadlines: armed only when a head or body is left incomplete."""
+        if self._refusal:
+            return  # the parser stopped at a refused request: nothing after it is read
         before = self._phase
         self._chunk = len(data)
         if before == _HEAD:
@@ -188,6 +191,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._arm(min(DRAIN_S, self.limits.body_timeout_s), self._body_timed_out)
         if self.transport.is_closing():
             return
+        if self._refusal and not self.pipeline:
+            self.transport.write(self._refusal)
+            self.transport.close()
+            return
         self._unset_keepalive_if_required()
         self.flow.resume_reading()
         if self.pipeline:
@@ -220,7 +227,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _body_timed_out(self) -> None:
         self._deadline = None
-        if not self.transport.is_closing() and self.cycle is not None:
+        if self.transport.is_closing() or self.cycle is None:
+            return
+        if self._queued(self.cycle):
+            # Its body is not read while an earlier response is being sent: its clock starts after that.
+            self._arm(self.limits.body_timeout_s, self._body_timed_out)
+        else:
             self._refuse_body(RequestTimeout("request body not received in time"))
 
     def send_400_response(self, msg: str) -> None:
@@ -232,27 +244,49 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refuse_head(InvalidRequest("malformed HTTP request: a header or the request line breaks HTTP's rules"))
 
     def _refuse_head(self, error: GatewayError) -> None:
-        """Answer `error` and close; only close when the response to an earlier (pipelined)
-        request is still being sent."""
+        """Answer `error` and close; after the responses to the earlier (pipelined) requests when
+        one is still being sent (`_refuse_later`)."""
+        answer = _raw_response(error, uuid7(), self.url)
         if self.cycle is None or self.cycle.response_complete:
-            self.transport.write(_raw_response(error, uuid7(), self.url))
-        self.transport.close()
+            self.transport.write(answer)
+            self.transport.close()
+        else:
+            self._refuse_later(answer)
 
     def _refuse_body(self, error: GatewayError) -> None:
         """Answer `error` to a request whose body cannot be read (too slow, or its chunks broken),
-        unless its response has begun or an earlier (pipelined) request's is still being sent, which
-        the client would take for that one's; and close. The application, waiting for that body,
-        hears the client gone. A broken chunk size used to get no answer at all: only the close."""
+        and close; only close when its response has begun. The application, waiting for that body,
+        hears the client gone. A request still queued behind an earlier (pipelined) one is taken
+        out of the queue and answered after it (`_refuse_later`)."""
         cycle = self.cycle
         if cycle is None:
             self._refuse_head(error)
             return
-        if not cycle.response_started and not self.pipeline:  # queued: an earlier response is being sent
+        if not cycle.response_started:
             request_id = self.scope.get("state", {}).get("request_id") or uuid7()  # the app's, if it set one
-            self.transport.write(_raw_response(error, request_id, self.scope.get("raw_path", b"")))
+            answer = _raw_response(error, request_id, self.scope.get("raw_path", b""))
+            if self._queued(cycle):
+                self.pipeline.popleft()  # the newest: the request whose body broke
+                self._refuse_later(answer)
+                return
+            self.transport.write(answer)
         cycle.disconnected = True  # the application's receive() now says http.disconnect
         cycle.message_event.set()
         self.transport.close()
+
+    def _queued(self, cycle: RequestResponseCycle) -> bool:
+        """Whether `cycle` waits in uvicorn's pipeline behind an earlier request's response."""
+        return bool(self.pipeline) and self.pipeline[0][0] is cycle
+
+    def _refuse_later(self, answer: bytes) -> None:
+        """Keep `answer` until every earlier request's response has been sent (`on_response_complete`
+        writes it and closes), reading nothing more: the client pairs responses with its requests in
+        order, so an answer written now would be taken for the earlier request's, and a close now would
+        lose that answer, whose upstream call was made and billed."""
+        self._refusal = answer
+        self._disarm()
+        self._phase = _IDLE
+        self.flow.pause_reading()
 
 
 def _call(callback: Callable[[], None]) -> None:

@@ -292,19 +292,77 @@ async def test_a_chunked_body_whose_framing_breaks_gets_the_json_error(
     assert served.status == 200, served  # a well-framed chunked body is read as before
 
 
-async def test_a_pipelined_request_whose_chunks_break_gets_no_answer_ahead_of_the_earlier_one(
+def responses(data: bytes) -> list[Answer]:
+    """Each response in `data`, in order (each framed by its `content-length`)."""
+    answers = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = int(parse(head + b"\r\n\r\n", 0.0).headers["content-length"])
+        answers.append(parse(head + b"\r\n\r\n" + rest[:length], 0.0))
+        data = rest[length:]
+    return answers
+
+
+async def pipelined(gw: GatewayHandle, *parts: bytes, pause: float = 0.0) -> list[Answer]:
+    """Send `parts` on one connection and read every response until the server closes."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+            await asyncio.sleep(pause)
+        return responses(await asyncio.wait_for(reader.read(), TIMEOUT + SLACK + 2))
+    finally:
+        writer.close()
+
+
+OK_REPLY = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+FIRST = HEAD + b"content-length: %d\r\n\r\n" % len(BODY) + BODY
+
+
+def assert_answered_ok(answer: Answer) -> None:
+    assert answer.status == 200, answer
+    assert msgspec.json.decode(answer.body)["message"]["content"] == [{"kind": "text", "data": "ok"}]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        HEAD + b"transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",  # its chunks break
+        b"POST /api/v1/completions HTTP/1.1\r\nhost: gw\r\nx-bad: a\x00b\r\n\r\n",  # its head breaks
+    ],
+)
+async def test_a_pipelined_request_that_breaks_is_answered_after_the_earlier_one(
+    guarded: GatewayHandle, primary: ReplayUpstream, broken: bytes
+) -> None:
+    """The earlier request's answer (its upstream call was made and billed) comes first, then the
+    400 for the broken one, then the close. The 400 used to be withheld and the connection closed
+    at once, which lost the earlier answer too: written first, the client would have paired the 400
+    with its first request."""
+    primary.enqueue(reply_json(200, OK_REPLY, first_byte_delay_s=0.3))
+    first, refused = await pipelined(guarded, FIRST + broken)
+    assert_answered_ok(first)
+    assert (refused.status, refused.headers["connection"]) == (400, "close"), refused
+    assert msgspec.json.decode(refused.body)["error"]["message"].startswith("malformed HTTP request")
+    assert len(primary.requests) == 1
+
+
+async def test_a_pipelined_body_is_timed_from_when_its_request_is_read(
     guarded: GatewayHandle, primary: ReplayUpstream
 ) -> None:
-    """The 400 would be the first bytes on the wire, which the client pairs with its first request
-    (still being answered): the connection is closed instead, as before, and as for a head that
-    breaks (`_refuse_head`). That loses the first request's answer too (its upstream call was
-    made): kept, for a client that breaks HTTP's framing inside a pipeline."""
-    reply = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
-    primary.enqueue(reply_json(200, reply, first_byte_delay_s=0.3))
-    first = HEAD + b"content-length: %d\r\n\r\n" % len(BODY) + BODY
-    broken = HEAD + b"transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
-    answer = await exchange(guarded, first + broken)
-    assert (answer.status, answer.body) == (None, b""), answer
+    """The connection reads nothing more while an earlier response is being sent (uvicorn pauses
+    it), so the body of a request queued behind a slow one arrives after that one's answer. Its body
+    deadline (0.5 s here) used to run from its head, while nothing was read: a 408, which closed the
+    connection and lost the first answer as well."""
+    primary.enqueue(reply_json(200, OK_REPLY, first_byte_delay_s=3 * TIMEOUT))
+    primary.enqueue(reply_json(200, OK_REPLY))
+    second = HEAD + b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(BODY)
+    # The second head comes once the first request's body was read: uvicorn then pauses reading.
+    answers = await pipelined(guarded, FIRST, second + BODY[:10], BODY[10:], pause=0.2)
+    assert [answer.status for answer in answers] == [200, 200], answers
+    for answer in answers:
+        assert_answered_ok(answer)
 
 
 @pytest.mark.parametrize("codings", [b"gzip, chunked", b"deflate,chunked", b"br, chunked"])
