@@ -55,6 +55,7 @@ class Reply(Struct):
     stall_after: int | None = None
     chunked: bool = False  # Transfer-Encoding: chunked, else Content-Length
     raw: bytes | None = None
+    close_after: bool = False  # close the connection after the answer, without `Connection: close`
 
 
 class Responder(Protocol):
@@ -234,7 +235,7 @@ class _Connection(asyncio.Protocol):
                 self._task = asyncio.get_running_loop().create_task(self._play(reply, keep_alive))
                 return
             transport.write(_encode_whole(reply))
-            if not keep_alive:
+            if not keep_alive or reply.close_after:
                 transport.close()
 
     async def _play(self, reply: Reply, keep_alive: bool) -> None:
@@ -261,7 +262,7 @@ class _Connection(asyncio.Protocol):
         finally:
             self._server._count_streams(-1)
         self._task = None
-        if not keep_alive:
+        if not keep_alive or reply.close_after:
             transport.close()
         elif self._buffer:
             self._serve_buffered()

@@ -279,6 +279,21 @@ async def test_connections_are_reused(upstream: ReplayUpstream, client: Any) -> 
     assert (len(upstream.requests), upstream.connections_made) == (3, 1)
 
 
+@pytest.mark.parametrize(("name", "stream"), [("vllm_text_stream.json", True), ("nonstream_tool_calls.json", False)])
+async def test_a_connection_the_upstream_closed_unannounced_is_not_reused(
+    upstream: ReplayUpstream, client: Any, name: str, stream: bool
+) -> None:
+    """The upstream closes after each answer without `Connection: close`: its FIN comes just after
+    the body, which the adapter has read and whose connection it has given back by then. The next
+    request took that connection and failed ("upstream closed the connection"), every time."""
+    serve(upstream, name, close_after=True)
+    adapter = provider(upstream, client)
+    for _ in range(3):
+        events, error = await collect(adapter.events(REQUEST, "m", stream=stream))
+        assert (error, type(events[-1])) == (None, Finish)
+    assert (len(upstream.requests), upstream.connections_made) == (3, 3)
+
+
 async def raw_upstream(answer: Callable[[asyncio.StreamWriter], Any]) -> tuple[asyncio.Server, str]:
     """A loopback server that reads one request and lets `answer` write whatever it likes."""
 
