@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ from catalog.records import LedgerRecord
 from catalog.saved_snapshot import read_saved_snapshot, save_snapshot
 from catalog.snapshot import CatalogSnapshot, load_snapshot
 from catalog.sync import sync_catalog
-from providers.adapter import Provider, make_client
+from providers.adapter import Provider, UpstreamClient, make_client
 
 _GC_YOUNG_THRESHOLD = 20_000
 LEDGER_CLOSE_S = 5.0  # at shutdown the ledger writes what it can this long; the rest stays in the journal
@@ -90,53 +91,19 @@ class Service:
         self.client = make_client()
         if settings.redis is not None:
             self.cluster = ClusterLink(settings.redis, self.metrics, self.log)
-        runtimes = {}
-        for config in provider_configs(settings):
-            missing = key_missing(settings, config.name)
-            if missing:
-                env = settings.providers[config.name].api_key_env
-                self.log.warning("provider_disabled", provider=config.name, reason=f"key variable {env} is unset")
-            head_s = min(config.timeouts.first_byte, config.timeouts.total)
-            if settings.routing.request_deadline_s < head_s:  # the deadline cuts first: never a timeout
-                self.log.warning(
-                    "request_deadline_before_timeouts",
-                    provider=config.name,
-                    request_deadline_s=settings.routing.request_deadline_s,
-                    first_byte=head_s,
-                    detail="a backend that never answers is never timed out, cooled down or failed over from",
-                )
-            adapter = Provider(config, self.client)
-            policy = provider_policy(settings, config.name)
-            runtimes[config.name] = ProviderRuntime(
-                config, adapter, policy, key_missing=missing, publisher=self.cluster
-            )
+        runtimes = self._provider_runtimes(self.client)
         self.router = Router(snapshot, runtimes)
         self.collector = GatewayCollector(self.metrics, self.router, asyncio.get_running_loop().time)
         self.registry.register(self.collector)
         if self.cluster is not None:
             await self.cluster.start(self.router)
-        ledger = settings.ledger
-        self.ledger = LedgerWriter(
-            self.engine,
-            journal=journal,
-            required=ledger.enabled and ledger.required,
-            max_queue=ledger.queue_size,
-            batch_size=ledger.batch_size,
-            flush_interval=ledger.flush_interval_s,
-            idle=not ledger.enabled,
-        )
-        self.ledger.start()
+        record = self._start_ledger(self.engine, journal)
         self.collector.ledger = self.ledger
-        if journal is not None:
-            self._journal_task = asyncio.get_running_loop().create_task(journal.run(), name="ledger-journal")
-        routing = settings.routing
-        record = self.ledger.submit if ledger.enabled else _discard
-        if not ledger.enabled:
-            self.log.warning("ledger_disabled", reason="[ledger] enabled = false: requests are not recorded")
         if settings.auth.mode == "keys":
             keyring = KeyRing(self.engine, settings.auth, settings.redis, self.log)
             await keyring.start()
             self.access = AccessGate(settings, self.engine, keyring, self.log, self.metrics.limits_local)
+        routing = settings.routing
         self.pipeline = Pipeline(
             self.router,
             record,
@@ -156,6 +123,53 @@ class Service:
             self.log_writer.flush_every(0.2)
         self.log.info("started", providers=sorted(runtimes), models=len(snapshot.models))
         tune_gc()
+
+    def _provider_runtimes(self, client: UpstreamClient) -> dict[str, ProviderRuntime]:
+        """Each configured provider's adapter and routing state, warning of what will not work as
+        configured: a provider whose key variable is unset (disabled), and a request deadline that
+        cuts before the provider's own first-byte timeout (its backend is never timed out)."""
+        settings = self.settings
+        runtimes = {}
+        for config in provider_configs(settings):
+            missing = key_missing(settings, config.name)
+            if missing:
+                env = settings.providers[config.name].api_key_env
+                self.log.warning("provider_disabled", provider=config.name, reason=f"key variable {env} is unset")
+            head_s = min(config.timeouts.first_byte, config.timeouts.total)
+            if settings.routing.request_deadline_s < head_s:  # the deadline cuts first: never a timeout
+                self.log.warning(
+                    "request_deadline_before_timeouts",
+                    provider=config.name,
+                    request_deadline_s=settings.routing.request_deadline_s,
+                    first_byte=head_s,
+                    detail="a backend that never answers is never timed out, cooled down or failed over from",
+                )
+            policy = provider_policy(settings, config.name)
+            runtimes[config.name] = ProviderRuntime(
+                config, Provider(config, client), policy, key_missing=missing, publisher=self.cluster
+            )
+        return runtimes
+
+    def _start_ledger(self, engine: AsyncEngine, journal: Journal | None) -> Callable[[LedgerRecord, bytes], None]:
+        """Start the ledger writer (and the journal's task); what the pipeline calls with each row:
+        the writer's `submit`, or a discard with `[ledger] enabled = false`."""
+        ledger = self.settings.ledger
+        self.ledger = LedgerWriter(
+            engine,
+            journal=journal,
+            required=ledger.enabled and ledger.required,
+            max_queue=ledger.queue_size,
+            batch_size=ledger.batch_size,
+            flush_interval=ledger.flush_interval_s,
+            idle=not ledger.enabled,
+        )
+        self.ledger.start()
+        if journal is not None:
+            self._journal_task = asyncio.get_running_loop().create_task(journal.run(), name="ledger-journal")
+        if not ledger.enabled:
+            self.log.warning("ledger_disabled", reason="[ledger] enabled = false: requests are not recorded")
+            return _discard
+        return self.ledger.submit
 
     async def stop(self) -> None:
         if self.log_writer is not None:

@@ -7,7 +7,7 @@ so load from other processes on the machine mostly drops out):
   partition on `:`, then `int(content-length)`), which checked almost nothing;
 - `split, checked`: the same, hardened to check what llhttp checks (status line and version,
   header names, `Content-Length` digits and repeats, `Transfer-Encoding`, keep-alive rules);
-- `llhttp`: `providers.transport._Head`, httptools' C parser fed the head, plus the framing.
+- `llhttp`: `providers.response_head.ResponseHead`, httptools' C parser fed the head, plus the framing.
 
 Run from the repository root: `.venv/bin/python bench/parse_heads.py`. Numbers in the issue 9
 report: llhttp within ±10 % of `split` on small heads and faster on large ones; the hardened
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from providers.transport import _Head
+from providers.response_head import ResponseHead
 
 DATE = b"date: Tue, 12 May 2026 15:00:00 GMT"
 HEADS = {
@@ -107,7 +107,7 @@ def split_checked(buf: bytearray) -> Framing:
 
 def llhttp(buf: bytearray) -> Framing:
     end = buf.find(b"\r\n\r\n")
-    head = _Head(buf[: end + 4])
+    head = ResponseHead(buf[: end + 4])
     return head.status, head.headers, head.length, head.chunked, head.keep_alive
 
 

@@ -41,17 +41,15 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httptools
 import httpx
 
+from providers.response_head import ResponseHead
 from providers.timers import timers_of
 
 _MAX_HEAD = 64 * 1024
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")  # size, then extensions
 _NEXT_CHUNK_LINE = re.compile(rb"\r\n" + _CHUNK_LINE.pattern)  # after the CRLF that ends a chunk
 _MAX_CHUNK_LINE = 4096
-_VERSIONS = (b"HTTP/1.1 ", b"HTTP/1.0 ")
-_IDENTITY = (b"identity", b"")  # the codings the adapter takes (an empty one, as `app.edge.guards` does)
 _MAX_IDLE_PER_HOST = 256
 MAX_IDLE_S = 4.0  # a pooled connection idle this long is closed, not reused (module doc)
 _CHUNKED_ENDINGS = (b"\r\n0\r\n\r\n", b"0\r\n\r\n")
@@ -215,7 +213,7 @@ def _encode(request: httpx.Request, body: bytes) -> bytes:
     return b"".join([*lines, b"\r\n", body])
 
 
-async def _read_head(conn: _Connection, head_s: float | None) -> _Head:
+async def _read_head(conn: _Connection, head_s: float | None) -> ResponseHead:
     """The answer's head, read within `head_s` seconds; interim 1xx heads are skipped."""
     deadline = None if head_s is None else conn.loop.time() + head_s
     while True:
@@ -225,43 +223,10 @@ async def _read_head(conn: _Connection, head_s: float | None) -> _Head:
             await conn.more(None if deadline is None else max(0.0, deadline - conn.loop.time()))
         if end > _MAX_HEAD:
             raise httpx.RemoteProtocolError("upstream response head too large")
-        head = _Head(conn.buffer[: end + 4])
+        head = ResponseHead(conn.buffer[: end + 4])
         del conn.buffer[: end + 4]
         if head.status >= 200:
             return head
-
-
-class _Head:
-    """A response head checked by llhttp, and how its body is framed; also the parser's callback object
-    (`on_header`: no helper allocated), the callbacks it does not want None (httptools looks each up)."""
-
-    __slots__ = ("chunked", "headers", "keep_alive", "length", "status")
-    on_message_begin = on_headers_complete = on_body = on_message_complete = None
-    on_chunk_header = on_chunk_complete = None
-
-    def __init__(self, data: bytearray) -> None:
-        self.headers: list[tuple[bytes, bytes]] = []
-        parser = httptools.HttpResponseParser(self)
-        try:
-            parser.feed_data(data)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            raise httpx.RemoteProtocolError(f"malformed upstream response head: {exc}") from exc
-        self.status = parser.get_status_code()
-        if not data.startswith(_VERSIONS) or self.status == 101:
-            raise httpx.RemoteProtocolError("malformed upstream response head: unexpected version or status")
-        self.keep_alive = parser.should_keep_alive()
-        self.length: int | None = None
-        self.chunked = False
-        for name, value in self.headers:  # llhttp has checked both, and that only one is here
-            if len(name) == 14 and name.lower() == b"content-length":
-                self.length = int(value)
-            elif len(name) == 17 and name.lower() == b"transfer-encoding":
-                self.chunked = value.rpartition(b",")[2].strip().lower() == b"chunked"
-            elif len(name) == 16 and name.lower() == b"content-encoding" and value.strip().lower() not in _IDENTITY:
-                raise httpx.RemoteProtocolError(f"malformed upstream response: content-encoding {value!r} unasked")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
 
 
 class RawResponse:
@@ -296,7 +261,7 @@ class _Body(httpx.AsyncByteStream):
     when the body was read to its end and both sides keep the connection alive."""
 
     def __init__(
-        self, owner: H1Transport, key: _Key, conn: _Connection, head: _Head, timeout: float | None, empty: bool
+        self, owner: H1Transport, key: _Key, conn: _Connection, head: ResponseHead, timeout: float | None, empty: bool
     ) -> None:
         self._owner, self._key, self._conn, self._timeout = owner, key, conn, timeout
         self._chunked = head.chunked and not empty

@@ -14,21 +14,20 @@ adapter) and gives back canonical events (`app.pipeline.events`) that the ingres
 The flow is one direction:
 
     Router.route()     the model's backends, in priority order; `admit` checks the request fits
-    _open()            one retry loop (`app.routing.failover`): take a slot on the next eligible
-                       backend, start an attempt, and pull events until the first *content*
-                       event; a failure before that updates the backend's state and moves on (or
-                       stops, for a client error). The first content event commits the request
-                       to that backend — from then on a failure ends the answer with an error
-                       `Outcome` (streaming) or a 502/504 (JSON), never a failover.
+    _open()            the key's reservation (`app.access.gate`), then `_failover()`: one retry
+                       loop (`app.routing.failover`): take a slot on the next eligible backend,
+                       start an attempt, and pull events until the first *content* event; a
+                       failure before that updates the backend's state and moves on (or stops,
+                       for a client error). The first content event commits the request to that
+                       backend — from then on a failure ends the answer with an error `Outcome`
+                       (streaming) or a 502/504 (JSON), never a failover.
     Fold               every upstream event of the committed attempt (`app.pipeline.fold`)
     _close()           once, before the Outcome is handed out (or in a `finally` when the request
                        ends otherwise): the slot is released (and the attempt's GPU-time ticket,
                        `app.pipeline.gpu_time`, when its provider sets `gpu_hour_usd`), the ledger
-                       row queued (off the request path), the request counted and its canonical
-                       line logged — so
-                       success, upstream error and client cancellation all leave exactly one row.
-                       A key's reservation (`app.access.gate`, taken once the route is known and
-                       before any backend is tried) is settled here too, to the real cost.
+                       row queued (off the request path), the request counted, its canonical line
+                       logged and the key's reservation settled to the real cost — so success,
+                       upstream error and client cancellation all leave exactly one row.
 
 Errors before the answer starts are raised (`GatewayError`): each ingress renders them as an
 ordinary HTTP error in its own shape. `ctx.deadline` bounds the loop: queue waits and attempts
@@ -213,9 +212,8 @@ class Pipeline:
             self._close(run)
 
     async def _open(self, run: _Run, *, emit: bool) -> Upstream:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        request, deadline = run.request, run.ctx.deadline
+        now = asyncio.get_running_loop().time()
+        request = run.request
         run.model = model = self.router.resolve_model(request.model, now)
         admit(request, model)
         access = self.access
@@ -233,6 +231,12 @@ class Pipeline:
             run.head.headers = run.ticket.headers if run.ticket is not None else b""
             run.head.model = model.id
         candidates = Candidates(route.backends, now, self._probe_interval_s, self._quota_recheck_s)
+        return await self._failover(run, model, candidates, emit)
+
+    async def _failover(self, run: _Run, model: ModelEntry, candidates: Candidates, emit: bool) -> Upstream:
+        """Try `candidates` in turn until one starts its answer (its first content, `_until_content`)."""
+        loop = asyncio.get_running_loop()
+        request, deadline = run.request, run.ctx.deadline
         failures: list[tuple[str, UpstreamError]] = []
         while loop.time() < deadline and (backend := await candidates.next(deadline)) is not None:
             run.slot = run.backend = backend
@@ -247,15 +251,8 @@ class Pipeline:
                 async with deadline_at(deadline):
                     await _until_content(upstream, run)
             except TimeoutError:
-                # The request's own deadline ran out: not the backend's fault, so no cool-down; but
-                # an attempt all the same, counted and logged as the others (`attempt_failed`).
                 await upstream.aclose()
-                self._release(run)
-                cut = UpstreamError(Failure.TIMEOUT, "the request deadline passed")
-                log_attempt(self._log, backend, cut, None)
-                run.attempting = False
-                self.metrics.attempts.inc((backend.name, cut.kind.value))
-                failures.append((backend.name, cut))
+                failures.append((backend.name, self._deadline_cut(run, backend)))
                 break
             except UpstreamError as exc:
                 await upstream.aclose()
@@ -273,6 +270,15 @@ class Pipeline:
                 self.metrics.failovers.inc((model.id, backend.name))
             return upstream
         raise exhausted(failures, candidates)
+
+    def _deadline_cut(self, run: _Run, backend: Backend) -> UpstreamError:
+        """The request's deadline cut an attempt: not the backend's fault (no cool-down), but counted."""
+        self._release(run)
+        cut = UpstreamError(Failure.TIMEOUT, "the request deadline passed")
+        log_attempt(self._log, backend, cut, None)
+        run.attempting = False
+        self.metrics.attempts.inc((backend.name, cut.kind.value))
+        return cut
 
     def _attempt_ok(self, run: _Run) -> None:
         run.status = "ok"
