@@ -164,9 +164,6 @@ async def _sync(settings: Settings) -> object:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    from app.application import create_app
-    from app.edge.connection import protocol_factory
-
     server = settings.server
     host = args.host or server.host
     port = args.port if args.port is not None else server.port
@@ -175,24 +172,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if workers > 1:
         os.environ["SWITCHYARD_CONFIG"] = str(find_config(args.config).resolve())
         os.environ["SWITCHYARD_WORKERS"] = str(workers)  # each worker enforces its share of the limits
-    # No `server: uvicorn` header: it names our stack to every client, and each header of a head
-    # costs (app/edge/cycle.py).
-    # No uvicorn access log: the canonical `request` line is the access log. `http`: uvicorn's
-    # httptools protocol with head/body deadlines and header limits (app/edge/connection.py).
-    # `proxy_headers=False`: uvicorn's middleware rewrites the scope's client and scheme from
-    # `X-Forwarded-*`, which nothing here reads; it was one more ASGI layer per request.
-    config = uvicorn.Config(
-        create_app(settings, prepare=False) if workers == 1 else "app.application:create_app_from_env",
-        factory=workers > 1,
-        host=host,
-        port=port,
-        workers=workers,
-        log_level="warning",
-        access_log=False,
-        server_header=False,
-        proxy_headers=False,
-        http=protocol_factory(settings.server),  # type: ignore[arg-type]  # a factory works as the class would
-    )
+    config = _uvicorn_config(settings, host, port)
     with _StartGuard(settings.database.url) as guard:
         asyncio.run(_prepare(settings))
         address = f"[{host}]" if ":" in host else host
@@ -216,6 +196,31 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         except SystemExit as exc:  # uvicorn exits 1 or 3 when it cannot bind or start up; config.md says 1
             return 1 if exc.code else 0
     return 0 if guard.started else 1
+
+
+def _uvicorn_config(settings: Settings, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's settings for `serve`. No `server: uvicorn` header: it names our stack to every
+    client, and each header of a head costs (app/edge/cycle.py). No uvicorn access log: the
+    canonical `request` line is the access log. `http`: uvicorn's httptools protocol with head/body
+    deadlines and header limits (app/edge/connection.py). `proxy_headers=False`: uvicorn's
+    middleware rewrites the scope's client and scheme from `X-Forwarded-*`, which nothing here
+    reads; it was one more ASGI layer per request."""
+    from app.application import create_app
+    from app.edge.connection import protocol_factory
+
+    workers = settings.server.workers
+    return uvicorn.Config(
+        create_app(settings, prepare=False) if workers == 1 else "app.application:create_app_from_env",
+        factory=workers > 1,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        proxy_headers=False,
+        http=protocol_factory(settings.server),  # type: ignore[arg-type]  # a factory works as the class would
+    )
 
 
 async def _prepare(settings: Settings) -> None:
