@@ -24,7 +24,7 @@ fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_UPDATE_CHECK=1 HF_HUB_DISABLE_TELEMETRY=1 PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 
-"$PY" -c 'import sys, torch, transformers, fastapi, openai, msgspec, httpx_aiohttp, pytest_asyncio
+"$PY" -c 'import sys, torch, transformers, fastapi, openai, msgspec, httptools, pytest_asyncio
 print(sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__,
       "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")' \
     || exit 1

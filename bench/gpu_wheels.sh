@@ -6,8 +6,8 @@
 #   - `transformers serve`'s own needs (its `serving` extra): fastapi, starlette, uvicorn, pydantic
 #     (+ pydantic-core, annotated-types, typing-inspection) and openai (+ jiter, sniffio, and
 #     whatever this openai version needs besides);
-#   - what importing `providers` needs: msgspec and httpx-aiohttp (aiohttp, httpx and their
-#     dependencies are carried too, at this project's pins, so the adapter runs what it runs here);
+#   - what importing `providers` needs: msgspec and httptools (httpx and its dependencies are
+#     carried too, at this project's pins, so the adapter runs what it runs here);
 #   - pytest-asyncio (the project's pytest config is asyncio_mode=auto), with pytest at our pin.
 # Versions are this project's own venv's, so the GPU run tests what the CPU run tests.
 #
@@ -26,9 +26,7 @@ WHEELS=(
     typing-extensions==4.16.0 anyio==4.16.0
     openai==3.57.0 jiter==0.19.0 sniffio==1.3.1 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5
     # importing `providers` (this project's pins)
-    msgspec==0.23.0 httpx-aiohttp==0.2.0 httpx==0.28.1 httpcore==1.0.9
-    aiohttp==3.14.5 yarl==1.25.1 multidict==7.2.1 propcache==0.5.4 frozenlist==1.8.0
-    aiosignal==1.4.0 aiohappyeyeballs==2.7.1
+    msgspec==0.23.0 httptools==0.9.0 httpx==0.28.1 httpcore==1.0.9
     # the test runner
     pytest==9.2.0 pytest-asyncio==1.5.0 pluggy==1.7.0 iniconfig==2.3.1
 )

@@ -269,8 +269,9 @@ class _Connection(asyncio.Protocol):
 
     async def _reset(self, transport: asyncio.Transport) -> None:
         """Flush what was written (the client should see those chunks), then close with RST."""
-        transport.set_write_buffer_limits(high=0, low=0)  # paused until the buffer is empty
-        await self._writable.wait()
+        if transport.get_write_buffer_size():
+            transport.set_write_buffer_limits(high=0, low=0)  # paused until the buffer is empty
+            await self._writable.wait()  # (a TLS transport pauses at 0 >= 0 and never resumes: not waited)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -18,7 +18,7 @@ A leaf package: it knows nothing of Litestar, SQL or the catalog. The app hands 
     openai_text.py     the text dialect: TextCompletionRequest → `/completions` body; answers → events
     dialect.py         which endpoint, body builder and parsers a request takes (chat or text)
     server_metrics.py  a local server's queue depth from its Prometheus `/metrics`
-    transport.py       `H1Transport`: lean HTTP/1.1 for plain-http upstreams (aiohttp for https)
+    transport.py       `H1Transport`: lean HTTP/1.1 for every upstream, plain or over TLS
     timers.py          coarse timers: the request path's timeouts on one event-loop timer
     adapter.py         `Provider`: one HTTP exchange, events out; `UpstreamClient` and `make_client`
 

@@ -6,35 +6,29 @@ other class, `UpstreamClient`, is the process-wide HTTP client all providers sha
 pure pieces (`build_body` and the request's `Dialect`: chat or text completions, `SSEParser`,
 `classify_*`) to one HTTP exchange.
 
-One path, one seam. Every completion goes out through `Provider._send`, which picks the
-transport once per provider: a plain-`http://` upstream (a local server, the mock) goes straight
-to `H1Transport.exchange` with a request head encoded once here (only `content-length` and the
-body change per request); an `https://` upstream goes through httpx and its aiohttp transport.
-Whatever answered, the whole exchange (send, body reads, close) runs inside one
-`upstream_errors()` block, the only place a library's or a socket's exception becomes an
-`UpstreamError` (providers/errors.py draws the tree); nothing in between catches one. Probes use
-the same block and answer False/None instead of raising.
+One path, one seam. Every completion goes out through `Provider._send` to `H1Transport.exchange`
+(plain HTTP or TLS, `providers.transport`) with a request head encoded once here (only
+`content-length` and the body change per request). The whole exchange (send, body reads, close)
+runs inside one `upstream_errors()` block, the only place a library's or a socket's exception
+becomes an `UpstreamError` (providers/errors.py draws the tree); nothing in between catches one.
+Probes go through httpx's client to the same transport, in the same block, and answer False/None
+instead of raising.
 
-Timeouts. httpx-aiohttp hands httpx's `read` timeout to aiohttp as one socket-read timeout that
-covers the header wait and every body read, fixed when the request is sent. A whole answer comes
-after the generation, so its read timeout is `first_byte`; a streamed answer's headers come at once
-and what matters is the gap between chunks, so its read timeout is `idle`. On the https path the
-header wait is also bounded by one deadline (`first_byte`, never spanning a `yield`); the
-plain-HTTP transport keeps the same bounds with its own; both on coarse timers (`providers.timers`).
-`total` bounds every read too: the plain-HTTP transport cuts each read's wait to what is left of it
-(one subtraction, no timer of its own), the https path bounds each read with a deadline (~5 µs, on
-the path to hosted upstreams only); a stream that stalls, or an error body that never ends, fails
-at `total`, not at the end of an `idle` or `first_byte` wait longer than it.
+Timeouts: `connect` (the TLS handshake included), then the whole head within min(`first_byte`,
+`total`), then each body read within `idle` (a stream: the gap between chunks) or `first_byte` (a
+whole answer, which comes after the generation), each read's wait cut to what is left of `total`;
+a stream that stalls, or an error body that never ends, fails at `total`, not at the end of an
+`idle` or `first_byte` wait longer than it. The transport keeps them on coarse timers
+(`providers.timers`), with no asyncio deadline per request.
 
 Closing the `events` generator (`aclose`, or a client that went away) closes the upstream response
-at once, and with it the connection: neither transport returns a half-read connection to its pool,
-nor one whose answer was malformed.
+at once, and with it the connection: the transport never returns a half-read connection to its
+pool, nor one whose answer was malformed.
 
-`make_client` builds the shared client: `H1Transport` over `httpx_aiohttp.AiohttpTransport`
-(measured ~3x faster than httpx's own transport here), with no retries and no proxy from the
-environment: the app's failover loop is the only retry. Its `ssl_context` replaces the default
-certificate verification (the system's CAs) with another, e.g. one that trusts a private CA;
-verification is never switched off.
+`make_client` builds the shared client: httpx's `AsyncClient` (for probes) over `H1Transport`, with
+no retries and no proxy from the environment: the app's failover loop is the only retry. Its
+`ssl_context` replaces the default certificate verification (the system's CAs) with another, e.g.
+one that trusts a private CA; verification is never switched off.
 """
 
 from __future__ import annotations
@@ -46,7 +40,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 from providers.config import ProviderConfig
 from providers.dialect import DIALECTS, Dialect, build_body
@@ -55,8 +48,7 @@ from providers.events import Event
 from providers.openai_stream import OpenAIStreamParser
 from providers.server_metrics import queue_depth as server_queue_depth
 from providers.sse import SSEParser
-from providers.timers import deadline_at
-from providers.transport import H1Transport, RawResponse
+from providers.transport import H1Transport, RawResponse, key_of
 from providers.types import AnyRequest
 
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -65,28 +57,17 @@ FAILED_GRACE_S = 1.0  # after a failed finish, how long its usage chunk is waite
 
 
 class UpstreamClient(httpx.AsyncClient):
-    """httpx's client over `H1Transport` (aiohttp behind it for https), plus `send_direct`: one
-    request straight through the transport, without the client's per-request layers (auth flow,
-    redirects, cookie jar, URL merging) that an upstream call never uses. Those layers cost about
-    a quarter of the gateway's CPU per request under load (py-spy, bench/RESULTS.md)."""
+    """httpx's client over `H1Transport`, which completions call directly (`Provider._send`)."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+    def __init__(self, transport: H1Transport) -> None:
         super().__init__(transport=transport, trust_env=False)
         self.transport = transport
 
-    async def send_direct(self, request: httpx.Request) -> httpx.Response:
-        return await self.transport.handle_async_request(request)
 
-
-def make_client(max_connections: int = 1000, *, ssl_context: ssl.SSLContext | None = None) -> UpstreamClient:
+def make_client(*, ssl_context: ssl.SSLContext | None = None) -> UpstreamClient:
     """The process-wide upstream client; build it in the app's lifespan and `aclose` it there.
     `ssl_context` verifies https upstreams instead of the default context (the system's CAs)."""
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    verify: ssl.SSLContext | bool = True if ssl_context is None else ssl_context
-    return UpstreamClient(H1Transport(fallback=AiohttpTransport(verify=verify, limits=limits, retries=0)))
-
-
-Answer = httpx.Response | RawResponse
+    return UpstreamClient(H1Transport(ssl_context))
 
 
 class Provider:
@@ -97,33 +78,22 @@ class Provider:
         self.config = config
         self._client = client
         base = config.base_url.rstrip("/")
-        chat_url = httpx.URL(f"{base}/chat/completions")
-        transport = client.transport
-        self._h1 = transport if chat_url.scheme == "http" and isinstance(transport, H1Transport) else None
-        self._h1_key = (chat_url.host, chat_url.port or 80)
+        self._transport = client.transport
+        self._key = key_of(httpx.URL(f"{base}/chat/completions"))
         self._models_url = f"{base}/models"
         self._root = base.removesuffix("/v1")
         headers = {**config.headers, "content-type": "application/json", "accept-encoding": "identity"}
         if config.api_key:
             headers["authorization"] = f"Bearer {config.api_key}"
         self._probe_headers = {key: value for key, value in headers.items() if key != "content-type"}
-        self._json_headers = httpx.Headers({**headers, "accept": "application/json"})
-        self._stream_headers = httpx.Headers({**headers, "accept": "text/event-stream"})
-        # Per dialect path: its URL and the request heads (JSON, stream), encoded once.
-        self._routes: dict[str, tuple[httpx.URL, bytes, bytes]] = {}
+        json_headers = httpx.Headers({**headers, "accept": "application/json"})
+        stream_headers = httpx.Headers({**headers, "accept": "text/event-stream"})
+        # Per dialect path: the request heads (JSON, stream), encoded once.
+        self._routes: dict[str, tuple[bytes, bytes]] = {}
         for dialect in DIALECTS:
             url = httpx.URL(f"{base}{dialect.path}")
-            heads = _request_head(url, self._json_headers), _request_head(url, self._stream_headers)
-            self._routes[dialect.path] = (url, *heads)
-        timeouts = config.timeouts
-        self._head_s = min(timeouts.first_byte, timeouts.total)
-        self._json_timeout = {"connect": timeouts.connect, "read": timeouts.first_byte, "write": None, "pool": None}
-        # An https stream's client read timeout also bounds its head, so it is `first_byte` at least,
-        # and each body read is held to `idle` by a deadline of its own (`_bounded`) when that
-        # is shorter; the plain-HTTP transport keeps the two bounds apart itself.
-        read_s = max(timeouts.idle, timeouts.first_byte)
-        self._stream_timeout = {"connect": timeouts.connect, "read": read_s, "write": None, "pool": None}
-        self._idle_s = timeouts.idle if self._h1 is None and timeouts.idle < read_s else None
+            self._routes[dialect.path] = _request_head(url, json_headers), _request_head(url, stream_headers)
+        self._head_s = min(config.timeouts.first_byte, config.timeouts.total)
 
     async def events(self, req: AnyRequest, upstream_model: str, *, stream: bool) -> AsyncGenerator[Event, None]:
         """The events of one attempt, one at a time (`batches`, flattened)."""
@@ -153,15 +123,12 @@ class Provider:
                     raise classify_response(response.status_code, response.headers, body)
                 if stream:
                     parser = dialect.stream_parser()
-                    batches_of = _stream_batches(response, loop, deadline, parser, self._idle_s)
+                    batches_of = _stream_batches(response, loop, deadline, parser)
                     async with contextlib.aclosing(batches_of) as batches:
                         async for batch in batches:
                             yield batch
                 else:
-                    if isinstance(response, RawResponse):  # its reads keep `total`: no coroutine more per request
-                        whole = await response.aread(deadline)
-                    else:
-                        whole = await _whole(response, deadline)
+                    whole = await response.aread(deadline)  # its reads keep `total`: no coroutine more
                     parser = dialect.stream_parser()
                     try:
                         events = parser.parse_whole(whole)
@@ -194,32 +161,18 @@ class Provider:
             error.message = message
             error.args = (message,)
 
-    async def _send(self, dialect: Dialect, body: bytes, stream: bool) -> Answer:
-        """The request out, the answer's head back: the one path to the upstream.
-
-        Both transports keep the same bounds: connect, then the whole head within
-        min(first_byte, total), then each body read (`idle` when streaming, else `first_byte`).
-        The plain-HTTP transport keeps them with its own timers (no asyncio deadline per request)."""
-        url, json_head, stream_head = self._routes[dialect.path]
-        if self._h1 is not None:
-            timeouts = self.config.timeouts
-            head = stream_head if stream else json_head
-            return await self._h1.exchange(
-                self._h1_key,
-                b"%s%d\r\n\r\n%s" % (head, len(body), body),
-                connect_s=timeouts.connect,
-                head_s=self._head_s,
-                read_s=timeouts.idle if stream else timeouts.first_byte,
-            )
-        request = httpx.Request(
-            "POST",
-            url,
-            content=body,
-            headers=self._stream_headers if stream else self._json_headers,
-            extensions={"timeout": self._stream_timeout if stream else self._json_timeout},
+    async def _send(self, dialect: Dialect, body: bytes, stream: bool) -> RawResponse:
+        """The request out, the answer's head back: the one path to the upstream, with its bounds
+        (module doc) kept by the transport's own timers."""
+        json_head, stream_head = self._routes[dialect.path]
+        timeouts = self.config.timeouts
+        return await self._transport.exchange(
+            self._key,
+            b"%s%d\r\n\r\n%s" % (stream_head if stream else json_head, len(body), body),
+            connect_s=timeouts.connect,
+            head_s=self._head_s,
+            read_s=timeouts.idle if stream else timeouts.first_byte,
         )
-        async with deadline_at(asyncio.get_running_loop().time() + self._head_s):
-            return await self._client.send_direct(request)
 
     async def probe(self, *, keyed: bool = False) -> bool:
         """Is the upstream answering? (`probe_failure` is None.)"""
@@ -258,7 +211,7 @@ class Provider:
             with upstream_errors():
                 return await self._client.get(url, headers=self._probe_headers, timeout=timeout)
         except UpstreamError as exc:
-            return transport_error(exc) or exc.kind.value  # the innermost cause: https wraps all in ConnectTimeout
+            return transport_error(exc) or exc.kind.value  # the innermost cause: `ConnectionRefusedError`
 
 
 def _failure(response: httpx.Response) -> str | None:
@@ -278,20 +231,12 @@ def _request_head(url: httpx.URL, headers: httpx.Headers) -> bytes:
 
 
 async def _stream_batches(
-    response: Answer,
-    loop: asyncio.AbstractEventLoop,
-    deadline: float,
-    parser: OpenAIStreamParser[Any],
-    idle: float | None,
+    response: RawResponse, loop: asyncio.AbstractEventLoop, deadline: float, parser: OpenAIStreamParser[Any]
 ) -> AsyncGenerator[list[Event], None]:
-    """One list of events per body read that completed any (`Provider.batches`); `idle`: the
-    longest wait for each read, when the transport does not keep it; none past `deadline`."""
+    """One list of events per body read that completed any (`Provider.batches`); none past `deadline`."""
     sse = SSEParser()
     batch: list[Event] = []  # empty at every await: the events of one read are handed out first
-    if isinstance(response, RawResponse):
-        reads = response.aiter_raw(deadline)
-    else:
-        reads = _bounded(response.aiter_raw(), loop, idle, deadline)
+    reads = response.aiter_raw(deadline)
     try:
         try:
             async for data in reads:
@@ -341,44 +286,18 @@ async def _after_failed_finish(
                     parser.feed(payload)
 
 
-async def _bounded(
-    reads: AsyncIterator[bytes], loop: asyncio.AbstractEventLoop, idle: float | None, deadline: float
-) -> AsyncGenerator[bytes, None]:
-    """`reads`, each within `idle` seconds (when given) and by `deadline` (a `TimeoutError`, which
-    `upstream_errors` makes a timeout)."""
-    while True:
-        async with deadline_at(deadline if idle is None else min(loop.time() + idle, deadline)):
-            try:
-                data = await anext(reads)
-            except StopAsyncIteration:
-                return
-        yield data
-
-
-async def _whole(response: httpx.Response, deadline: float) -> bytes:
-    """A non-streamed answer's body over https, in by `deadline` (the attempt's `total`; the
-    plain-HTTP body keeps it with its own read timers: `RawResponse.aread`). Each read keeps its
-    `first_byte` bound too, so without this an upstream trickling a byte per read would hold the
-    attempt until the request's deadline, with no failover and no cool-down (a timeout is backend
-    trouble: providers.md)."""
-    async with deadline_at(deadline):
-        return await response.aread()
-
-
 def _check_deadline(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
     if loop.time() > deadline:
         raise UpstreamError(Failure.TIMEOUT, "upstream timed out")
 
 
-async def _error_body(response: Answer, deadline: float) -> bytes:
+async def _error_body(response: RawResponse, deadline: float) -> bytes:
     """At most `_ERROR_BODY_LIMIT` bytes of an error answer, read by `deadline`; a body that breaks
     off or is late is just short (the status and headers still classify it)."""
     body = bytearray()
     with contextlib.suppress(UpstreamError), upstream_errors():
-        reads = response.aiter_raw(deadline) if isinstance(response, RawResponse) else response.aiter_bytes()
-        async with deadline_at(deadline):
-            async for data in reads:
-                body += data
-                if len(body) >= _ERROR_BODY_LIMIT:
-                    break
+        async for data in response.aiter_raw(deadline):
+            body += data
+            if len(body) >= _ERROR_BODY_LIMIT:
+                break
     return bytes(body)

@@ -27,19 +27,17 @@ below the adapter; its one caller is `upstream_errors()`, the context manager th
 every upstream exchange in (send, body reads, close), as httpx runs httpcore's calls in
 `map_httpcore_exceptions`. Whatever transport is underneath, this is what can come out of it:
 
-    httpx.TransportError                   H1Transport's errors, and httpx-aiohttp's mapping of aiohttp's
-    ├── TimeoutException                   → TIMEOUT (ConnectTimeout, ReadTimeout; see below)
-    ├── NetworkError                       → TRANSIENT "upstream connection failed" (ConnectError, ReadError)
+    httpx.TransportError                   H1Transport's errors (`providers.transport`)
+    ├── TimeoutException                   → TIMEOUT (ConnectTimeout, ReadTimeout)
+    ├── NetworkError                       → TRANSIENT "upstream connection failed" (ConnectError: refused,
+    │                                        TLS verification; ReadError: reset, closed)
+    ├── UnsupportedProtocol                → TRANSIENT (a scheme other than http/https)
     └── ProtocolError
         └── RemoteProtocolError            → TRANSIENT "upstream sent a malformed response"
     httpx.DecodingError                    → TRANSIENT (a probe's compressed body that does not decode)
-    aiohttp.ClientError                    what httpx-aiohttp lets through unmapped → TRANSIENT
-    └── ClientResponseError                → TRANSIENT "upstream sent a malformed response" (https)
     OSError                                → TRANSIENT (sockets; ssl.SSLError)
-    TimeoutError                           → TIMEOUT (the adapter's asyncio deadline on the https path)
+    TimeoutError                           → TIMEOUT (an asyncio deadline)
 
-httpx-aiohttp turns every aiohttp connection error (refused, reset, TLS verification) into
-`ConnectTimeout`; its aiohttp `__cause__` decides, so only a real timeout is TIMEOUT.
 `UpstreamError` passes through `upstream_errors()` unchanged, and so does everything else: a
 `ValueError` is a bug of ours, not an upstream failure.
 
@@ -60,7 +58,6 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-import aiohttp
 import httpx
 import msgspec
 from msgspec import Struct
@@ -267,8 +264,8 @@ def _reset_value(value: str, now: float) -> float | None:
     return number
 
 
-_FOREIGN = (httpx.RequestError, aiohttp.ClientError, OSError, TimeoutError)
-MALFORMED = (httpx.RemoteProtocolError, aiohttp.ClientResponseError)  # an answer that is not HTTP as it should be
+_FOREIGN = (httpx.RequestError, OSError, TimeoutError)
+MALFORMED = httpx.RemoteProtocolError  # an answer that is not HTTP as it should be
 
 
 class _UpstreamErrors:
@@ -308,14 +305,7 @@ def classify_transport(exc: BaseException) -> UpstreamError:
 
 
 def _timed_out(exc: BaseException) -> bool:
-    if isinstance(exc, TimeoutError):  # asyncio deadlines; aiohttp's timeouts subclass it too
-        return True
-    cause = exc.__cause__
-    if isinstance(cause, aiohttp.ClientError):
-        # httpx-aiohttp maps every aiohttp connection error (refused, reset, disconnected, TLS
-        # verification) to httpx.ConnectTimeout, so the aiohttp cause decides.
-        return isinstance(cause, TimeoutError)
-    return isinstance(exc, httpx.TimeoutException)
+    return isinstance(exc, (TimeoutError, httpx.TimeoutException))
 
 
 def wrapped(exc: UpstreamError) -> list[BaseException]:

@@ -1,11 +1,19 @@
-"""A lean HTTP/1.1 transport for plain-HTTP upstreams, behind httpx's transport seam.
+"""A lean HTTP/1.1 transport for every upstream, plain or over TLS, behind httpx's transport seam.
 
 Local inference servers (vLLM, SGLang, llama.cpp, `transformers serve`) and the mock upstream speak
-plain HTTP/1.1 on a private network. The aiohttp transport spent about a fifth of the gateway's CPU
-per proxied request in its client machinery (py-spy, bench/RESULTS.md); this one is an
-`asyncio.Protocol` per connection, a keep-alive pool per host, and a reader of what an answer needs:
-a status line, headers, a body framed by `Content-Length`, `Transfer-Encoding: chunked` or the
-connection's end. `https://` URLs (hosted providers) go to the fallback transport (aiohttp).
+plain HTTP/1.1 on a private network; hosted providers speak it over TLS (`https://`). The aiohttp
+transport spent about a fifth of the gateway's CPU per proxied request in its client machinery
+(py-spy, bench/RESULTS.md); this one is an `asyncio.Protocol` per connection, a keep-alive pool per
+(host, port, TLS), and a reader of what an answer needs: a status line, headers, a body framed by
+`Content-Length`, `Transfer-Encoding: chunked` or the connection's end. TLS is asyncio's own
+(`create_connection(ssl=...)`: the handshake is part of the connect and its timeout), verified
+against the system's CAs or the context the client was made with, never switched off.
+
+One transport for both schemes, so an upstream's answer means the same over either. https used to
+go to aiohttp, which differed in what a client or the ledger sees: it decoded a gzip body the
+adapter had not asked for (a 400 read as the client's fault, a 200 billed), refused a header line
+over 8 KiB and accepted a folded one, failed an answer followed by stray bytes, joined a repeated
+`Retry-After` into one it could not read, and retried a probe on a new connection by itself.
 
 Two entrances: `handle_async_request` (httpx's seam: probes) and `exchange` (the adapter's calls: a
 request it encoded itself in, a `RawResponse` out; bench/RESULTS.md, step 12).
@@ -37,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import re
 import select
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -53,7 +62,7 @@ _MAX_CHUNK_LINE = 4096
 _MAX_IDLE_PER_HOST = 256
 MAX_IDLE_S = 4.0  # a pooled connection idle this long is closed, not reused (module doc)
 _CHUNKED_ENDINGS = (b"\r\n0\r\n\r\n", b"0\r\n\r\n")
-_Key = tuple[str, int]
+_Key = tuple[str, int, bool]  # host, port, TLS
 
 
 class _Connection(asyncio.Protocol):
@@ -119,17 +128,18 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 class H1Transport(httpx.AsyncBaseTransport):
-    def __init__(self, fallback: httpx.AsyncBaseTransport) -> None:
-        self._fallback = fallback
+    """The pool and the two entrances (module doc); `ssl_context` verifies `https://` upstreams
+    (None: `ssl.create_default_context()`, the system's CAs)."""
+
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        self._ssl = ssl_context  # made at the first TLS connection when not given (loading the CAs)
         self._idle: dict[_Key, deque[_Connection]] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        if url.scheme != "http":
-            return await self._fallback.handle_async_request(request)
         timeout: dict[str, Any] = request.extensions.get("timeout", {})
         answer = await self.exchange(
-            (url.host, url.port or 80),
+            key_of(url),
             _encode(request, await request.aread()),
             connect_s=timeout.get("connect"),
             head_s=timeout.get("read"),
@@ -150,7 +160,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         read_s: float | None,
         head_only: bool = False,
     ) -> RawResponse:
-        """Send `payload` (a whole encoded request) to `key` = (host, port) and read the answer's head,
+        """Send `payload` (a whole encoded request) to `key` (`key_of`) and read the answer's head,
         without httpx's objects (a sixth of a proxied request's CPU: bench/RESULTS.md). `connect_s`
         bounds a new connection, `head_s` the wait for the whole head, `read_s` each body read."""
         conn = self._take(key) or await self._connect(key, connect_s)
@@ -189,9 +199,17 @@ class H1Transport(httpx.AsyncBaseTransport):
 
     async def _connect(self, key: _Key, connect_s: float | None) -> _Connection:
         loop = asyncio.get_running_loop()
+        host, port, tls = key
         try:
             async with asyncio.timeout(connect_s):
-                _, conn = await loop.create_connection(lambda: _Connection(loop), key[0], key[1])
+                if tls:
+                    if self._ssl is None:
+                        self._ssl = ssl.create_default_context()
+                    _, conn = await loop.create_connection(
+                        lambda: _Connection(loop), host, port, ssl=self._ssl, server_hostname=host
+                    )
+                else:
+                    _, conn = await loop.create_connection(lambda: _Connection(loop), host, port)
         except TimeoutError as exc:
             raise httpx.ConnectTimeout("upstream connect timed out") from exc
         except OSError as exc:
@@ -203,7 +221,15 @@ class H1Transport(httpx.AsyncBaseTransport):
             for conn in idle:
                 conn.close()
         self._idle.clear()
-        await self._fallback.aclose()
+
+
+def key_of(url: httpx.URL) -> _Key:
+    """The pool's key for `url`: its host, its port (80 or 443 when it names none), and whether
+    it is `https://`. Any other scheme is not an upstream's (`ProviderConfig` takes these two)."""
+    if url.scheme not in ("http", "https"):
+        raise httpx.UnsupportedProtocol(f"unsupported upstream scheme {url.scheme!r}")
+    tls = url.scheme == "https"
+    return url.host, url.port or (443 if tls else 80), tls
 
 
 def _encode(request: httpx.Request, body: bytes) -> bytes:

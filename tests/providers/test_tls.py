@@ -1,14 +1,16 @@
-"""The https path (httpx over aiohttp) against a real loopback TLS upstream.
+"""The https path against a real loopback TLS upstream, and the same answers over either scheme.
 
 The certificates are self-signed and made at test time with `openssl`; the adapter trusts one
 through `make_client(ssl_context=...)`, with verification on as always. An upstream whose
-certificate is not trusted is a classified transport failure, as is a malformed answer: aiohttp
-raises its own exception for that, and `upstream_errors()` maps it like the plain-HTTP one.
+certificate is not trusted is a classified transport failure. Both schemes go through one transport
+(`providers.transport`), so every answer below means the same over http and https; https went to
+aiohttp before, which read eight of them otherwise (the tests marked "both schemes").
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import ssl
 import subprocess
 from collections.abc import AsyncIterator
@@ -22,7 +24,7 @@ from providers.adapter import Provider, UpstreamClient, make_client
 from providers.config import ProviderConfig, Timeouts
 from providers.errors import Failure
 from tests.providers.test_adapter import HELLO, REQUEST, collect, timed_out_after
-from tests.providers.test_malformed import MALFORMED, WHOLE_EVENTS, closed_by_client
+from tests.providers.test_malformed import JSON, MALFORMED, WHOLE, WHOLE_EVENTS, answer, closed_by_client
 from tests.support.upstream import ReplayUpstream, played
 
 
@@ -95,7 +97,7 @@ async def test_streamed_answer_over_tls(upstream: ReplayUpstream, client: Upstre
     assert (events, error) == (HELLO, None)
     [sent] = upstream.requests
     assert sent.headers["accept"] == "text/event-stream"
-    assert sent.headers["accept-encoding"] == "identity"  # aiohttp would otherwise ask for gzip
+    assert sent.headers["accept-encoding"] == "identity"
 
 
 @pytest.mark.parametrize("trusted", [None, "stranger"], ids=["system-cas", "another-ca"])
@@ -110,15 +112,13 @@ async def test_an_untrusted_certificate_is_a_transport_failure(
         assert error is not None
         assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream connection failed")
         assert await adapter.probe() is False
-        # the innermost cause, as `attempt_failed`'s `error`: httpx-aiohttp wraps every
-        # connection failure over https in `ConnectTimeout`, which `probe_failed` said
-        assert await adapter.probe_failure() == "SSLCertVerificationError"
+        assert await adapter.probe_failure() == "SSLCertVerificationError"  # the innermost cause, as logged
     finally:
         await client.aclose()
     assert (upstream.requests, upstream.probes) == ([], [])
 
 
-@pytest.mark.parametrize("name", ["content-length-not-digits", "chunk-size-not-hex", "not-http"])
+@pytest.mark.parametrize("name", sorted(MALFORMED))
 async def test_a_malformed_answer_over_tls_is_transient(
     upstream: ReplayUpstream, client: UpstreamClient, name: str
 ) -> None:
@@ -167,3 +167,104 @@ async def test_total_bounds_a_stream_that_stalls_over_tls(upstream: ReplayUpstre
     assert error is not None
     assert (error.kind, error.message) == (Failure.TIMEOUT, "upstream timed out")
     assert 0.45 <= asyncio.get_running_loop().time() - started < 1.5
+
+
+class Either(msgspec.Struct):
+    """An upstream of one scheme and a client that reaches it."""
+
+    upstream: ReplayUpstream
+    client: UpstreamClient
+
+    def provider(self, timeouts: Timeouts | None = None) -> Provider:
+        config = ProviderConfig(
+            name="p", kind="fastrun", base_url=self.upstream.url, api_key="fr_test", timeouts=timeouts or Timeouts()
+        )
+        return Provider(config, self.client)
+
+
+@pytest.fixture(params=["http", "https"])
+async def either(request: pytest.FixtureRequest, certs: dict[str, Pair]) -> AsyncIterator[Either]:
+    context = None
+    if request.param == "https":
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(certs["upstream"].cert, certs["upstream"].key)
+    client = client_trusting(certs["upstream"].cert)
+    async with ReplayUpstream(ssl=context) as server:
+        yield Either(server, client)
+    await client.aclose()
+
+
+JSON_HEADERS = [("content-type", "application/json")]
+CLIENT_ERROR = b'{"error":{"message":"bad max_tokens","type":"invalid_request_error","code":400}}'
+
+
+@pytest.mark.parametrize("status", [200, 400])
+async def test_a_gzip_body_not_asked_for_is_malformed_on_both_schemes(either: Either, status: int) -> None:
+    """aiohttp's body was decoded by httpx on https: the 200 was billed, the 400 read as the client's."""
+    body = gzip.compress(WHOLE if status == 200 else CLIENT_ERROR)
+    either.upstream.enqueue(Reply(status, [*JSON_HEADERS, ("content-encoding", "gzip")], [body]))
+    events, error = await collect(either.provider().events(REQUEST, "m", stream=False))
+    assert events == []
+    assert error is not None
+    assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream sent a malformed response")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [[b"x-pad: " + b"a" * 9000], [b"x-h%d: v" % index for index in range(130)]],
+    ids=["a-9kb-header", "130-headers"],
+)
+async def test_a_large_head_within_64k_is_read_on_both_schemes(either: Either, head: list[bytes]) -> None:
+    """aiohttp refused a header line over 8,190 bytes and more than 128 headers (a 502 and a cool-down)."""
+    either.upstream.enqueue(Reply(raw=answer(JSON, *head, b"content-length: %d" % len(WHOLE), body=WHOLE)))
+    assert await collect(either.provider().events(REQUEST, "m", stream=False)) == (WHOLE_EVENTS, None)
+
+
+async def test_bytes_after_a_whole_answer_do_not_fail_it_on_both_schemes(either: Either) -> None:
+    """aiohttp read them as the next status line and failed the answer the upstream had completed."""
+    either.upstream.enqueue(Reply(raw=answer(JSON, b"content-length: %d" % len(WHOLE), body=WHOLE + b"GARBAGE")))
+    assert await collect(either.provider().events(REQUEST, "m", stream=False)) == (WHOLE_EVENTS, None)
+    assert await closed_by_client(either.upstream)  # not pooled: its stray bytes
+
+
+async def test_a_repeated_retry_after_is_read_on_both_schemes(either: Either) -> None:
+    """httpx joined the two into "30, 30" on https, which reads as no hint: a 1 s cool-down."""
+    either.upstream.enqueue(Reply(429, [*JSON_HEADERS, ("retry-after", "30"), ("retry-after", "30")], [b"{}"]))
+    _events, error = await collect(either.provider().events(REQUEST, "m", stream=False))
+    assert error is not None
+    assert (error.kind, error.retry_after) == (Failure.CAPACITY, 30.0)
+
+
+async def test_a_streams_error_body_that_stalls_waits_idle_on_both_schemes(either: Either) -> None:
+    """Each read of a stream's answer, an error body's too, waits `idle`; https waited `first_byte`."""
+    either.upstream.enqueue(Reply(429, [*JSON_HEADERS, ("retry-after", "30")], [b'{"error":', b"{}}"], stall_after=1))
+    started = asyncio.get_running_loop().time()
+    _events, error = await collect(
+        either.provider(Timeouts(first_byte=5.0, idle=0.5)).events(REQUEST, "m", stream=True)
+    )
+    assert error is not None
+    assert (error.kind, error.retry_after) == (Failure.CAPACITY, 30.0)  # classified by status and headers
+    assert 0.45 <= asyncio.get_running_loop().time() - started < 2.0
+
+
+async def test_a_reset_is_a_connection_failure_on_both_schemes(either: Either) -> None:
+    """The mock's reset waited for a TLS transport's write buffer to drain, which it never said:
+    every https reset test was a stall."""
+    either.upstream.enqueue(played("nonstream_text", reset_after=0))
+    started = asyncio.get_running_loop().time()
+    _events, error = await collect(either.provider().events(REQUEST, "m", stream=False))
+    assert error is not None
+    assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream connection failed")
+    assert asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_a_probe_is_not_retried_on_another_connection_on_both_schemes(either: Either) -> None:
+    """providers.md: no hidden retries inside the HTTP client. aiohttp sent a GET again on a fresh
+    connection when a reused one was reset, and the probe said healthy."""
+    either.upstream.enqueue(Reply(200, JSON_HEADERS, [b'{"object":"list","data":[]}']), path="/v1/models")
+    either.upstream.enqueue(played("nonstream_text", reset_after=0), path="/v1/models")
+    adapter = either.provider()
+    assert await adapter.probe_failure() is None
+    assert await adapter.probe_failure() == "ConnectionResetError"
+    seen = [*either.upstream.requests, *either.upstream.probes]
+    assert ([sent.path for sent in seen], either.upstream.connections_made) == (["/v1/models"] * 2, 1)
