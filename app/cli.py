@@ -31,8 +31,9 @@ from app.logging import configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine, sqlite_file
 from catalog.files import CatalogFileError, load_catalog
+from catalog.keys import list_keys
 from catalog.migrate import downgrade, schema_ready, upgrade
-from catalog.saved_snapshot import read_saved_snapshot
+from catalog.saved_snapshot import read_saved_keys, read_saved_snapshot
 from catalog.sync import sync_catalog
 
 
@@ -224,15 +225,21 @@ def _uvicorn_config(settings: Settings, host: str, port: int) -> uvicorn.Config:
 
 
 async def _prepare(settings: Settings) -> None:
-    """Migrate and sync the catalog once, here, before any worker starts (workers only read)."""
+    """Migrate and sync the catalog once, here, before any worker starts (workers only read); with
+    the database unreachable, the copies saved beside the journal must be there (catalog, keys)."""
     from app.service import prepare_database
 
     engine = open_engine(settings.database.url)
+    directory = settings.journal_dir  # what is missing is said in one line here, not in a traceback from every worker
     try:
-        if not await prepare_database(settings, engine) and read_saved_snapshot(settings.journal_dir) is None:
-            directory = settings.journal_dir  # said in one line here, not in a traceback from every worker
+        reachable = await prepare_database(settings, engine)
+        if not reachable and read_saved_snapshot(directory) is None:
             raise StartFailed(f"the database is unreachable and no catalog snapshot was saved in {directory}")
-        await cli_keys.check_shared_limits(settings, engine)
+        if settings.auth.mode == "keys":
+            keys = await list_keys(engine) if reachable else read_saved_keys(directory)
+            if keys is None:
+                raise StartFailed(f"the database is unreachable and no key snapshot was saved in {directory}")
+            cli_keys.check_shared_limits(settings, keys)
     finally:
         await engine.dispose()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -92,13 +92,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 2
 
 
-async def check_shared_limits(settings: Settings, engine: Any) -> None:
-    """`serve` refuses several processes (workers x replicas) with keys that have limits and no
+def check_shared_limits(settings: Settings, keys: Iterable[KeyRecord]) -> None:
+    """`serve` refuses several processes (workers x replicas) with `keys` that have limits and no
     `[redis]`: each process would enforce the whole limit on its own (access.md)."""
     processes = settings.server.workers * settings.server.replicas
     if settings.auth.mode != "keys" or settings.redis is not None or processes == 1:
         return
-    limited = [key.id for key in await list_keys(engine) if key.limited and key.revoked_at is None]
+    limited = [key.id for key in keys if key.limited and key.revoked_at is None]
     if limited:
         raise ConfigError(
             f"{processes} processes (server.workers x server.replicas) and API keys with limits "

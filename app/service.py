@@ -100,7 +100,7 @@ class Service:
         record = self._start_ledger(self.engine, journal)
         self.collector.ledger = self.ledger
         if settings.auth.mode == "keys":
-            keyring = KeyRing(self.engine, settings.auth, settings.redis, self.log)
+            keyring = KeyRing(self.engine, settings.auth, settings.redis, self.log, settings.journal_dir)
             await keyring.start()
             self.access = AccessGate(settings, self.engine, keyring, self.log, self.metrics.limits_local)
         routing = settings.routing

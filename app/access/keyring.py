@@ -19,6 +19,10 @@ Changes reach the ring three ways:
   A poll that gets no answer in `READ_S` gives up (a connection that stopped answering without
   closing would otherwise stop the polling for good): the read is cancelled, which drops that
   connection, and the next poll takes a new one.
+
+Each read of the table that changed it is saved beside the journal (`catalog.saved_snapshot`), and
+a start that cannot reach the database begins from that copy, as the catalog does: a worker that
+uvicorn restarted during an outage used to fail its start, and uvicorn then stopped every worker.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from hashlib import sha256
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
@@ -40,7 +45,9 @@ from app.access.worstcase import to_nano
 from app.context import Principal
 from app.errors import AuthenticationFailed
 from app.settings import AuthSettings, RedisSettings
+from catalog.database import database_unreachable
 from catalog.keys import KeyRecord, get_key, hash_secret, keys_watermark, list_keys
+from catalog.saved_snapshot import read_saved_keys, save_keys
 
 POLL_S = 0.5  # without Redis: how often the table's watermark is read
 REDIS_POLL_S = 10.0  # how often the whole table is read again regardless
@@ -102,8 +109,17 @@ class Entry:
 
 
 class KeyRing:
-    def __init__(self, engine: AsyncEngine, auth: AuthSettings, redis: RedisSettings | None, log: Any) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        auth: AuthSettings,
+        redis: RedisSettings | None,
+        log: Any,
+        saved_in: Path | None = None,
+    ) -> None:
         self._engine = engine
+        self._saved_in = saved_in  # the journal's directory: the copy of the table (module doc); None: no copy
+        self._saved: list[KeyRecord] | None = None  # what was last saved there
         self._redis_settings = redis
         self._log = log
         self._by_hash: dict[bytes, Entry] = {}  # by the raw SHA-256 of the secret (no hex per request)
@@ -160,7 +176,19 @@ class KeyRing:
         return text.replace(secret, "…") if secret and secret in text else text
 
     async def start(self) -> None:
-        await self.reload()
+        """The keys from the database, or from the saved copy when it cannot be reached (module doc;
+        none saved: a `RuntimeError` saying so)."""
+        try:
+            await self.reload()
+        except Exception as exc:
+            if self._saved_in is None or not database_unreachable(exc):
+                raise
+            saved = read_saved_keys(self._saved_in)
+            if saved is None:
+                message = f"the database is unreachable and no key snapshot was saved in {self._saved_in}"
+                raise RuntimeError(message) from exc
+            self.merge(saved)
+            self._log.warning("keys_from_saved_snapshot", keys=len(saved), directory=str(self._saved_in))
         self._tasks = [asyncio.create_task(self._poll())]
         if self._redis_settings is not None:
             self._tasks.append(asyncio.create_task(self._listen(self._redis_settings)))
@@ -173,8 +201,16 @@ class KeyRing:
                 await task
 
     async def reload(self) -> None:
-        """Every key from the database (`merge`)."""
-        self.merge(await list_keys(self._engine))
+        """Every key from the database (`merge`); saved beside the journal when they changed."""
+        records = await list_keys(self._engine)
+        self.merge(records)
+        if self._saved_in is not None and records != self._saved:
+            try:
+                save_keys(records, self._saved_in)
+            except OSError as exc:  # the ring is current all the same; a start in an outage would miss it
+                self._log.warning("keys_snapshot_unsaved", error=type(exc).__name__)
+            else:
+                self._saved = records
 
     def merge(self, records: Iterable[KeyRecord]) -> None:
         """The ring rebuilt from a snapshot of the table, without undoing what reached it while the

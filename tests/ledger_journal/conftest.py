@@ -69,7 +69,9 @@ def with_port(url: str, port: int) -> str:
 class ServeGateway:
     """`switchyard serve` on one config, started as often as the test asks (one at a time)."""
 
-    def __init__(self, directory: Path, started: list[Process], upstream_port: int, database_url: str) -> None:
+    def __init__(
+        self, directory: Path, started: list[Process], upstream_port: int, database_url: str, extra: str = ""
+    ) -> None:
         self.directory = directory
         self.started = started
         self.port = free_port()
@@ -92,20 +94,23 @@ flush_interval_s = 0.25  # the outage tests cut the database for less than a sec
 [providers.local]
 kind = "local"
 base_url = "http://127.0.0.1:{upstream_port}/v1"
-"""
+{extra}"""
         )
         self.journal = directory / "switchyard-journal"
 
-    def start(self) -> Process:
-        args = ["serve", "--config", str(self.config), "--port", str(self.port)]
+    def start(self, *more: str) -> Process:
+        args = ["serve", "--config", str(self.config), "--port", str(self.port), *more]
         process = Process(self.directory, f"serve{len(self.started)}", args, cli_env())
         self.started.append(process)
         process.wait_http(f"{self.base}/healthz", timeout=30.0)
         return process
 
-    def complete(self, *, stream: bool = False) -> str:
-        """One completion read to its end; must be 200. Its request id."""
-        response = httpx.post(f"{self.base}{COMPLETIONS}", json=body("tiny", stream=stream), timeout=20)
+    def complete(self, *, stream: bool = False, key: str | None = None) -> str:
+        """One completion read to its end (with API key `key`); must be 200. Its request id."""
+        headers = {} if key is None else {"authorization": f"Bearer {key}"}
+        response = httpx.post(
+            f"{self.base}{COMPLETIONS}", json=body("tiny", stream=stream), headers=headers, timeout=20
+        )
         assert response.status_code == 200, response.text
         return response.headers["x-request-id"]
 
