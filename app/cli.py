@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -186,12 +187,15 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             url = f"http://{address}:{sock.getsockname()[1]}"
             if workers == 1:
                 single = _Server(config, url)
-                with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+                # uvicorn re-raises the signal it handled once it has shut down: SIGINT's default is a
+                # KeyboardInterrupt, SIGTERM's killed the process (143, where config.md says 0)
+                signal.signal(signal.SIGTERM, _terminated)
+                with contextlib.suppress(KeyboardInterrupt):
                     single.run(sockets=[sock])
                 guard.started = single.started
             else:
                 sock.listen(config.backlog)  # connections wait in the backlog until a worker is up
-                _announce(url, settings.server.log_level)
+                _announce(url, settings)
                 guard.started = True
                 Multiprocess(config, sockets=[sock]).run()
         except SystemExit as exc:  # uvicorn exits 1 or 3 when it cannot bind or start up; config.md says 1
@@ -244,6 +248,11 @@ async def _prepare(settings: Settings) -> None:
         await engine.dispose()
 
 
+def _terminated(_signum: int, _frame: object) -> None:
+    """SIGTERM outside uvicorn's own handler (before it starts, or re-raised after its shutdown)."""
+    raise SystemExit(0)
+
+
 class StartFailed(Exception):
     """The service cannot start; the message says why (printed as one line, exit 1)."""
 
@@ -262,10 +271,18 @@ class _Server(uvicorn.Server):
             get_logger("switchyard").info(f"listening on {self.url}", url=self.url)
 
 
-def _announce(url: str, log_level: str) -> None:
-    """`listening`, from the parent of several workers, in the service's JSON log format."""
-    writer = configure_logging(log_level)
-    get_logger("switchyard").info(f"listening on {url}", url=url)
+def _announce(url: str, settings: Settings) -> None:
+    """`listening`, from the parent of several workers, in the service's JSON log format; and,
+    without `[redis]`, that each worker's `/metrics` is its own (README, several workers)."""
+    writer = configure_logging(settings.server.log_level)
+    log = get_logger("switchyard")
+    log.info(f"listening on {url}", url=url)
+    if settings.redis is None:
+        log.warning(
+            "metrics_per_worker",
+            workers=settings.server.workers,
+            detail="without [redis] each worker's /metrics is its own: a scrape reads whichever worker answers",
+        )
     writer.flush()
 
 

@@ -26,6 +26,7 @@ already present.
 
 from __future__ import annotations
 
+import os
 import signal
 import struct
 import sys
@@ -81,6 +82,10 @@ def serve(source: BinaryIO, sink: BinaryIO) -> None:
 
 
 def main() -> None:
+    # What the server left inheritable is not the writer's: its listening socket, inherited through
+    # uvloop's spawn, kept the port open after the server closed it (a drain's new connections hung
+    # instead of being refused, and a new server could not bind the port until this process ended).
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout.buffer)
