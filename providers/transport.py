@@ -7,13 +7,13 @@ transport spent about a fifth of the gateway's CPU per proxied request in its cl
 (host, port, TLS), and a reader of what an answer needs: a status line, headers, a body framed by
 `Content-Length`, `Transfer-Encoding: chunked` or the connection's end. TLS is asyncio's own
 (`create_connection(ssl=...)`: the handshake is part of the connect and its timeout), verified
-against the system's CAs or the context the client was made with, never switched off.
+against the system's CAs or the context the client was made with, never switched off. A host's
+addresses are tried in the resolver's order, within one `connect` timeout (uvloop has no happy
+eyeballs, which aiohttp had): one that refuses or has no route fails at once and the next is tried,
+but a host whose first address drops packets uses up the timeout.
 
-One transport for both schemes, so an upstream's answer means the same over either. https used to
-go to aiohttp, which differed in what a client or the ledger sees: it decoded a gzip body the
-adapter had not asked for (a 400 read as the client's fault, a 200 billed), refused a header line
-over 8 KiB and accepted a folded one, failed an answer followed by stray bytes, joined a repeated
-`Retry-After` into one it could not read, and retried a probe on a new connection by itself.
+One transport for both schemes, so an answer means the same over either (https went to aiohttp,
+which read eight kinds of answer otherwise: README, tests/providers/test_tls.py).
 
 Two entrances: `handle_async_request` (httpx's seam: probes) and `exchange` (the adapter's calls: a
 request it encoded itself in, a `RawResponse` out; bench/RESULTS.md, step 12).
