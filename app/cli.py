@@ -186,13 +186,13 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         try:
             url = f"http://{address}:{sock.getsockname()[1]}"
             if workers == 1:
-                single = _Server(config, url)
+                sock.set_inheritable(False)  # uvicorn's, for workers it spawns: a child process kept the port open
+                single = _Server(config, url, guard)
                 # uvicorn re-raises the signal it handled once it has shut down: SIGINT's default is a
                 # KeyboardInterrupt, SIGTERM's killed the process (143, where config.md says 0)
                 signal.signal(signal.SIGTERM, _terminated)
                 with contextlib.suppress(KeyboardInterrupt):
                     single.run(sockets=[sock])
-                guard.started = single.started
             else:
                 sock.listen(config.backlog)  # connections wait in the backlog until a worker is up
                 _announce(url, settings)
@@ -259,15 +259,19 @@ class StartFailed(Exception):
 
 class _Server(uvicorn.Server):
     """uvicorn's server, logging `listening` (with the bound address) once the app has started;
-    uvicorn's own line is plain text, below the `warning` level it runs at."""
+    uvicorn's own line is plain text, below the `warning` level it runs at. It tells `guard` the
+    start succeeded there and then, however `run` ends (a SIGTERM's `SystemExit` skips what follows
+    it, and the guard took the run for a failed start and removed the database it had created)."""
 
-    def __init__(self, config: uvicorn.Config, url: str) -> None:
+    def __init__(self, config: uvicorn.Config, url: str, guard: _StartGuard) -> None:
         super().__init__(config)
         self.url = url
+        self.guard = guard
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
+            self.guard.started = True
             get_logger("switchyard").info(f"listening on {self.url}", url=self.url)
 
 

@@ -85,7 +85,8 @@ def main() -> None:
     # What the server left inheritable is not the writer's: its listening socket, inherited through
     # uvloop's spawn, kept the port open after the server closed it (a drain's new connections hung
     # instead of being refused, and a new server could not bind the port until this process ended).
-    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    open_fds = [int(name) for name in os.listdir("/proc/self/fd")] if os.path.isdir("/proc/self/fd") else [255]
+    os.closerange(3, max(open_fds) + 1)  # not SC_OPEN_MAX: without close_range(2) each is a close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout.buffer)

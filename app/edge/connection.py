@@ -184,11 +184,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cost more than the rest of this method. A response sent before its request's body was in
         (`DeclaredTooLarge`, a refusal) leaves the rest of that body to be read and dropped for at
         most `DRAIN_S`, not the body deadline: a client may declare any length (nginx's lingering
-        close)."""
+        close). A body still coming for a request queued behind this response (pipelined) is that
+        request's: its deadline starts again now, as it is next."""
         self.server_state.total_requests += 1
         if self._phase == _BODY:
             self._disarm()
-            self._arm(min(DRAIN_S, self.limits.body_timeout_s), self._body_timed_out)
+            deadline = self.limits.body_timeout_s
+            if self.cycle is not None and self.cycle.response_complete:  # the unread body is the answered one's
+                deadline = min(DRAIN_S, deadline)
+            self._arm(deadline, self._body_timed_out)
         if self.transport.is_closing():
             return
         if self._refusal and not self.pipeline:

@@ -365,6 +365,20 @@ async def test_a_pipelined_body_is_timed_from_when_its_request_is_read(
         assert_answered_ok(answer)
 
 
+async def test_a_pipelined_body_gets_its_whole_deadline_once_the_earlier_answer_is_sent(
+    guarded: GatewayHandle, primary: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the first answer completed, the queued request's unread body got the drain meant for
+    an answered request's own body (`DRAIN_S`, 5 s against a default deadline of 60 s): a 408."""
+    monkeypatch.setattr(app.edge.connection, "DRAIN_S", 0.1)
+    primary.enqueue(reply_json(200, OK_REPLY, first_byte_delay_s=0.7))
+    primary.enqueue(reply_json(200, OK_REPLY))
+    second = HEAD + b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(BODY)
+    # at 0, 0.5 and 1.0 s: the rest of the second body 0.3 s after the first answer (0.7 s)
+    answers = await pipelined(guarded, FIRST, second + BODY[:10], BODY[10:], pause=0.5)
+    assert [answer.status for answer in answers] == [200, 200], answers
+
+
 @pytest.mark.parametrize("codings", [b"gzip, chunked", b"deflate,chunked", b"br, chunked"])
 async def test_a_compressed_transfer_coding_is_a_415_naming_it(guarded: GatewayHandle, codings: bytes) -> None:
     """As `content-encoding: gzip` is: the body was read as JSON, "not valid JSON" at byte 0."""
