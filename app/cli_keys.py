@@ -42,6 +42,7 @@ from catalog.keys import (
 )
 from catalog.keys import to_builtins as key_builtins
 from catalog.migrate import schema_ready
+from catalog.saved_snapshot import save_keys
 
 _NONE = "none"
 _COLUMNS = ("id", "name", "owner", "prefix", "models", "budget", "rpm", "tpm", "max_concurrency", "expires", "state")
@@ -135,6 +136,7 @@ async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges
                 return 1
             record = found
             _show([record], args.format, single=True)
+        _save_copy(await list_keys(engine), settings.journal_dir)
         if settings.redis is not None and not await announce(settings.redis, record.id):
             print(
                 f"switchyard: warning: Redis could not be reached, so running servers see this change "
@@ -144,6 +146,19 @@ async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges
         return 0
     finally:
         await engine.dispose()
+
+
+def _save_copy(keys: list[KeyRecord], journal_dir: Path) -> None:
+    """The key table as it now is, over the copy a server saved beside its journal, when this
+    host has that directory: a server starting with the database down reads that copy, and a key
+    revoked while no server ran would have worked there until the database came back. A server
+    elsewhere keeps its own copy, which it rewrites at its next read of the table."""
+    if not journal_dir.is_dir():
+        return
+    try:
+        save_keys(keys, journal_dir)
+    except OSError as exc:
+        print(f"switchyard: warning: the key copy in {journal_dir} was not rewritten: {exc}", file=sys.stderr)
 
 
 def _with_catalog_ids(changes: KeyChanges, settings: Settings) -> KeyChanges:

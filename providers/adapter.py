@@ -27,7 +27,7 @@ pool, nor one whose answer was malformed.
 
 `make_client` builds the shared client: httpx's `AsyncClient` (for probes) over `H1Transport`, with
 no retries and no proxy from the environment: the app's failover loop is the only retry. Its
-`ssl_context` replaces the default certificate verification (the system's CAs) with another, e.g.
+`ssl_context` replaces the default certificate verification (certifi's CAs, as httpx) with another, e.g.
 one that trusts a private CA; verification is never switched off.
 """
 
@@ -53,6 +53,7 @@ from providers.types import AnyRequest
 
 _ERROR_BODY_LIMIT = 64 * 1024
 _PROBE_READ_TIMEOUT = 10.0
+USER_AGENT = "switchyard"
 FAILED_GRACE_S = 1.0  # after a failed finish, how long its usage chunk is waited for (`_after_failed_finish`)
 
 
@@ -66,7 +67,7 @@ class UpstreamClient(httpx.AsyncClient):
 
 def make_client(*, ssl_context: ssl.SSLContext | None = None) -> UpstreamClient:
     """The process-wide upstream client; build it in the app's lifespan and `aclose` it there.
-    `ssl_context` verifies https upstreams instead of the default context (the system's CAs)."""
+    `ssl_context` verifies https upstreams instead of the default context (certifi's CAs, as httpx)."""
     return UpstreamClient(H1Transport(ssl_context))
 
 
@@ -82,7 +83,10 @@ class Provider:
         self._key = key_of(httpx.URL(f"{base}/chat/completions"))
         self._models_url = f"{base}/models"
         self._root = base.removesuffix("/v1")
-        headers = {**config.headers, "content-type": "application/json", "accept-encoding": "identity"}
+        # a User-Agent (some front ends refuse a request without one; a provider's `headers` may set
+        # another), JSON out, and no content coding back: a coded answer is malformed (README)
+        headers = {"user-agent": USER_AGENT, **{name.lower(): value for name, value in config.headers.items()}}
+        headers.update({"content-type": "application/json", "accept-encoding": "identity"})
         if config.api_key:
             headers["authorization"] = f"Bearer {config.api_key}"
         self._probe_headers = {key: value for key, value in headers.items() if key != "content-type"}

@@ -7,7 +7,7 @@ transport spent about a fifth of the gateway's CPU per proxied request in its cl
 (host, port, TLS), and a reader of what an answer needs: a status line, headers, a body framed by
 `Content-Length`, `Transfer-Encoding: chunked` or the connection's end. TLS is asyncio's own
 (`create_connection(ssl=...)`: the handshake is part of the connect and its timeout), verified
-against the system's CAs or the context the client was made with, never switched off. A host's
+against certifi's CAs (as httpx) or the context the client was made with, never switched off. A host's
 addresses are tried in the resolver's order, within one `connect` timeout (uvloop has no happy
 eyeballs, which aiohttp had): one that refuses or has no route fails at once and the next is tried,
 but a host whose first address drops packets uses up the timeout.
@@ -129,7 +129,7 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 class H1Transport(httpx.AsyncBaseTransport):
     """The pool and the two entrances (module doc); `ssl_context` verifies `https://` upstreams
-    (None: `ssl.create_default_context()`, the system's CAs)."""
+    (None: httpx's default, certifi's CAs unless `SSL_CERT_FILE` or `SSL_CERT_DIR` names others)."""
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self._ssl = ssl_context  # made at the first TLS connection when not given (loading the CAs)
@@ -203,8 +203,8 @@ class H1Transport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout(connect_s):
                 if tls:
-                    if self._ssl is None:
-                        self._ssl = ssl.create_default_context()
+                    if self._ssl is None:  # certifi's CAs, or SSL_CERT_FILE / SSL_CERT_DIR's: as httpx
+                        self._ssl = httpx.create_ssl_context()
                     _, conn = await loop.create_connection(
                         lambda: _Connection(loop), host, port, ssl=self._ssl, server_hostname=host
                     )

@@ -15,6 +15,7 @@ import httpx
 from tests.ledger_journal.conftest import ServeGateway, ledger_query, with_port
 from tests.ledger_journal.test_outage import events, wait_for_rows
 from tests.support.cli import Process, run_cli
+from tests.support.client import COMPLETIONS, body
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until_sync
 
@@ -61,6 +62,30 @@ def test_a_start_with_the_database_down_serves_the_saved_keys(
     saved = gateway.journal / "keys-snapshot.json"
     assert oct(saved.stat().st_mode & 0o777) == "0o600"
     assert secret not in saved.read_text()
+
+
+def test_a_key_revoked_by_the_cli_while_no_server_ran_stays_revoked_in_an_outage(
+    tmp_path: Path, mock_upstream: tuple[int, list[Process]], pg_url: str
+) -> None:
+    """The copy is rewritten by a running server's reads of the table; a revocation made while none
+    ran reached only the database, and a start in an outage took the key from the older copy."""
+    port, started = mock_upstream
+    with TcpProxy(5432) as proxy:
+        gateway = ServeGateway(tmp_path, started, port, with_port(pg_url, proxy.port), KEYS)
+        key_id, secret = create_key(gateway, "--name", "leaver")
+        kept_id, kept = create_key(gateway, "--name", "stayer")
+        first = gateway.start()
+        gateway.complete(key=secret)
+        assert first.stop(signal.SIGTERM) == 0
+        revoked = run_cli(gateway.directory, "keys", "revoke", key_id, "--config", str(gateway.config))
+        assert revoked.returncode == 0, revoked.stderr
+        proxy.cut()
+        gateway.start()
+        headers = {"authorization": f"Bearer {secret}"}
+        refused = httpx.post(f"{gateway.base}{COMPLETIONS}", json=body("tiny"), headers=headers, timeout=20)
+        assert refused.status_code == 401  # it was served (200) from the older copy
+        gateway.complete(key=kept)
+    assert kept_id != key_id
 
 
 def workers_of(master: Process) -> set[int]:

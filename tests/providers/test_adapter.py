@@ -97,6 +97,7 @@ async def test_streamed_answer_and_the_request_sent(upstream: ReplayUpstream, cl
     assert sent.headers["accept"] == "text/event-stream"
     assert sent.headers["accept-encoding"] == "identity"  # a compressed answer is malformed (test_malformed)
     assert sent.headers["x-team"] == "core"
+    assert sent.headers["user-agent"] == "switchyard"  # aiohttp sent its own over https; some front ends need one
     assert msgspec.json.decode(sent.body) == {
         "model": "qwen3-8b",
         "messages": [{"role": "user", "content": "Say hello"}],
