@@ -28,7 +28,7 @@ from alembic.util import CommandError
 from uvicorn.supervisors import Multiprocess
 
 from app import cli_cost, cli_keys, cli_usage
-from app.logging import configure_logging, get_logger
+from app.logging import LineWriter, configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine, sqlite_file
 from catalog.files import CatalogFileError, load_catalog
@@ -195,9 +195,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                     single.run(sockets=[sock])
             else:
                 sock.listen(config.backlog)  # connections wait in the backlog until a worker is up
-                _announce(url, settings)
+                writer = _announce(url, settings)
                 guard.started = True
-                Multiprocess(config, sockets=[sock]).run()
+                _Workers(config, [sock], writer).run()
         except SystemExit as exc:  # uvicorn exits 1 or 3 when it cannot bind or start up; config.md says 1
             return 1 if exc.code else 0
     return 0 if guard.started else 1
@@ -275,9 +275,30 @@ class _Server(uvicorn.Server):
             get_logger("switchyard").info(f"listening on {self.url}", url=self.url)
 
 
-def _announce(url: str, settings: Settings) -> None:
+class _Workers(Multiprocess):
+    """uvicorn's supervisor of several workers, saying in the service's log when it replaced one
+    that died (uvicorn says it at `info`, below the `warning` level it runs at: a worker killed
+    and restarted left no trace but a second `started` line)."""
+
+    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket], writer: LineWriter) -> None:
+        super().__init__(config, sockets=sockets)
+        self.writer = writer  # the parent's log (`_announce`), flushed by each line here
+
+    def keep_subprocess_alive(self) -> None:
+        before = list(self.processes)
+        super().keep_subprocess_alive()
+        for old, new in zip(before, self.processes, strict=True):
+            if old is not new:
+                get_logger("switchyard").warning(
+                    "worker_restarted", pid=old.pid, exit_code=old.exitcode, new_pid=new.pid
+                )
+                self.writer.flush()
+
+
+def _announce(url: str, settings: Settings) -> LineWriter:
     """`listening`, from the parent of several workers, in the service's JSON log format; and,
-    without `[redis]`, that each worker's `/metrics` is its own (README, several workers)."""
+    without `[redis]`, that each worker's `/metrics` is its own (README, several workers). The
+    parent's log, for what it says later."""
     writer = configure_logging(settings.server.log_level)
     log = get_logger("switchyard")
     log.info(f"listening on {url}", url=url)
@@ -288,6 +309,7 @@ def _announce(url: str, settings: Settings) -> None:
             detail="without [redis] each worker's /metrics is its own: a scrape reads whichever worker answers",
         )
     writer.flush()
+    return writer
 
 
 class _StartGuard:

@@ -115,6 +115,11 @@ def test_a_worker_restarted_during_an_outage_starts_and_the_service_stays_up(
         assert master.popen.poll() is None
         proxy.restore()
         wait_for_rows(pg_url, during)
+    stdout, _ = master.output()
+    restarted = [json.loads(line) for line in stdout.splitlines() if '"worker_restarted"' in line]
+    assert [(line["pid"], line["exit_code"], line["level"]) for line in restarted] == [
+        (min(before), -signal.SIGKILL, "warning")
+    ]
 
 
 def test_no_database_and_no_saved_keys_is_a_failed_start_that_says_why(
