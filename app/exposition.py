@@ -11,9 +11,11 @@ summed over workers too; the state gauges need no sum, the state being shared. A
 bucket whose `le` this process does not know (another version's bounds) is left out of the buckets
 but still in `+Inf` and the sum.
 
-The ledger gauges (rows pending, oldest pending age, journal writable) are this process's own,
-read from its `LedgerWriter` at scrape time and not summed over workers: each worker has its own
-journal segments and writer, and an outage shows on every one of them.
+The ledger gauges (rows pending, oldest pending age, journal writable) combine every live worker's
+too, each worker having its own journal segment and writer: the rows pending summed, the oldest
+pending row the oldest of any, the journal writable only when every worker's is (`merged`). They
+were this process's own, so a scrape showed whichever worker answered (an alert on rows pending
+fired or not by that).
 
 The text is prometheus_client's `generate_latest`, served as the classic 0.0.4 text format:
 the library answers a scrape that did not negotiate with that format and content type too.
@@ -26,9 +28,17 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from app.metrics import SUMMED_GAUGES, Histogram, Metrics, Series
+from app.metrics import (
+    LEDGER_OLDEST,
+    LEDGER_PENDING,
+    LEDGER_WRITABLE,
+    SUMMED_GAUGES,
+    Histogram,
+    Metrics,
+    Series,
+    merged,
+)
 from app.routing.router import Backend, Router
-from catalog.ledger import LedgerWriter
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 BACKEND_LABELS = ("provider", "model", "upstream_model")
@@ -78,7 +88,6 @@ class GatewayCollector:
         self.router = router
         self.clock = clock  # the event loop's `time()`, which backend state is kept in
         self.remote: Mapping[Series, float] = {}
-        self.ledger: LedgerWriter | None = None
 
     def collect(self) -> Iterator[Metric]:
         samples = self.metrics.samples()
@@ -96,8 +105,8 @@ class GatewayCollector:
             buckets = by_name.get(f"{histogram.name}_bucket", [])
             yield _histogram(histogram, samples, [labels[:-1] for labels, _ in buckets if labels[-1] == "+Inf"])
         yield from self._gauges()
-        if self.ledger is not None:
-            yield from _ledger_gauges(self.ledger)
+        if self.metrics.ledger is not None:
+            yield from _ledger_gauges(self.metrics.ledger_series(), self.remote)
 
     def _gauges(self) -> Iterator[Metric]:
         now = self.clock()
@@ -113,21 +122,24 @@ class GatewayCollector:
             yield family
 
 
-def _ledger_gauges(ledger: LedgerWriter) -> Iterator[Metric]:
-    """This process's ledger writer: rows not yet in the database (in the journal or in memory)
-    and how long the oldest has waited — an outage shows as both climbing."""
+def _ledger_gauges(own: Mapping[Series, float], remote: Mapping[Series, float]) -> Iterator[Metric]:
+    """The ledger writers' rows not yet in the database (in the journal or in memory) and how long
+    the oldest has waited — an outage shows as both climbing — over this worker and the others."""
+    combined = dict(remote)
+    for series, value in own.items():
+        merged(combined, series, value)
     yield GaugeMetricFamily(
-        "switchyard_ledger_rows_pending", "Ledger rows not yet written to the database.", value=ledger.pending
+        LEDGER_PENDING, "Ledger rows not yet written to the database.", value=combined[(LEDGER_PENDING, ())]
     )
     yield GaugeMetricFamily(
-        "switchyard_ledger_oldest_pending_seconds",
+        LEDGER_OLDEST,
         "Seconds since the oldest unwritten ledger row's request finished (0 when none).",
-        value=round(ledger.oldest_pending_s(), 3),
+        value=combined[(LEDGER_OLDEST, ())],
     )
     yield GaugeMetricFamily(
-        "switchyard_ledger_journal_writable",
+        LEDGER_WRITABLE,
         "1 when the ledger's journal can be written (a request needs it unless [ledger] required = false).",
-        value=int(ledger.state != "unwritable"),
+        value=combined[(LEDGER_WRITABLE, ())],
     )
 
 

@@ -21,12 +21,43 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Protocol
 
 from app.context import RequestContext
 from app.pipeline.events import Outcome
 from app.routing.router import Router
 
 Series = tuple[str, tuple[str, ...]]  # a sample's name and its label values
+LEDGER_PENDING = "switchyard_ledger_rows_pending"
+LEDGER_OLDEST = "switchyard_ledger_oldest_pending_seconds"
+LEDGER_WRITABLE = "switchyard_ledger_journal_writable"
+# How the workers' values of a series combine (`merged`): the oldest pending row is the oldest of
+# any worker's, the journal writable only when every worker's is; everything else is summed.
+_COMBINE = {LEDGER_OLDEST: max, LEDGER_WRITABLE: min}
+
+
+class LedgerGauges(Protocol):
+    """What the ledger writer tells about rows not yet in the database (`catalog.ledger.LedgerWriter`)."""
+
+    @property
+    def pending(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
+
+    def oldest_pending_s(self) -> float: ...
+
+
+def merged(total: dict[Series, float], series: Series, value: float) -> None:
+    """`value`, one worker's, into `total`, the workers' combined (`_COMBINE`, else summed)."""
+    held = total.get(series)
+    if held is None:
+        total[series] = value
+    else:
+        combine = _COMBINE.get(series[0])
+        total[series] = held + value if combine is None else combine(held, value)
+
+
 PENDING_LIMIT = 256  # finished requests noted before they are counted (each keeps its Outcome)
 SUMMED_GAUGES = ("switchyard_backend_in_flight", "switchyard_backend_queued")
 _ZERO = Decimal(0)
@@ -144,6 +175,7 @@ class Histogram:
 class Metrics:
     def __init__(self) -> None:
         self._pending: list[tuple[float, bool, Outcome]] = []  # finished requests not counted yet
+        self.ledger: LedgerGauges | None = None  # the service's ledger writer, once it runs
         self.requests = Counter(
             "switchyard_requests_total",
             "Completed requests by model, provider and status.",
@@ -268,10 +300,24 @@ class Metrics:
         return found
 
     def series(self, router: Router) -> dict[Series, float]:
-        """`samples()` and this process's share of the summed gauges: what it shares with the other workers."""
+        """`samples()`, this process's share of the summed gauges and its ledger's: what it shares
+        with the other workers."""
         found = self.samples()
         for backend in router.all_backends():
             key = (backend.name, backend.model_id, backend.upstream_model)
             found[(SUMMED_GAUGES[0], key)] = backend.state.in_flight
             found[(SUMMED_GAUGES[1], key)] = backend.state.queued
+        found.update(self.ledger_series())
         return found
+
+    def ledger_series(self) -> dict[Series, float]:
+        """This process's ledger gauges (none before its writer runs): rows not yet in the database,
+        the age of the oldest, and whether its journal can be written."""
+        ledger = self.ledger
+        if ledger is None:
+            return {}
+        return {
+            (LEDGER_PENDING, ()): ledger.pending,
+            (LEDGER_OLDEST, ()): round(ledger.oldest_pending_s(), 3),
+            (LEDGER_WRITABLE, ()): int(ledger.state != "unwritable"),
+        }

@@ -98,7 +98,7 @@ class Service:
         if self.cluster is not None:
             await self.cluster.start(self.router)
         record = self._start_ledger(self.engine, journal)
-        self.collector.ledger = self.ledger
+        self.metrics.ledger = self.ledger
         if settings.auth.mode == "keys":
             keyring = KeyRing(self.engine, settings.auth, settings.redis, self.log, settings.journal_dir)
             await keyring.start()

@@ -54,7 +54,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from app.metrics import Metrics, Series
+from app.metrics import Metrics, Series, merged
 from app.routing.cluster_events import BreakerEvent, CoolEvent, DisabledEvent, EnabledEvent, Event
 from app.routing.router import Backend, ProviderRuntime, Router
 from app.settings import RedisSettings
@@ -388,8 +388,7 @@ class ClusterLink:
         total: dict[Series, float] = {}
         for fields in hashes:
             for field, value in fields.items():
-                series = _decode_series(field)
-                total[series] = total.get(series, 0) + float(value)
+                merged(total, _decode_series(field), float(value))
         return total
 
 

@@ -38,6 +38,7 @@ from tests.support.waiting import wait_until
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ALPHA_CHAT = "alpha:chat-1:alpha/chat-1"  # provider:model:upstream_model in a backend's keys
+PENDING = b'["switchyard_ledger_rows_pending",[]]'
 
 
 class Store:
@@ -367,7 +368,8 @@ async def test_a_metrics_hash_redis_lost_is_written_whole_again(
         return found
 
     async def shared_once() -> bool:
-        return b'["switchyard_requests_total",["chat-1","alpha","ok"]]' in await fields()
+        now = await fields()  # the request counted, and its ledger row written (the ledger's gauges are shared too)
+        return b'["switchyard_requests_total",["chat-1","alpha","ok"]]' in now and now.get(PENDING) == b"0"
 
     await wait_until(shared_once, within=3.0)
     whole = await fields()
