@@ -233,6 +233,7 @@ async def _prepare(settings: Settings) -> None:
     the database unreachable, the copies saved beside the journal must be there (catalog, keys)."""
     from app.service import prepare_database
 
+    _check_certificates(settings)
     engine = open_engine(settings.database.url)
     directory = settings.journal_dir  # what is missing is said in one line here, not in a traceback from every worker
     try:
@@ -251,6 +252,25 @@ async def _prepare(settings: Settings) -> None:
 def _terminated(_signum: int, _frame: object) -> None:
     """SIGTERM outside uvicorn's own handler (before it starts, or re-raised after its shutdown)."""
     raise SystemExit(0)
+
+
+def _check_certificates(settings: Settings) -> None:
+    """With an `https://` provider, the CAs its connections are verified against must load (a
+    file `SSL_CERT_FILE` names that is missing, or holds none, failed every hosted attempt as a
+    connection failure, with cool-downs, instead of the start)."""
+    import httpx
+
+    if not any(provider.base_url.startswith("https://") for provider in settings.providers.values()):
+        return
+    try:
+        httpx.create_ssl_context()
+    except OSError as exc:  # ssl.SSLError too
+        where = " ".join(
+            f"{name}={os.environ[name]}" for name in ("SSL_CERT_FILE", "SSL_CERT_DIR") if name in os.environ
+        )
+        raise StartFailed(
+            f"the CA certificates for https providers cannot be loaded ({where or 'certifi'}): {exc}"
+        ) from exc
 
 
 class StartFailed(Exception):

@@ -66,7 +66,7 @@ def url_problem(url: str, *, numbered_path: bool = False, base: bool = False) ->
     """A URL its client can use: a host, a port from 1 to 65535 when given, no whitespace or
     control characters; `numbered_path`: Redis's database number, the whole path (redis-py would
     read `/fifteen` as database 0); `base`: a provider's, which its paths are appended to, so no
-    query or fragment (`/v1?x=1/chat/completions`)."""
+    query or fragment (`/v1?x=1/chat/completions`), and no user or password (the key is a header)."""
     parts = urlsplit(url)
     try:
         port = parts.port
@@ -80,6 +80,8 @@ def url_problem(url: str, *, numbered_path: bool = False, base: bool = False) ->
         return "port 0 is no port"
     if base and ("?" in url or "#" in url):
         return "must not hold a query or a fragment (`?`, `#`)"
+    if base and "@" in parts.netloc:  # httpx made a probe's Basic auth of it, over the provider's key
+        return "must not hold a user or password (`user:password@`): the key goes in api_key_env"
     path = parts.path.removeprefix("/")
     if numbered_path and path and not path.isdigit():
         return f"the path is the database number (redis://HOST:PORT/0), not {path!r}"

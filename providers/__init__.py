@@ -19,6 +19,8 @@ A leaf package: it knows nothing of Litestar, SQL or the catalog. The app hands 
     dialect.py         which endpoint, body builder and parsers a request takes (chat or text)
     server_metrics.py  a local server's queue depth from its Prometheus `/metrics`
     transport.py       `H1Transport`: lean HTTP/1.1 for every upstream, plain or over TLS
+    upstream_connection.py  one pooled connection: its buffer, its end, reading paused past 256 KiB
+    response_head.py   an answer's status line and headers, checked by llhttp
     timers.py          coarse timers: the request path's timeouts on one event-loop timer
     adapter.py         `Provider`: one HTTP exchange, events out; `UpstreamClient` and `make_client`
 

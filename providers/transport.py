@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import select
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
@@ -53,7 +52,7 @@ from typing import Any
 import httpx
 
 from providers.response_head import ResponseHead
-from providers.timers import timers_of
+from providers.upstream_connection import Connection
 
 _MAX_HEAD = 64 * 1024
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")  # size, then extensions
@@ -65,75 +64,13 @@ _CHUNKED_ENDINGS = (b"\r\n0\r\n\r\n", b"0\r\n\r\n")
 _Key = tuple[str, int, bool]  # host, port, TLS
 
 
-class _Connection(asyncio.Protocol):
-    __slots__ = ("buffer", "closed", "eof", "error", "idle_since", "loop", "poller", "timers", "transport", "waiter")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.timers = timers_of(loop)
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.waiter: asyncio.Future[None] | None = None
-        self.closed = False
-        self.eof = False
-        self.error: BaseException | None = None
-        self.idle_since = 0.0  # when it went back to the pool
-        self.poller = select.poll()  # is anything waiting on the socket (`H1Transport._take`)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.poller.register(transport.get_extra_info("socket").fileno(), select.POLLIN)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        self._wake()
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        self._wake()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.error = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def more(self, read_s: float | None) -> None:
-        """Wait for more bytes (or the end); raises httpx.ReadTimeout after `read_s` seconds."""
-        if self.closed or self.eof:
-            raise httpx.ReadError("upstream closed the connection") from self.error
-        waiter = self.waiter = self.loop.create_future()
-        timer = self.timers.call_later(read_s, _expire, waiter) if read_s is not None else None
-        try:
-            await waiter
-        finally:
-            self.waiter = None
-            if timer is not None:
-                timer.cancel()
-
-    def close(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.abort()
-        self.closed = True
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(httpx.ReadTimeout("upstream sent nothing within the read timeout"))
-
-
 class H1Transport(httpx.AsyncBaseTransport):
     """The pool and the two entrances (module doc); `ssl_context` verifies `https://` upstreams
     (None: httpx's default, certifi's CAs unless `SSL_CERT_FILE` or `SSL_CERT_DIR` names others)."""
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self._ssl = ssl_context  # made at the first TLS connection when not given (loading the CAs)
-        self._idle: dict[_Key, deque[_Connection]] = {}
+        self._idle: dict[_Key, deque[Connection]] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -174,7 +111,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         body = _Body(self, key, conn, head, read_s, head_only or head.status in (204, 304))
         return RawResponse(head.status, head.headers, body)
 
-    def _take(self, key: _Key) -> _Connection | None:
+    def _take(self, key: _Key) -> Connection | None:
         """The newest live pooled connection to `key`; those idle past `MAX_IDLE_S`, or with anything
         to read, are closed (module doc)."""
         idle = self._idle.get(key)
@@ -189,7 +126,7 @@ class H1Transport(httpx.AsyncBaseTransport):
             conn.close()  # its end seen or waiting unread in the kernel, or bytes nobody asked for
         return None
 
-    def release(self, key: _Key, conn: _Connection) -> None:
+    def release(self, key: _Key, conn: Connection) -> None:
         idle = self._idle.setdefault(key, deque())
         if len(idle) >= _MAX_IDLE_PER_HOST:
             conn.close()
@@ -197,7 +134,7 @@ class H1Transport(httpx.AsyncBaseTransport):
             conn.idle_since = conn.loop.time()
             idle.append(conn)
 
-    async def _connect(self, key: _Key, connect_s: float | None) -> _Connection:
+    async def _connect(self, key: _Key, connect_s: float | None) -> Connection:
         loop = asyncio.get_running_loop()
         host, port, tls = key
         try:
@@ -206,10 +143,15 @@ class H1Transport(httpx.AsyncBaseTransport):
                     if self._ssl is None:  # certifi's CAs, or SSL_CERT_FILE / SSL_CERT_DIR's: as httpx
                         self._ssl = httpx.create_ssl_context()
                     _, conn = await loop.create_connection(
-                        lambda: _Connection(loop), host, port, ssl=self._ssl, server_hostname=host
+                        lambda: Connection(loop),
+                        host,
+                        port,
+                        ssl=self._ssl,
+                        server_hostname=host,
+                        ssl_handshake_timeout=connect_s,  # else asyncio's 60 s, whatever `connect` says
                     )
                 else:
-                    _, conn = await loop.create_connection(lambda: _Connection(loop), host, port)
+                    _, conn = await loop.create_connection(lambda: Connection(loop), host, port)
         except TimeoutError as exc:
             raise httpx.ConnectTimeout("upstream connect timed out") from exc
         except OSError as exc:
@@ -239,7 +181,7 @@ def _encode(request: httpx.Request, body: bytes) -> bytes:
     return b"".join([*lines, b"\r\n", body])
 
 
-async def _read_head(conn: _Connection, head_s: float | None) -> ResponseHead:
+async def _read_head(conn: Connection, head_s: float | None) -> ResponseHead:
     """The answer's head, read within `head_s` seconds; interim 1xx heads are skipped."""
     deadline = None if head_s is None else conn.loop.time() + head_s
     while True:
@@ -287,7 +229,7 @@ class _Body(httpx.AsyncByteStream):
     when the body was read to its end and both sides keep the connection alive."""
 
     def __init__(
-        self, owner: H1Transport, key: _Key, conn: _Connection, head: ResponseHead, timeout: float | None, empty: bool
+        self, owner: H1Transport, key: _Key, conn: Connection, head: ResponseHead, timeout: float | None, empty: bool
     ) -> None:
         self._owner, self._key, self._conn, self._timeout = owner, key, conn, timeout
         self._chunked = head.chunked and not empty

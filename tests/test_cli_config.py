@@ -96,6 +96,10 @@ def test_a_downgrade_to_a_revision_that_does_not_exist_exits_2_naming_it(tmp_pat
             'kind = "local"\nbase_url = "http://h/v1?x=1"',
             "providers.x.base_url: must not hold a query or a fragment (`?`, `#`)",
         ),
+        (  # httpx made a probe's Basic auth of it, in place of the provider's key
+            'kind = "fastrun"\nbase_url = "https://alice:pw@h/v1"',
+            "providers.x.base_url: must not hold a user or password (`user:password@`): the key goes in api_key_env",
+        ),
     ],
 )
 def test_a_provider_setting_that_would_do_nothing_exits_2_naming_it(tmp_path: Path, extra: str, message: str) -> None:

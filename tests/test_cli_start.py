@@ -204,3 +204,16 @@ def test_a_sigterm_stop_exits_0_and_keeps_the_database_the_start_created(tmp_pat
         serve.wait_http(f"http://127.0.0.1:{port}/healthz")
         assert serve.stop(signal.SIGTERM) == 0
     assert "ledger" in tables(tmp_path / "switchyard.db")
+
+
+def test_ca_certificates_that_cannot_be_loaded_are_a_failed_start(tmp_path: Path) -> None:
+    """`SSL_CERT_FILE` naming a missing file failed every https attempt as a connection failure
+    (cool-downs, `probe_failed`), not the start."""
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace('base_url = "http://', 'base_url = "https://', 1))
+    missing = tmp_path / "no-such-ca.pem"
+    env = cli_env(SSL_CERT_FILE=str(missing))
+    result = run_cli(tmp_path, "serve", "--config", str(config), "--port", str(free_port()), env=env)
+    assert (result.returncode, len(result.stderr.splitlines())) == (1, 1), result.stderr
+    said = f"the CA certificates for https providers cannot be loaded (SSL_CERT_FILE={missing}"
+    assert said in result.stderr

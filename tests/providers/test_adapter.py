@@ -5,6 +5,7 @@ tests' `ReplayUpstream`, and a raw socket server for answers no well-behaved ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -326,6 +327,33 @@ async def test_first_byte_bounds_the_whole_head_not_each_read(client: Any) -> No
     elapsed = await timed_out_after(Provider(config, client))
     server.close()
     assert 0.25 < elapsed < 1.0
+
+
+async def test_a_reader_that_stopped_holds_the_upstream_back(client: Any) -> None:
+    """The transport stops reading the socket past `PAUSE_AT` unread bytes until the answer's
+    reader wants more: it read a fast upstream's whole answer into memory behind a reader that had
+    stopped (the relay behind a client that stopped: 300 MB in a second)."""
+    sent = [0]
+    chunk = b"data: " + msgspec.json.encode({"choices": [{"index": 0, "delta": {"content": "x" * 1000}}]}) + b"\n\n"
+    frame = b"%x\r\n%s\r\n" % (len(chunk) * 64, chunk * 64)
+
+    async def flood(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            while sent[0] < 64 << 20:
+                writer.write(frame)
+                sent[0] += len(frame)
+                await writer.drain()
+
+    server, url = await raw_upstream(flood)
+    adapter = Provider(ProviderConfig(name="local", kind="local", base_url=url), client)
+    batches = adapter.batches(REQUEST, "m", stream=True)
+    assert (await anext(batches))[0] is not None
+    await asyncio.sleep(1.0)  # the reader stops
+    held_back = sent[0]
+    await batches.aclose()
+    server.close()
+    assert held_back < 16 << 20  # the kernel's buffers and 256 KiB here, not the whole 64 MiB
 
 
 async def timed_out_after(adapter: Provider) -> float:
