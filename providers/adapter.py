@@ -248,6 +248,7 @@ async def _stream_batches(
                 for payload in sse.feed(data):
                     batch += parser.feed(payload)
                     if payload == "[DONE]":
+                        response.body.ended = True  # the connection may wait for its terminator (`linger`)
                         return
                 if batch:
                     ready, batch = batch, []

@@ -61,6 +61,7 @@ _MAX_CHUNK_LINE = 4096
 _MAX_IDLE_PER_HOST = 256
 MAX_IDLE_S = 4.0  # a pooled connection idle this long is closed, not reused (module doc)
 _CHUNKED_ENDINGS = (b"\r\n0\r\n\r\n", b"0\r\n\r\n")
+LINGER_S = 0.1  # how long a stream's connection waits for its chunked terminator after the stream's end
 _Key = tuple[str, int, bool]  # host, port, TLS
 
 
@@ -71,6 +72,7 @@ class H1Transport(httpx.AsyncBaseTransport):
     def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self._ssl = ssl_context  # made at the first TLS connection when not given (loading the CAs)
         self._idle: dict[_Key, deque[Connection]] = {}
+        self._lingering: set[asyncio.Task[None]] = set()  # `linger`
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -158,11 +160,45 @@ class H1Transport(httpx.AsyncBaseTransport):
             raise httpx.ConnectError(f"upstream connection failed: {exc.strerror or type(exc).__name__}") from exc
         return conn
 
+    def linger(self, key: _Key, conn: Connection) -> None:
+        """Pool `conn` once the chunked terminator that ends its stream has come, within `LINGER_S`;
+        close it otherwise. A stream's reader stops at the stream's own end (`data: [DONE]`); the
+        terminator often comes in the next segment (uvicorn, vLLM's server, writes it apart), and
+        the connection was closed: most streams opened a new one, a TLS handshake for a hosted
+        provider. Waited for in the background: the answer ends without it."""
+        task = asyncio.get_running_loop().create_task(self._await_ending(key, conn))
+        self._lingering.add(task)
+        task.add_done_callback(self._lingering.discard)
+
+    async def _await_ending(self, key: _Key, conn: Connection) -> None:
+        pooled = False
+        try:
+            while (rest := bytes(conn.buffer)) not in _CHUNKED_ENDINGS:
+                if not ending_begun(rest):
+                    return  # more than the terminator (trailers, a server going on): closed
+                await conn.more(LINGER_S)
+            pooled = True
+        except httpx.HTTPError:  # closed, reset, or no terminator in time
+            pass
+        finally:
+            if pooled:
+                conn.buffer.clear()
+                self.release(key, conn)
+            else:
+                conn.close()
+
     async def aclose(self) -> None:
+        for task in list(self._lingering):
+            task.cancel()
         for idle in self._idle.values():
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+
+def ending_begun(rest: bytes) -> bool:
+    """Whether `rest`, what a stream left after its end marker, is the chunked terminator so far."""
+    return any(ending.startswith(rest) for ending in _CHUNKED_ENDINGS)
 
 
 def key_of(url: httpx.URL) -> _Key:
@@ -238,6 +274,7 @@ class _Body(httpx.AsyncByteStream):
         self._keep_alive = head.keep_alive
         self._done = False
         self._deadline: float | None = None  # the attempt's `total`, for every read
+        self.ended = False  # the reader saw the stream's own end (`data: [DONE]`): only the terminator is left
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self._chunked:
@@ -328,6 +365,11 @@ class _Body(httpx.AsyncByteStream):
                 await conn.more(self._wait_s())
         del conn.buffer[:2]
 
+    def _lingers(self) -> bool:
+        conn = self._conn
+        alive = self._keep_alive and not conn.closed and not conn.eof
+        return alive and self._chunked and self.ended and not self._done and ending_begun(bytes(conn.buffer))
+
     async def aclose(self) -> None:
         conn = self._conn
         if not self._done and self._chunked and bytes(conn.buffer) in _CHUNKED_ENDINGS:
@@ -335,6 +377,9 @@ class _Body(httpx.AsyncByteStream):
             # terminator is already here: the body is complete, the connection reusable.
             conn.buffer.clear()
             self._done = True
+        elif self._lingers():  # the terminator is on its way (`H1Transport.linger`)
+            self._owner.linger(self._key, conn)
+            return
         if self._done and self._keep_alive and not conn.closed and not conn.eof and not conn.buffer:
             self._owner.release(self._key, conn)
         else:

@@ -296,6 +296,43 @@ async def test_a_connection_the_upstream_closed_unannounced_is_not_reused(
     assert (len(upstream.requests), upstream.connections_made) == (3, 3)
 
 
+async def test_a_streams_connection_waits_for_its_terminator_and_is_reused(client: Any) -> None:
+    """A stream's reader stops at `data: [DONE]`; uvicorn (vLLM's server) writes the chunked
+    terminator after it, apart, and the connection was closed for want of it: most streams opened
+    a new connection, a TLS handshake each to a hosted provider."""
+    accepted = [0]
+    event = b"data: " + msgspec.json.encode({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    stream = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (event + b"\n\n", b"data: [DONE]\n\n"))
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted[0] += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                )
+                writer.write(stream)
+                await writer.drain()
+                await asyncio.sleep(0.03)  # the terminator apart, as uvicorn's own write
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+
+    server = await asyncio.start_server(connection, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    adapter = Provider(ProviderConfig(name="local", kind="local", base_url=url), client)
+    for _ in range(3):
+        events, error = await collect(adapter.events(REQUEST, "m", stream=True))
+        assert (error, events[-1]) == (None, Finish("stop"))
+        await asyncio.sleep(0.1)  # the terminator has come meanwhile
+    server.close()
+    assert accepted[0] == 1
+
+
 async def raw_upstream(answer: Callable[[asyncio.StreamWriter], Any]) -> tuple[asyncio.Server, str]:
     """A loopback server that reads one request and lets `answer` write whatever it likes."""
 
