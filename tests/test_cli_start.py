@@ -177,10 +177,15 @@ def holders(inodes: set[str]) -> set[str]:
     return found
 
 
-def test_the_sqlite_writer_process_does_not_hold_the_listening_socket(tmp_path: Path) -> None:
+def test_a_sqlite_gateway_holds_its_port_alone_and_a_sigterm_stop_exits_0_keeping_its_database(
+    tmp_path: Path,
+) -> None:
     """uvicorn's listening socket is inheritable and uvloop's spawn keeps it, so the SQLite writer
     (`catalog.sqlite_child`) held the port: once the server closed it to drain, new connections
-    were accepted and never answered, and a new server could not bind the port until the drain ended."""
+    were accepted and never answered, and a new server could not bind the port until the drain
+    ended. uvicorn re-raises the SIGTERM it handled after its shutdown: that killed the process
+    (-15), and once it exited 0 instead the start guard took the run for a failed start and removed
+    the SQLite database this start had created, the ledger and the keys with it."""
     config = write_config(tmp_path)
     with processes() as started:
         port = free_port()
@@ -189,19 +194,6 @@ def test_the_sqlite_writer_process_does_not_hold_the_listening_socket(tmp_path: 
         serve.wait_http(f"http://127.0.0.1:{port}/healthz")
         [holder] = holders(listening_inodes(port))
         assert holder.startswith(f"{sys.executable} -m app.cli serve")
-        assert serve.stop(signal.SIGTERM) == 0
-
-
-def test_a_sigterm_stop_exits_0_and_keeps_the_database_the_start_created(tmp_path: Path) -> None:
-    """uvicorn re-raises the SIGTERM it handled after its shutdown: that killed the process (-15),
-    and once it exited 0 instead the start guard took the run for a failed start and removed the
-    SQLite database this start had created, the ledger and the keys with it."""
-    config = write_config(tmp_path)
-    with processes() as started:
-        port = free_port()
-        args = ["serve", "--config", str(config), "--port", str(port)]
-        started.append(serve := Process(tmp_path, "serve", args, cli_env()))
-        serve.wait_http(f"http://127.0.0.1:{port}/healthz")
         assert serve.stop(signal.SIGTERM) == 0
     assert "ledger" in tables(tmp_path / "switchyard.db")
 

@@ -6,11 +6,6 @@ answering worker's own, so a scrape showed whichever worker answered."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
-
-import pytest
-from redis.asyncio import Redis
 
 from catalog.migrate import upgrade_async
 from tests.ledger_journal.conftest import with_port
@@ -19,21 +14,9 @@ from tests.support.cli import CATALOG, Process
 from tests.support.client import body, post
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.observe import metric, scrape
+from tests.support.redis_keys import REDIS_URL
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waiting import wait_until
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-@pytest.fixture
-async def prefix() -> AsyncIterator[str]:
-    client = Redis.from_url(REDIS_URL)
-    name = f"switchyard-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    keys = [key async for key in client.scan_iter(match=f"{name}:*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
 
 
 async def gauges(gw: GatewayHandle) -> tuple[float, float, float]:
@@ -44,7 +27,7 @@ async def gauges(gw: GatewayHandle) -> tuple[float, float, float]:
 
 
 async def test_both_workers_show_every_workers_pending_rows(
-    start_gateway: StartGateway, mock_upstream: tuple[int, list[Process]], pg_url: str, prefix: str
+    start_gateway: StartGateway, mock_upstream: tuple[int, list[Process]], pg_url: str, redis_prefix: str
 ) -> None:
     port, _ = mock_upstream
     await upgrade_async(pg_url)
@@ -54,7 +37,7 @@ async def test_both_workers_show_every_workers_pending_rows(
                 providers={"local": {"kind": "local", "base_url": f"http://127.0.0.1:{port}/v1"}},
                 catalog=CATALOG,
                 database_url=with_port(pg_url, proxy.port),
-                redis={"url": REDIS_URL, "key_prefix": prefix},
+                redis={"url": REDIS_URL, "key_prefix": redis_prefix},
             )
             for _ in range(2)
         ]

@@ -12,12 +12,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import socket
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from app.routing.failover import attempt_cause, transport_error
 from devtools.mock_http import Reply
@@ -263,17 +260,6 @@ async def test_a_failing_probe_is_logged_when_it_starts_failing_and_when_it_reco
 
 
 # -- another worker's breaker -----------------------------------------------------------------------
-
-
-@pytest.fixture
-async def redis_prefix() -> AsyncIterator[str]:
-    client = Redis.from_url("redis://127.0.0.1:6379/0")
-    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    keys = [key async for key in client.scan_iter(match=f"{prefix}:*")]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
 
 
 async def test_a_breaker_another_worker_opened_and_closed_is_logged_with_its_origin(
