@@ -298,11 +298,20 @@ class _Server(uvicorn.Server):
 class _Workers(Multiprocess):
     """uvicorn's supervisor of several workers, saying in the service's log when it replaced one
     that died (uvicorn says it at `info`, below the `warning` level it runs at: a worker killed
-    and restarted left no trace but a second `started` line)."""
+    and restarted left no trace but a second `started` line), and letting go of the port when it
+    stops them (`terminate_all`)."""
 
     def __init__(self, config: uvicorn.Config, sockets: list[socket.socket], writer: LineWriter) -> None:
         super().__init__(config, sockets=sockets)
         self.writer = writer  # the parent's log (`_announce`), flushed by each line here
+
+    def terminate_all(self) -> None:
+        """Close the parent's copy of the listening socket, then stop the workers: it kept the port
+        open through their drain, so new connections waited in the backlog and were never answered
+        instead of being refused (with one worker the listener closes at once)."""
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
 
     def keep_subprocess_alive(self) -> None:
         before = list(self.processes)

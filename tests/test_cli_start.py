@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from app.settings import (
     TimeoutSettings,
 )
 from tests.support.cli import REPO, Process, cli_env, processes, run_cli, tables, write_config
+from tests.support.client import COMPLETIONS, body
 from tests.support.ports import free_port
 
 SQLITE_FILES = ("switchyard.db", "switchyard.db-wal", "switchyard.db-shm", "switchyard.db-journal")
@@ -209,3 +211,27 @@ def test_ca_certificates_that_cannot_be_loaded_are_a_failed_start(tmp_path: Path
     assert (result.returncode, len(result.stderr.splitlines())) == (1, 1), result.stderr
     said = f"the CA certificates for https providers cannot be loaded (SSL_CERT_FILE={missing}"
     assert said in result.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_draining_service_refuses_new_connections(tmp_path: Path, workers: str) -> None:
+    """With several workers the parent kept its copy of the listening socket through the workers'
+    drain: new connections waited in the backlog, unanswered, until it exited."""
+    with processes() as started:
+        mock_port, port = free_port(), free_port()
+        mock_args = ["mock-upstream", "--port", str(mock_port), "--chunks", "20", "--chunk-delay-ms", "200"]
+        started.append(mock := Process(tmp_path, "mock", mock_args, cli_env()))
+        mock.wait_http(f"http://127.0.0.1:{mock_port}/health")
+        config = write_config(tmp_path, mock_port)
+        args = ["serve", "--config", str(config), "--port", str(port), "--workers", workers]
+        started.append(serve := Process(tmp_path, "serve", args, cli_env()))
+        base = f"http://127.0.0.1:{port}"
+        serve.wait_http(f"{base}/healthz")
+        with httpx.stream("POST", f"{base}{COMPLETIONS}", json=body("tiny", stream=True), timeout=20) as stream:
+            assert stream.status_code == 200
+            serve.popen.send_signal(signal.SIGTERM)  # a 4 s stream in flight: the drain lasts that long
+            time.sleep(0.5)
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(f"{base}/healthz", timeout=2.0)
+            assert b'"type":"finish"' in b"".join(stream.iter_bytes())  # the stream in flight completes
+        assert serve.popen.wait(timeout=20) == 0
