@@ -256,7 +256,7 @@ async def _stream_batches(
                 if parser.failed:
                     await _after_failed_finish(reads, sse, parser, min(FAILED_GRACE_S, deadline - loop.time()))
                     break
-        except (TimeoutError, httpx.TimeoutException):
+        except httpx.TimeoutException:
             if not parser.done:
                 raise
             # the answer had finished, then nothing (no `[DONE]`, no EOF): it ends as at EOF, whole;

@@ -366,6 +366,20 @@ async def test_first_byte_bounds_the_whole_head_not_each_read(client: Any) -> No
     assert 0.25 < elapsed < 1.0
 
 
+async def test_an_answer_many_times_the_pause_mark_is_read_whole(upstream: ReplayUpstream, client: Any) -> None:
+    """Reading pauses past `PAUSE_AT` unread bytes and resumes when the reader wants more: a whole
+    answer of 3 MiB (its reader takes it only once it is all in) passes the mark a dozen times and
+    ends as it should; a pause that never resumed ended it as a timeout."""
+    text = "y" * (3 << 20)
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+    upstream.enqueue(reply_json(200, answer))
+    adapter = provider(upstream, client, timeouts=Timeouts(first_byte=2.0))
+    events, error = await collect(adapter.events(REQUEST, "m", stream=False))
+    assert error is None
+    assert sum(len(event.text) for event in events if isinstance(event, TextDelta)) == 3 << 20
+    assert events[-1] == Finish("stop")
+
+
 async def test_a_reader_that_stopped_holds_the_upstream_back(client: Any) -> None:
     """The transport stops reading the socket past `PAUSE_AT` unread bytes until the answer's
     reader wants more: it read a fast upstream's whole answer into memory behind a reader that had
