@@ -43,6 +43,7 @@ import httpx
 
 from providers.config import ProviderConfig
 from providers.dialect import DIALECTS, Dialect, build_body
+from providers.dialing import Lookup
 from providers.errors import Failure, UpstreamError, classify_response, transport_error, upstream_errors
 from providers.events import Event
 from providers.openai_stream import OpenAIStreamParser
@@ -65,10 +66,11 @@ class UpstreamClient(httpx.AsyncClient):
         self.transport = transport
 
 
-def make_client(*, ssl_context: ssl.SSLContext | None = None) -> UpstreamClient:
+def make_client(*, ssl_context: ssl.SSLContext | None = None, lookup: Lookup | None = None) -> UpstreamClient:
     """The process-wide upstream client; build it in the app's lifespan and `aclose` it there.
-    `ssl_context` verifies https upstreams instead of the default context (certifi's CAs, as httpx)."""
-    return UpstreamClient(H1Transport(ssl_context))
+    `ssl_context` verifies https upstreams instead of the default context (certifi's CAs, as httpx);
+    `lookup` resolves host names instead of `getaddrinfo` (`providers.dialing`)."""
+    return UpstreamClient(H1Transport(ssl_context, lookup))
 
 
 class Provider:

@@ -7,10 +7,9 @@ transport spent about a fifth of the gateway's CPU per proxied request in its cl
 (host, port, TLS), and a reader of what an answer needs: a status line, headers, a body framed by
 `Content-Length`, `Transfer-Encoding: chunked` or the connection's end. TLS is asyncio's own
 (`create_connection(ssl=...)`: the handshake is part of the connect and its timeout), verified
-against certifi's CAs (as httpx) or the context the client was made with, never switched off. A host's
-addresses are tried in the resolver's order, within one `connect` timeout (uvloop has no happy
-eyeballs, which aiohttp had): one that refuses or has no route fails at once and the next is tried,
-but a host whose first address drops packets uses up the timeout.
+against certifi's CAs (as httpx) or the context the client was made with, never switched off. A
+new connection is dialled by `providers.dialing`: a host's addresses kept 10 s, tried a quarter of a
+second apart (happy eyeballs), the lookup, the attempts and the handshake within one `connect`.
 
 One transport for both schemes, so an answer means the same over either (https went to aiohttp,
 which read eight kinds of answer otherwise: README, tests/providers/test_tls.py).
@@ -46,11 +45,12 @@ import asyncio
 import re
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import httpx
 
+from providers.dialing import Dialer, Lookup, Opener
 from providers.response_head import ResponseHead
 from providers.upstream_connection import Connection
 
@@ -69,10 +69,11 @@ class H1Transport(httpx.AsyncBaseTransport):
     """The pool and the two entrances (module doc); `ssl_context` verifies `https://` upstreams
     (None: httpx's default, certifi's CAs unless `SSL_CERT_FILE` or `SSL_CERT_DIR` names others)."""
 
-    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None, lookup: Lookup | None = None) -> None:
         self._ssl = ssl_context  # made at the first TLS connection when not given (loading the CAs)
         self._idle: dict[_Key, deque[Connection]] = {}
         self._lingering: set[asyncio.Task[None]] = set()  # `linger`
+        self._dialer = Dialer(lookup)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -137,28 +138,33 @@ class H1Transport(httpx.AsyncBaseTransport):
             idle.append(conn)
 
     async def _connect(self, key: _Key, connect_s: float | None) -> Connection:
-        loop = asyncio.get_running_loop()
         host, port, tls = key
         try:
-            async with asyncio.timeout(connect_s):
-                if tls:
-                    if self._ssl is None:  # certifi's CAs, or SSL_CERT_FILE / SSL_CERT_DIR's: as httpx
-                        self._ssl = httpx.create_ssl_context()
-                    _, conn = await loop.create_connection(
-                        lambda: Connection(loop),
-                        host,
-                        port,
-                        ssl=self._ssl,
-                        server_hostname=host,
-                        ssl_handshake_timeout=connect_s,  # else asyncio's 60 s, whatever `connect` says
-                    )
-                else:
-                    _, conn = await loop.create_connection(lambda: Connection(loop), host, port)
+            async with asyncio.timeout(connect_s):  # the lookup, every attempt and TLS handshake
+                return await self._dialer.dial(host, port, self._opener(host, port, tls, connect_s))
         except TimeoutError as exc:
             raise httpx.ConnectTimeout("upstream connect timed out") from exc
         except OSError as exc:
-            raise httpx.ConnectError(f"upstream connection failed: {exc.strerror or type(exc).__name__}") from exc
-        return conn
+            raise httpx.ConnectError(f"upstream connection failed: {exc.strerror or exc}") from exc
+
+    def _opener(self, host: str, port: int, tls: bool, connect_s: float | None) -> Opener:
+        """Connects to one of `host`'s addresses; over TLS, the certificate is checked for `host`."""
+        loop = asyncio.get_running_loop()
+        if not tls:
+            return lambda address: _connected(loop.create_connection(lambda: Connection(loop), address, port))
+        if self._ssl is None:  # certifi's CAs, or SSL_CERT_FILE / SSL_CERT_DIR's: as httpx
+            self._ssl = httpx.create_ssl_context()
+        context = self._ssl
+        return lambda address: _connected(
+            loop.create_connection(
+                lambda: Connection(loop),
+                address,
+                port,
+                ssl=context,
+                server_hostname=host,
+                ssl_handshake_timeout=connect_s,  # else asyncio's 60 s, whatever `connect` says
+            )
+        )
 
     def linger(self, key: _Key, conn: Connection) -> None:
         """Pool `conn` once the chunked terminator that ends its stream has come, within `LINGER_S`;
@@ -194,6 +200,10 @@ class H1Transport(httpx.AsyncBaseTransport):
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+
+async def _connected(connecting: Coroutine[Any, Any, tuple[asyncio.BaseTransport, Connection]]) -> Connection:
+    return (await connecting)[1]
 
 
 def ending_begun(rest: bytes) -> bool:
