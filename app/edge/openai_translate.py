@@ -14,7 +14,8 @@ Mapping decisions (ingress.md; where it is silent, what OpenAI does):
 - string content is one text part; `system`/`developer` stay their own role; an assistant's
   `reasoning_content` becomes a thinking part before its text, `refusal` parts are text, tool
   calls keep their argument string verbatim (`raw_arguments`, parsed into `arguments` when JSON);
-  a `tool` message is one `tool_result` part;
+  a `tool` message is one `tool_result` part (its text parts joined by newlines, as a user
+  message's are on the way upstream: `providers.openai_request`);
 - `image_url` → image (https:// or data: URLs only), `input_audio` → audio (`wav` as audio/wav,
   `mp3` as audio/mpeg), `file` → document (`file_data` a data: URL or base64; `file_id`, an
   upload on OpenAI's side, cannot be served here: 400);
@@ -169,7 +170,7 @@ def _converted(message: wire.ChatMessage, index: int) -> Message:
 
 
 def _text(content: str | list[wire.TextContent]) -> str:
-    return content if isinstance(content, str) else "".join(part.text for part in content)
+    return content if isinstance(content, str) else "\n".join(part.text for part in content)
 
 
 def _text_parts(content: str | list[wire.TextContent]) -> list[ContentPart]:

@@ -88,7 +88,11 @@ async def test_conversation_async_client(aclient: openai.AsyncOpenAI, primary: R
                 }
             ],
         },
-        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": [{"type": "text", "text": "18C"}, {"type": "text", "text": "sunny"}],
+        },
     ]
 
     completion = await aclient.chat.completions.create(model="chat-1", messages=messages)
@@ -109,7 +113,7 @@ async def test_conversation_async_client(aclient: openai.AsyncOpenAI, primary: R
                 }
             ],
         },
-        {"role": "tool", "content": "18C", "tool_call_id": "call_1"},
+        {"role": "tool", "content": "18C\nsunny", "tool_call_id": "call_1"},  # text parts joined as the user's
     ]
 
 
