@@ -45,6 +45,13 @@ class ReasoningDelta(Struct, frozen=True):
     text: str
 
 
+class RefusalDelta(Struct, frozen=True):
+    """The model's refusal (OpenAI's `refusal`, in place of content): text to every client, and
+    OpenAI Chat's own `refusal` field at that door."""
+
+    text: str
+
+
 class ToolCallStart(Struct, frozen=True):
     key: int
     id: str
@@ -93,4 +100,14 @@ class Finish(Struct, frozen=True):
     stop_sequence: str | None = None  # the stop sequence that ended the answer, when the upstream said which
 
 
-Event = UpstreamMeta | TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgs | Logprobs | UsageReport | Finish
+Event = (
+    UpstreamMeta
+    | TextDelta
+    | ReasoningDelta
+    | RefusalDelta
+    | ToolCallStart
+    | ToolCallArgs
+    | Logprobs
+    | UsageReport
+    | Finish
+)

@@ -38,6 +38,7 @@ from providers.events import (
     Event,
     Logprobs,
     ReasoningDelta,
+    RefusalDelta,
     TextDelta,
     TokenLogprob,
     ToolCallArgs,
@@ -161,9 +162,9 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
                 events.append(TextDelta(text=content))
             else:
                 _parts(content, events)
-        if delta.refusal:  # relayed as text (the client reads why), and the finish is `content_filter`
+        if delta.refusal:  # the client reads why; the finish is `content_filter` (OpenAI Chat's door: `stop`)
             self._refused = True
-            events.append(TextDelta(text=delta.refusal))
+            events.append(RefusalDelta(text=delta.refusal))
         if delta.tool_calls:
             seen: list[_Call] = []  # the calls this list has named already
             for position, tool_delta in enumerate(delta.tool_calls):

@@ -47,7 +47,7 @@ import msgspec
 from msgspec import Struct
 
 from providers.errors import ErrorBody, Failure, UpstreamError, classify_error_chunk
-from providers.events import Event, Finish, ReasoningDelta, TextDelta, ToolCallArgs, UpstreamMeta
+from providers.events import Event, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallArgs, UpstreamMeta
 from providers.usage import OpenAIUsage, counts_tokens, openai_report
 
 _FINISH_REASONS = {
@@ -206,7 +206,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         assert held is not None
         mended: list[Event] = []
         for event in events:
-            if isinstance(event, TextDelta | ReasoningDelta | ToolCallArgs):
+            if isinstance(event, TextDelta | ReasoningDelta | RefusalDelta | ToolCallArgs):
                 channel = event.key if isinstance(event, ToolCallArgs) else type(event)
                 text = held.pop(channel, "") + (event.fragment if isinstance(event, ToolCallArgs) else event.text)
                 if text and "\ud800" <= text[-1] <= "\udbff":

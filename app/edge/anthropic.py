@@ -236,6 +236,9 @@ class AnthropicStream(StreamRenderer):
         self._prefix = fmt.delta_prefix(index, "thinking_delta", "thinking")
         return frames
 
+    def _refusal_delta(self, event: ev.RefusalDelta) -> bytes:
+        return b"".join((self._prefix, _encode(event.text), _DELTA_END))  # a text block's delta
+
     def _block_end(self, _event: ev.TextEnd | ev.ReasoningEnd) -> bytes:
         return self._close()
 
@@ -298,6 +301,7 @@ def _nothing(_stream: AnthropicStream, _event: ev.Logprobs) -> bytes:
 
 _RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {  # every event but the text deltas, which `render` writes itself
     ev.ToolCallDelta: AnthropicStream._tool_call_delta,
+    ev.RefusalDelta: AnthropicStream._refusal_delta,
     ev.Started: AnthropicStream._started,
     ev.TextStart: AnthropicStream._text_start,
     ev.TextEnd: AnthropicStream._block_end,

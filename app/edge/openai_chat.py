@@ -115,7 +115,7 @@ def completion_of(ctx: RequestContext, outcome: ev.Outcome, logprobs: bool) -> f
         index=0,
         message=message_of(outcome),
         logprobs=logprobs_of(outcome.logprobs) if logprobs and outcome.logprobs is not None else None,
-        finish_reason=outcome.finish_reason or "stop",
+        finish_reason=finish_reason_of(outcome),
     )
     return fmt.ChatCompletion(
         id=ctx.request_id,
@@ -126,13 +126,21 @@ def completion_of(ctx: RequestContext, outcome: ev.Outcome, logprobs: bool) -> f
     )
 
 
+def finish_reason_of(outcome: ev.Outcome) -> str:
+    """OpenAI's: a refusal finishes with `stop` (the canonical `content_filter` is the refusal's),
+    so the SDK's `parse()` returns it in `message.refusal` instead of raising."""
+    reason = outcome.finish_reason or "stop"
+    return "stop" if reason == "content_filter" and outcome.refusals else reason
+
+
 def message_of(outcome: ev.Outcome) -> fmt.AssistantOut:
     texts: list[str] = []
+    refusals: list[str] = []
     thoughts: list[str] = []
     calls: list[fmt.ToolCallOut] = []
     for part in outcome.message.content if outcome.message is not None else ():
         if isinstance(part, TextPart):
-            texts.append(part.data)
+            (refusals if any(part is refusal for refusal in outcome.refusals) else texts).append(part.data)
         elif isinstance(part, ThinkingPart):
             thoughts.append(part.data.text)
         elif isinstance(part, ToolCallPart):
@@ -145,7 +153,8 @@ def message_of(outcome: ev.Outcome) -> fmt.AssistantOut:
             calls.append(fmt.ToolCallOut(call.id, "function", fmt.FunctionOut(call.name, arguments)))
     return fmt.AssistantOut(
         role="assistant",
-        content="".join(texts) if texts or not calls else None,
+        content="".join(texts) if texts or not (calls or refusals) else None,
+        refusal="".join(refusals) if refusals else UNSET,
         tool_calls=calls or UNSET,
         reasoning_content="".join(thoughts) if thoughts else UNSET,
     )
@@ -189,6 +198,9 @@ class ChatStream(StreamRenderer):
     def _reasoning_delta(self, event: ev.ReasoningDelta) -> bytes:
         return self._chunks.reasoning(event.text)
 
+    def _refusal_delta(self, event: ev.RefusalDelta) -> bytes:
+        return self._chunks.refusal(event.text)
+
     def _tool_call_start(self, event: ev.ToolCallStart) -> bytes:
         if self._live_call is not None:
             return b""  # sent whole when it ends (`_tool_call_end`)
@@ -217,7 +229,7 @@ class ChatStream(StreamRenderer):
     def _outcome(self, outcome: ev.Outcome) -> bytes:
         if outcome.error is not None:
             return self.error(outcome.error)
-        last = self._chunks.finish(outcome.finish_reason or "stop")
+        last = self._chunks.finish(finish_reason_of(outcome))
         if self._include_usage and outcome.usage is not None:
             model, usage = outcome.model or "", usage_of(outcome)
             chunk = fmt.UsageChunk(id=self._ctx.request_id, created=self._created, model=model, usage=usage)
@@ -261,6 +273,7 @@ def _nothing(_stream: ChatStream, _event: object) -> bytes:
 
 _RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {  # every event but the text deltas, which `render` writes itself
     ev.ReasoningDelta: ChatStream._reasoning_delta,
+    ev.RefusalDelta: ChatStream._refusal_delta,
     ev.ToolCallDelta: ChatStream._tool_call_delta,
     ev.ToolCallStart: ChatStream._tool_call_start,
     ev.Started: ChatStream._started,

@@ -169,6 +169,7 @@ _NOT_STARTED = text_fmt.TextChunkBytes("", 0, "")  # replaced on `Started`, whic
 _TAIL = text_fmt.CHUNK_TAIL
 _encode = fmt.encoder.encode
 _RENDERERS: dict[type, Callable[[Any, Any], bytes]] = {  # `Logprobs` not asked for: nothing (`LogprobTextStream`)
+    ev.RefusalDelta: lambda stream, event: b"".join((stream._text, _encode(event.text), _TAIL)),  # text here
     ev.Started: TextStream._started,
     ev.Outcome: TextStream._outcome,
 }

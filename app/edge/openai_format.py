@@ -206,6 +206,7 @@ class ToolCallOut(Struct):
 class AssistantOut(Struct):
     role: str
     content: str | None
+    refusal: str | UnsetType = UNSET
     tool_calls: list[ToolCallOut] | UnsetType = UNSET
     reasoning_content: str | UnsetType = UNSET
 
@@ -349,6 +350,9 @@ class ChunkBytes:
 
     def reasoning(self, text: str) -> bytes:
         return self._head + b'{"reasoning_content":' + _encode(text) + CHUNK_TAIL
+
+    def refusal(self, text: str) -> bytes:
+        return self._head + b'{"refusal":' + _encode(text) + CHUNK_TAIL
 
     def tool_call_start(self, index: int, call_id: str, name: str) -> bytes:
         start = b'{"tool_calls":[{"index":%d,"id":' % index + _encode(call_id)

@@ -160,7 +160,12 @@ def _tool_call_end(_stream: UnifiedStream, event: ev.ToolCallEnd) -> bytes:
     return fmt.frame(fmt.ToolCallEnd(view))
 
 
+def _refusal_delta(stream: UnifiedStream, event: ev.RefusalDelta) -> bytes:
+    return fmt.frame(fmt.TextDelta(stream._text_id, event.text))  # api.md has no refusal: it is text
+
+
 _RENDERERS: dict[type, Callable[[UnifiedStream, Any], bytes]] = {  # every event but the text deltas (`render`)
+    ev.RefusalDelta: _refusal_delta,
     ev.ReasoningDelta: _reasoning_delta,
     ev.Started: UnifiedStream._started,
     ev.TextStart: UnifiedStream._text_start,

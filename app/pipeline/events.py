@@ -6,6 +6,8 @@ Anthropic events); a non-streaming response is rendered from the `Outcome` alone
     Started                     the answer is committed to a backend (its first content arrived)
     TextStart(index)            a text block opens; `index` counts text blocks from 0
     TextDelta(text)             text for the open text block   (providers.events.TextDelta)
+    RefusalDelta(text)          the model's refusal, for the open text block: text to every door
+                                but OpenAI Chat's, which sends its `refusal` (providers.events)
     TextEnd(index, text)        the block closes; `text` is the whole block
     ReasoningStart              a reasoning block opens
     ReasoningDelta(text)        reasoning for the open block   (providers.events.ReasoningDelta)
@@ -32,9 +34,10 @@ from app.errors import GatewayError
 from catalog.records import CostSource, LedgerStatus
 from providers.events import Logprobs as Logprobs
 from providers.events import ReasoningDelta as ReasoningDelta
+from providers.events import RefusalDelta as RefusalDelta
 from providers.events import TextDelta as TextDelta
 from providers.events import TokenLogprob, Usage
-from providers.types import Message, ToolCallData
+from providers.types import Message, TextPart, ToolCallData
 
 StopReason = Literal["end_turn", "max_tokens", "tool_calls", "content_filter"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
@@ -149,6 +152,7 @@ class Outcome(Struct, kw_only=True):
     upstream_model: str | None = None
     upstream_request_id: str | None = None
     message: Message | None = None
+    refusals: tuple[TextPart, ...] = ()  # the message's text parts that are the model's refusal
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None  # the stop string that ended a `stop`, when the upstream named it
     logprobs: list[TokenLogprob] | None = None  # when the request asked and the upstream gave them
@@ -168,6 +172,7 @@ Event = (
     Started
     | TextStart
     | TextDelta
+    | RefusalDelta
     | TextEnd
     | ReasoningStart
     | ReasoningDelta

@@ -27,7 +27,7 @@ from providers import events as ev
 from providers.types import ContentPart, Message, TextPart, ThinkingData, ThinkingPart, ToolCallData, ToolCallPart
 
 _json_decoder = msgspec.json.Decoder()
-_DeltaKind = type[ev.TextDelta] | type[ev.ReasoningDelta]
+_DeltaKind = type[ev.TextDelta] | type[ev.ReasoningDelta] | type[ev.RefusalDelta]
 _FINISH_REASONS = frozenset(("stop", "length", "tool_calls", "content_filter"))
 
 
@@ -52,6 +52,7 @@ class Fold:
         "logprobs",
         "out",
         "parts",
+        "refusals",
         "relayed_output",
         "relayed_reasoning",
         "stop_sequence",
@@ -70,7 +71,8 @@ class Fold:
         self.logprobs: list[ev.TokenLogprob] | None = None
         self.relayed_output = 0
         self.relayed_reasoning = 0
-        self._block: type[ev.TextDelta] | type[ev.ReasoningDelta] | None = None
+        self.refusals: list[TextPart] = []  # the text parts made of refusal deltas (`out.Outcome.refusals`)
+        self._block: _DeltaKind | None = None
         self._block_parts: list[str] = []
         self._texts = 0
         self._calls: dict[int, _Call] = {}
@@ -79,7 +81,7 @@ class Fold:
         """One adapter event into the message. Dispatched by exact type, the per-chunk deltas
         first: the events are final Structs (`providers.types.MEDIA_PARTS` on why not `isinstance`)."""
         kind = type(event)
-        if kind is ev.TextDelta or kind is ev.ReasoningDelta:
+        if kind is ev.TextDelta or kind is ev.ReasoningDelta or kind is ev.RefusalDelta:
             if event.text:  # type: ignore[union-attr]
                 self._delta(event, kind)  # type: ignore[arg-type]
         elif type(event) is ev.ToolCallStart:
@@ -109,17 +111,18 @@ class Fold:
         elif type(event) is ev.UpstreamMeta:
             self.upstream_request_id = event.upstream_request_id
 
-    def _delta(self, event: ev.TextDelta | ev.ReasoningDelta, kind: _DeltaKind) -> None:
+    def _delta(self, event: ev.TextDelta | ev.ReasoningDelta | ev.RefusalDelta, kind: _DeltaKind) -> None:
+        """A delta into its block; a refusal is a text block of its own (text and a refusal never share one)."""
         if self._block is not kind:
             self._close_block()
             self._block = kind
             if self.emit:
-                self.out.append(out.TextStart(self._texts) if kind is ev.TextDelta else out.ReasoningStart())
+                self.out.append(out.ReasoningStart() if kind is ev.ReasoningDelta else out.TextStart(self._texts))
         self._block_parts.append(event.text)
-        if kind is ev.TextDelta:
-            self.relayed_output += 1
-        else:
+        if kind is ev.ReasoningDelta:
             self.relayed_reasoning += 1
+        else:
+            self.relayed_output += 1
         if self.emit:
             self.out.append(event)
 
@@ -128,8 +131,11 @@ class Fold:
             return
         text = "".join(self._block_parts)
         self._block_parts = []
-        if self._block is ev.TextDelta:
-            self.parts.append(TextPart(text))
+        if self._block is not ev.ReasoningDelta:
+            part = TextPart(text)
+            self.parts.append(part)
+            if self._block is ev.RefusalDelta:
+                self.refusals.append(part)
             if self.emit:
                 self.out.append(out.TextEnd(self._texts, text))
             self._texts += 1

@@ -29,11 +29,10 @@ The flow is one direction:
                        logged and the key's reservation settled to the real cost — so success,
                        upstream error and client cancellation all leave exactly one row.
 
-Errors before the answer starts are raised (`GatewayError`): each ingress renders them as an
-ordinary HTTP error in its own shape. `ctx.deadline` bounds the loop: queue waits and attempts
-before the first content. A cancelled request (the client went away) is recorded `cancelled`;
-when its upstream never reported usage, the ledger gets the prompt's estimate and the deltas
-already relayed, marked `usage_estimated` (app/pipeline/estimate.py).
+Errors before the answer starts are raised (`GatewayError`): each ingress renders them as an ordinary HTTP error in
+its own shape. `ctx.deadline` bounds the loop: queue waits and attempts before the first content. A cancelled request
+(the client went away) is recorded `cancelled`; when its upstream never reported usage, the ledger gets the prompt's
+estimate and the deltas already relayed, marked `usage_estimated` (app/pipeline/estimate.py).
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ from providers.errors import Failure, UpstreamError
 from providers.timers import deadline_at
 from providers.types import AnyRequest, Message
 
-_CONTENT = frozenset((ev.TextDelta, ev.ReasoningDelta, ev.ToolCallStart, ev.ToolCallArgs, ev.Finish))  # by exact type
+_CONTENT = frozenset((ev.TextDelta, ev.ReasoningDelta, ev.RefusalDelta, ev.ToolCallStart, ev.ToolCallArgs, ev.Finish))
 Upstream = AsyncGenerator[list[ev.Event], None]  # the adapter's batches (`Provider.batches`)
 
 
@@ -346,6 +345,7 @@ class Pipeline:
             upstream_model=backend.upstream_model if backend is not None else None,
             upstream_request_id=fold.upstream_request_id if fold is not None else None,
             message=run.message,
+            refusals=tuple(fold.refusals) if fold is not None else (),
             finish_reason=(finish := fold.final_finish_reason() if fold is not None else None),
             stop_sequence=fold.stop_sequence if fold is not None and finish == "stop" else None,
             logprobs=fold.logprobs if fold is not None else None,

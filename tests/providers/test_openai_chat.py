@@ -15,6 +15,7 @@ from providers.events import (
     Event,
     Finish,
     ReasoningDelta,
+    RefusalDelta,
     TextDelta,
     ToolCallArgs,
     ToolCallStart,
@@ -720,14 +721,15 @@ def test_no_tool_choice_without_tools(tools: list[Any] | None, mode: str) -> Non
     assert "tools" not in body_of(req, LOCAL)
 
 
-def test_a_refusal_is_text_and_a_content_filter_finish() -> None:
-    """OpenAI's `refusal` (structured outputs): the reason is relayed as text, and the answer did
-    not end cleanly — `content_filter` (Anthropic's door says `refusal`), whole and streamed."""
+def test_a_refusal_is_its_own_delta_and_a_content_filter_finish() -> None:
+    """OpenAI's `refusal` (structured outputs): the reason is relayed (text at every door but OpenAI
+    Chat's, which sends `refusal`), and the answer did not end cleanly — `content_filter`
+    (Anthropic's door says `refusal`; OpenAI Chat's `stop`, as OpenAI), whole and streamed."""
     whole = {"choices": [{"message": {"content": None, "refusal": "I can't help."}, "finish_reason": "stop"}]}
     refused = ChatStreamParser().parse_whole(msgspec.json.encode(whole))
-    assert refused == [TextDelta("I can't help."), Finish("content_filter")]
+    assert refused == [RefusalDelta("I can't help."), Finish("content_filter")]
     streamed = feed(chunk({"refusal": "I can't"}), chunk({"refusal": " help."}), chunk(finish="stop"), "[DONE]")
-    assert streamed == [TextDelta("I can't"), TextDelta(" help."), Finish("content_filter")]
+    assert streamed == [RefusalDelta("I can't"), RefusalDelta(" help."), Finish("content_filter")]
 
 
 def test_only_choice_0_is_the_answer_in_a_stream_as_in_a_whole_answer() -> None:
