@@ -98,7 +98,7 @@ class UpstreamError(Exception):
         return f"UpstreamError({self.kind.value}, status={self.status}, code={self.code!r})"
 
 
-MAX_RETRY_AFTER = 300.0  # seconds: the longest an upstream's hint may keep a backend out
+MAX_RETRY_AFTER = 86_400.0  # seconds: a hint past a day is read as a day (`inf`); `max_cooldown_s` caps the rest
 _MESSAGE_LIMIT = 2000
 _QUOTA_CODES = frozenset({"insufficient_quota", "budget_exceeded", "billing_hard_limit_reached"})
 _CLIENT_STATUSES = frozenset({400, 404, 413, 422})
@@ -208,7 +208,9 @@ def _detail_message(detail: Any) -> str:
 
 def retry_after_from(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
     """Seconds to wait, from `Retry-After` (seconds or HTTP-date) or the `x-ratelimit-reset*`
-    family (`1s`, `6m0s`, `20ms`, plain seconds, or epoch seconds), capped at MAX_RETRY_AFTER.
+    family (`1s`, `6m0s`, `20ms`, plain seconds, or epoch seconds), capped at MAX_RETRY_AFTER (the
+    provider's `max_cooldown_s` caps the cool-down it makes: `app.routing.failover`). A negative
+    number is no hint (RFC 9110's delay is digits); a date already past is 0.
     Header names must be lower-case. Of several reset headers, those whose `remaining` is 0 win;
     the longest of them is taken."""
     current = time.time() if now is None else now
@@ -228,7 +230,7 @@ def _retry_after_value(value: str, now: float) -> float | None:
     except ValueError:
         pass
     else:  # `nan` passed the cap (no comparison holds) and cooled nothing; `inf` is capped as any
-        return None if math.isnan(number) else number
+        return None if math.isnan(number) or number < 0 else number
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

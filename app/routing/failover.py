@@ -35,7 +35,7 @@ from app.errors import AllBackendsFailed, AtCapacity, GatewayError, NoBackendAva
 from app.metrics import Metrics
 from app.routing.router import Backend
 from app.routing.state import CoolReason
-from providers.errors import MALFORMED, MAX_RETRY_AFTER, Failure, UpstreamError, transport_error, wrapped
+from providers.errors import MALFORMED, Failure, UpstreamError, transport_error, wrapped
 
 
 class Candidates:
@@ -124,7 +124,7 @@ def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Met
         log_attempt(log, backend, exc, None)
     elif exc.kind is Failure.CAPACITY:
         hint = exc.retry_after if exc.retry_after is not None else policy.capacity_cooldown_s
-        cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s, MAX_RETRY_AFTER), "capacity", metrics)
+        cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s), "capacity", metrics)
         log_attempt(log, backend, exc, cooled)
     elif exc.kind is Failure.AUTH and exc.status == 403:
         _forbidden(backend, exc, now, metrics, log)

@@ -56,7 +56,7 @@ RECORDED = {
         429,
         "insufficient_quota",
         "upstream returned 429",
-        300.0,
+        360.0,
     ),
 }
 
@@ -115,14 +115,15 @@ def test_client_message_shapes() -> None:
         ({"retry-after": "Wed, 21 Oct 2026 07:28:00 GMT"}, 30.0),
         ({"retry-after": "Wed, 21 Oct 2026 07:00:00 GMT"}, 0.0),
         ({"retry-after": "99999"}, MAX_RETRY_AFTER),
-        ({"retry-after": "-3"}, 0.0),
+        ({"retry-after": "-3"}, None),  # no delay-seconds (RFC 9110): the default cool-down, not none
+        ({"retry-after": "900"}, 900.0),  # past 5 minutes: `max_cooldown_s` caps it, not the reading
         ({"retry-after": "soon"}, None),
         ({"retry-after": "nan"}, None),  # not a hint: the default cool-down, not none at all
         ({"retry-after": "inf"}, MAX_RETRY_AFTER),
         ({"x-ratelimit-reset": "NaN"}, None),
         ({"retry-after": "nan", "x-ratelimit-reset-requests": "4s"}, 4.0),
         ({"x-ratelimit-reset-requests": "1s"}, 1.0),
-        ({"x-ratelimit-reset-requests": "6m0s"}, 300.0),
+        ({"x-ratelimit-reset-requests": "6m0s"}, 360.0),
         ({"x-ratelimit-reset-requests": "1m30s"}, 90.0),
         ({"x-ratelimit-reset-tokens": "20ms"}, 0.02),
         ({"x-ratelimit-reset-tokens": "1.5s"}, 1.5),

@@ -124,6 +124,7 @@ def _http_date_in(seconds: float) -> dict[str, str]:
             id="x-ratelimit-exhausted-family-wins",
         ),
         pytest.param(lambda: load_transcript("primalabs_429_no_body"), 3.5, 4.0, id="no-hint-capacity-cooldown"),
+        pytest.param(lambda: error(429, "rate_limit_error", {"retry-after": "-5"}), 3.5, 4.0, id="negative-is-no-hint"),
         pytest.param(lambda: error(429, "rate_limit_error", {"retry-after": "86400"}), 29.5, 30.0, id="capped"),
     ],
 )
@@ -152,6 +153,23 @@ async def test_429_reset_hints_set_the_cool_down(
     first, second = await gw.ledger_rows()
     assert row_view(first) == ("ok", None, None, 2, "beta")
     assert row_view(second) == ("ok", None, None, 1, "beta")
+
+
+@pytest.mark.parametrize(
+    "headers", [{"retry-after": "900"}, {"x-ratelimit-reset-requests": "15m0s", "x-ratelimit-remaining-requests": "0"}]
+)
+async def test_a_hint_past_five_minutes_is_honoured_up_to_max_cooldown_s(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, headers: dict[str, str]
+) -> None:
+    """`max_cooldown_s` is the cap (config.example.toml: "Retry-After included"): a fixed 300 s
+    cap under it sent requests back to an upstream that had asked for 15 minutes after 5."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta}, common={"max_cooldown_s": 3600})
+    alpha.enqueue(error(429, "rate_limit_error", headers))
+    beta.enqueue(answer())
+    assert (await complete(gw)).json()["provider"] == "beta"
+    state = (await deployments(gw))["alpha"]
+    assert (state["ready"], state["cooling_reason"]) == (False, "capacity")
+    assert 899.0 < seconds_until(state["cooling_until"]) <= 900.0
 
 
 async def test_every_backend_429_is_429_with_the_soonest_retry_after_then_no_upstream_request(
