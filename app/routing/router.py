@@ -73,21 +73,21 @@ class ProviderRuntime:
 
 
 class Backend:
+    """One catalog model's deployment on a provider. Its `state` (capacity, queue, cool-down,
+    breaker) is the upstream model's on that provider: providers.md's backend is "a provider
+    serving one upstream model", so two catalog models deployed to the same one share it
+    (`Router.replace_snapshot`)."""
+
     __slots__ = ("model_id", "priority", "provider", "state", "upstream_model")
 
-    def __init__(self, provider: ProviderRuntime, model_id: str, upstream_model: str, priority: int) -> None:
+    def __init__(
+        self, provider: ProviderRuntime, model_id: str, upstream_model: str, priority: int, state: BackendState
+    ) -> None:
         self.provider = provider
         self.model_id = model_id
         self.upstream_model = upstream_model
         self.priority = priority
-        policy = provider.policy
-        self.state = BackendState(
-            limit=policy.max_concurrency,
-            max_queue=policy.max_queue,
-            window=policy.breaker_window,
-            min_samples=policy.breaker_min_samples,
-            ratio=policy.breaker_error_ratio,
-        )
+        self.state = state
 
     @property
     def name(self) -> str:
@@ -95,6 +95,17 @@ class Backend:
 
     def ready(self, now: float) -> bool:
         return self.provider.state.ready and self.state.healthy(now)
+
+
+def new_state(provider: ProviderRuntime) -> BackendState:
+    policy = provider.policy
+    return BackendState(
+        limit=policy.max_concurrency,
+        max_queue=policy.max_queue,
+        window=policy.breaker_window,
+        min_samples=policy.breaker_min_samples,
+        ratio=policy.breaker_error_ratio,
+    )
 
 
 class Route:
@@ -116,6 +127,7 @@ class Router:
     def __init__(self, snapshot: CatalogSnapshot, providers: Mapping[str, ProviderRuntime]) -> None:
         self.providers = providers
         self.by_key: dict[BackendKey, Backend] = {}
+        self._states: dict[tuple[str, str], BackendState] = {}  # (provider, upstream model), kept for good
         self._backends: dict[str, list[Backend]] = {}
         self._names: dict[str, tuple[str, ...]] = {}  # per model: its backends' provider names
         self.snapshot = snapshot
@@ -125,7 +137,9 @@ class Router:
         """Route by `snapshot` from now on (a catalog changed by `switchyard catalog sync` while
         serving, `app.catalog_watch`). A deployment still in it keeps its backend, live state
         (cool-down, breaker, in-flight count) and all, with the new priority; one that is gone
-        takes no new requests; a new one starts fresh."""
+        takes no new requests. The state is the provider's upstream model's (`Backend`), kept
+        for the router's life: a deployment that comes back, or a new model on an upstream model
+        already served, finds the requests still in flight there and any cool-down or breaker."""
         kept = self.by_key
         by_key: dict[BackendKey, Backend] = {}
         backends: dict[str, list[Backend]] = {}
@@ -137,7 +151,11 @@ class Router:
                 key = (d.provider, entry.id, d.upstream_model)
                 backend = kept.get(key)
                 if backend is None:
-                    backend = Backend(self.providers[d.provider], entry.id, d.upstream_model, d.priority)
+                    provider = self.providers[d.provider]
+                    state = self._states.get((d.provider, d.upstream_model))
+                    if state is None:
+                        state = self._states[(d.provider, d.upstream_model)] = new_state(provider)
+                    backend = Backend(provider, entry.id, d.upstream_model, d.priority, state)
                 backend.priority = d.priority
                 found.append(by_key.setdefault(key, backend))
             found.sort(key=lambda b: (b.priority, b.provider.config.priority), reverse=True)
