@@ -28,6 +28,7 @@ from app.settings import ConfigError, Settings
 from catalog.database import open_engine
 from catalog.files import CatalogFileError, load_catalog
 from catalog.keys import (
+    AMOUNT,
     KEY_ID,
     KeyChanges,
     KeyRecord,
@@ -207,6 +208,8 @@ def _changes(args: argparse.Namespace) -> KeyChanges:
 
 
 def _amount(text: str) -> Decimal:
+    if not AMOUNT.fullmatch(text):  # Decimal() reads '5_0' as 50
+        raise ValueError(f"--budget-usd: '{text}' is not an amount (digits, a point and digits: 25 or 25.50)")
     try:
         return Decimal(text)
     except InvalidOperation:

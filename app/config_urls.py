@@ -40,6 +40,8 @@ def database_url_problem(url: str) -> str | None:
     database = parts.path.removeprefix("/")
     if url.startswith("sqlite") and (parts.netloc or not database):
         return f"{DATABASE_FORM} (a file path after the third slash)"
+    if url.startswith("sqlite") and (database == ":memory:" or "mode=memory" in parts.query):
+        return "an in-memory SQLite database is gone with its connection: the ledger, keys and catalog need a file"
     if not database:  # the driver would pick one (the user's name): never a Switchyard database by chance
         return f"{DATABASE_FORM} (it names no database)"
     return _arguments_problem(url, parts.query)

@@ -223,6 +223,7 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
             _refuse(url_problem(checked.base_url, base=True), source, f"providers.{name}.base_url")
     settings = _convert(raw, Settings, source, "")
     _refuse(database_url_problem(settings.database.url), source, "database.url")
+    _refuse(env_name_problem(settings.auth.admin_key_env), source, "auth.admin_key_env")
     if settings.catalog.files == []:  # a sync would empty the catalog: every model gone
         message = "an empty list names no catalog (leave the key out for the catalog bundled with the package)"
         raise ConfigError(f"{source}: catalog.files: {message}")
@@ -249,6 +250,16 @@ def _check_provider(entry: ProviderSettings, source: str, name: str) -> None:
         raise ConfigError(f"{source}: providers.{name}.breaker_min_samples: {message}")
     if entry.api_key_env is not None and not entry.api_key_env.strip():
         raise ConfigError(f"{source}: providers.{name}.api_key_env: names no variable (leave it out for no key)")
+    _refuse(env_name_problem(entry.api_key_env), source, f"providers.{name}.api_key_env")
+
+
+def env_name_problem(name: str | None) -> str | None:
+    """A secret is named by its environment variable, never written in the config (config.md): a
+    value that is no variable's name (a pasted key, most likely) is refused without being repeated
+    (it was logged as "key variable <the secret> is unset")."""
+    if name is None or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        return None
+    return "is not an environment variable's name (letters, digits and _): name the variable that holds the secret"
 
 
 def _check_gpu_hour(entry: ProviderSettings, source: str, name: str) -> None:

@@ -288,6 +288,9 @@ def load_catalog(patterns: Sequence[str] | None, base_dir: Path) -> CatalogFile:
         except (OSError, UnicodeDecodeError) as exc:
             raise CatalogFileError(f"{where}: cannot read: {exc}") from None
         parts.append((where, parse_catalog(text, where)))
+    if not any(part.models for _, part in parts):  # as `files = []`: a sync would remove every model
+        named = ", ".join(where for where, _ in parts)
+        raise CatalogFileError(f"catalog.files: {named} define no model: a sync would empty the catalog")
     return validate_catalog(parts)
 
 

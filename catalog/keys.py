@@ -250,6 +250,7 @@ def parse_expires(text: str) -> datetime:
         raise ValueError(f"expires: '{text[:64]}' is out of range") from None
 
 
+AMOUNT = re.compile(r"[0-9]+(?:\.[0-9]+)?")  # a budget as text: Decimal() also took '5_0' (50), ' 5', '1e3'
 MIN_BUDGET = Decimal("0.000000001")  # a nano-dollar: the unit limits count in
 MAX_BUDGET = Decimal(9_000_000)  # Redis counts nano-dollars in doubles, exact up to 2**53 (about $9.007 million)
 MAX_LIMIT = 2**31 - 1  # rpm, tpm, max_concurrency: INTEGER columns

@@ -92,6 +92,11 @@ def test_a_downgrade_to_a_revision_that_does_not_exist_exits_2_naming_it(tmp_pat
             'kind = "primalabs"\nbase_url = "http://h/v1"\napi_key_env = ""',
             "providers.x.api_key_env: names no variable (leave it out for no key)",
         ),
+        (  # a key pasted in place of its variable's name: logged as "key variable <the key> is unset"
+            'kind = "fastrun"\nbase_url = "https://h/v1"\napi_key_env = "fr-live-Pasted0Secret"',
+            "providers.x.api_key_env: is not an environment variable's name (letters, digits and _): "
+            "name the variable that holds the secret",
+        ),
         (  # the paths are appended to it: POST /v1?x=1/chat/completions
             'kind = "local"\nbase_url = "http://h/v1?x=1"',
             "providers.x.base_url: must not hold a query or a fragment (`?`, `#`)",
@@ -106,6 +111,18 @@ def test_a_provider_setting_that_would_do_nothing_exits_2_naming_it(tmp_path: Pa
     config = write_config(tmp_path, extra=f"\n[providers.x]\n{extra}\n")
     result = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
     assert (result.returncode, result.stdout, result.stderr) == (2, "", f"switchyard: {config}: {message}\n")
+
+
+@pytest.mark.parametrize("value", ["sy-AdminSecretPasted", ""])
+def test_an_admin_key_env_that_names_no_variable_exits_2_without_repeating_it(tmp_path: Path, value: str) -> None:
+    config = write_config(tmp_path, extra=f'\n[auth]\nadmin_key_env = "{value}"\n')
+    result = run_cli(tmp_path, "keys", "list", "--config", str(config))
+    message = "is not an environment variable's name (letters, digits and _): name the variable that holds the secret"
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2,
+        "",
+        f"switchyard: {config}: auth.admin_key_env: {message}\n",
+    )
 
 
 def test_a_redis_url_keeps_its_query_arguments(tmp_path: Path) -> None:
@@ -123,6 +140,14 @@ def test_a_redis_url_keeps_its_query_arguments(tmp_path: Path) -> None:
         ("postgresql+asyncpg://u@/db?host=/var/run/postgresql", None),
         ("sqlite+aiosqlite:///x.db?uri=true&mode=ro", None),  # SQLite's own URI arguments
         ("sqlite+aiosqlite:///x.db?uri=false&mode=ro", "the driver takes no argument 'mode'"),  # not a URI: ignored
+        (
+            "sqlite+aiosqlite:///:memory:",
+            "an in-memory SQLite database is gone with its connection: the ledger, keys and catalog need a file",
+        ),
+        (
+            "sqlite+aiosqlite:///x.db?uri=true&mode=memory",
+            "an in-memory SQLite database is gone with its connection: the ledger, keys and catalog need a file",
+        ),
     ],
 )
 def test_database_url_arguments_users_write(url: str, problem: str | None) -> None:

@@ -33,6 +33,7 @@ from app.errors import InvalidRequest, NotFound, clip
 from app.service import Service
 from catalog.exact_sum import decimal_text
 from catalog.keys import (
+    AMOUNT,
     KEY_ID,
     BudgetPeriod,
     KeyChanges,
@@ -67,12 +68,18 @@ class KeyInput(Struct, forbid_unknown_fields=True):
     expires: str | UnsetType | None = UNSET
 
 
+class _BudgetText(Struct):
+    budget_usd: msgspec.Raw | UnsetType = UNSET
+
+
 _decode_input = msgspec.json.Decoder(KeyInput).decode
+_decode_budget = msgspec.json.Decoder(_BudgetText).decode
 
 
 def _changes(body: bytes, current: KeyRecord | None = None) -> KeyChanges:
     try:
         given = _decode_input(body or b"{}")
+        _check_budget_text(body)
         expires = given.expires
         changes = KeyChanges(
             name=given.name,
@@ -98,6 +105,16 @@ def _changes(body: bytes, current: KeyRecord | None = None) -> KeyChanges:
     except ValueError as exc:  # `checked` and `parse_expires` start their message with the option
         option = str(exc).partition(":")[0]
         raise InvalidRequest(f"invalid key: {exc}", param=option if option in _OPTIONS else None) from None
+
+
+def _check_budget_text(body: bytes) -> None:
+    """A budget given as a string is digits with an optional fraction (`"25.50"`): msgspec reads a
+    string with `Decimal()`, which took `"5_0"` for 50 and `" 5"` for 5. A JSON number is exact."""
+    raw = _decode_budget(body or b"{}").budget_usd
+    if isinstance(raw, msgspec.Raw) and bytes(raw).startswith(b'"'):
+        text = msgspec.json.decode(raw, type=str)
+        if not AMOUNT.fullmatch(text):
+            raise ValueError(f"budget_usd: '{clip(text)}' is not an amount (digits, a point and digits: 25 or 25.50)")
 
 
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(.*)`(?: - at `\$`)?$", re.DOTALL)

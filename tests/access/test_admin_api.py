@@ -83,6 +83,8 @@ async def test_only_the_admin_key_manages_keys(gw: GatewayHandle, make_key: Make
         ({"name": "x", "models": ["chat", "nosuch"]}, "invalid key: models: unknown model 'nosuch'"),
         ({"name": "x", "budget_usd": "0.0000000000001"}, "invalid key: budget_usd: must be at least 0.000000001"),
         ({"name": "x", "budget_usd": "1", "budget_period": None}, "invalid key: budget_period: a budget needs"),
+        ({"name": "x", "budget_usd": "5_0"}, "invalid key: budget_usd: '5_0' is not an amount"),  # it was 50
+        ({"name": "x", "budget_usd": " 5"}, "invalid key: budget_usd: ' 5' is not an amount"),
     ],
 )
 async def test_a_key_is_refused_what_it_could_never_use(

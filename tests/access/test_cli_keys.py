@@ -108,6 +108,10 @@ def test_create_json_and_bad_options(tmp_path: Path) -> None:
         2,
         "switchyard: --max-concurrency: '\u00b3' is not a whole number\n",
     )
+    for loose in ("5_0", " 5", "1e3"):  # Decimal() read them as 50, 5 and 1000
+        result = run_cli(tmp_path, "keys", "create", "--name", "b", "--budget-usd", loose, "--config", config)
+        message = f"switchyard: --budget-usd: '{loose}' is not an amount (digits, a point and digits: 25 or 25.50)\n"
+        assert (result.returncode, result.stderr) == (2, message)
     blank = run_cli(tmp_path, "keys", "create", "--name", " ", "--config", config)
     assert (blank.returncode, blank.stderr) == (2, "switchyard: name: must not be empty\n")
     budget = json.loads(_keys(tmp_path, "create", "--name", "b", "--budget-usd", "1", "--format", "json"))

@@ -225,6 +225,16 @@ def test_pattern_matching_nothing(tmp_path: Path) -> None:
     assert caught.value.message == f"catalog.files: 'catalog/*.toml' matches no file under {tmp_path}"
 
 
+@pytest.mark.parametrize("text", ["", "# prices come later\n"])
+def test_files_that_define_no_model_are_refused(tmp_path: Path, text: str) -> None:
+    """Synced, they removed every model (`models_removed: 5`), and every request was an unknown model."""
+    write(tmp_path, "catalog/empty.toml", text)
+    with pytest.raises(CatalogFileError) as caught:
+        load_catalog(["catalog/*.toml"], tmp_path)
+    message = "catalog.files: catalog/empty.toml define no model: a sync would empty the catalog"
+    assert caught.value.message == message
+
+
 def test_absolute_pattern(tmp_path: Path) -> None:
     write(tmp_path, "x/models.toml", MODEL)
     catalog = load_catalog([str(tmp_path / "x" / "*.toml")], Path("/nonexistent"))
