@@ -87,6 +87,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as exc:
         print(f"switchyard: {exc}", file=sys.stderr)
         return 2
+    problem = unshared_limit(settings, changes) if changes is not None else None
+    if problem is not None:
+        option, _, detail = problem.partition(": ")
+        print(f"switchyard: --{option.replace('_', '-')}: {detail}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_run(args, settings, changes))
     except ValueError as exc:
@@ -106,6 +111,24 @@ def check_shared_limits(settings: Settings, keys: Iterable[KeyRecord]) -> None:
             f"{processes} processes (server.workers x server.replicas) and API keys with limits "
             f"({', '.join(limited[:3])}) need [redis]: limits must be shared to hold"
         )
+
+
+LIMITS = ("budget_usd", "rpm", "tpm", "max_concurrency")
+
+
+def unshared_limit(settings: Settings, changes: KeyChanges) -> str | None:
+    """The message for a limit `changes` set that this deployment cannot keep (None: it can):
+    several processes (workers x replicas) count limits in Redis only, `serve` refuses to start
+    without it, and a key given one meanwhile had every request refused. The CLI and the admin API
+    refuse it alike."""
+    server = settings.server
+    processes = server.workers * server.replicas
+    if settings.redis is not None or processes == 1:
+        return None
+    for option in LIMITS:
+        if getattr(changes, option) not in (UNSET, None):
+            return f"{option}: limits need [redis] here: {processes} processes share them"
+    return None
 
 
 async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges | None) -> int:

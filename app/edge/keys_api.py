@@ -26,6 +26,7 @@ from litestar.response import Response
 from msgspec import UNSET, Struct, UnsetType
 
 from app.access.keyring import POLL_S, REDIS_POLL_S, announce
+from app.cli_keys import unshared_limit
 from app.edge.guards import check_json_headers
 from app.edge.key_guard import GET_HEAD, caller, rate_window, require_admin, require_key
 from app.edge.validation import validation_error
@@ -121,20 +122,11 @@ _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(.*)`(?: - at `\$`
 _OPTIONS = frozenset(KeyInput.__struct_fields__)
 
 
-_LIMITS = ("budget_usd", "rpm", "tpm", "max_concurrency")
-
-
 def _enforceable(service: Service, changes: KeyChanges) -> None:
-    """400 for a limit this deployment cannot keep: several processes count limits in Redis only
-    (`serve` refuses to start so); a key given one over HTTP afterwards had every request refused."""
-    server = service.settings.server
-    processes = server.workers * server.replicas
-    if service.settings.redis is not None or processes == 1:
-        return
-    for option in _LIMITS:
-        if getattr(changes, option) not in (UNSET, None):
-            detail = f"limits need [redis] here: {processes} processes share them"
-            raise InvalidRequest(f"invalid key: {option}: {detail}", param=option)
+    """400 for a limit this deployment cannot keep (`app.cli_keys.unshared_limit`)."""
+    problem = unshared_limit(service.settings, changes)
+    if problem is not None:
+        raise InvalidRequest(f"invalid key: {problem}", param=problem.partition(":")[0])
 
 
 def _key_id(request: Request[Any, Any, Any]) -> str:

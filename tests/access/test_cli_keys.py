@@ -225,3 +225,18 @@ def test_a_reader_that_goes_away_is_no_error(tmp_path: Path) -> None:
     )  # fmt: skip
     os.close(write)
     assert (made.returncode, made.stderr) == (141, "")  # no "created", no success: the secret was lost
+
+
+def test_a_limit_several_processes_without_redis_cannot_keep_is_refused_by_the_cli_too(tmp_path: Path) -> None:
+    """As the admin API refuses it: created, it made the deployment unstartable (`serve` exits 2)."""
+    config = write_config(tmp_path, extra=KEYS_MODE + "\n[server]\nreplicas = 2\n")
+    refused = run_cli(tmp_path, "keys", "create", "--name", "b", "--max-concurrency", "3", "--config", str(config))
+    message = "switchyard: --max-concurrency: limits need [redis] here: 2 processes share them\n"
+    assert (refused.returncode, refused.stdout, refused.stderr) == (2, "", message)
+    plain = json.loads(_keys(tmp_path, "create", "--name", "p", "--format", "json"))
+    budget = run_cli(tmp_path, "keys", "update", plain["id"], "--budget-usd", "1", "--config", str(config))
+    assert (budget.returncode, budget.stderr) == (
+        2,
+        "switchyard: --budget-usd: limits need [redis] here: 2 processes share them\n",
+    )
+    assert [(key["name"], key["budget_usd"], key["max_concurrency"]) for key in _list(tmp_path)] == [("p", None, None)]
