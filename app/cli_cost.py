@@ -59,7 +59,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _report(command: str, settings: Settings, period: Period) -> DriftReport | GpuCostReport:
-    await schema_ready(settings.database.url, migrate=settings.migrate_on_start)
+    await schema_ready(settings.database.url, migrate=settings.migrate_on_start, create=False)
     engine = open_engine(settings.database.url)
     try:
         if command == "drift":

@@ -132,7 +132,8 @@ def unshared_limit(settings: Settings, changes: KeyChanges) -> str | None:
 
 
 async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges | None) -> int:
-    await schema_ready(settings.database.url, migrate=settings.migrate_on_start)
+    create = args.keys_command != "list"  # a key may be made before the first start; a listing reads
+    await schema_ready(settings.database.url, migrate=settings.migrate_on_start, create=create)
     engine = open_engine(settings.database.url)
     try:
         command = args.keys_command

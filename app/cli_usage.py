@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _report(settings: Settings, query: Any) -> UsageReport:
-    await schema_ready(settings.database.url, migrate=settings.migrate_on_start)
+    await schema_ready(settings.database.url, migrate=settings.migrate_on_start, create=False)
     engine = open_engine(settings.database.url)
     try:
         return await usage_report(engine, query)

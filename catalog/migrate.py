@@ -43,9 +43,15 @@ async def require_current(url: str) -> None:
         raise SchemaNotCurrent(f"the database {state}: run `switchyard db upgrade` first")
 
 
-async def schema_ready(url: str, *, migrate: bool) -> None:
+async def schema_ready(url: str, *, migrate: bool, create: bool = True) -> None:
     """Before a command reads or writes the database: migrate it (`auto_migrate`, SQLite's
-    default), or raise `SchemaNotCurrent` when it is not at this version's revision."""
+    default), or raise `SchemaNotCurrent` when it is not at this version's revision. A report
+    (`create=False`) never makes a SQLite file: run from another directory, it made an empty
+    database and said "0 requests" where it should say it found none."""
+    path = sqlite_file(url)
+    if not create and path is not None and not os.path.exists(path):  # noqa: ASYNC240 (a stat, once, in a CLI command)
+        message = f"no database at {path} (`switchyard serve` or `db upgrade` makes it): is this its config?"
+        raise SchemaNotCurrent(message)
     if migrate:
         await upgrade_async(url)
     else:

@@ -221,7 +221,7 @@ def test_a_database_that_fails_exits_1_with_the_drivers_message_alone(tmp_path: 
     """The driver's words, without SQLAlchemy's statement, parameters and "Background" link."""
     config = write_config(tmp_path)
     config.write_text(config.read_text().replace('url = "sqlite+aiosqlite:///switchyard.db"', f'url = "{url}"'))
-    result = run_cli(tmp_path, "usage", "--config", str(config))
+    result = run_cli(tmp_path, "keys", "create", "--name", "k", "--config", str(config))  # one that makes a database
     assert (result.returncode, result.stdout, result.stderr) == (1, "", f"switchyard: {message}\n")
 
 

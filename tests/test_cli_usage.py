@@ -121,3 +121,21 @@ def test_a_bad_option_exits_2_naming_it(tmp_path: Path, args: tuple[str, ...], o
     done = run_cli(tmp_path, "usage", "--config", str(config), *args)
     assert done.returncode == 2
     assert done.stderr.startswith(f"switchyard usage: {option}: ")
+
+
+@pytest.mark.parametrize(
+    "args", [("usage",), ("usage", "--format", "json"), ("keys", "list"), ("catalog", "drift"), ("catalog", "gpu-cost")]
+)
+def test_a_report_on_a_database_that_does_not_exist_says_so_and_makes_none(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Run from the wrong directory, it made an empty SQLite file and printed a report of zeros."""
+    config = write_config(tmp_path)
+    result = run_cli(tmp_path, *args, "--config", str(config))
+    database = tmp_path / "switchyard.db"
+    message = f"no database at {database} (`switchyard serve` or `db upgrade` makes it): is this its config?"
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", f"switchyard: SchemaNotCurrent: {message}\n")
+    assert not database.exists()
+    made = run_cli(tmp_path, "keys", "create", "--name", "first", "--config", str(config))  # a key before any start
+    assert made.returncode == 0, made.stderr
+    assert database.exists()

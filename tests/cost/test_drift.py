@@ -281,12 +281,14 @@ def test_cli_reports_bring_the_schema_up_to_date_as_the_other_commands_do(tmp_pa
     migrates it (they used to print an SQL error of 2 KB); with `auto_migrate = false`, the one
     line that says to run `switchyard db upgrade`, as `serve` and `catalog sync` say it."""
     env = cli_env(SWITCHYARD_CONFIG=str(_config(tmp_path)))
+    (tmp_path / "switchyard.db").touch()  # there, never migrated (a report makes no database: tests/test_cli_usage.py)
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "switchyard.db").touch()
     for command in ("drift", "gpu-cost"):
         done = run_cli(tmp_path, "catalog", command, "--format", "json", env=env)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["rows"] == []
     fresh = tmp_path / "fresh"
-    fresh.mkdir()
     config = _config(fresh)
     config.write_text(config.read_text().replace("\n\n[catalog]", "\nauto_migrate = false\n\n[catalog]"))
     for command in ("drift", "gpu-cost"):
