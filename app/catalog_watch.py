@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.routing.router import Router
+from app.routing.router import Router, report_unconfigured
 from catalog.database import database_unreachable
 from catalog.saved_snapshot import save_snapshot
 from catalog.snapshot import load_snapshot
@@ -69,6 +69,7 @@ class CatalogWatch:
             return False
         self._router.replace_snapshot(snapshot)
         self._log.info("catalog_reloaded", models=len(snapshot.models), prices=len(snapshot.prices))
+        report_unconfigured(self._router, self._log)
         try:
             save_snapshot(snapshot, self._directory)
         except OSError as exc:

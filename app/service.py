@@ -40,7 +40,7 @@ from app.pipeline.gpu_time import GpuTime
 from app.pipeline.pipeline import Pipeline
 from app.routing.cluster import ClusterLink
 from app.routing.health import HealthMonitor
-from app.routing.router import ProviderRuntime, Router
+from app.routing.router import ProviderRuntime, Router, report_unconfigured
 from app.settings import Settings, gpu_hour_rates, key_missing, provider_configs, provider_policy
 from catalog.database import database_unreachable, open_engine
 from catalog.files import load_catalog
@@ -122,6 +122,7 @@ class Service:
         if self.log_writer is not None:
             self.log_writer.flush_every(0.2)
         self.log.info("started", providers=sorted(runtimes), models=len(snapshot.models))
+        report_unconfigured(self.router, self.log)
         tune_gc()
 
     def _provider_runtimes(self, client: UpstreamClient) -> dict[str, ProviderRuntime]:

@@ -22,7 +22,7 @@ The request path never queries SQL: the snapshot is immutable and in memory.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.errors import InvalidRequest, NoBackendAvailable, clip
 from app.routing.state import BackendState, ProviderState
@@ -97,6 +97,12 @@ class Backend:
         return self.provider.state.ready and self.state.healthy(now)
 
 
+def report_unconfigured(router: Router, log: Any) -> None:
+    for provider, models in sorted(router.unconfigured().items()):
+        reason = "not in the config: its deployments are never routed to"
+        log.warning("catalog_provider_unknown", provider=provider, models=models, reason=reason)
+
+
 def new_state(provider: ProviderRuntime) -> BackendState:
     policy = provider.policy
     return BackendState(
@@ -162,6 +168,16 @@ class Router:
             backends[entry.id] = found
         self._names = {model: tuple(backend.name for backend in found) for model, found in backends.items()}
         self.snapshot, self._backends, self.by_key = snapshot, backends, by_key
+
+    def unconfigured(self) -> dict[str, list[str]]:
+        """The catalog's deployments on providers this config does not have, by provider: never
+        routed to (a typo, or a provider removed from config.toml), reported at start and reload."""
+        found: dict[str, list[str]] = {}
+        for entry in self.snapshot.models:
+            for d in entry.deployments:
+                if d.provider not in self.providers:
+                    found.setdefault(d.provider, []).append(entry.id)
+        return found
 
     def all_backends(self) -> list[Backend]:
         return [backend for backends in self._backends.values() for backend in backends]

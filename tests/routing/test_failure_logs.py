@@ -340,3 +340,18 @@ async def test_a_connect_timeout_is_named_connect_timeout_not_the_timers_cancell
         "ConnectTimeout",
         "timed out",
     )
+
+
+async def test_catalog_deployments_on_providers_the_config_lacks_are_reported_at_start(
+    logs: Logs, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """`orphan-1` is deployed only on `nowhere` and `elsewhere` (a typo, or a provider removed from
+    config.toml), `chat-1` also on `gamma`, which this gateway lacks: never routed to, and nothing
+    said so (orphan-1's requests were 503s with no reason given anywhere)."""
+    gw = await launch(start_gateway, {"alpha": alpha, "beta": beta})
+    reason = "not in the config: its deployments are never routed to"
+    expected = [("elsewhere", ["orphan-1"]), ("gamma", ["chat-1"]), ("nowhere", ["orphan-1"])]
+    assert logs.lines("catalog_provider_unknown", gw) == [
+        {"provider": name, "models": models, "reason": reason, "event": "catalog_provider_unknown", "level": "warning"}
+        for name, models in expected
+    ]
