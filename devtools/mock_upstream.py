@@ -146,6 +146,23 @@ def _port(text: str) -> int:
     return value
 
 
+def _delay(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if not 0 <= value <= 3_600_000:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be 0 to 3600000 ms, got {text}")
+    return value
+
+
+def _status(text: str) -> int:
+    value = _count(text)
+    if not 400 <= value <= 599:  # an error status: 99 or 1000 made an answer no client reads
+        raise argparse.ArgumentTypeError(f"must be an error status, 400 to 599, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="switchyard mock-upstream",
@@ -155,14 +172,14 @@ def _parser() -> argparse.ArgumentParser:
     add("--host", default="127.0.0.1")
     add("--port", type=_port, default=9100, help="0 picks a free port (printed on start)")
     add("--model", default="mock-model", help="the name /v1/models reports; requests may name any")
-    add("--latency-ms", type=float, default=0.0, help="delay before the first byte of a completion")
-    add("--chunk-delay-ms", type=float, default=0.0, help="delay between streamed chunks")
+    add("--latency-ms", type=_delay, default=0.0, help="delay before the first byte of a completion")
+    add("--chunk-delay-ms", type=_delay, default=0.0, help="delay between streamed chunks")
     add("--chunks", type=_count, default=64, help="content chunks per completion")
     add("--tokens-per-chunk", type=_count, default=1)
     add("--text", default=DEFAULT_TEXT, help="reply text, repeated word by word as needed")
     add("--reasoning-chunks", type=_count, default=0, help="reasoning_content chunks before the text")
     add("--tool-call", metavar="NAME", help="end the reply with one call to this function")
-    add("--fail-status", type=int, help="answer faulty requests with this status (429, 500, 503 ...)")
+    add("--fail-status", type=_status, help="answer faulty requests with this status (429, 500, 503 ...)")
     add("--fail-every", type=_count, default=1, help="every N-th completion request is faulty")
     add("--retry-after", type=_count, help="Retry-After seconds on injected failures")
     add("--reset-after", type=_count, help="reset faulty connections after N chunks")

@@ -303,6 +303,9 @@ def test_a_ctrl_c_while_the_command_imports_ends_it_quietly() -> None:
         ["catalog"],
         ["serve", "--port", "x"],
         ["mock-upstream", "--port", "70000"],  # it listened on 70000 modulo 65536
+        ["mock-upstream", "--fail-status", "99"],  # it answered a status no client reads
+        ["mock-upstream", "--latency-ms", "-5"],
+        ["mock-upstream", "--chunk-delay-ms", "nan"],
     ],
 )
 def test_bad_usage_exits_2(tmp_path: Path, args: list[str]) -> None:
