@@ -179,9 +179,11 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         asyncio.run(_prepare(settings))
         address = f"[{host}]" if ":" in host else host
         try:
-            sock = config.bind_socket()
-        except SystemExit:  # uvicorn logged why ("Address already in use"), not where
-            print(f"switchyard: cannot listen on {address}:{port} (server.host, server.port)", file=sys.stderr)
+            sock = _bind(host, port)
+        except OSError as exc:  # one line: what, where, and where it was set
+            given = "--host/--port" if args.host is not None or args.port is not None else "server.host, server.port"
+            why = exc.strerror or str(exc)
+            print(f"switchyard: cannot listen on {address}:{port}: {why} ({given})", file=sys.stderr)
             return 1
         try:
             url = f"http://{address}:{sock.getsockname()[1]}"
@@ -201,6 +203,21 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         except SystemExit as exc:  # uvicorn exits 1 or 3 when it cannot bind or start up; config.md says 1
             return 1 if exc.code else 0
     return 0 if guard.started else 1
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, as uvicorn's `Config.bind_socket` makes it (address reuse, inheritable
+    for the workers it spawns) but raising the error: uvicorn logged it in its own format, then
+    exited, so a port in use printed two lines."""
+    sock = socket.socket(family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def _uvicorn_config(settings: Settings, host: str, port: int) -> uvicorn.Config:
