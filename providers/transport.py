@@ -8,8 +8,8 @@ transport spent about a fifth of the gateway's CPU per proxied request in its cl
 `Content-Length`, `Transfer-Encoding: chunked` or the connection's end. TLS is asyncio's own
 (`create_connection(ssl=...)`: the handshake is part of the connect and its timeout), verified
 against certifi's CAs (as httpx) or the context the client was made with, never switched off. A
-new connection is dialled by `providers.dialing`: a host's addresses kept 10 s, tried a quarter of a
-second apart (happy eyeballs), the lookup, the attempts and the handshake within one `connect`.
+new connection is dialled by `providers.dialing` (a host's addresses kept 10 s, TCP connects raced a
+quarter of a second apart: happy eyeballs), then TLS is made on the winner, all within one `connect`.
 
 One transport for both schemes, so an answer means the same over either (https went to aiohttp,
 which read eight kinds of answer otherwise: README, tests/providers/test_tls.py).
@@ -45,12 +45,12 @@ import asyncio
 import re
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
-from providers.dialing import Dialer, Lookup, Opener
+from providers.dialing import Dialer, Lookup
 from providers.response_head import ResponseHead
 from providers.upstream_connection import Connection
 
@@ -139,32 +139,31 @@ class H1Transport(httpx.AsyncBaseTransport):
 
     async def _connect(self, key: _Key, connect_s: float | None) -> Connection:
         host, port, tls = key
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(connect_s):  # the lookup, every attempt and TLS handshake
-                return await self._dialer.dial(host, port, self._opener(host, port, tls, connect_s))
+            async with asyncio.timeout(connect_s):  # the lookup, the TCP connects and the TLS handshake
+                sock = await self._dialer.dial(host, port)
+                try:
+                    _, conn = await loop.create_connection(
+                        lambda: Connection(loop), sock=sock, **self._tls(host, tls, connect_s)
+                    )
+                except BaseException:
+                    sock.close()  # the transport's own close, if it made one, closed this same object
+                    raise
+                return conn
         except TimeoutError as exc:
             raise httpx.ConnectTimeout("upstream connect timed out") from exc
         except OSError as exc:
             raise httpx.ConnectError(f"upstream connection failed: {exc.strerror or exc}") from exc
 
-    def _opener(self, host: str, port: int, tls: bool, connect_s: float | None) -> Opener:
-        """Connects to one of `host`'s addresses; over TLS, the certificate is checked for `host`."""
-        loop = asyncio.get_running_loop()
+    def _tls(self, host: str, tls: bool, connect_s: float | None) -> dict[str, Any]:
+        """TLS for the connected socket, its certificate checked for `host`, not the address dialled."""
         if not tls:
-            return lambda address: _connected(loop.create_connection(lambda: Connection(loop), address, port))
+            return {}
         if self._ssl is None:  # certifi's CAs, or SSL_CERT_FILE / SSL_CERT_DIR's: as httpx
             self._ssl = httpx.create_ssl_context()
-        context = self._ssl
-        return lambda address: _connected(
-            loop.create_connection(
-                lambda: Connection(loop),
-                address,
-                port,
-                ssl=context,
-                server_hostname=host,
-                ssl_handshake_timeout=connect_s,  # else asyncio's 60 s, whatever `connect` says
-            )
-        )
+        # without `ssl_handshake_timeout`, asyncio's 60 s, whatever `connect` says
+        return {"ssl": self._ssl, "server_hostname": host, "ssl_handshake_timeout": connect_s}
 
     def linger(self, key: _Key, conn: Connection) -> None:
         """Pool `conn` once the chunked terminator that ends its stream has come, within `LINGER_S`;
@@ -194,16 +193,13 @@ class H1Transport(httpx.AsyncBaseTransport):
                 conn.close()
 
     async def aclose(self) -> None:
+        self._dialer.close()
         for task in list(self._lingering):
             task.cancel()
         for idle in self._idle.values():
             for conn in idle:
                 conn.close()
         self._idle.clear()
-
-
-async def _connected(connecting: Coroutine[Any, Any, tuple[asyncio.BaseTransport, Connection]]) -> Connection:
-    return (await connecting)[1]
 
 
 def ending_begun(rest: bytes) -> bool:

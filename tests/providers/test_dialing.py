@@ -11,6 +11,8 @@ servers and the TLS handshakes are real. An address that drops attempts is a lis
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import socket
 import ssl
 import subprocess
@@ -53,15 +55,15 @@ def provider(base_url: str, client: UpstreamClient, connect_s: float = 5.0) -> P
 
 
 @contextmanager
-def dropping(port: int) -> Iterator[None]:
-    """127.0.0.2:`port` drops connection attempts for as long as the block lasts (module doc)."""
+def dropping(port: int, host: str = "127.0.0.2") -> Iterator[None]:
+    """`host`:`port` drops connection attempts for as long as the block lasts (module doc)."""
     listener = socket.socket()
-    listener.bind(("127.0.0.2", port))
+    listener.bind((host, port))
     listener.listen(0)
     fillers = [socket.socket() for _ in range(3)]
     for filler in fillers:
         filler.setblocking(False)
-        filler.connect_ex(("127.0.0.2", port))
+        filler.connect_ex((host, port))
     time.sleep(0.05)
     try:
         yield
@@ -143,6 +145,21 @@ async def test_only_addresses_that_drop_attempts_use_the_connect_timeout(upstrea
     assert upstream.requests == []
 
 
+async def test_a_dial_cancelled_with_attempts_in_flight_leaves_no_socket_open() -> None:
+    port = free_port()
+    with dropping(port, "127.0.0.2"), dropping(port, "127.0.0.3"):
+        dialer = Dialer(lookup_of({NAME: ["127.0.0.2", "127.0.0.3"]}, []))
+        before = len(os.listdir("/proc/self/fd"))
+        task = asyncio.create_task(dialer.dial(NAME, port))
+        await asyncio.sleep(STAGGER_S + 0.1)  # both connects under way
+        assert len(os.listdir("/proc/self/fd")) == before + 2
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.01)  # the losing attempt's cancellation runs
+        assert len(os.listdir("/proc/self/fd")) == before
+
+
 async def test_a_burst_of_new_connections_looks_the_host_up_once(upstream: ReplayUpstream) -> None:
     upstream.enqueue("nonstream_text", repeat=12)
     calls: list[str] = []
@@ -174,11 +191,12 @@ async def test_addresses_are_kept_for_their_ttl_and_a_failed_lookup_is_not_kept(
     monkeypatch.setattr(dialing, "ADDRESS_TTL_S", 0.2)
     calls: list[str] = []
     dialer = Dialer(lookup_of({NAME: ["127.0.0.1"]}, calls))
-    assert await dialer.addresses(NAME, 80) == ["127.0.0.1"]
-    assert await dialer.addresses(NAME, 80) == ["127.0.0.1"]
+    loopback = [(socket.AF_INET, ("127.0.0.1", 80))]
+    assert await dialer.addresses(NAME, 80) == loopback
+    assert await dialer.addresses(NAME, 80) == loopback
     assert calls == [NAME]
     await asyncio.sleep(0.25)
-    assert await dialer.addresses(NAME, 80) == ["127.0.0.1"]
+    assert await dialer.addresses(NAME, 80) == loopback
     assert calls == [NAME, NAME]
     for _ in range(2):
         with pytest.raises(socket.gaierror):
@@ -194,7 +212,9 @@ def test_addresses_alternate_families_from_the_first_once_each() -> None:
     v6, v4 = socket.AF_INET6, socket.AF_INET
     infos = [info(v6, "2001:db8::1"), info(v6, "2001:db8::2"), info(v6, "2001:db8::1"), info(v4, "192.0.2.1")]
     infos += [info(v4, "192.0.2.2"), info(v4, "192.0.2.3")]
-    assert interleaved(infos) == ["2001:db8::1", "192.0.2.1", "2001:db8::2", "192.0.2.2", "192.0.2.3"]
+    ordered = [(family, sockaddr[0]) for family, sockaddr in interleaved(infos)]
+    expected = [(v6, "2001:db8::1"), (v4, "192.0.2.1"), (v6, "2001:db8::2"), (v4, "192.0.2.2"), (v4, "192.0.2.3")]
+    assert ordered == expected
 
 
 def certificate_for(directory: Path, san: str) -> ssl.SSLContext:
@@ -232,3 +252,59 @@ async def test_over_tls_the_certificate_is_checked_for_the_host_name_not_the_add
                 assert await adapter.probe_failure() == "SSLCertVerificationError"
     finally:
         await client.aclose()
+
+
+class SlowRelay:
+    """A relay on 127.0.0.1 and 127.0.0.2 (one port) to `target`, holding each connection's first
+    bytes `delay_s`: a TLS handshake takes longer than the stagger, as to a distant host."""
+
+    def __init__(self, target: int, delay_s: float) -> None:
+        self.target, self.delay_s, self.accepted = target, delay_s, 0
+        self.servers: list[asyncio.Server] = []
+
+    async def start(self) -> int:
+        first = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        port = int(first.sockets[0].getsockname()[1])
+        self.servers = [first, await asyncio.start_server(self._relay, "127.0.0.2", port)]
+        return port
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        await asyncio.sleep(self.delay_s)
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+
+async def test_a_tls_handshake_slower_than_the_stagger_opens_one_connection(tmp_path: Path) -> None:
+    """Only the TCP connects race: with TLS in each attempt, a handshake over 250 ms started a second
+    connection (and a second handshake) to the next address for every new connection."""
+    server_context = certificate_for(tmp_path, f"DNS:{NAME}")
+    client = make_client(
+        ssl_context=ssl.create_default_context(cafile=tmp_path / "upstream.crt"),
+        lookup=lookup_of({NAME: ["127.0.0.2", "127.0.0.1"]}, []),
+    )
+    try:
+        async with ReplayUpstream(ssl=server_context) as upstream:
+            upstream.enqueue("nonstream_text")
+            relay = SlowRelay(upstream.port, delay_s=0.4)
+            port = await relay.start()
+            try:
+                adapter = provider(f"https://{NAME}:{port}/v1", client)
+                assert await collect(adapter.events(REQUEST, "m", stream=False)) == (WHOLE_EVENTS, None)
+            finally:
+                relay.close()
+    finally:
+        await client.aclose()
+    assert relay.accepted == 1
