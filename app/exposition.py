@@ -49,9 +49,13 @@ _GAUGES: tuple[tuple[str, str, Callable[[Backend, float], float]], ...] = (
         "1 when the backend is in rotation (provider enabled, healthy, not cooling).",
         lambda backend, now: int(backend.ready(now)),
     ),
-    ("switchyard_backend_in_flight", "Requests in flight to the backend.", lambda b, _: b.state.in_flight),
-    ("switchyard_backend_queued", "Requests waiting for a slot on the backend.", lambda b, _: b.state.queued),
-    ("switchyard_backend_limit", "The backend's concurrency limit.", lambda b, _: b.state.limit),
+    ("switchyard_backend_in_flight", "This model's requests in flight to the backend.", lambda b, _: b.held),
+    ("switchyard_backend_queued", "This model's requests waiting for a slot on the backend.", lambda b, _: b.waiting),
+    (
+        "switchyard_backend_limit",
+        "The backend's concurrency limit (shared by the models deployed to its upstream model).",
+        lambda b, _: b.state.limit,
+    ),
     (
         "switchyard_backend_cooling_seconds",
         "Seconds until the backend's cool-down ends (0 when not cooling).",

@@ -305,8 +305,8 @@ class Metrics:
         found = self.samples()
         for backend in router.all_backends():
             key = (backend.name, backend.model_id, backend.upstream_model)
-            found[(SUMMED_GAUGES[0], key)] = backend.state.in_flight
-            found[(SUMMED_GAUGES[1], key)] = backend.state.queued
+            found[(SUMMED_GAUGES[0], key)] = backend.held
+            found[(SUMMED_GAUGES[1], key)] = backend.waiting
         found.update(self.ledger_series())
         return found
 

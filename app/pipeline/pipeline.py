@@ -295,7 +295,7 @@ class Pipeline:
 
     def _release(self, run: _Run) -> None:
         if run.slot is not None:
-            run.slot.state.release()
+            run.slot.release()
             run.slot = None
         if run.gpu is not None:
             run.gpu.stop()

@@ -94,17 +94,23 @@ class Candidates:
             for index, backend in enumerate(self.pending):
                 if backend.state.try_acquire():
                     del self.pending[index]
+                    backend.held += 1
                     return backend
             backend = min(self.pending, key=lambda b: b.state.queued)
             if queue_deadline is None:
                 queue_deadline = min(loop.time() + backend.provider.policy.queue_timeout_s, deadline)
             others = [b.state for b in self.pending if b is not backend]
-            outcome = await backend.state.acquire(queue_deadline - loop.time(), others)
+            backend.waiting += 1
+            try:
+                outcome = await backend.state.acquire(queue_deadline - loop.time(), others)
+            finally:
+                backend.waiting -= 1
             if outcome == "slot":
                 self.pending.remove(backend)
                 if self._out(backend, loop.time()):  # out while this request waited for it
                     backend.state.release()
                     continue
+                backend.held += 1
                 return backend
             if outcome == "moved":  # a slot freed elsewhere: look at them all again
                 now = loop.time()

@@ -76,9 +76,10 @@ class Backend:
     """One catalog model's deployment on a provider. Its `state` (capacity, queue, cool-down,
     breaker) is the upstream model's on that provider: providers.md's backend is "a provider
     serving one upstream model", so two catalog models deployed to the same one share it
-    (`Router.replace_snapshot`)."""
+    (`Router.replace_snapshot`). `held` and `waiting` count this deployment's own requests (the
+    per-model in-flight and queued gauges, which sum to the state's)."""
 
-    __slots__ = ("model_id", "priority", "provider", "state", "upstream_model")
+    __slots__ = ("held", "model_id", "priority", "provider", "state", "upstream_model", "waiting")
 
     def __init__(
         self, provider: ProviderRuntime, model_id: str, upstream_model: str, priority: int, state: BackendState
@@ -88,6 +89,12 @@ class Backend:
         self.upstream_model = upstream_model
         self.priority = priority
         self.state = state
+        self.held = 0  # slots of `state` this deployment's requests hold
+        self.waiting = 0  # its requests queued for one
+
+    def release(self) -> None:
+        self.held -= 1
+        self.state.release()
 
     @property
     def name(self) -> str:

@@ -12,9 +12,10 @@ from catalog.snapshot import CatalogSnapshot
 from tests.support.catalog import catalog_toml, model
 from tests.support.client import Held, complete, holding
 from tests.support.gateway import GatewayHandle, StartGateway, provider_table
-from tests.support.observe import completions, deployments
+from tests.support.observe import completions, deployments, metric, scrape
 from tests.support.replies import answer, error, stalled_stream
 from tests.support.upstream import ReplayUpstream
+from tests.support.waiting import wait_until
 
 CATALOG = catalog_toml(
     model("m-a", ("alpha", "shared/upstream", 100), ("beta", "beta/m-a", 50), default=True),
@@ -78,3 +79,25 @@ async def test_a_deployment_that_leaves_the_catalog_and_comes_back_keeps_its_req
         assert (response.status_code, response.json()["provider"]) == (200, "beta")
         assert (await deployments(gw, "m-a"))["alpha"]["in_flight"] == 1
     assert len(completions(alpha)) == 1
+
+
+async def test_the_per_model_gauges_count_each_models_own_requests(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """Read from the shared state, one request showed under both models: a sum over models (a
+    dashboard's in-flight per provider) counted it twice."""
+    gw = await launch(start_gateway, alpha, beta)
+    alpha.enqueue(stalled_stream())
+    async with holding() as held:
+        held.append(Held(gw, model="m-a"))
+        assert await held[0].started() == "alpha"
+        samples = await scrape(gw)
+        gauge = "switchyard_backend_in_flight"
+        assert {m: metric(samples, gauge, provider="alpha", model=m) for m in ("m-a", "m-b")} == {"m-a": 1, "m-b": 0}
+        assert metric(samples, "switchyard_backend_limit", provider="alpha", model="m-b") == 1
+    await wait_until(lambda: _idle(gw))
+
+
+async def _idle(gw: GatewayHandle) -> bool:
+    samples = await scrape(gw)
+    return metric(samples, "switchyard_backend_in_flight", provider="alpha", model="m-a") == 0
