@@ -24,6 +24,7 @@ import msgspec
 from msgspec import UNSET
 
 from app.access.keyring import POLL_S, REDIS_POLL_S, announce
+from app.errors import clip
 from app.settings import ConfigError, Settings
 from catalog.database import open_engine
 from catalog.files import CatalogFileError, load_catalog
@@ -123,8 +124,8 @@ def unshared_limit(settings: Settings, changes: KeyChanges) -> str | None:
     refuse it alike."""
     server = settings.server
     processes = server.workers * server.replicas
-    if settings.redis is not None or processes == 1:
-        return None
+    if settings.auth.mode != "keys" or settings.redis is not None or processes == 1:
+        return None  # as `check_shared_limits`: `serve` without keys mode counts no limit
     for option in LIMITS:
         if getattr(changes, option) not in (UNSET, None):
             return f"{option}: limits need [redis] here: {processes} processes share them"
@@ -233,7 +234,7 @@ def _changes(args: argparse.Namespace) -> KeyChanges:
 
 def _amount(text: str) -> Decimal:
     if not AMOUNT.fullmatch(text):  # Decimal() reads '5_0' as 50
-        raise ValueError(f"--budget-usd: '{text}' is not an amount (digits, a point and digits: 25 or 25.50)")
+        raise ValueError(f"--budget-usd: '{clip(text)}' is not an amount (digits, a point and digits: 25 or 25.50)")
     try:
         return Decimal(text)
     except InvalidOperation:

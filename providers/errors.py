@@ -257,7 +257,7 @@ def _reset_value(value: str, now: float) -> float | None:
         if not parts or "".join(amount + unit for amount, unit in parts) != value:
             return None
         return sum(float(amount) * _DURATION_UNITS[unit] for amount, unit in parts)
-    if math.isnan(number):
+    if math.isnan(number) or number < 0:  # a negative wait is no hint, as for Retry-After
         return None
     if number > 1e12:  # epoch milliseconds
         return number / 1000 - now

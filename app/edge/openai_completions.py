@@ -151,7 +151,7 @@ class LogprobTextStream(TextStream):
             return self._logprobs(event, held or "")
         if isinstance(event, ev.Outcome):
             return self._flush() + self._outcome(event)
-        return super().render(event)
+        return self._flush() + super().render(event)  # held text goes before what follows it
 
     def _flush(self) -> bytes:
         if self._held is None:

@@ -240,3 +240,8 @@ def test_a_limit_several_processes_without_redis_cannot_keep_is_refused_by_the_c
         "switchyard: --budget-usd: limits need [redis] here: 2 processes share them\n",
     )
     assert [(key["name"], key["budget_usd"], key["max_concurrency"]) for key in _list(tmp_path)] == [("p", None, None)]
+    write_config(
+        tmp_path, extra="\n[server]\nreplicas = 2\n"
+    )  # no keys mode: `serve` counts no limit, so none is refused
+    later = run_cli(tmp_path, "keys", "create", "--name", "l", "--rpm", "5", "--config", str(config))
+    assert (later.returncode, later.stderr.startswith("switchyard: created key_")) == (0, True)

@@ -14,6 +14,9 @@ from typing import Any
 import openai
 import pydantic
 
+from app.context import new_context
+from app.edge.openai_completions import LogprobTextStream
+from app.pipeline import events as ev
 from tests.ingress.conftest import upstream_body
 from tests.support.client import complete, datas, stream
 from tests.support.gateway import GatewayHandle
@@ -128,3 +131,14 @@ async def test_native_and_anthropic_doors_send_the_refusal_as_text(gw: GatewayHa
         ("unified", "content_filter"),
         ("anthropic_messages", "content_filter"),
     ]
+
+
+def test_the_legacy_doors_logprob_stream_keeps_held_text_before_a_refusal() -> None:
+    """`/v1/completions` with logprobs holds a text delta for the log probabilities that follow it;
+    a refusal went out before it (no text upstream refuses today: the renderer is driven directly)."""
+    ctx = new_context("req-1", "openai_completions", stream=True, deadline=0.0)
+    stream = LogprobTextStream(ctx, include_usage=False)
+    events: list[Any] = [ev.Started("m", "p"), ev.TextStart(0), ev.TextDelta("Hello."), ev.RefusalDelta(" No.")]
+    out = b"".join(stream.render(event) for event in events)
+    texts = [json.loads(line.removeprefix(b"data: "))["choices"][0]["text"] for line in out.split(b"\n\n") if line]
+    assert texts == ["Hello.", " No."]

@@ -131,6 +131,7 @@ def test_client_message_shapes() -> None:
         ({"x-ratelimit-reset": str(int(NOW) + 42)}, 42.0),
         ({"x-ratelimit-reset": str(int(NOW * 1000) + 2500)}, 2.5),
         ({"x-ratelimit-reset": "tomorrow"}, None),
+        ({"x-ratelimit-reset": "-4"}, None),  # as a negative Retry-After: no hint, not 0 (no cool-down)
         ({"x-ratelimit-reset-requests": "2s", "x-ratelimit-reset-tokens": "9s"}, 9.0),
         (
             {
