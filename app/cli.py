@@ -27,7 +27,7 @@ import uvicorn
 from alembic.util import CommandError
 from uvicorn.supervisors import Multiprocess
 
-from app import cli_cost, cli_keys, cli_usage
+from app import cli_cost, cli_keys, cli_price_import, cli_usage
 from app.logging import LineWriter, configure_logging, get_logger
 from app.settings import ConfigError, Settings, find_config, load_settings
 from catalog.database import open_engine, sqlite_file
@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _config_option(catalog.add_parser("sync", help="load catalog files into SQL (idempotent)"))
     cli_cost.register(catalog, _config_option)
+    cli_price_import.register(catalog, _config_option)
 
     cli_usage.add_parser(commands)
     cli_keys.add_parser(commands, _config_option)
@@ -147,6 +148,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "catalog" and args.catalog_command in cli_cost.COMMANDS:
         return cli_cost.run(args, settings)
+    if args.command == "catalog" and args.catalog_command == cli_price_import.COMMAND:
+        return cli_price_import.run(args, settings)
     with _StartGuard(settings.database.url) as guard:
         report = asyncio.run(_sync(settings))
         guard.started = True

@@ -202,6 +202,16 @@ class Provider:
         answer = await self._get(self._models_url)
         return answer if isinstance(answer, str) else _failure(answer)
 
+    async def model_list(self) -> bytes:
+        """`{base_url}/models` with the key, as the provider sent it (`switchyard catalog import`);
+        `OSError` saying why when it could not be had."""
+        answer = await self._get(self._models_url)
+        if isinstance(answer, str):
+            raise OSError(f"cannot reach {self.config.name}: {answer}")
+        if answer.status_code != 200:
+            raise OSError(f"{self.config.name} answered {answer.status_code} to GET {self._models_url}")
+        return answer.content
+
     async def queue_depth(self) -> float | None:
         """The server's own queue from `{root}/metrics` (vLLM, SGLang); None when it has none."""
         response = await self._get(f"{self._root}/metrics")

@@ -1,0 +1,113 @@
+"""The prices a provider's model list carries (`GET {base_url}/models`), per million tokens, for
+`switchyard catalog import` (cost.md: "provider model lists that carry prices (primalabs
+`/models`) can be imported the same way, as a reviewed diff").
+
+No provider publishes one schema for this, so two conventions are read, per entry of `data` (or of
+a bare list), each entry named by `id`:
+
+- `pricing.prompt` / `pricing.completion`, with `input_cache_read`, `input_cache_write` and
+  `internal_reasoning` where given: USD **per token** (OpenRouter's list, which serverless hosts
+  such as primalabs follow), multiplied by 1,000,000;
+- `pricing.input` / `pricing.output`, with `cache_read`, `cache_write` and `reasoning`: USD **per
+  million tokens**.
+
+A rate is a JSON number or a decimal string, read exactly (`Decimal` from the JSON text, never a
+float). An entry with no input or no output rate is listed as unpriced; one with a rate that is not
+a finite, non-negative number, or finer than the catalog keeps (10 decimal places per million), as
+unreadable, with the reason: the import proposes nothing it would have to round.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import msgspec
+from msgspec import Struct
+
+PER_TOKEN = {
+    "input": "prompt",
+    "output": "completion",
+    "cache_read": "input_cache_read",
+    "cache_write": "input_cache_write",
+    "reasoning": "internal_reasoning",
+}
+PER_MILLION = {bucket: bucket for bucket in PER_TOKEN}
+SCALE = 10  # the catalog's decimal places per million tokens (catalog.tables.PRICE_SCALE)
+_MILLION = Decimal(1_000_000)
+
+
+class ListedPrice(Struct, frozen=True):
+    """One listed model's rates, USD per million tokens (None: the list gives no rate)."""
+
+    model: str
+    input: Decimal
+    output: Decimal
+    cache_read: Decimal | None = None
+    cache_write: Decimal | None = None
+    reasoning: Decimal | None = None
+
+
+class ModelList(Struct, frozen=True):
+    priced: list[ListedPrice]
+    unpriced: list[str]
+    unreadable: list[tuple[str, str]]  # (model, why)
+
+
+class _Entry(Struct):
+    id: str
+    pricing: dict[str, Any] | None = None
+
+
+class _Listing(Struct):
+    data: list[Any]
+
+
+_decode_listing = msgspec.json.Decoder(_Listing | list[Any], float_hook=Decimal)
+
+
+def read_model_list(body: bytes) -> ModelList:
+    """The list's rates; `msgspec.DecodeError` / `ValidationError` for a body that is no model list."""
+    listing = _decode_listing.decode(body)
+    entries = listing.data if isinstance(listing, _Listing) else listing
+    found = ModelList([], [], [])
+    for raw in entries:
+        entry = msgspec.convert(raw, _Entry)
+        try:
+            price = _price(entry)
+        except ValueError as exc:
+            found.unreadable.append((entry.id, str(exc)))
+            continue
+        if price is None:
+            found.unpriced.append(entry.id)
+        else:
+            found.priced.append(price)
+    return found
+
+
+def _price(entry: _Entry) -> ListedPrice | None:
+    pricing = entry.pricing or {}
+    names, factor = (PER_TOKEN, _MILLION) if "prompt" in pricing else (PER_MILLION, Decimal(1))
+    rates = {bucket: _rate(pricing.get(key), factor, key) for bucket, key in names.items()}
+    input_rate, output_rate = rates.pop("input"), rates.pop("output")
+    if input_rate is None or output_rate is None:
+        return None
+    return ListedPrice(entry.id, input_rate, output_rate, **rates)
+
+
+def _rate(value: Any, factor: Decimal, key: str) -> Decimal | None:
+    if value is None or value == "":
+        return None
+    numeric = isinstance(value, Decimal | int | str) and not isinstance(value, bool)
+    try:
+        number = Decimal(value.strip() if isinstance(value, str) else value) if numeric else Decimal("NaN")
+    except InvalidOperation:
+        raise ValueError(f"pricing.{key}: not a number: {str(value)[:40]!r}") from None
+    if not numeric:
+        raise ValueError(f"pricing.{key}: not a number: {str(value)[:40]!r}")
+    if not number.is_finite() or number < 0:
+        raise ValueError(f"pricing.{key}: not a finite, non-negative number: {str(value)[:40]!r}")
+    per_million = (number * factor).normalize()
+    if per_million.as_tuple().exponent < -SCALE:  # type: ignore[operator]
+        raise ValueError(f"pricing.{key}: {per_million} per million is finer than {SCALE} decimal places")
+    return per_million
