@@ -189,7 +189,10 @@ def _user_part(part: wire.UserPart, path: str) -> ContentPart:
     if isinstance(part, wire.TextContent):
         return TextPart(part.text)
     if isinstance(part, wire.ImageContent):
-        check_url(part.image_url.url, f"{path}.image_url.url")
+        url = part.image_url.url
+        check_url(url, f"{path}.image_url.url")
+        if url.lstrip()[:5] == "data:" and url.lstrip()[5:11].lower() != "image/":  # OpenAI: 400 too
+            raise _invalid(f"{path}.image_url.url", "a data: URL here holds an image (`data:image/png;base64,...`)")
         return ImagePart(ImageData(url=part.image_url.url, detail=part.image_url.detail))
     if isinstance(part, wire.AudioContent):
         audio = part.input_audio

@@ -89,6 +89,10 @@ BAD = [
         {"messages": parts({"type": "image_url", "image_url": {"url": "file:///x.png"}})},
         "messages[0].content[0].image_url.url",
     ),
+    (  # an image part holding a page: accepted and sent on, where OpenAI and the Anthropic door refuse it
+        {"messages": parts({"type": "image_url", "image_url": {"url": "data:text/html;base64,PGgxPg=="}})},
+        "messages[0].content[0].image_url.url",
+    ),
     (
         {"messages": parts({"type": "image_url", "image_url": "https://x.test/a.png"})},
         "messages[0].content[0].image_url",
