@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from app.access.keyring import POLL_S, REDIS_POLL_S, announce
+from app.access.keyring import POLL_S, REDIS_POLL_S, announce, unshared_limit
 from app.errors import clip
 from app.settings import ConfigError, Settings
 from catalog.database import open_engine
@@ -112,24 +112,6 @@ def check_shared_limits(settings: Settings, keys: Iterable[KeyRecord]) -> None:
             f"{processes} processes (server.workers x server.replicas) and API keys with limits "
             f"({', '.join(limited[:3])}) need [redis]: limits must be shared to hold"
         )
-
-
-LIMITS = ("budget_usd", "rpm", "tpm", "max_concurrency")
-
-
-def unshared_limit(settings: Settings, changes: KeyChanges) -> str | None:
-    """The message for a limit `changes` set that this deployment cannot keep (None: it can):
-    several processes (workers x replicas) count limits in Redis only, `serve` refuses to start
-    without it, and a key given one meanwhile had every request refused. The CLI and the admin API
-    refuse it alike."""
-    server = settings.server
-    processes = server.workers * server.replicas
-    if settings.auth.mode != "keys" or settings.redis is not None or processes == 1:
-        return None  # as `check_shared_limits`: `serve` without keys mode counts no limit
-    for option in LIMITS:
-        if getattr(changes, option) not in (UNSET, None):
-            return f"{option}: limits need [redis] here: {processes} processes share them"
-    return None
 
 
 async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges | None) -> int:

@@ -23,6 +23,9 @@ Changes reach the ring three ways:
 Each read of the table that changed it is saved beside the journal (`catalog.saved_snapshot`), and
 a start that cannot reach the database begins from that copy, as the catalog does: a worker that
 uvicorn restarted during an outage used to fail its start, and uvicorn then stopped every worker.
+
+`unshared_limit`: the limit a key change would set that this deployment cannot keep (several
+processes and no Redis), refused alike by the CLI and the admin API.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
+from msgspec import UNSET
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -44,9 +48,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.access.worstcase import to_nano
 from app.context import Principal
 from app.errors import AuthenticationFailed
-from app.settings import AuthSettings, RedisSettings
+from app.settings import AuthSettings, RedisSettings, Settings
 from catalog.database import database_unreachable
-from catalog.keys import KeyRecord, get_key, hash_secret, keys_watermark, list_keys
+from catalog.keys import KeyChanges, KeyRecord, get_key, hash_secret, keys_watermark, list_keys
 from catalog.saved_snapshot import read_saved_keys, save_keys
 
 POLL_S = 0.5  # without Redis: how often the table's watermark is read
@@ -321,3 +325,21 @@ async def announce(redis: RedisSettings, key_id: str) -> bool:
     finally:
         await client.aclose()
     return True
+
+
+LIMITS = ("budget_usd", "rpm", "tpm", "max_concurrency")
+
+
+def unshared_limit(settings: Settings, changes: KeyChanges) -> str | None:
+    """The message for a limit `changes` set that this deployment cannot keep (None: it can):
+    several processes (workers x replicas) count limits in Redis only, `serve` refuses to start
+    without it, and a key given one meanwhile had every request refused. The CLI and the admin API
+    refuse it alike."""
+    server = settings.server
+    processes = server.workers * server.replicas
+    if settings.auth.mode != "keys" or settings.redis is not None or processes == 1:
+        return None  # as `check_shared_limits`: `serve` without keys mode counts no limit
+    for option in LIMITS:
+        if getattr(changes, option) not in (UNSET, None):
+            return f"{option}: limits need [redis] here: {processes} processes share them"
+    return None

@@ -25,8 +25,7 @@ from litestar import HttpMethod, Request, Router, route
 from litestar.response import Response
 from msgspec import UNSET, Struct, UnsetType
 
-from app.access.keyring import POLL_S, REDIS_POLL_S, announce
-from app.cli_keys import unshared_limit
+from app.access.keyring import POLL_S, REDIS_POLL_S, announce, unshared_limit
 from app.edge.guards import check_json_headers
 from app.edge.key_guard import GET_HEAD, caller, rate_window, require_admin, require_key
 from app.edge.validation import validation_error
@@ -123,7 +122,7 @@ _OPTIONS = frozenset(KeyInput.__struct_fields__)
 
 
 def _enforceable(service: Service, changes: KeyChanges) -> None:
-    """400 for a limit this deployment cannot keep (`app.cli_keys.unshared_limit`)."""
+    """400 for a limit this deployment cannot keep (`app.access.keyring.unshared_limit`)."""
     problem = unshared_limit(service.settings, changes)
     if problem is not None:
         raise InvalidRequest(f"invalid key: {problem}", param=problem.partition(":")[0])
