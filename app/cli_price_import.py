@@ -26,6 +26,7 @@ import asyncio
 import fnmatch
 import json
 import sys
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,13 @@ def register(catalog_commands: Any, config_option: Any) -> None:
     config_option(parser)
 
 
+LIST_TIMEOUT_S = 30.0  # the whole answer; the client's 10 s bounds each read, and a trickle never ends
+
+
+class Collision(ValueError):
+    """A proposed row at an instant the files already give a price for that model (bad usage)."""
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     name = args.provider
     if name not in settings.providers:
@@ -66,13 +74,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
     try:
         listing = read_model_list(asyncio.run(_fetch(settings, name)))
-    except OSError as exc:
-        print(f"switchyard: {exc}", file=sys.stderr)
+        rows, summary = propose(catalog, name, listing, when)
+    except Collision as exc:
+        print(f"switchyard: --effective-from: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, TimeoutError) as exc:
+        why = str(exc) or f"{name} sent no whole model list within {LIST_TIMEOUT_S:g} s"
+        print(f"switchyard: {why}", file=sys.stderr)
         return 1
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         print(f"switchyard: {name}'s /models is no model list: {exc}", file=sys.stderr)
         return 1
-    rows, summary = propose(catalog, name, listing, when)
     print("\n".join(summary), file=sys.stderr)
     text = toml_rows(name, rows, when)
     if args.write is None:
@@ -86,52 +98,78 @@ async def _fetch(settings: Settings, name: str) -> bytes:
     (config,) = [config for config in provider_configs(settings) if config.name == name]
     client = make_client()
     try:
-        return await Provider(config, client).model_list()
+        async with asyncio.timeout(LIST_TIMEOUT_S):
+            return await Provider(config, client).model_list()
     finally:
         await client.aclose()
 
 
 def _when(text: str | None) -> datetime | None:
+    """The rows' instant, to the second (the file keeps seconds); None for what is no date-time."""
     if text is None:
         return datetime.now(UTC).replace(microsecond=0)
     try:
         value = datetime.fromisoformat(text)
-    except ValueError:
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError):  # an offset that moves it out of the years 1 to 9999
         return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return value.replace(microsecond=0)
 
 
 def propose(
     catalog: CatalogFile, provider: str, listing: ModelList, when: datetime
 ) -> tuple[list[PriceSpec], list[str]]:
-    """The rows to add, and the summary's lines (module doc)."""
+    """The rows to add, and the summary's lines (module doc). A catalog model priced two ways by
+    the list (deployed on two upstream models, or an id listed twice) gets no row: a conflict."""
     deployed: dict[str, list[str]] = {}  # upstream model -> catalog models deployed on it here
     for model in catalog.models:
         for deployment in model.deployments:
             if deployment.provider == provider:
                 deployed.setdefault(deployment.upstream_model, []).append(model.id)
+    candidates: dict[str, dict[tuple[Any, ...], tuple[PriceSpec, str]]] = {}
+    for listed in listing.priced:
+        for model_id in deployed.get(listed.model, []):
+            row = _row(provider, model_id, listed, when, _in_effect(catalog, provider, model_id, when))
+            rates = tuple(getattr(row, k) for k in MONEY_KEYS)
+            candidates.setdefault(model_id, {}).setdefault(rates, (row, listed.model))
     rows: list[PriceSpec] = []
     lines: list[str] = []
     unchanged = 0
-    for listed in listing.priced:
-        for model_id in deployed.get(listed.model, []):
-            current = _in_effect(catalog, provider, model_id, when)
-            row = _row(provider, model_id, listed, when)
-            if current is not None and all(getattr(current, k) == getattr(row, k) for k in MONEY_KEYS):
-                unchanged += 1
-                continue
-            rows.append(row)
-            lines.append(_change(current, row, listed.model))
+    for model_id, ways in candidates.items():
+        if len(ways) > 1:
+            lines.append(
+                f"! {model_id}: listed at {len(ways)} different prices ({_names(u for _, u in ways.values())}): no row"
+            )
+            continue
+        ((row, upstream),) = ways.values()
+        current = _in_effect(catalog, provider, model_id, when)
+        if current is not None and all(getattr(current, k) == getattr(row, k) for k in MONEY_KEYS):
+            unchanged += 1
+            continue
+        if current is not None and current.effective_from == when:
+            raise Collision(f"the files already price {model_id} on {provider} from {_stamp(when)}")
+        rows.append(row)
+        lines.append(_change(current, row, upstream))
     listed_names = {listed.model for listed in listing.priced}
     changed = sum(line.startswith("~") for line in lines)
-    head = f"{provider}: {changed} changed, {len(lines) - changed} new, {unchanged} unchanged"
+    added = sum(line.startswith("+") for line in lines)
+    head = f"{provider}: {changed} changed, {added} new, {unchanged} unchanged"
     unmatched = sorted(listed_names - set(deployed))
     notes = [
-        ("not in the catalog here (listed with prices, no catalog model deployed on them)", unmatched),
-        ("no price listed for (their catalog prices stay)", sorted(set(deployed) - listed_names)),
-        ("unreadable", [f"{model} ({why})" for model, why in listing.unreadable]),
+        ("not in the catalog here (listed with prices, no catalog model deployed on them)", _names(unmatched)),
+        ("no price listed for (their catalog prices stay)", _names(sorted(set(deployed) - listed_names))),
+        ("unreadable", ", ".join(f"{_shown(model)} ({why})" for model, why in listing.unreadable)),
     ]
-    return rows, [head, *lines, *(f"{what}: {', '.join(names)}" for what, names in notes if names)]
+    return rows, [head, *lines, *(f"{what}: {names}" for what, names in notes if names)]
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(_shown(name) for name in names)
+
+
+def _shown(name: str) -> str:
+    """An upstream's id for a terminal: as it is, or quoted when it holds control characters."""
+    return name if name.isprintable() else repr(name)
 
 
 def _in_effect(catalog: CatalogFile, provider: str, model: str, when: datetime) -> PriceSpec | None:
@@ -139,18 +177,23 @@ def _in_effect(catalog: CatalogFile, provider: str, model: str, when: datetime) 
     return max(rows, key=lambda p: p.effective_from, default=None)
 
 
-def _row(provider: str, model: str, listed: ListedPrice, when: datetime) -> PriceSpec:
+def _row(provider: str, model: str, listed: ListedPrice, when: datetime, current: PriceSpec | None) -> PriceSpec:
+    """The listed rates; a bucket the list gives no rate for keeps the current one (the list says
+    nothing about it: a cache-read rate dropped would bill cache reads at the input rate)."""
     rates = {key: getattr(listed, key) for key in MONEY_KEYS}
+    for key, rate in rates.items():
+        if rate is None and current is not None:
+            rates[key] = getattr(current, key)
     return PriceSpec(provider=provider, model=model, effective_from=when, **rates)
 
 
 def _change(current: PriceSpec | None, row: PriceSpec, upstream: str) -> str:
     if current is None:
         rates = ", ".join(f"{k} {_text(getattr(row, k))}" for k in MONEY_KEYS if getattr(row, k) is not None)
-        return f"+ {row.model} ({upstream}): {rates}"
+        return f"+ {row.model} ({_shown(upstream)}): {rates}"
     moved = [k for k in MONEY_KEYS if getattr(current, k) != getattr(row, k)]
     rates = ", ".join(f"{k} {_text(getattr(current, k))} -> {_text(getattr(row, k))}" for k in moved)
-    return f"~ {row.model} ({upstream}): {rates}"
+    return f"~ {row.model} ({_shown(upstream)}): {rates}"
 
 
 def _text(value: Any) -> str:
@@ -161,13 +204,24 @@ def toml_rows(provider: str, rows: list[PriceSpec], when: datetime) -> str:
     """`[[prices]]` tables for a catalog file (money as strings, as the files want it)."""
     if not rows:
         return ""
-    stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = _stamp(when)
     out = [f"\n# from {provider}'s /models at {stamp} (`switchyard catalog import`): review, then `catalog sync`\n"]
     for row in rows:
-        out.append(f"\n[[prices]]\nprovider = {json.dumps(provider)}\nmodel = {json.dumps(row.model)}\n")
+        out.append(f"\n[[prices]]\nprovider = {_toml_string(provider)}\nmodel = {_toml_string(row.model)}\n")
         out.append(f"effective_from = {stamp}\n")
         out.extend(f'{k} = "{_text(getattr(row, k))}"\n' for k in MONEY_KEYS if getattr(row, k) is not None)
     return "".join(out)
+
+
+def _stamp(when: datetime) -> str:
+    """A TOML datetime: four-digit years (strftime's %Y writes 999, which TOML refuses)."""
+    return when.isoformat().replace("+00:00", "Z")
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: JSON's escapes are TOML's, but not its surrogate pairs (`\\ud83d`), so
+    characters go as they are, DEL escaped (TOML refuses it raw)."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _append(path: Path, text: str, settings: Settings) -> None:

@@ -19,7 +19,9 @@ unreadable, with the reason: the import proposes nothing it would have to round.
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
+import decimal
+import re
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -34,7 +36,10 @@ PER_TOKEN = {
 }
 PER_MILLION = {bucket: bucket for bucket in PER_TOKEN}
 SCALE = 10  # the catalog's decimal places per million tokens (catalog.tables.PRICE_SCALE)
+MAX_RATE = Decimal(10) ** 10  # the catalog's NUMERIC(20, 10) holds less (catalog.tables.PRICE_PRECISION)
 _MILLION = Decimal(1_000_000)
+_NUMBER = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # no sign, no `_`
+_EXACT = decimal.Context(prec=60, traps=[decimal.InvalidOperation, decimal.Overflow, decimal.Inexact])
 
 
 class ListedPrice(Struct, frozen=True):
@@ -71,8 +76,12 @@ def read_model_list(body: bytes) -> ModelList:
     listing = _decode_listing.decode(body)
     entries = listing.data if isinstance(listing, _Listing) else listing
     found = ModelList([], [], [])
-    for raw in entries:
-        entry = msgspec.convert(raw, _Entry)
+    for index, raw in enumerate(entries):
+        try:
+            entry = msgspec.convert(raw, _Entry)
+        except msgspec.ValidationError as exc:  # one odd entry does not reject the others
+            found.unreadable.append((f"data[{index}]", str(exc)))
+            continue
         try:
             price = _price(entry)
         except ValueError as exc:
@@ -96,18 +105,24 @@ def _price(entry: _Entry) -> ListedPrice | None:
 
 
 def _rate(value: Any, factor: Decimal, key: str) -> Decimal | None:
+    """`value` per million tokens, exactly, within what a catalog price holds; ValueError saying why not."""
     if value is None or value == "":
         return None
-    numeric = isinstance(value, Decimal | int | str) and not isinstance(value, bool)
+    shown = f"{str(value)[:40]!r}"
+    text = value.strip() if isinstance(value, str) else value
+    plain = isinstance(text, Decimal | int) and not isinstance(text, bool)
+    if not plain and not (isinstance(text, str) and _NUMBER.fullmatch(text)):  # Decimal() takes '1_5', '-0'
+        raise ValueError(f"pricing.{key}: not a plain non-negative number: {shown}")
     try:
-        number = Decimal(value.strip() if isinstance(value, str) else value) if numeric else Decimal("NaN")
-    except InvalidOperation:
-        raise ValueError(f"pricing.{key}: not a number: {str(value)[:40]!r}") from None
-    if not numeric:
-        raise ValueError(f"pricing.{key}: not a number: {str(value)[:40]!r}")
-    if not number.is_finite() or number < 0:
-        raise ValueError(f"pricing.{key}: not a finite, non-negative number: {str(value)[:40]!r}")
-    per_million = (number * factor).normalize()
+        with decimal.localcontext(_EXACT):
+            number = Decimal(text)
+            if number.is_signed() or not number.is_finite():
+                raise ValueError(f"pricing.{key}: not a finite, non-negative number: {shown}")
+            per_million = (number * factor).normalize()
+    except decimal.DecimalException:  # more digits than can be kept exactly, or past any exponent
+        raise ValueError(f"pricing.{key}: out of range: {shown}") from None
+    if per_million >= MAX_RATE:
+        raise ValueError(f"pricing.{key}: {shown} is more than a catalog price holds")
     if per_million.as_tuple().exponent < -SCALE:  # type: ignore[operator]
         raise ValueError(f"pricing.{key}: {per_million} per million is finer than {SCALE} decimal places")
     return per_million

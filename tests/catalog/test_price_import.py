@@ -6,6 +6,7 @@ effective-dated rows like any other edit (cost.md: "imported the same way, as a 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,11 @@ from typing import Any
 import msgspec
 import pytest
 
+from app import cli_price_import
+from app.cli_price_import import Collision, propose, toml_rows
+from app.settings import settings_from_mapping
+from catalog.files import parse_catalog, validate_catalog
+from devtools.mock_http import Reply
 from providers.model_prices import ListedPrice, read_model_list
 from tests.support.cli import cli_env, query, run_cli, write_config
 from tests.support.upstream import ReplayUpstream, reply_json
@@ -43,11 +49,116 @@ def test_both_conventions_are_read_exactly() -> None:
     ]
     assert found.unpriced == ["no-pricing", "half"]
     assert found.unreadable == [
-        ("words", "pricing.input: not a number: 'cheap'"),
-        ("negative", "pricing.prompt: not a finite, non-negative number: '-0.000001'"),
+        ("words", "pricing.input: not a plain non-negative number: 'cheap'"),
+        ("negative", "pricing.prompt: not a plain non-negative number: '-0.000001'"),
         ("too-fine", "pricing.prompt: 1E-11 per million is finer than 10 decimal places"),
     ]
     assert read_model_list(b'[{"id": "bare", "pricing": {"input": "1", "output": "2"}}]').priced[0].model == "bare"
+
+
+def test_rates_a_catalog_price_cannot_hold_and_odd_entries_are_unreadable_not_fatal() -> None:
+    """Sync refused `1e20` (NUMERIC(20, 10)); `1e1000000` aborted the whole import (decimal
+    Overflow); a 33-digit rate was rounded to 28 digits, now kept exactly and refused for its
+    places; `1_5` was 15; one `null` entry rejected the whole list."""
+    body = (
+        b'{"data": [null, {"object": "model"},'
+        b'{"id": "big", "pricing": {"input": "1e20", "output": "1"}},'
+        b'{"id": "huge", "pricing": {"input": 1e1000000, "output": 1}},'
+        b'{"id": "digits", "pricing": {"prompt": "0.123456789012345678901234567890123", "completion": "0"}},'
+        b'{"id": "underscore", "pricing": {"input": "1_5", "output": "1"}},'
+        b'{"id": "minus-zero", "pricing": {"input": "-0", "output": "1"}},'
+        b'{"id": "ok", "pricing": {"input": "9999999999.9999999999", "output": 0}}'
+        b"]}"
+    )
+    found = read_model_list(body)
+    assert found.priced == [ListedPrice("ok", Decimal("9999999999.9999999999"), Decimal(0))]
+    assert found.unreadable == [
+        ("data[0]", "Expected `object`, got `null`"),
+        ("data[1]", "Object missing required field `id`"),
+        ("big", "pricing.input: '1e20' is more than a catalog price holds"),
+        ("huge", "pricing.input: out of range: '1E+1000000'"),
+        ("digits", "pricing.prompt: 123456.789012345678901234567890123 per million is finer than 10 decimal places"),
+        ("underscore", "pricing.input: not a plain non-negative number: '1_5'"),
+        ("minus-zero", "pricing.input: not a plain non-negative number: '-0'"),
+    ]
+
+
+CATALOG_TEXT = """
+[models."m-1"]
+context_window = 1000
+max_output = 100
+deployments = [{provider = "p", upstream_model = "up-a"}, {provider = "p", upstream_model = "up-b"}]
+
+[models."m-2"]
+context_window = 1000
+max_output = 100
+deployments = [{provider = "p", upstream_model = "up-c"}]
+
+[models."rocket\U0001f680"]
+context_window = 1000
+max_output = 100
+deployments = [{provider = "p", upstream_model = "up-r"}]
+
+[[prices]]
+provider = "p"
+model = "m-2"
+effective_from = 2026-01-01T00:00:00Z
+input = "1"
+output = "2"
+cache_read = "0.1"
+"""
+
+
+def test_proposals_keep_unlisted_buckets_refuse_conflicts_and_write_valid_toml() -> None:
+    """A model listed at two prices (two upstream models, or one id twice) got two rows at one
+    instant, which sync refused; an unlisted cache-read rate was proposed as none; an emoji in a
+    model id and a year before 1000 made TOML the file could not hold."""
+    catalog = validate_catalog([("c.toml", parse_catalog(CATALOG_TEXT, "c.toml"))])
+    listed = read_model_list(
+        listing(
+            {"id": "up-a", "pricing": {"input": "1", "output": "1"}},
+            {"id": "up-b", "pricing": {"input": "2", "output": "2"}},
+            {"id": "up-c", "pricing": {"input": "1.5", "output": "2"}},
+            {"id": "up-c", "pricing": {"input": "1.5", "output": "2"}},  # listed twice, alike: one row
+            {"id": "up-r", "pricing": {"input": "3", "output": "4"}},
+        )
+    )
+    when = datetime(2026, 12, 6, 12, tzinfo=UTC)
+    rows, summary = propose(catalog, "p", listed, when)
+    assert summary == [
+        "p: 1 changed, 1 new, 0 unchanged",
+        "! m-1: listed at 2 different prices (up-a, up-b): no row",
+        "~ m-2 (up-c): input 1 -> 1.5",
+        "+ rocket\U0001f680 (up-r): input 3, output 4",
+    ]
+    assert [(row.model, row.input, row.cache_read) for row in rows] == [
+        ("m-2", Decimal("1.5"), Decimal("0.1")),  # the cache-read rate the list does not give is kept
+        ("rocket\U0001f680", Decimal(3), None),
+    ]
+    early = datetime(999, 1, 1, tzinfo=UTC)
+    text = toml_rows("p", [msgspec.structs.replace(row, effective_from=early) for row in rows], early)
+    merged = validate_catalog([("c.toml", parse_catalog(CATALOG_TEXT + text, "c.toml"))])
+    assert [(p.model, p.effective_from.year, p.input) for p in merged.prices[1:]] == [
+        ("m-2", 999, Decimal("1.5")),
+        ("rocket\U0001f680", 999, Decimal(3)),
+    ]
+    with pytest.raises(Collision):  # the files price m-2 from that very instant already
+        propose(catalog, "p", listed, datetime(2026, 1, 1, tzinfo=UTC))
+
+
+async def test_a_list_that_trickles_past_the_limit_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's 10 s bound each read: a provider sending a byte every 0.5 s kept it forever."""
+    monkeypatch.setattr(cli_price_import, "LIST_TIMEOUT_S", 0.5)
+    async with ReplayUpstream() as upstream:
+        chunks = [b'{"data": [', *[b" "] * 20, b"]}"]
+        upstream.enqueue(Reply(chunks=chunks, chunk_delay_s=0.1, chunked=True), path="/v1/models")
+        settings = settings_from_mapping(
+            {"providers": {"p": {"kind": "local", "base_url": upstream.url}}}, base_dir=Path("."), source="t"
+        )
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            await cli_price_import._fetch(settings, "p")
+        assert asyncio.get_running_loop().time() - began < 1.5
     with pytest.raises(msgspec.ValidationError):
         read_model_list(b'{"models": []}')
 
@@ -80,7 +191,7 @@ async def test_import_proposes_the_changed_and_new_prices_and_sync_makes_them_ro
         "hosted: 1 changed, 0 new, 0 unchanged\n"
         "~ hosted-model (hosted-upstream): input 0.25 -> 0.3, output 0.75 -> 1.2\n"
         "not in the catalog here (listed with prices, no catalog model deployed on them): elsewhere\n"
-        "unreadable: broken (pricing.prompt: not a number: 'free')\n"
+        "unreadable: broken (pricing.prompt: not a plain non-negative number: 'free')\n"
     )
     assert [(r.method, r.path, r.headers["authorization"]) for r in sent] == [
         ("GET", "/v1/models", "Bearer hk-secret")
