@@ -126,41 +126,53 @@ def propose(
         for deployment in model.deployments:
             if deployment.provider == provider:
                 deployed.setdefault(deployment.upstream_model, []).append(model.id)
-    candidates: dict[str, dict[tuple[Any, ...], tuple[PriceSpec, str]]] = {}
+    current = {m: _in_effect(catalog, provider, m, when) for models in deployed.values() for m in models}
+    ways: dict[str, dict[tuple[Any, ...], tuple[PriceSpec, str]]] = {}  # model -> rates -> (row, upstream)
     for listed in listing.priced:
         for model_id in deployed.get(listed.model, []):
-            row = _row(provider, model_id, listed, when, _in_effect(catalog, provider, model_id, when))
-            rates = tuple(getattr(row, k) for k in MONEY_KEYS)
-            candidates.setdefault(model_id, {}).setdefault(rates, (row, listed.model))
+            row = _row(provider, model_id, listed, when, current[model_id])
+            ways.setdefault(model_id, {}).setdefault(_rates(row), (row, listed.model))
     rows: list[PriceSpec] = []
     lines: list[str] = []
-    unchanged = 0
-    for model_id, ways in candidates.items():
-        if len(ways) > 1:
-            lines.append(
-                f"! {model_id}: listed at {len(ways)} different prices ({_names(u for _, u in ways.values())}): no row"
-            )
+    for model_id, found in ways.items():
+        if len(found) > 1:
+            listed_as = _names(upstream for _, upstream in found.values())
+            lines.append(f"! {model_id}: listed at {len(found)} different prices ({listed_as}): no row")
             continue
-        ((row, upstream),) = ways.values()
-        current = _in_effect(catalog, provider, model_id, when)
-        if current is not None and all(getattr(current, k) == getattr(row, k) for k in MONEY_KEYS):
-            unchanged += 1
+        ((row, upstream),) = found.values()
+        was = current[model_id]
+        if was is not None and _rates(was) == _rates(row):
             continue
-        if current is not None and current.effective_from == when:
+        if was is not None and was.effective_from == when:
             raise Collision(f"the files already price {model_id} on {provider} from {_stamp(when)}")
         rows.append(row)
-        lines.append(_change(current, row, upstream))
-    listed_names = {listed.model for listed in listing.priced}
-    changed = sum(line.startswith("~") for line in lines)
-    added = sum(line.startswith("+") for line in lines)
-    head = f"{provider}: {changed} changed, {added} new, {unchanged} unchanged"
-    unmatched = sorted(listed_names - set(deployed))
+        lines.append(_change(was, row, upstream))
+    return rows, [_head(provider, lines, len(ways)), *lines, *_notes(deployed, listing)]
+
+
+def _rates(price: PriceSpec) -> tuple[Any, ...]:
+    return tuple(getattr(price, key) for key in MONEY_KEYS)
+
+
+def _head(provider: str, lines: list[str], priced: int) -> str:
+    changed, added, conflicts = (sum(line.startswith(mark) for line in lines) for mark in "~+!")
+    unchanged = priced - changed - added - conflicts
+    return f"{provider}: {changed} changed, {added} new, {unchanged} unchanged"
+
+
+def _notes(deployed: dict[str, list[str]], listing: ModelList) -> list[str]:
+    listed = {price.model for price in listing.priced}
     notes = [
-        ("not in the catalog here (listed with prices, no catalog model deployed on them)", _names(unmatched)),
-        ("no price listed for (their catalog prices stay)", _names(sorted(set(deployed) - listed_names))),
-        ("unreadable", ", ".join(f"{_shown(model)} ({why})" for model, why in listing.unreadable)),
+        (
+            "not in the catalog here (listed with prices, no catalog model deployed on them)",
+            sorted(listed - set(deployed)),
+        ),
+        ("no price listed for (their catalog prices stay)", sorted(set(deployed) - listed)),
     ]
-    return rows, [head, *lines, *(f"{what}: {names}" for what, names in notes if names)]
+    found = [f"{what}: {_names(names)}" for what, names in notes if names]
+    if listing.unreadable:
+        found.append("unreadable: " + ", ".join(f"{_shown(model)} ({why})" for model, why in listing.unreadable))
+    return found
 
 
 def _names(names: Iterable[str]) -> str:
