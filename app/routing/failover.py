@@ -83,7 +83,8 @@ class Candidates:
         """The next backend, with a slot held; None when none is left or the deadline passed.
         Each backend is looked at again as it comes up: one that left rotation since the request
         started (another request's failure cooled it down, disabled or broke it) is passed over,
-        and so is a slot handed over in its queue after the failure that took it out."""
+        and so is a slot handed over in its queue after the failure that took it out, unless
+        that is a short cool-down the request can wait out (`_kept`)."""
         loop = asyncio.get_running_loop()
         queue_deadline: float | None = None
         if not self._checked:
@@ -107,11 +108,10 @@ class Candidates:
                 backend.waiting -= 1
             if outcome == "slot":
                 self.pending.remove(backend)
-                if self._out(backend, loop.time()):  # out while this request waited for it
-                    backend.state.release()
-                    continue
                 backend.held += 1
-                return backend
+                if await self._kept(backend, queue_deadline):
+                    return backend
+                continue
             if outcome == "moved":  # a slot freed elsewhere: look at them all again
                 now = loop.time()
                 self.pending = [other for other in self.pending if not self._out(other, now)]
@@ -119,6 +119,37 @@ class Candidates:
                 self.pending.remove(backend)
                 self.capacity_waits.append(1.0)
         return None
+
+    async def _kept(self, backend: Backend, queue_deadline: float) -> bool:
+        """A slot was handed over in `backend`'s queue: True when the request may take it, False
+        when the backend left rotation while the request waited (the slot given back).
+
+        A cool-down that ends before the request's queue deadline, on the last backend it has to
+        try, is waited out holding the slot: the queue is there to absorb a busy moment, so one
+        transient failure (a 503 with a 2 s cool-down) or a short 429 no longer answers every
+        request queued behind it 503 at once. A breaker, a failed probe or a disabled provider
+        has no known end: those leave the queue at once, as a cool-down past the deadline does."""
+        loop = asyncio.get_running_loop()
+        try:
+            wait = 0.0 if self.pending else _cool_wait(backend, loop.time(), queue_deadline)
+            while wait > 0:  # again: another failure may have made the cool-down longer meanwhile
+                await asyncio.sleep(wait)
+                wait = _cool_wait(backend, loop.time(), queue_deadline)
+        except BaseException:  # cancelled while it waited: the slot goes to the next in the queue
+            backend.release()
+            raise
+        if self._out(backend, loop.time()):
+            backend.release()
+            return False
+        return True
+
+
+def _cool_wait(backend: Backend, now: float, limit: float) -> float:
+    """Seconds until `backend` is back, when only a cool-down ending by `limit` keeps it out; else 0."""
+    state = backend.state
+    if not backend.provider.state.ready or state.breaker_open or state.probe_failed or state.cooling_until > limit:
+        return 0.0
+    return max(0.0, state.cooling_until - now)
 
 
 def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:

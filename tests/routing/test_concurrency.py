@@ -268,19 +268,84 @@ async def test_request_deadline_bounds_the_wait_for_a_slot(
     await wait_until(_all_idle(gw))
 
 
-async def test_requests_queued_on_a_backend_are_not_sent_to_it_once_a_failure_took_it_out(
+async def test_requests_queued_behind_a_transient_failure_wait_out_its_cool_down(
     start_gateway: StartGateway, alpha: ReplayUpstream
 ) -> None:
-    """alpha, one slot, three requests queued behind one that gets a 503: the slot passed to the
-    next in the queue, which sent its request to the cooling backend, and so on (4 requests
-    where 1 belonged). They now find it out of rotation: 503, as when nothing was there to try."""
-    gw = await launch(start_gateway, {"alpha": alpha}, common={"max_concurrency": 1, "max_queue": 8})
+    """alpha, one slot, three requests queued behind one that gets a 503 (a 1 s cool-down, well
+    inside the 10 s queue timeout): the slot passed to the next in the queue, which used to find
+    the backend out and answer 503, and so did every other, at once. They now hold their place
+    through the cool-down (nothing reaches alpha meanwhile) and are served after it, in turn."""
+    policy = {"max_concurrency": 1, "max_queue": 8, "failure_cooldown_s": 1}
+    gw = await launch(start_gateway, {"alpha": alpha}, common=policy)
+    alpha.enqueue(error(503, "unavailable", first_byte_delay_s=0.3))
+    alpha.set_default(answer("after the cool-down"))
+    first = asyncio.create_task(complete(gw))
+    await wait_until(lambda: len(completions(alpha)) == 1)
+    queued = [asyncio.create_task(complete(gw)) for _ in range(3)]
+    await wait_until(_alpha_is(gw, in_flight=1, queued=3))
+    assert (await first).status_code == 502
+    failed_at = time.monotonic()
+    await wait_until(_alpha_is(gw, in_flight=1, queued=2))  # the head of the queue holds the slot
+    await asyncio.sleep(0.5)
+    assert len(completions(alpha)) == 1  # still cooling: nothing sent
+    responses = await asyncio.gather(*queued)
+    assert time.monotonic() - failed_at >= 0.9
+    assert [(r.status_code, r.json()["provider"]) for r in responses] == [(200, "alpha")] * 3
+    assert len(completions(alpha)) == 4
+    await wait_until(_all_idle(gw))
+
+
+async def test_requests_queued_behind_a_failure_leave_when_its_cool_down_outlasts_their_wait(
+    start_gateway: StartGateway, alpha: ReplayUpstream
+) -> None:
+    """The same queue, but the cool-down (5 s) ends after the queue timeout (1 s): waiting it out
+    cannot serve them, so they answer 503 at once, as when nothing was there to try, and are not
+    sent to the cooling backend (they once were: 4 upstream requests where 1 belonged)."""
+    policy = {"max_concurrency": 1, "max_queue": 8, "failure_cooldown_s": 5, "queue_timeout_s": 1}
+    gw = await launch(start_gateway, {"alpha": alpha}, common=policy)
     alpha.enqueue(error(503, "unavailable", first_byte_delay_s=0.3))
     alpha.set_default(answer("should not be asked"))
+    started = time.monotonic()
     responses = await asyncio.gather(*(complete(gw) for _ in range(4)))
+    assert time.monotonic() - started < 0.9
     assert len(completions(alpha)) == 1
     assert sorted(response.status_code for response in responses) == [502, 503, 503, 503]
     await wait_until(_all_idle(gw))
+
+
+async def test_a_request_cancelled_while_it_waits_out_a_cool_down_gives_its_slot_back(
+    start_gateway: StartGateway, alpha: ReplayUpstream
+) -> None:
+    policy = {"max_concurrency": 1, "max_queue": 8, "failure_cooldown_s": 1}
+    gw = await launch(start_gateway, {"alpha": alpha}, common=policy)
+    alpha.enqueue(error(503, "unavailable", first_byte_delay_s=0.3))
+    alpha.set_default(answer("after the cool-down"))
+    first = asyncio.create_task(complete(gw))
+    await wait_until(lambda: len(completions(alpha)) == 1)
+    waiter = asyncio.create_task(complete(gw))
+    await wait_until(_alpha_is(gw, in_flight=1, queued=1))
+    assert (await first).status_code == 502
+    await wait_until(_alpha_is(gw, in_flight=1, queued=0))  # the waiter holds the slot, cooling
+    waiter.cancel()
+    await wait_until(_alpha_is(gw, in_flight=0, queued=0))
+    await asyncio.sleep(1)
+    response = await complete(gw)
+    assert (response.status_code, response.json()["provider"]) == (200, "alpha")
+    assert len(completions(alpha)) == 2
+    rows = await rows_when(gw, 3)
+    assert sorted(row_view(row) for row in rows) == [
+        ("cancelled", None, None, 0, None),
+        ("error", "upstream_error", 502, 1, "alpha"),
+        ("ok", None, None, 1, "alpha"),
+    ]
+
+
+def _alpha_is(gw: GatewayHandle, *, in_flight: int, queued: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        state = (await deployments(gw))["alpha"]
+        return (state["in_flight"], state["queued"]) == (in_flight, queued)
+
+    return check
 
 
 async def test_failover_passes_over_a_backend_another_request_took_out_meanwhile(
