@@ -8,7 +8,11 @@ What it implements of the WHATWG event-stream grammar:
 - lines end in `\\n`, `\\r\\n` or a bare `\\r`; a blank line dispatches the event;
 - `data:` lines (one optional space after the colon) are joined with `\\n`;
 - comment lines (`: ping`) and the `event:`, `id:` and `retry:` fields are skipped;
-- an event without a `data` line dispatches nothing;
+- an event without a `data` line dispatches nothing, except one with an `error:` field: llama.cpp's
+  `llama-server` (late 2024 to October 2025) streamed its errors as `error: {json}` lines, then
+  `data: [DONE]`, so such an event is dispatched as `{"error": <its value>}`, the payload of the
+  in-stream error chunk every other server sends (`data: {"error": …}`); read as a field it would
+  be skipped, and a cut-off answer would look finished;
 - a leading UTF-8 byte-order mark is dropped.
 
 Speed matters: this runs for every read of every stream. It works on bytes, splits the buffer at
@@ -19,6 +23,8 @@ then dropped as the second half of that `\\r\\n`.
 """
 
 from __future__ import annotations
+
+import json
 
 _BOM = b"\xef\xbb\xbf"
 
@@ -85,8 +91,10 @@ class SSEParser:
 
 
 def _event_data(block: bytes) -> str | None:
-    """The joined `data` of one event block (lines separated by `\\n`), or None if it has none."""
+    """The joined `data` of one event block (lines separated by `\\n`), or None if it has none
+    (an `error:` field alone is an error chunk: the module docstring)."""
     data: list[bytes] = []
+    error: bytes | None = None
     for line in block.split(b"\n"):
         if line.startswith(b"data"):
             if line.startswith(b"data:"):
@@ -94,6 +102,13 @@ def _event_data(block: bytes) -> str | None:
                 data.append(value[1:] if value.startswith(b" ") else value)
             elif line == b"data":
                 data.append(b"")
+        elif line.startswith(b"error:"):
+            error = line[6:].strip()
     if not data:
-        return None
+        return None if not error else _error_payload(error.decode("utf-8", "replace"))
     return b"\n".join(data).decode("utf-8", "replace")
+
+
+def _error_payload(value: str) -> str:
+    """`{"error": value}` as JSON text: an object as it came, anything else as a string."""
+    return '{"error":' + (value if value.startswith("{") else json.dumps(value)) + "}"

@@ -406,3 +406,37 @@ async def test_a_lone_surrogate_in_a_whole_answer_is_u_fffd(gw: GatewayHandle, p
     answered = await post(gw, body("chat-1"))
     assert answered.status_code == 200, answered.text
     assert answered.json()["message"]["content"] == [{"kind": "text", "data": "a\ufffd b \ufffd"}]
+
+
+async def test_an_error_field_after_content_is_an_error_event_not_a_finish(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """llama.cpp (late 2024 to October 2025) streamed an error as an `error:` SSE field, then
+    `data: [DONE]`: read as an unknown field it was skipped, and the cut-off answer finished
+    `stop` with an `ok` row."""
+    primary.enqueue("llamacpp_error_field_midstream")
+    _, frames = await stream(gw)
+    assert types(frames) == ["stream_start", "text_start", "text_delta", "text_delta", "text_end", "error"]
+    assert frames[-1][1]["error"]["code"] == 502
+    (row,) = await gw.ledger_rows()
+    assert (row["status"], row["error_status"], row["provider"]) == ("error", 502, "primary")
+
+
+async def test_an_error_field_refusing_the_prompt_is_the_clients_400_without_a_cool_down(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """The same server refusing a prompt past its context, after the 200 head: the upstream's 400
+    with its message, as a 400 body would be, and the backend stays in rotation (it was a 502
+    "malformed response" that cooled the local server down for everyone)."""
+    primary.enqueue("llamacpp_error_field_context_400")
+    primary.enqueue(reply_sse([chunk({"content": "ok"}), chunk({}, "stop")]))
+    response = await post(gw, body(stream=True))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["message"]) == (
+        "invalid_request_error",
+        "the request exceeds the available context size, try increasing it",
+    )
+    _, frames = await stream(gw)
+    assert types(frames)[-1] == "finish"
+    assert frames[0][1]["provider"] == "primary"

@@ -121,3 +121,19 @@ def test_byte_order_mark_and_blank_lines_between_events() -> None:
 
 def test_every_stream_transcript_is_covered() -> None:
     assert len(STREAMS) == 16
+
+
+@pytest.mark.parametrize(
+    ("reads", "payloads"),
+    [
+        ([b'error: {"code":500,"message":"boom"}\n\n'], ['{"error":{"code":500,"message":"boom"}}']),
+        ([b"error: engine crashed\r\n\r\n"], ['{"error":"engine crashed"}']),
+        ([b'error: {"code":1}\nevent: x\n\n', b"data: [DONE]\n\n"], ['{"error":{"code":1}}', "[DONE]"]),
+        ([b'event: error\ndata: {"a":1}\nerror: {"b":2}\n\n'], ['{"a":1}']),  # data, when there is some, wins
+        ([b"error:\n\n"], []),
+    ],
+)
+def test_an_error_field_alone_is_an_error_chunk(reads: list[bytes], payloads: list[str]) -> None:
+    """llama.cpp's `error: {json}` events (late 2024 to October 2025) come out as the in-stream
+    error chunk `{"error": …}` the stream parsers already read."""
+    assert feed_all(reads) == payloads
