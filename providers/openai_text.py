@@ -19,6 +19,9 @@ Parser decisions: `choices[0].text` → `TextDelta`; `choices[0].logprobs` (para
 `tokens`, `token_logprobs`, `top_logprobs` as `{token: logprob}` maps, `text_offset`) → one
 `Logprobs` event after the text it belongs to, each token keeping its `text_offset`; a
 `token_logprobs` entry of null (the first echoed prompt token has no probability) stays None.
+llama.cpp answers `/completions` with chat's shape instead (`logprobs.content`, a list of
+`{token, logprob, bytes, top_logprobs}`), read as the same tokens, their offsets counted by the
+door from the text.
 A choice without `text` but with a chat-shaped `message.content` (whole) or `delta.content`
 (streamed), as some servers answer `/completions`, is read as that text: an answer read as empty
 would be billed and relayed as nothing.
@@ -95,6 +98,7 @@ class _TextLogprobs(Struct):
     token_logprobs: list[float | None] | None = None
     top_logprobs: list[dict[str, float | None] | None] | None = None
     text_offset: list[int] | None = None
+    content: list[TokenLogprob] | None = None  # chat-shaped (llama.cpp's `/completions`): no offsets
 
 
 class _ChatShaped(Struct):
@@ -146,6 +150,8 @@ class TextStreamParser(OpenAIStreamParser[_TextChunk]):
             events.append(TextDelta(text=text))
         if choice.logprobs is not None and choice.logprobs.tokens:
             events.append(Logprobs(token_logprobs(choice.logprobs)))
+        elif choice.logprobs is not None and choice.logprobs.content:
+            events.append(Logprobs(choice.logprobs.content))
         return choice.finish_reason
 
 

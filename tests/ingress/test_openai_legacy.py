@@ -191,6 +191,61 @@ async def test_stream_exact_chunks(gw: GatewayHandle, primary: ReplayUpstream) -
     ]
 
 
+def llamacpp_logprob(token: str, logprob: float, top: dict[str, float]) -> dict[str, Any]:
+    """One entry of llama.cpp's chat-shaped `logprobs.content`, as its `/completions` sends it."""
+    alternatives = [{"id": 7, "token": t, "bytes": list(t.encode()), "logprob": v} for t, v in top.items()]
+    return {"id": 7, "token": token, "bytes": list(token.encode()), "logprob": logprob, "top_logprobs": alternatives}
+
+
+async def test_llamacpp_chat_shaped_logprobs_become_the_legacy_arrays(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """llama.cpp's `/completions` answers `logprobs: {content: [...]}` (chat's shape), whole and
+    streamed; they were read as no log probabilities at all (`logprobs: null`)."""
+    paris = llamacpp_logprob(" Paris", -0.1, {" Paris": -0.1, " Lyon": -2.5})
+    dot = llamacpp_logprob(".", -0.25, {".": -0.25, ",": -1.5})
+    whole = {
+        "choices": [{"index": 0, "text": " Paris.", "finish_reason": "stop", "logprobs": {"content": [paris, dot]}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
+    primary.enqueue(reply_json(200, whole))
+    primary.enqueue(
+        reply_sse(
+            [
+                {"choices": [{"index": 0, "text": " Paris", "logprobs": {"content": [paris]}}]},
+                {"choices": [{"index": 0, "text": ".", "logprobs": {"content": [dot]}}]},
+                {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+            ]
+        )
+    )
+    payload = {"prompt": PROMPT, "max_tokens": 2, "logprobs": 2}
+
+    answer = (await gw.client.post(LEGACY, json=payload)).json()
+    streamed = data_lines((await gw.client.post(LEGACY, json={**payload, "stream": True})).text)
+
+    assert answer["choices"][0]["logprobs"] == {
+        "tokens": [" Paris", "."],
+        "token_logprobs": [-0.1, -0.25],
+        "top_logprobs": [{" Paris": -0.1, " Lyon": -2.5}, {".": -0.25, ",": -1.5}],
+        "text_offset": [0, 6],
+    }
+    assert [chunk["choices"][0]["logprobs"] for chunk in streamed[:-1]] == [
+        {
+            "tokens": [" Paris"],
+            "token_logprobs": [Decimal("-0.1")],
+            "top_logprobs": [{" Paris": Decimal("-0.1"), " Lyon": Decimal("-2.5")}],
+            "text_offset": [0],
+        },
+        {
+            "tokens": ["."],
+            "token_logprobs": [Decimal("-0.25")],
+            "top_logprobs": [{".": Decimal("-0.25"), ",": Decimal("-1.5")}],
+            "text_offset": [6],
+        },
+        None,
+    ]
+
+
 async def test_no_log_probabilities_unless_asked(gw: GatewayHandle, primary: ReplayUpstream) -> None:
     """ingress.md: `logprobs` "when asked". The transcript's vLLM sends them anyway: the stream
     is one chunk per token, with no empty-text chunks carrying them, and the whole answer has none."""
