@@ -12,7 +12,9 @@ unauthenticated `/health`) — or for an exhausted balance, but only once `quota
 a hosted `/models` answers 200 with an empty balance too, and the balance endpoints of the hosts
 (primalabs `/credits`) have no documented shape to read it from. A provider whose key variable is unset is never
 probed: nothing can change until the operator sets it and restarts. For `local` providers the
-server's own queue depth is read from its `/metrics` in the same round.
+server's own queue depth is read from its `/metrics` in the same round; a round that reads none
+(a failed probe, `/metrics` failing or without the gauge) sets it to 0, so a depth read once is not
+kept against the backend for ever after.
 
 Logged once per change, never per round: `probe_failed` when a provider's probe starts failing,
 `probe_recovered` when it passes again, `provider_enabled` and `breaker_closed` (`source="probe"`).
@@ -101,8 +103,7 @@ class HealthMonitor:
                 )
                 if publisher is not None:
                     publisher.breaker_changed(backend)
-            if depth is not None:
-                backend.state.queue_depth = depth
+            backend.state.queue_depth = depth or 0.0  # none read this round: not the last one read, kept forever
         name = runtime.config.name
         self._probes[name] = self._probes.get(name, 0) + 1
 

@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from devtools.mock_http import Reply
 from tests.routing.conftest import launch
 from tests.support.client import COMPLETIONS, Held, body, complete, holding
 from tests.support.gateway import GatewayHandle, StartGateway
@@ -266,6 +267,46 @@ async def test_request_deadline_bounds_the_wait_for_a_slot(
         assert 0.4 <= elapsed < 1.2  # the 0.5 s deadline, not the 10 s queue timeout
         assert (len(completions(alpha)), len(completions(beta))) == (1, 1)
     await wait_until(_all_idle(gw))
+
+
+async def test_a_queue_depth_is_forgotten_when_metrics_stop_answering(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """alpha's `/metrics` said 50 waiting three times, then answered 500 while `/health` stayed
+    up: the last depth read was kept for ever, and every request went to beta."""
+    alpha.enqueue(metrics_reply(50), repeat=3, path="/metrics")
+    alpha.enqueue(error(500, "internal"), repeat=1000, path="/metrics")
+    gw = await launch(
+        start_gateway, {"alpha": alpha, "beta": beta}, common={"kind": "local"}, routing={"probe_interval_s": 0.1}
+    )
+    await wait_until(_depths(gw, alpha=50, beta=0))
+    await wait_until(_depths(gw, alpha=0, beta=0))
+    alpha.enqueue(answer("from alpha"))
+    response = await complete(gw, "even-1")
+    assert (response.status_code, response.json()["provider"]) == (200, "alpha")
+
+
+async def test_llama_cpps_deferred_requests_count_as_its_queue(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream
+) -> None:
+    """`llama-server --metrics` reports the requests waiting for a slot as `llamacpp:requests_deferred`."""
+    page = b"llamacpp:requests_processing 4\nllamacpp:requests_deferred 7\n"
+    alpha.enqueue(Reply(headers=[("content-type", "text/plain")], chunks=[page]), repeat=1000, path="/metrics")
+    gw = await launch(
+        start_gateway, {"alpha": alpha, "beta": beta}, common={"kind": "local"}, routing={"probe_interval_s": 0.1}
+    )
+    await wait_until(_depths(gw, alpha=7, beta=0))
+    beta.enqueue(answer("from beta"))
+    response = await complete(gw, "even-1")
+    assert (response.status_code, response.json()["provider"]) == (200, "beta")
+
+
+def _depths(gw: GatewayHandle, **depths: float) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        state = await deployments(gw, "even-1")
+        return {name: state[name]["upstream_queue_depth"] for name in depths} == depths
+
+    return check
 
 
 async def test_requests_queued_behind_a_transient_failure_wait_out_its_cool_down(
