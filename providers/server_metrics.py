@@ -1,8 +1,9 @@
 """Reading a local inference server's own queue from its Prometheus `/metrics`.
 
 vLLM exposes `vllm:num_requests_waiting` (SGLang `sglang:num_queue_reqs`, llama.cpp's `llama-server
---metrics` `llamacpp:requests_deferred`): requests the server accepted but has not started. Routing adds it to the gateway's own in-flight count to find the
-least loaded of equally preferred backends. Only these gauges are read; every label set of a gauge
+--metrics` `llamacpp:requests_deferred`): requests the server accepted but has not started.
+Routing adds it to the gateway's own in-flight count to find the least loaded of equally
+preferred backends. Only these gauges are read; every label set of a gauge
 is summed (one series per model served).
 """
 

@@ -34,9 +34,13 @@ Output decisions (README, "Anthropic Messages ingress"):
   accumulates by index.) A tool's `input` is an object, and the JSON answer's is `{}` when the
   arguments are not one: a live call's fragments are held until the first one that is not blank,
   and dropped when it does not open an object (`[1, 2]`, `"x"`); a waiting call is sent whole only
-  when its arguments are a non-empty object. Arguments that open an object and then break off
-  (an answer cut at `max_tokens`) have streamed as they came; the SDK's partial-JSON parser reads
-  what they hold.
+  when its arguments are a non-empty object. A live call's fragments stream only while they can
+  still begin a JSON object (`app.edge.json_prefix`): the SDK parses them after every delta and
+  fails the whole stream on `{'q': 1}`, `True` or a trailing comma, which small local models
+  write. From the first fragment that breaks the grammar the call sends nothing more, so its
+  streamed `input` is what the prefix before it holds (the JSON answer's is `{}`). Arguments that
+  open an object and then break off (an answer cut at `max_tokens`) have streamed as they came;
+  the SDK's partial-JSON parser reads what they hold.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from app.context import RequestContext
 from app.edge import anthropic_format as fmt
 from app.edge.anthropic_request import decode_messages
 from app.edge.asgi import serve
+from app.edge.json_prefix import JSONPrefix
 from app.edge.key_guard import rate_window, require_key
 from app.edge.rejection import as_gateway_error
 from app.edge.relay import StreamRenderer
@@ -186,7 +191,7 @@ class AnthropicStream(StreamRenderer):
         self._prefix = b""  # the delta head of the open text or thinking block
         self._calls: dict[int, tuple[int, bytes]] = {}  # a started call's index → (block index, delta head)
         self._live_call: int | None = None  # the call whose block is open now
-        self._blank: dict[int, str] = {}  # a live call's fragments while all blank (module doc)
+        self._json: dict[int, JSONPrefix] = {}  # a live call's arguments so far (module doc)
         self._opened = False  # `message_start` went out as the opening keep-alive
 
     def render(self, event: ev.Event) -> bytes:
@@ -248,25 +253,18 @@ class AnthropicStream(StreamRenderer):
         index, frames = self._open_block(fmt.ToolUseBlock(event.id, event.name, {}))
         self._calls[event.index] = index, fmt.delta_prefix(index, "input_json_delta", "partial_json")
         self._live_call = event.index
-        self._blank[event.index] = ""
+        self._json[event.index] = JSONPrefix()
         return frames
 
     def _tool_call_delta(self, event: ev.ToolCallDelta) -> bytes:
         call = self._calls.get(event.index)
-        if call is None or not event.fragment:
+        if call is None or not event.fragment or not call[1]:
             return b""  # a waiting call's fragments are sent whole when it ends
-        fragment = event.fragment
-        if event.index in self._blank:  # the first characters decide whether it is an object
-            fragment = self._blank.pop(event.index) + fragment
-            start = fragment.lstrip()
-            if not start:
-                self._blank[event.index] = fragment
-                return b""
-            if start[0] != "{":
-                self._calls[event.index] = call = call[0], b""  # not an object: `input` stays {}
-        if not call[1]:
+        fragment = self._json[event.index].take(event.fragment)
+        if fragment is None:  # no JSON object begins like this: the rest of the call is not sent
+            self._calls[event.index] = call[0], b""
             return b""
-        return call[1] + fmt.encode(fragment) + fmt.DELTA_END
+        return call[1] + fmt.encode(fragment) + fmt.DELTA_END if fragment else b""
 
     def _tool_call_end(self, event: ev.ToolCallEnd) -> bytes:
         if event.index in self._calls:

@@ -387,3 +387,28 @@ async def test_arguments_that_are_not_an_object_stream_as_the_json_answer_has_th
     whole = await client.messages.create(model="chat-1", max_tokens=256, messages=[USER])
     inputs = [{}, {}, {"a": 1}]
     assert [block.input for block in streamed.content] == [block.input for block in whole.content] == inputs  # type: ignore[union-attr]
+
+
+async def test_arguments_that_stop_being_json_stop_streaming_and_the_sdk_reads_the_rest(
+    gw: GatewayHandle, client: anthropic.AsyncAnthropic, primary: ReplayUpstream
+) -> None:
+    """Small models write Python for JSON (`{'q': …}`, `True`, trailing commas). The SDK parses a
+    call's fragments after every delta and failed the whole stream (`ValueError: Unable to parse
+    tool parameter JSON`). A call now streams only while its arguments can still begin a JSON
+    object; after the first fragment that breaks it, nothing more of that call is sent, and the
+    SDK's `input` is what the fragments sent hold."""
+    cases = [  # (the upstream's fragments, the fragments sent, the SDK's final `input`)
+        (["{'q': ", "'x'}"], [], {}),
+        (['{"q": "x", ', '"on": True}'], ['{"q": "x", '], {"q": "x"}),
+        (['{"q": [1,', "]}"], ['{"q": [1,'], {"q": [1]}),
+    ]
+    for fragments, sent, sdk_input in cases:
+        deltas = [tool_delta(0, id="c1", name="get", args=fragments[0])] + [
+            tool_delta(0, args=f) for f in fragments[1:]
+        ]
+        primary.enqueue(reply_sse([*map(chunk, deltas), chunk({}, "tool_calls"), usage_chunk(3, 2)]), repeat=2)
+        _, frames = await post_stream(gw)
+        assert [d["delta"]["partial_json"] for d in datas(frames) if d["type"] == "content_block_delta"] == sent
+        async with client.messages.stream(model="chat-1", max_tokens=64, messages=[USER]) as stream:
+            message = await stream.get_final_message()
+        assert (message.stop_reason, message.content[0].input) == ("tool_use", sdk_input)  # type: ignore[union-attr]
