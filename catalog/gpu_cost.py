@@ -10,8 +10,9 @@ every *other* provider that sells the same model:
 - `amortized_usd`: the exact sum of their costs (a decimal string);
 - `usd_per_mtok`: amortized_usd / tokens x 1e6, rounded half-even to 10 decimal places (the
   catalog's own price scale), null with no tokens;
-- `hosted`: per other provider with a price row for the model in effect at the period's end (or
-  now, when that is earlier): its `input`/`output` rates (USD per million tokens, as the catalog
+- `hosted`: per other provider with a price row for the model in effect at the period's last
+  instant (a microsecond before its exclusive end: a price change at midnight belongs to the next
+  day; or now, when that is earlier): its `input`/`output` rates (USD per million tokens, as the catalog
   holds them), and `same_usage_usd` — what the GPU's exact token mix (the five bucket sums) would
   have cost at that provider's prices (`catalog.pricing.estimate_cost`, null when the row has no
   rate for a bucket that has tokens) — with its own `usd_per_mtok`, so both sides are priced on the
@@ -20,7 +21,7 @@ every *other* provider that sells the same model:
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from typing import Any
 
@@ -36,6 +37,7 @@ from catalog.tables import LedgerRow
 
 PER_MTOK_QUANTUM = Decimal("1E-10")
 _BUCKETS = ("input_tokens", "output_tokens", "reasoning_tokens", "cache_read_tokens", "cache_write_tokens")
+_LAST_INSTANT = timedelta(microseconds=1)  # a period's last instant is this before its exclusive end
 
 
 class HostedPrice(msgspec.Struct, frozen=True):
@@ -118,6 +120,6 @@ async def gpu_costs(engine: AsyncEngine, period: Period) -> GpuCostReport:
         grouped = list(await connection.execute(query))
     snapshot = await load_snapshot(engine)
     gpu = {row.provider for row in grouped}
-    when = min(period.end, datetime.now(UTC))
+    when = min(period.end - _LAST_INSTANT, datetime.now(UTC))  # a price from `end` on is not the period's
     rows = [_model_cost(row, cost.read(row) or Decimal(0), snapshot, gpu, when) for row in grouped]
     return GpuCostReport(start=msgspec.to_builtins(period.start), end=msgspec.to_builtins(period.end), rows=rows)

@@ -26,6 +26,7 @@ CATALOG = catalog_toml(
     prices=[
         price("gpu", "m1", "0.01", "0.02"),  # the GPU's own catalog row is not a hosted price
         price("hosted-a", "m1", "0.50", "1.50"),
+        price("hosted-a", "m1", "0.45", "1.35", effective_from="2026-05-01"),  # at `to`, which is exclusive
         price("hosted-a", "m1", "0.40", "1.20", effective_from="2026-06-01"),  # after the period
         price("hosted-b", "m1", "0.20", "0.80", cache_read="0.05"),
     ],
