@@ -127,6 +127,11 @@ class CatalogSnapshot:
         series = self._prices.get((provider, model))
         return series.until(when) if series is not None else None
 
+    def first_priced(self, model: str) -> datetime | None:
+        """When the model's earliest price row (any provider) took effect; None when it has none."""
+        starts = [self._prices[(provider, model)].starts[0] for provider in self._providers_by_model.get(model, ())]
+        return min(starts, default=None)
+
     def prices_for(self, model: str, when: datetime | None = None) -> dict[str, PriceRow]:
         """Per provider, the row in effect at `when` (default: now) for `model`."""
         moment = when or datetime.now(UTC)

@@ -23,7 +23,6 @@ Rendering decisions:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +42,7 @@ from app.edge.relay import StreamRenderer
 from app.errors import GatewayError, NotFound, clip, stream_error_view
 from app.pipeline import events as ev
 from app.service import Service
+from catalog.snapshot import CatalogSnapshot, ModelEntry
 from providers.events import TokenLogprob
 from providers.types import TextPart, ThinkingPart, ToolCallPart
 
@@ -85,11 +85,8 @@ async def openai_models(state: State, request: Request[Any, Any, Any]) -> Respon
     """Catalog ids, not aliases; with API keys, only the models the caller's key may use."""
     service: Service = state.service
     assert service.router is not None
-    created = int(time.time())
     snapshot = service.router.snapshot
-    cards = [
-        fmt.ModelCard(id=entry.id, created=created) for entry in snapshot.models if visible(request, entry, snapshot)
-    ]
+    cards = [_card(entry, snapshot) for entry in snapshot.models if visible(request, entry, snapshot)]
     return Response(fmt.encoder.encode(fmt.ModelCards(data=cards)), media_type="application/json")
 
 
@@ -104,8 +101,15 @@ async def openai_model(state: State, request: Request[Any, Any, Any]) -> Respons
     entry = snapshot.resolve(name)
     if entry is None or not visible(request, entry, snapshot):
         raise NotFound(f"model '{clip(name)}' does not exist")
-    card = fmt.ModelCard(id=entry.id, created=int(time.time()))
-    return Response(fmt.encoder.encode(card), media_type="application/json")
+    return Response(fmt.encoder.encode(_card(entry, snapshot)), media_type="application/json")
+
+
+def _card(entry: ModelEntry, snapshot: CatalogSnapshot) -> fmt.ModelCard:
+    """`created` is when the model's first price took effect here (0 when it has none): a value
+    that is the same on every call, worker and restart, as OpenAI's is, so a client comparing two
+    lists does not see every model as changed (it was the time of the call)."""
+    first = snapshot.first_priced(entry.id)
+    return fmt.ModelCard(id=entry.id, created=int(first.timestamp()) if first is not None else 0)
 
 
 def completion_of(ctx: RequestContext, outcome: ev.Outcome, logprobs: bool) -> fmt.ChatCompletion:

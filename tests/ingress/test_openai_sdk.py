@@ -564,24 +564,26 @@ async def test_logprobs_an_upstream_sends_unasked_are_not_relayed(
     ]
 
 
+JAN_1_2026 = 1_767_225_600  # the catalog's prices take effect on 2026-01-01
+
+
 async def test_models_list(client: openai.OpenAI, aclient: openai.AsyncOpenAI) -> None:
     page = await asyncio.to_thread(client.models.list)
     apage = await aclient.models.list()
 
     for models in (page.data, apage.data):
-        assert [(m.id, m.object, m.owned_by) for m in models] == [
-            ("chat-1", "model", "switchyard"),
-            ("free-1", "model", "switchyard"),
-            ("solo-1", "model", "switchyard"),
+        assert [(m.id, m.object, m.owned_by, m.created) for m in models] == [
+            ("chat-1", "model", "switchyard", JAN_1_2026),  # when its first price took effect
+            ("free-1", "model", "switchyard", 0),  # no price
+            ("solo-1", "model", "switchyard", JAN_1_2026),
         ]
-        assert all(isinstance(m.created, int) and m.created > 1_700_000_000 for m in models)
 
 
 async def test_models_retrieve(aclient: openai.AsyncOpenAI) -> None:
     """OpenAI's `GET /v1/models/{model}`: a catalog id, or an alias answered with its id; 404 else."""
     for name in ("chat-1", "chat"):
         model = await aclient.models.retrieve(name)
-        assert (model.id, model.object, model.owned_by) == ("chat-1", "model", "switchyard")
+        assert (model.id, model.object, model.owned_by, model.created) == ("chat-1", "model", "switchyard", JAN_1_2026)
     with pytest.raises(openai.NotFoundError) as missing:
         await aclient.models.retrieve("no-such-model")
     assert missing.value.status_code == 404
