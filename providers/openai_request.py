@@ -295,7 +295,8 @@ def _messages(req: CompletionRequest, wire: WireProfile) -> list[WireMessage]:
 def _message(message: Message, wire: WireProfile) -> list[WireMessage]:
     if message.role in ("system", "developer"):
         role = "developer" if message.role == "developer" and wire.developer_role else "system"
-        return [WireMessage(role=role, content=_joined_text(message.content))]
+        name = message.name if message.name is not None else UNSET
+        return [WireMessage(role=role, content=_joined_text(message.content), name=name)]
     results = [_tool_message(part.data) for part in message.content if type(part) is ToolResultPart]  # exact
     rest = [part for part in message.content if type(part) is not ToolResultPart]  # (`types.MEDIA_PARTS`)
     if not rest:

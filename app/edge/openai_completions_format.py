@@ -25,7 +25,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from app.edge.openai_format import StreamOptions, UsageOut, encoder
+from app.edge.openai_format import Seed, StreamOptions, UsageOut, encoder
 from app.edge.openai_translate import check_stop_and_stream
 from app.edge.validation import decode_body
 from app.errors import InvalidRequest
@@ -42,7 +42,7 @@ class LegacyRequest(Struct):
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     top_k: Annotated[int, Meta(ge=-1)] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
     echo: bool | None = None

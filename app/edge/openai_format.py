@@ -112,8 +112,12 @@ class ToolMessage(Struct, tag_field="role", tag="tool"):
 ChatMessage = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage
 
 
+Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]  # OpenAI's, and `.`
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # OpenAI's (and vLLM's) is a 64-bit integer
+
+
 class FunctionDefinition(Struct):
-    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    name: Name
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -142,7 +146,7 @@ class JSONObjectFormat(Struct, tag_field="type", tag="json_object"):
 
 
 class JSONSchemaSpec(Struct):
-    name: str
+    name: Name
     schema: dict[str, Any] | None = None
     description: str | None = None
     strict: bool | None = None
@@ -162,7 +166,7 @@ Penalty = Annotated[float, Meta(ge=-2, le=2)]
 class ChatRequest(Struct):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     model: str | None = None
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Meta(min_length=1)] | None = None  # OpenAI refuses `[]`
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: TextFormat | JSONObjectFormat | JSONSchemaFormat | None = None
@@ -174,7 +178,7 @@ class ChatRequest(Struct):
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     stop: str | list[str] | None = None
     n: int | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logprobs: bool | None = None

@@ -108,8 +108,11 @@ def _check_tools(chat: wire.ChatRequest) -> None:
         if name in names:
             raise _invalid(f"tools[{index}].function.name", f"duplicate tool name '{clip(name)}'")
         names.add(name)
-        if tool.function.parameters is not None and deeper(tool.function.parameters, MAX_JSON_DEPTH - 4):
+        parameters = tool.function.parameters
+        if parameters is not None and deeper(parameters, MAX_JSON_DEPTH - 4):
             raise too_deep(f"tools[{index}].function.parameters")  # the body's level 5 (the native door's 4)
+        if parameters is not None and parameters.get("type", "object") != "object":  # OpenAI's rule
+            raise _invalid(f"tools[{index}].function.parameters", "must be a JSON Schema of type 'object'")
     choice = chat.tool_choice
     if type(choice) is wire.NamedToolChoice and choice.function.name not in names:  # exact (`_schema`)
         raise _invalid("tool_choice.function.name", f"names no declared tool: '{clip(choice.function.name)}'")

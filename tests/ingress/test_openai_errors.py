@@ -145,6 +145,24 @@ BAD = [
         {"messages": [USER], "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
         "tool_choice.function.name",
     ),
+    ({"messages": [USER], "tools": []}, "tools"),  # OpenAI refuses an empty list
+    (
+        {
+            "messages": [USER],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+        },
+        "tools[0].function.parameters",
+    ),
+    ({"messages": [USER], "seed": 2**64}, "seed"),
+    ({"messages": [USER], "seed": -(2**63) - 1}, "seed"),
+    *(
+        ({"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"name": name}}}, param)
+        for name, param in [
+            ("my schema!", "response_format.json_schema.name"),
+            ("", "response_format.json_schema.name"),
+            ("n" * 65, "response_format.json_schema.name"),
+        ]
+    ),
     ({"messages": [USER], "response_format": {"type": "xml"}}, "response_format.type"),
     ({"messages": [USER], "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"messages": [USER], "metadata": ["a"]}, "metadata"),

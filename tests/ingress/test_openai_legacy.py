@@ -348,6 +348,7 @@ BAD = [
     ({"prompt": "x", "top_p": "high"}, "top_p"),
     ({"prompt": "x", "top_k": -2}, "top_k"),
     ({"prompt": "x", "seed": 1.5}, "seed"),
+    ({"prompt": "x", "seed": 2**63}, "seed"),  # past a 64-bit integer, OpenAI's and vLLM's
     ({"prompt": "x", "echo": "yes"}, "echo"),
     ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
     ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),

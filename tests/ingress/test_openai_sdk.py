@@ -74,8 +74,8 @@ async def test_conversation_async_client(aclient: openai.AsyncOpenAI, primary: R
     """Every role, string and part-array content, and a tool round trip reach the upstream intact."""
     primary.enqueue(answer("18C and sunny."))
     messages: list[Any] = [
-        {"role": "system", "content": "Be terse."},
-        {"role": "developer", "content": [{"type": "text", "text": "Use metric."}]},
+        {"role": "system", "content": "Be terse.", "name": "rules"},
+        {"role": "developer", "content": [{"type": "text", "text": "Use metric."}], "name": "ops"},
         {"role": "user", "content": [{"type": "text", "text": "Weather in"}, {"type": "text", "text": "Paris?"}]},
         {
             "role": "assistant",
@@ -99,8 +99,8 @@ async def test_conversation_async_client(aclient: openai.AsyncOpenAI, primary: R
 
     assert completion.choices[0].message.content == "18C and sunny."
     assert upstream_body(primary)["messages"] == [
-        {"role": "system", "content": "Be terse."},
-        {"role": "system", "content": "Use metric."},  # the local wire profile sends developer as system
+        {"role": "system", "content": "Be terse.", "name": "rules"},  # names kept (they were dropped)
+        {"role": "system", "content": "Use metric.", "name": "ops"},  # the local wire profile sends developer as system
         {"role": "user", "content": "Weather in\nParis?"},
         {
             "role": "assistant",
