@@ -100,13 +100,15 @@ async def messages(scope: Scope, receive: Receive, send: Send) -> None:
 class _Messages:
     """This door's `Door`: the canonical request; answers in Anthropic's shapes."""
 
-    __slots__ = ("request", "stream")
+    __slots__ = ("renames", "request", "stream")
     id_header = b"request-id"  # what the anthropic SDK reads (`_request_id`, `APIStatusError.request_id`)
-    renames = {"schema": "output_config.format.schema"}  # the pipeline's names this door spells otherwise
 
-    def __init__(self, request: CompletionRequest) -> None:
+    def __init__(self, request: CompletionRequest, moved: dict[str, str]) -> None:
         self.request = request
         self.stream = bool(request.stream)
+        # the pipeline's names this door spells otherwise: the schema, and a tool result's media
+        # (a model without vision refuses them by their canonical place)
+        self.renames = {"schema": "output_config.format.schema", **moved}
 
     def answer(self, ctx: RequestContext, outcome: ev.Outcome) -> bytes:
         return fmt.encode(message_of(ctx, outcome))
@@ -117,7 +119,8 @@ class _Messages:
 
 def _translate(body: bytes, service: Service) -> _Messages:
     assert service.router is not None
-    return _Messages(decode_messages(body, service.router.providers))
+    moved: dict[str, str] = {}
+    return _Messages(decode_messages(body, service.router.providers, moved), moved)
 
 
 @route(

@@ -72,7 +72,7 @@ class ToolUseBlock(Struct, tag_field="type", tag="tool_use"):
 
 class ToolResultBlock(Struct, tag_field="type", tag="tool_result"):
     tool_use_id: str
-    content: str | list[TextBlock | ImageBlock] | None = None  # an image is refused (`anthropic_request`)
+    content: str | list[TextBlock | ImageBlock | DocumentBlock] | None = None  # media: `anthropic_request`
     is_error: bool | None = None
 
 

@@ -9,6 +9,9 @@ Mapping decisions (README, "Anthropic Messages ingress"):
   `base64` or `url` source) → image and document parts, a `document` with a plain-text source →
   text, `tool_use` → a tool call (`raw_arguments` the JSON of `input`), `tool_result` → a tool
   result (text blocks joined by newlines), `thinking` / `redacted_thinking` → thinking parts;
+  the images and documents inside a `tool_result` (a screenshot tool's) follow the message's own
+  blocks as parts of that user message: an OpenAI-style `tool` message carries text only, so the
+  upstream gets them in the user message right after the tool messages (a 400 named them before);
   a block in a role that cannot carry it (a `tool_use` from the user) is a 400, as Anthropic says;
 - `thinking: {type: "enabled", budget_tokens}` → `reasoning_effort` by budget: under 4096 `low`,
   under 16384 `medium`, else `high`; the budget must be below `max_tokens`, as Anthropic requires.
@@ -59,21 +62,24 @@ _BLOCK_FIELDS = {".arguments": ".input", ".content": ".content"}  # else a media
 _ASSISTANT_ONLY = (fmt.ToolUseBlock, fmt.ThinkingBlock, fmt.RedactedThinkingBlock)
 
 
-def decode_messages(body: bytes, providers: Collection[str]) -> CompletionRequest:
+def decode_messages(body: bytes, providers: Collection[str], moved: dict[str, str]) -> CompletionRequest:
+    """The checked canonical request; `moved` as `to_request` fills it."""
     wire = decode_body(_decoder, body, tag="type")
-    request = to_request(wire)
+    request = to_request(wire, moved)
     try:
         check_request(request, providers)
     except InvalidRequest as exc:
-        raise _in_anthropic_terms(exc) from None
+        raise _in_anthropic_terms(exc, moved) from None
     return request
 
 
-def to_request(wire: fmt.MessagesRequest) -> CompletionRequest:
+def to_request(wire: fmt.MessagesRequest, moved: dict[str, str]) -> CompletionRequest:
+    """The canonical request; `moved` gets, per part that is not where its block was (a tool
+    result's media), the canonical path → the Anthropic one."""
     tool_choice, parallel = _tool_choice(wire)
     output = wire.output_config
     return CompletionRequest(
-        messages=[_message(message, f"messages[{i}]") for i, message in enumerate(wire.messages)],
+        messages=[_message(message, f"messages[{i}]", moved) for i, message in enumerate(wire.messages)],
         model=wire.model,
         system=_system(wire.system),
         tools=[ToolDefinition(t.name, t.description, t.input_schema) for t in wire.tools] if wire.tools else None,
@@ -97,11 +103,12 @@ def _system(system: str | list[fmt.TextBlock] | None) -> str | None:
     return "\n".join(block.text for block in system) or None
 
 
-def _message(message: fmt.InputMessage, path: str) -> Message:
+def _message(message: fmt.InputMessage, path: str, moved: dict[str, str]) -> Message:
     content = message.content
     if isinstance(content, str):
         return Message(role=message.role, content=[TextPart(content)])
     parts: list[ContentPart] = []
+    media: list[tuple[ContentPart, str]] = []  # a tool result's images and documents, and where they were
     for index, block in enumerate(content):
         if isinstance(block, fmt.TextBlock):  # the common case first
             parts.append(TextPart(block.text))
@@ -112,11 +119,13 @@ def _message(message: fmt.InputMessage, path: str) -> Message:
             detail = f"a '{kind}' block cannot appear in a '{message.role}' message"
             raise _invalid(f"{path}.content[{index}].type", detail)
         if isinstance(block, fmt.ToolResultBlock) and isinstance(block.content, list):
-            for inner, item in enumerate(block.content):
-                if isinstance(item, fmt.ImageBlock):  # a tool's result goes on as a `tool` message: text only
-                    detail = "an image in a tool_result cannot be passed on (send it in the user message's content)"
-                    raise _invalid(f"{path}.content[{index}].content[{inner}].type", detail)
+            where = f"{path}.content[{index}].content"
+            items = enumerate(block.content)
+            media += [(_part(item), f"{where}[{j}]") for j, item in items if type(item) is not fmt.TextBlock]
         parts.append(_part(block))
+    for part, origin in media:  # after the message's own blocks, so those keep their indexes
+        moved[f"{path}.content[{len(parts)}]"] = origin
+        parts.append(part)
     return Message(role=message.role, content=parts)
 
 
@@ -133,7 +142,7 @@ def _part(block: fmt.InputBlock) -> ContentPart:
         return ToolCallPart(ToolCallData(block.id, block.name, block.input, raw_arguments=raw))
     if isinstance(block, fmt.ToolResultBlock):
         content = block.content
-        if isinstance(content, list):  # text blocks only: `_message` refused images
+        if isinstance(content, list):  # its text; `_message` moves its media after the message's blocks
             content = "\n".join(text.text for text in content if isinstance(text, fmt.TextBlock))
         return ToolResultPart(ToolResultData(block.tool_use_id, content, block.is_error))
     if isinstance(block, fmt.ThinkingBlock):
@@ -184,15 +193,20 @@ def _effort(wire: fmt.MessagesRequest) -> ReasoningEffort | None:
     return "medium" if thinking.budget_tokens < 16384 else "high"
 
 
-def _in_anthropic_terms(exc: InvalidRequest) -> InvalidRequest:
+def _in_anthropic_terms(exc: InvalidRequest, moved: dict[str, str]) -> InvalidRequest:
     """A rule of `check_request` broken, named by the Anthropic path: a tool call's `data.arguments`
     is its block's `input`, a tool result's `data.content` its `content`, a media part's `data`
-    its `source`; a tool's `parameters` is its `input_schema`, the `schema` is
-    `output_config.format.schema`; every other path is the same in both requests."""
+    its `source`, a part moved out of a tool result the block it was there; a tool's `parameters`
+    is its `input_schema`, the `schema` is `output_config.format.schema`; every other path is the
+    same in both requests."""
     param = exc.param
     if param is None:
         return exc
-    renamed = _CANONICAL_PART.sub(_anthropic_part, param)
+    renamed = param
+    for canonical, origin in moved.items():
+        if param == canonical or param.startswith(f"{canonical}."):
+            renamed = origin + param[len(canonical) :]
+    renamed = _CANONICAL_PART.sub(_anthropic_part, renamed)
     renamed = _CANONICAL_TOOL.sub(r"\1.input_schema", renamed)
     if renamed == "schema":
         renamed = "output_config.format.schema"

@@ -103,6 +103,29 @@ def image_of(media_type: str) -> dict[str, Any]:
             "messages[0].content[0].source.url",
             None,
         ),
+        (  # the same inside a tool's result (its media follow the message's blocks, named where they were)
+            {
+                "model": "vision-1",
+                "max_tokens": 8,
+                "messages": [
+                    USER,
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": "t",
+                                "content": [{"type": "image", "source": {"type": "url", "url": "file:///x"}}],
+                            },
+                            {"type": "text", "text": "and?"},
+                        ],
+                    },
+                ],
+            },
+            "messages[2].content[0].content[0].source.url",
+            None,
+        ),
         (
             {
                 "max_tokens": 8,
@@ -174,7 +197,7 @@ def image_of(media_type: str) -> dict[str, Any]:
             "messages[0].content[0].source.media_type",
             None,
         ),
-        # an image in a tool's result cannot be passed on: said so, not "unknown type 'image'"
+        # an image in a tool's result, for a model without vision: named where it is in the request
         (
             {
                 "max_tokens": 8,
@@ -193,9 +216,8 @@ def image_of(media_type: str) -> dict[str, Any]:
                     },
                 ],
             },
-            "messages[2].content[0].content[1].type",
-            "messages[2].content[0].content[1].type: an image in a tool_result cannot be passed on "
-            "(send it in the user message's content)",
+            "messages[2].content[0].content[1]",
+            "messages[2].content[0].content[1]: model 'chat-1' does not accept 'image' parts (no 'vision' capability)",
         ),
         (
             {"max_tokens": 8, "messages": [USER], "output_config": {"format": {"type": "json_schema", "schema": DEEP}}},

@@ -274,6 +274,46 @@ async def test_media_blocks_and_thinking_history(client: anthropic.AsyncAnthropi
     ]
 
 
+async def test_a_tool_results_images_and_documents_follow_the_tool_messages(
+    client: anthropic.AsyncAnthropic, primary: ReplayUpstream
+) -> None:
+    """A screenshot tool's result: Anthropic takes images and documents inside a `tool_result`, an
+    OpenAI-style `tool` message only text. The text goes on as the tool message; the media, in the
+    user message right after it (with the user's own blocks first). They were a 400."""
+    primary.enqueue(answer("A login page."))
+    png = "iVBORw0KGgoAAAANSUhEUg=="
+    screenshot = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"}}
+    messages: list[Any] = [
+        {"role": "user", "content": "Open the site."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "browse", "input": {}}]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [{"type": "text", "text": "seen:"}, screenshot, pdf],
+                },
+                {"type": "text", "text": "What is on it?"},
+            ],
+        },
+    ]
+    message = await client.messages.create(model="vision-1", max_tokens=64, messages=messages)
+    assert message.content[0].text == "A login page."  # type: ignore[union-attr]
+    assert primary.requests[0].json()["messages"][2:] == [
+        {"role": "tool", "content": "seen:", "tool_call_id": "t1"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is on it?"},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0x"}},
+            ],
+        },
+    ]
+
+
 async def test_sync_client(gw: GatewayHandle, primary: ReplayUpstream) -> None:
     primary.enqueue(answer("hello"))
 
