@@ -103,6 +103,7 @@ class Tool(Struct):
     name: ToolName
     input_schema: dict[str, Any]
     description: str | None = None
+    type: Literal["custom"] | None = None  # a server tool's type (`web_search_…`) is refused naming it
 
 
 class ToolChoiceAuto(Struct, tag_field="type", tag="auto"):

@@ -79,7 +79,7 @@ def to_request(wire: fmt.MessagesRequest, moved: dict[str, str]) -> CompletionRe
     tool_choice, parallel = _tool_choice(wire)
     output = wire.output_config
     return CompletionRequest(
-        messages=[_message(message, f"messages[{i}]", moved) for i, message in enumerate(wire.messages)],
+        messages=[_message(message, f"messages[{i}]", moved) for i, message in enumerate(_turns(wire.messages))],
         model=wire.model,
         system=_system(wire.system),
         tools=[ToolDefinition(t.name, t.description, t.input_schema) for t in wire.tools] if wire.tools else None,
@@ -101,6 +101,21 @@ def _system(system: str | list[fmt.TextBlock] | None) -> str | None:
     if system is None or isinstance(system, str):
         return system or None
     return "\n".join(block.text for block in system) or None
+
+
+def _turns(messages: list[fmt.InputMessage]) -> list[fmt.InputMessage]:
+    """The messages, checked as Anthropic checks them: every one has content, but a last assistant
+    message may be empty (a prefill of nothing: left out), and no text block is empty."""
+    last = len(messages) - 1
+    for index, message in enumerate(messages):
+        content = message.content
+        if not content and not (index == last and message.role == "assistant"):
+            detail = "all messages must have non-empty content except for the optional final assistant message"
+            raise _invalid(f"messages[{index}].content", detail)
+        for inner, block in enumerate(content if isinstance(content, list) else ()):
+            if type(block) is fmt.TextBlock and not block.text:
+                raise _invalid(f"messages[{index}].content[{inner}].text", "text content blocks must be non-empty")
+    return messages[:last] if not messages[last].content else messages
 
 
 def _message(message: fmt.InputMessage, path: str, moved: dict[str, str]) -> Message:

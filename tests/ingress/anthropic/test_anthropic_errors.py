@@ -44,10 +44,31 @@ def image_of(media_type: str) -> dict[str, Any]:
         ({"max_tokens": "many", "messages": [USER]}, "max_tokens", "max_tokens: Expected `int`, got `str`"),
         ({"max_tokens": 0, "messages": [USER]}, "max_tokens", None),
         ({"max_tokens": 8, "messages": []}, "messages", None),
-        (
+        (  # Anthropic's rule and words: only a last assistant message may be empty
             {"max_tokens": 8, "messages": [{"role": "user", "content": []}]},
             "messages[0].content",
-            "messages[0].content: a message needs at least one part",
+            "messages[0].content: all messages must have non-empty content except for the optional final assistant"
+            " message",
+        ),
+        (
+            {"max_tokens": 8, "messages": [{"role": "user", "content": ""}, USER]},
+            "messages[0].content",
+            None,
+        ),
+        (
+            {"max_tokens": 8, "messages": [USER, {"role": "assistant", "content": ""}, USER]},
+            "messages[1].content",
+            None,
+        ),
+        (
+            {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+            "messages[0].content[0].text",
+            "messages[0].content[0].text: text content blocks must be non-empty",
+        ),
+        (  # a server tool: named by its type, not by the input_schema it has no need of
+            {"max_tokens": 8, "messages": [USER], "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            "tools[0].type",
+            None,
         ),
         ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role", None),
         ({"max_tokens": 8, "messages": [USER], "temperature": 1.5}, "temperature", None),

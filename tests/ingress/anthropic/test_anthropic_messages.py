@@ -314,6 +314,19 @@ async def test_a_tool_results_images_and_documents_follow_the_tool_messages(
     ]
 
 
+@pytest.mark.parametrize("empty", ["", []])
+async def test_an_empty_last_assistant_message_is_left_out(
+    client: anthropic.AsyncAnthropic, primary: ReplayUpstream, empty: Any
+) -> None:
+    """Anthropic lets the last message be an empty assistant turn (a prefill of nothing); it was a
+    400 (`[]`) or an empty assistant message sent upstream (`""`)."""
+    primary.enqueue(answer("ok"))
+    messages: list[Any] = [USER, {"role": "assistant", "content": empty}]
+    message = await client.messages.create(model="chat-1", max_tokens=16, messages=messages)
+    assert message.content[0].text == "ok"  # type: ignore[union-attr]
+    assert primary.requests[0].json()["messages"] == [{"role": "user", "content": "Weather in Paris?"}]
+
+
 async def test_sync_client(gw: GatewayHandle, primary: ReplayUpstream) -> None:
     primary.enqueue(answer("hello"))
 
