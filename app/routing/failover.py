@@ -37,6 +37,9 @@ from app.routing.router import Backend
 from app.routing.state import CoolReason
 from providers.errors import MALFORMED, Failure, UpstreamError, transport_error, wrapped
 
+_ATTEMPT_ROOM_S = 1.0  # a cool-down is waited out only if it ends this long before the request's deadline
+_HOLD_STEP_S = 0.1  # how often a request waiting out a cool-down looks at its backend again
+
 
 class Candidates:
     """The backends one request may still try, in order; tracks why others were passed over."""
@@ -107,9 +110,10 @@ class Candidates:
             finally:
                 backend.waiting -= 1
             if outcome == "slot":
-                self.pending.remove(backend)
+                now = loop.time()  # the others again too: `_kept` waits only when none is left
+                self.pending = [other for other in self.pending if other is not backend and not self._out(other, now)]
                 backend.held += 1
-                if await self._kept(backend, queue_deadline):
+                if await self._kept(backend, min(queue_deadline, deadline - _ATTEMPT_ROOM_S)):
                     return backend
                 continue
             if outcome == "moved":  # a slot freed elsewhere: look at them all again
@@ -120,21 +124,23 @@ class Candidates:
                 self.capacity_waits.append(1.0)
         return None
 
-    async def _kept(self, backend: Backend, queue_deadline: float) -> bool:
+    async def _kept(self, backend: Backend, limit: float) -> bool:
         """A slot was handed over in `backend`'s queue: True when the request may take it, False
         when the backend left rotation while the request waited (the slot given back).
 
-        A cool-down that ends before the request's queue deadline, on the last backend it has to
-        try, is waited out holding the slot: the queue is there to absorb a busy moment, so one
-        transient failure (a 503 with a 2 s cool-down) or a short 429 no longer answers every
-        request queued behind it 503 at once. A breaker, a failed probe or a disabled provider
-        has no known end: those leave the queue at once, as a cool-down past the deadline does."""
+        A cool-down that ends by `limit` (the request's queue deadline, and a second before its
+        own deadline, so that an attempt has time to run) on the last backend it has to try is
+        waited out holding the slot: the queue is there to absorb a busy moment, so one transient
+        failure (a 503 with a 2 s cool-down) or a short 429 no longer answers every request queued
+        behind it 503 at once. A breaker, a failed probe or a disabled provider has no known end:
+        those leave the queue at once, as a cool-down past `limit` does, and a request already
+        waiting one out sees them within `_HOLD_STEP_S`."""
         loop = asyncio.get_running_loop()
         try:
-            wait = 0.0 if self.pending else _cool_wait(backend, loop.time(), queue_deadline)
-            while wait > 0:  # again: another failure may have made the cool-down longer meanwhile
-                await asyncio.sleep(wait)
-                wait = _cool_wait(backend, loop.time(), queue_deadline)
+            wait = 0.0 if self.pending else _cool_wait(backend, loop.time(), limit)
+            while wait > 0:  # in steps: a breaker may open, or the cool-down grow, meanwhile
+                await asyncio.sleep(min(wait, _HOLD_STEP_S))
+                wait = _cool_wait(backend, loop.time(), limit)
         except BaseException:  # cancelled while it waited: the slot goes to the next in the queue
             backend.release()
             raise
