@@ -263,13 +263,15 @@ class AnthropicStream(StreamRenderer):
         call = self._calls.get(event.index)
         if call is None or not event.fragment or not call[1]:
             return b""  # a waiting call's fragments are sent whole when it ends
-        fragment = self._json[event.index].take(event.fragment)
+        arguments = self._json.get(event.index)  # None once the call ended
+        fragment = arguments.take(event.fragment) if arguments is not None else None
         if fragment is None:  # no JSON object begins like this: the rest of the call is not sent
             self._calls[event.index] = call[0], b""
             return b""
         return call[1] + fmt.encode(fragment) + fmt.DELTA_END if fragment else b""
 
     def _tool_call_end(self, event: ev.ToolCallEnd) -> bytes:
+        self._json.pop(event.index, None)
         if event.index in self._calls:
             return self._close() if self._live_call == event.index else b""
         call = event.call

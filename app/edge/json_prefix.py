@@ -65,18 +65,22 @@ _NUMBER_STATE = 10
 _LITERAL = 11
 _DONE = 12  # the object closed: blanks only
 _BROKEN = 13  # no JSON document begins like this
+_LOW_ESCAPE = 14  # after a high surrogate's `\\uD8xx`: the `\\` of its low half
+_LOW_U = 15  # and its `u`
 
 
 class JSONPrefix:
     """Feed a call's argument fragments in order to `take`."""
 
-    __slots__ = ("_held", "_key", "_left", "_number", "_stack", "_state")
+    __slots__ = ("_held", "_hex", "_high", "_key", "_left", "_number", "_stack", "_state")
 
     def __init__(self) -> None:
         self._state = _START
         self._stack: list[str] = []  # the open containers' closing brackets
         self._key = False  # the open string is an object's key
-        self._left = ""  # a literal's characters still due, or (as its length) a \\u escape's hex digits
+        self._left = ""  # a literal's characters still due
+        self._hex = ""  # a \\u escape's hex digits so far
+        self._high = False  # that escape is a surrogate pair's low half, due after its high one
         self._number = ""
         self._held = ""  # blanks before the object opened
 
@@ -123,15 +127,17 @@ class JSONPrefix:
     def _step(self, state: int, char: str) -> bool:
         if state == _ESCAPE:
             if char == "u":
-                self._state, self._left = _UNICODE, "xxxx"
+                self._state, self._hex = _UNICODE, ""
                 return True
             self._state = _STRING
             return char in _ESCAPES
         if state == _UNICODE:
-            self._left = self._left[1:]
-            if not self._left:
-                self._state = _STRING
-            return char in _HEX
+            self._hex += char
+            return char in _HEX and (len(self._hex) < 4 or self._escaped())
+        if state in (_LOW_ESCAPE, _LOW_U):  # a high surrogate is only ever followed by its low half
+            self._state = _LOW_U if state == _LOW_ESCAPE else _UNICODE
+            self._hex = ""
+            return char == ("\\" if state == _LOW_ESCAPE else "u")
         if state == _LITERAL:
             if char != self._left[0]:
                 return False
@@ -165,6 +171,19 @@ class JSONPrefix:
         if state in (_VALUE, _FIRST_VALUE):
             return self._value(char)
         return False  # _DONE: the object closed, and something follows it
+
+    def _escaped(self) -> bool:
+        """A whole `\\uXXXX`: a surrogate must be half of a pair (high, then low), as jiter wants."""
+        code = int(self._hex, 16)
+        low = 0xDC00 <= code <= 0xDFFF
+        if self._high:
+            self._high, self._state = False, _STRING
+            return low
+        if 0xD800 <= code <= 0xDBFF:
+            self._high, self._state = True, _LOW_ESCAPE
+            return True
+        self._state = _STRING
+        return not low
 
     def _value(self, char: str) -> bool:
         if char in "{[":
