@@ -110,5 +110,13 @@ def _event_data(block: bytes) -> str | None:
 
 
 def _error_payload(value: str) -> str:
-    """`{"error": value}` as JSON text: an object as it came, anything else as a string."""
-    return '{"error":' + (value if value.startswith("{") else json.dumps(value)) + "}"
+    """`{"error": value}` as JSON text: a JSON object as it came, anything else (a cut-off object
+    too, which would read as a malformed answer) as a string."""
+    if value.startswith("{"):
+        try:
+            json.loads(value)
+        except ValueError:
+            pass
+        else:
+            return '{"error":' + value + "}"
+    return '{"error":' + json.dumps(value) + "}"

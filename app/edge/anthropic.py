@@ -119,8 +119,7 @@ class _Messages:
 
 def _translate(body: bytes, service: Service) -> _Messages:
     assert service.router is not None
-    moved: dict[str, str] = {}
-    return _Messages(decode_messages(body, service.router.providers, moved), moved)
+    return _Messages(*decode_messages(body, service.router.providers))
 
 
 @route(

@@ -62,24 +62,26 @@ _BLOCK_FIELDS = {".arguments": ".input", ".content": ".content"}  # else a media
 _ASSISTANT_ONLY = (fmt.ToolUseBlock, fmt.ThinkingBlock, fmt.RedactedThinkingBlock)
 
 
-def decode_messages(body: bytes, providers: Collection[str], moved: dict[str, str]) -> CompletionRequest:
-    """The checked canonical request; `moved` as `to_request` fills it."""
+def decode_messages(body: bytes, providers: Collection[str]) -> tuple[CompletionRequest, dict[str, str]]:
+    """The checked canonical request, and its moved parts' paths (`to_request`)."""
     wire = decode_body(_decoder, body, tag="type")
-    request = to_request(wire, moved)
+    request, moved = to_request(wire)
     try:
         check_request(request, providers)
     except InvalidRequest as exc:
         raise _in_anthropic_terms(exc, moved) from None
-    return request
+    return request, moved
 
 
-def to_request(wire: fmt.MessagesRequest, moved: dict[str, str]) -> CompletionRequest:
-    """The canonical request; `moved` gets, per part that is not where its block was (a tool
-    result's media), the canonical path → the Anthropic one."""
+def to_request(wire: fmt.MessagesRequest) -> tuple[CompletionRequest, dict[str, str]]:
+    """The canonical request, and for each part that is not where its block was (a tool result's
+    media) its canonical path → the Anthropic one."""
     tool_choice, parallel = _tool_choice(wire)
     output = wire.output_config
-    return CompletionRequest(
-        messages=[_message(message, f"messages[{i}]", moved) for i, message in enumerate(_turns(wire.messages))],
+    moved: dict[str, str] = {}
+    messages = [_message(message, f"messages[{i}]", moved) for i, message in enumerate(_turns(wire.messages))]
+    request = CompletionRequest(
+        messages=messages,
         model=wire.model,
         system=_system(wire.system),
         tools=[ToolDefinition(t.name, t.description, t.input_schema) for t in wire.tools] if wire.tools else None,
@@ -95,6 +97,7 @@ def to_request(wire: fmt.MessagesRequest, moved: dict[str, str]) -> CompletionRe
         reasoning_effort=_effort(wire),
         user=wire.metadata.user_id if wire.metadata is not None else None,
     )
+    return request, moved
 
 
 def _system(system: str | list[fmt.TextBlock] | None) -> str | None:
@@ -115,10 +118,15 @@ def _turns(messages: list[fmt.InputMessage]) -> list[fmt.InputMessage]:
         for inner, block in enumerate(content if isinstance(content, list) else ()):
             if type(block) is fmt.TextBlock and not block.text:
                 raise _invalid(f"messages[{index}].content[{inner}].text", "text content blocks must be non-empty")
-    return messages[:last] if not messages[last].content else messages
+    if messages[last].content:
+        return messages
+    if not last:  # nothing but an empty assistant message
+        raise _invalid("messages[0].content", "the only message is empty")
+    return messages[:last]
 
 
 def _message(message: fmt.InputMessage, path: str, moved: dict[str, str]) -> Message:
+    """The canonical message; its tool results' media, after its own blocks, noted in `moved`."""
     content = message.content
     if isinstance(content, str):
         return Message(role=message.role, content=[TextPart(content)])

@@ -146,7 +146,9 @@ class JSONObjectFormat(Struct, tag_field="type", tag="json_object"):
 
 
 class JSONSchemaSpec(Struct):
-    name: Name
+    # 1 to 64 characters: OpenAI's bounds, without its character set, which the SDK's own
+    # `.parse()` breaks for generic models (`Page[Item]`) and local servers never read
+    name: Annotated[str, Meta(min_length=1, max_length=64)]
     schema: dict[str, Any] | None = None
     description: str | None = None
     strict: bool | None = None

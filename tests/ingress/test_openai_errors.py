@@ -158,7 +158,6 @@ BAD = [
     *(
         ({"messages": [USER], "response_format": {"type": "json_schema", "json_schema": {"name": name}}}, param)
         for name, param in [
-            ("my schema!", "response_format.json_schema.name"),
             ("", "response_format.json_schema.name"),
             ("n" * 65, "response_format.json_schema.name"),
         ]

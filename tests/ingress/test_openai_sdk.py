@@ -470,6 +470,7 @@ async def test_a_json_schema_keeps_its_name_and_strictness(
     for spec, sent in (
         ({"name": "loose", "schema": schema}, ("loose", False)),
         ({"name": "tight", "schema": schema, "strict": True}, ("tight", True)),
+        ({"name": "Page[Item]", "schema": schema}, ("Page[Item]", False)),  # the SDK's `.parse()` of a generic model
     ):
         response_format: Any = {"type": "json_schema", "json_schema": spec}
         await aclient.chat.completions.create(model="chat", messages=USER, response_format=response_format)

@@ -128,6 +128,7 @@ def test_every_stream_transcript_is_covered() -> None:
     [
         ([b'error: {"code":500,"message":"boom"}\n\n'], ['{"error":{"code":500,"message":"boom"}}']),
         ([b"error: engine crashed\r\n\r\n"], ['{"error":"engine crashed"}']),
+        ([b'error: {"code":500,"mess\n\n'], ['{"error":"{\\"code\\":500,\\"mess"}']),  # cut off: a string
         ([b'error: {"code":1}\nevent: x\n\n', b"data: [DONE]\n\n"], ['{"error":{"code":1}}', "[DONE]"]),
         ([b'event: error\ndata: {"a":1}\nerror: {"b":2}\n\n'], ['{"a":1}']),  # data, when there is some, wins
         ([b"error:\n\n"], []),

@@ -60,6 +60,11 @@ def image_of(media_type: str) -> dict[str, Any]:
             "messages[1].content",
             None,
         ),
+        (  # an empty last assistant message is left out, but not when it is the only one
+            {"max_tokens": 8, "messages": [{"role": "assistant", "content": ""}]},
+            "messages[0].content",
+            "messages[0].content: the only message is empty",
+        ),
         (
             {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
             "messages[0].content[0].text",
