@@ -136,6 +136,7 @@ class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
     reasoning_history: bool | None = None
     stream_usage: bool | None = None
     max_completion_tokens: bool | None = None
+    sampling_extras: bool | None = None
     # USD per hour of the GPUs behind a self-hosted provider, an exact decimal string (cost.md,
     # `app.pipeline.gpu_time`); refused on the hosted vendors' kinds (`_check_gpu_hour`)
     gpu_hour_usd: Annotated[str, Meta(pattern=GPU_HOUR_USD)] | None = None
@@ -276,16 +277,15 @@ def gpu_hour_rates(settings: Settings) -> dict[str, Decimal]:
     return {name: Decimal(entry.gpu_hour_usd) for name, entry in providers if entry.gpu_hour_usd is not None}
 
 
+_WIRE_KEYS = ("developer_role", "reasoning_history", "stream_usage", "max_completion_tokens", "sampling_extras")
+
+
 def provider_configs(settings: Settings) -> list[ProviderConfig]:
     """Resolve every configured provider into the adapter's config, keys read from the environment."""
     configs = []
     for name, entry in settings.providers.items():
         defaults = KIND_DEFAULTS[entry.kind]
-        overrides = {
-            key: value
-            for key in ("developer_role", "reasoning_history", "stream_usage", "max_completion_tokens")
-            if (value := getattr(entry, key)) is not None
-        }
+        overrides = {key: value for key in _WIRE_KEYS if (value := getattr(entry, key)) is not None}
         wire: WireProfile = msgspec.structs.replace(defaults, **overrides)
         api_key = os.environ.get(entry.api_key_env) if entry.api_key_env else None
         configs.append(

@@ -31,6 +31,9 @@ class WireProfile(Struct, frozen=True):
     reasoning_history: bool = False  # send assistant `thinking` back as `reasoning_content`
     stream_usage: bool = True  # ask for `stream_options: {"include_usage": true}`
     max_completion_tokens: bool = False  # host wants `max_completion_tokens` instead of `max_tokens`
+    # `top_k`, `min_p` and `repetition_penalty` as given (vLLM, SGLang, llama.cpp take them; a host
+    # that refuses fields it does not know, `transformers serve` or OpenAI itself, does not)
+    sampling_extras: bool = True
     # the probe's route: `/models` is `{base_url}/models`; another path is asked on the server root
     # (base_url less `/v1`), with `{base_url}/models` the fallback where it has no such route
     # or cannot be reached (`Provider.probe`)

@@ -235,35 +235,30 @@ def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *,
         body.temperature = req.temperature
     if req.top_p is not None:
         body.top_p = req.top_p
-    _sampling_extras(req, body)
+    _sampling_extras(req, body, wire)
     return body
 
 
 _EXTRAS: tuple[str, ...] = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _EXTRAS += ("logprobs", "top_logprobs", "parallel_tool_calls", "user")
-_NONE = (None,) * len(_EXTRAS)
+_NONE = (None,) * 5
 
 
-def _sampling_extras(req: CompletionRequest, body: ChatBody) -> None:
+def _sampling_extras(req: CompletionRequest, body: ChatBody, wire: WireProfile) -> None:
     """The options sent under their own names when the client gave them (ChatBody's and
-    CompletionRequest's field names are the same)."""
-    given = (
-        req.seed,
-        req.top_k,
-        req.min_p,
-        req.repetition_penalty,
-        req.presence_penalty,
-        req.frequency_penalty,
-        req.logprobs,
-        req.top_logprobs,
-        req.parallel_tool_calls,
-        req.user,
-    )
-    if given == _NONE:  # the usual request: one comparison instead of ten lookups by name
+    CompletionRequest's field names are the same); `parallel_tool_calls` only with tools, as
+    `tool_choice` (OpenAI: "only allowed when 'tools' are specified")."""
+    head = (req.seed, req.top_k, req.min_p, req.repetition_penalty, req.presence_penalty)
+    tail = (req.frequency_penalty, req.logprobs, req.top_logprobs, req.parallel_tool_calls, req.user)
+    if head == _NONE and tail == _NONE:  # the usual request: two comparisons, not ten lookups by name
         return
-    for name, value in zip(_EXTRAS, given, strict=True):
+    for name, value in zip(_EXTRAS, head + tail, strict=True):
         if value is not None:
             setattr(body, name, value)
+    if not req.tools:
+        body.parallel_tool_calls = UNSET
+    if not wire.sampling_extras:
+        body.top_k = body.min_p = body.repetition_penalty = UNSET
 
 
 def _tool(tool: ToolDefinition) -> WireTool:

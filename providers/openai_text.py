@@ -83,6 +83,8 @@ def text_body(req: TextCompletionRequest, upstream_model: str, cfg: ProviderConf
         value = getattr(req, name)
         if value is not None:
             setattr(body, name, value)
+    if not cfg.wire.sampling_extras:  # a host that refuses fields it does not know (`WireProfile`)
+        body.top_k = UNSET
     return body
 
 

@@ -185,7 +185,7 @@ class ChatRequest(Struct):
     frequency_penalty: Penalty | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
     top_k: Annotated[int, Meta(ge=-1)] | None = None

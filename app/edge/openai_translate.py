@@ -67,6 +67,7 @@ _EFFORTS: dict[str, ReasoningEffort | None] = {
     "medium": "medium",
     "high": "high",
     "xhigh": "xhigh",
+    "max": "max",  # api.md's top effort (vLLM and SGLang take it too)
 }
 MAX_STOP = 4
 

@@ -14,7 +14,7 @@ from tests.ingress.conftest import CATALOG, primary_cost, providers_for
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.observe import rows_when
 from tests.support.replies import chunk, tool_delta, usage_chunk
-from tests.support.upstream import ReplayUpstream, played, reply_sse
+from tests.support.upstream import ReplayUpstream, played, reply_json, reply_sse
 from tests.support.waiting import wait_until
 
 CHAT = "/v1/chat/completions"
@@ -267,3 +267,45 @@ async def test_client_disconnect_cancels_the_upstream(gw: GatewayHandle, primary
     await wait_until(lambda: primary.open_connections == 0, within=1.0)
     (row,) = await rows_when(gw, 1)
     assert (row["status"], row["api"], row["streamed"]) == ("cancelled", "openai_chat", True)
+
+
+async def test_sampling_extras_off_drops_what_a_strict_host_refuses(
+    start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    """`transformers serve` (and OpenAI) answer 422/400 to a field they do not know: with
+    `sampling_extras = false` the client's top_k, min_p and repetition_penalty are not sent, on
+    the chat and the legacy doors; the other fields are. `parallel_tool_calls` goes only with
+    tools (OpenAI: "only allowed when 'tools' are specified"), as `tool_choice` already did."""
+    providers = providers_for(primary, secondary)
+    providers["primary"]["sampling_extras"] = False
+    gw = await start_gateway(providers=providers, catalog=CATALOG)
+    primary.set_default(played("nonstream_text"))
+    extras = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 3, "parallel_tool_calls": False}
+    response = await gw.client.post(CHAT, json={"model": "chat", "messages": USER, **extras})
+    assert response.status_code == 200, response.text
+    sent = primary.requests[-1].json()
+    assert {key: sent.get(key) for key in extras} == dict.fromkeys(extras) | {"seed": 3}
+    primary.set_default(reply_json(200, {"choices": [{"index": 0, "text": "x", "finish_reason": "stop"}]}))
+    legacy = {"model": "chat", "prompt": "Once", "top_k": 5, "seed": 3}
+    assert (await gw.client.post("/v1/completions", json=legacy)).status_code == 200
+    assert {key: primary.requests[-1].json().get(key) for key in ("top_k", "seed")} == {"top_k": None, "seed": 3}
+
+
+async def test_parallel_tool_calls_go_with_tools_only(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    primary.set_default(played("nonstream_text"))
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for tools, sent in (([], None), ([tool], False)):
+        payload = {"model": "chat", "messages": USER, "parallel_tool_calls": False, "top_k": 5}
+        response = await gw.client.post(CHAT, json={**payload, **({"tools": tools} if tools else {})})
+        assert response.status_code == 200, response.text
+        body = primary.requests[-1].json()
+        assert (body.get("parallel_tool_calls"), body["top_k"]) == (sent, 5)  # a host that takes extras gets them
+
+
+async def test_reasoning_effort_max_is_api_mds_top_effort(gw: GatewayHandle, primary: ReplayUpstream) -> None:
+    """api.md's efforts end at `max` (the SDK lists it too): the chat door refused it."""
+    primary.set_default(played("nonstream_text"))
+    for effort, sent in (("max", "max"), ("xhigh", "xhigh"), ("minimal", "low")):
+        payload = {"model": "chat", "messages": USER, "reasoning_effort": effort}
+        assert (await gw.client.post(CHAT, json=payload)).status_code == 200
+        assert primary.requests[-1].json()["reasoning_effort"] == sent
