@@ -60,6 +60,7 @@ CHAT = "/v1/chat/completions"
 CHAT_USER = {"role": "user", "content": "hi"}
 CHAT_TOOL = b'[{"type":"function","function":{"name":"f","parameters":%s}}]'
 CASES = [
+    Case("seed past 64 bits", body({"messages": [USER], "seed": 2**63}), 400, "seed"),  # vLLM's own 400 else
     # JSON nested ~990 deep (msgspec's RecursionError) and 100 deep (past the 64-level limit)
     Case("deep schema", body({"messages": [USER]}, raw={"schema": b'{"a":' + deep(990) + b"}"}), 400, "schema"),
     Case("deep schema, 100", body({"messages": [USER]}, raw={"schema": b'{"a":' + deep(100) + b"}"}), 400, "schema"),
