@@ -176,8 +176,7 @@ async def test_sampling_options_and_extras_reach_the_upstream(
         "repetition_penalty": 1.1,
         "presence_penalty": 0.5,
         "frequency_penalty": -0.25,
-        "parallel_tool_calls": False,
-        "user": "u-1",
+        "user": "u-1",  # and no `parallel_tool_calls` without tools (OpenAI refuses it)
     }
 
 

@@ -35,8 +35,9 @@ def test_sampling_extras_go_under_their_own_names() -> None:
         "parallel_tool_calls": False,
         "user": "u-1",
     }
-    sent = body(**extras)
+    sent = body(**extras, tools=[{"name": "f"}])  # `parallel_tool_calls` goes only with tools
     assert {key: sent[key] for key in extras} == extras
+    assert "parallel_tool_calls" not in body(**extras)
     assert set(body()) == {"model", "messages", "stream"}  # nothing sent that was not asked for
 
 
