@@ -40,6 +40,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
+import msgspec
 
 from providers.config import ProviderConfig
 from providers.dialect import DIALECTS, Dialect, build_body
@@ -185,22 +186,41 @@ class Provider:
         return await self.probe_failure(keyed=keyed) is None
 
     async def probe_failure(self, *, keyed: bool = False) -> str | None:
-        """None when the upstream is up; else why not: its status (`503`), or the class of the
-        error that kept it from answering (`ConnectionRefusedError`). `health_path` other than `/models` is
-        tried on the server root first (vLLM's `/health`); `{base_url}/models` is the fallback, for
-        a server that has no such route (404, 405, 501: Ollama) or could not be reached on it, and
-        the hosted probe. Any other answer is the server's own word that it is not up
-        (providers.md: "`/health` is 200 when up"; llama.cpp answers 503 while it loads the model,
-        vLLM 500 once its engine died) even when `/models` answers. `keyed`: only
+        """None when the upstream is up; else why not (`probe_report`)."""
+        return (await self.probe_report(keyed=keyed))[0]
+
+    async def probe_report(self, *, keyed: bool = False) -> tuple[str | None, frozenset[str] | None]:
+        """(None when the upstream is up, else why not, the models it lists, when it says).
+
+        Why not: its status (`503`), the class of the error that kept it from answering
+        (`ConnectionRefusedError`, `TimeoutError`: each GET has `_PROBE_READ_TIMEOUT` in all, a
+        trickling body too), or `malformed response`. `health_path` other than `/models` is tried
+        on the server root first (vLLM's `/health`); `{base_url}/models` is the fallback only for a
+        server that has no such route (404, 405, 501: Ollama). Any other answer, and no answer, is
+        the server's own word that it is not up (providers.md: "`/health` is 200 when up";
+        llama.cpp answers 503 while it loads the model, vLLM 500 once its engine died, and a
+        wedged engine's `/health` hangs while `/models` still answers). `keyed`: only
         `{base_url}/models`, with the key, answers — the probe of a provider disabled for its key
-        (a vLLM started with `--api-key` answers `/health` to anyone)."""
+        (a vLLM started with `--api-key` answers `/health` to anyone).
+
+        The models: fastrun's and primalabs' `/models` list what can serve right now / what the
+        key may use (providers.md), so their ids are read (`data[].id`); a list that is not one is
+        a malformed answer, an empty one says nothing. Other kinds: None."""
         health_path = self.config.wire.health_path
         if not keyed and health_path != "/models":
             answer = await self._get(f"{self._root}{health_path}")
-            if not isinstance(answer, str) and answer.status_code not in _NO_HEALTH_ROUTE:
-                return _failure(answer)
+            if isinstance(answer, str) or answer.status_code not in _NO_HEALTH_ROUTE:
+                return (answer if isinstance(answer, str) else _failure(answer)), None
         answer = await self._get(self._models_url)
-        return answer if isinstance(answer, str) else _failure(answer)
+        if isinstance(answer, str) or answer.status_code != 200:
+            return (answer if isinstance(answer, str) else _failure(answer)), None
+        if self.config.kind not in _LISTING_KINDS:
+            return None, None
+        try:
+            listed = _model_list.decode(answer.content).data
+        except msgspec.DecodeError:
+            return "malformed response", None
+        return None, frozenset(entry.id for entry in listed) or None
 
     async def model_list(self) -> bytes:
         """`{base_url}/models` with the key, as the provider sent it (`switchyard catalog import`);
@@ -224,10 +244,13 @@ class Provider:
         transport's error)."""
         timeout = httpx.Timeout(_PROBE_READ_TIMEOUT, connect=self.config.timeouts.connect)
         try:
-            with upstream_errors():
-                return await self._client.get(url, headers=self._probe_headers, timeout=timeout)
+            async with asyncio.timeout(_PROBE_READ_TIMEOUT):  # the whole answer: a body may trickle
+                with upstream_errors():
+                    return await self._client.get(url, headers=self._probe_headers, timeout=timeout)
         except UpstreamError as exc:
             return transport_error(exc) or exc.kind.value  # the innermost cause: `ConnectionRefusedError`
+        except TimeoutError:
+            return "TimeoutError"
 
 
 def _failure(response: httpx.Response) -> str | None:
@@ -235,6 +258,18 @@ def _failure(response: httpx.Response) -> str | None:
 
 
 _NO_HEALTH_ROUTE = frozenset({404, 405, 501})
+_LISTING_KINDS = frozenset({"fastrun", "primalabs"})  # whose `/models` is what can serve (providers.md)
+
+
+class _Listed(msgspec.Struct):
+    id: str
+
+
+class _ModelList(msgspec.Struct):
+    data: list[_Listed]
+
+
+_model_list = msgspec.json.Decoder(_ModelList)
 
 
 def _request_head(url: httpx.URL, headers: httpx.Headers) -> bytes:

@@ -63,11 +63,12 @@ async def healthz() -> Response[bytes]:
 async def readyz(state: State) -> Response[bytes]:
     """api.md: ready when the database answers, a backend is ready and usage can be recorded. A
     backend counts as ready until a probe says otherwise, so a readiness check that comes before
-    the first probe round (at `probe_interval_s`) runs that round now: a server that is not running
-    is not ready in the seconds after a start."""
+    the first probe round (at `probe_interval_s`) runs that round now, one shared by every check
+    and waited for at most a second: a server that is not running is not ready in the seconds
+    after a start, and a probe that hangs does not hold the check."""
     service = _service(state)
-    if service.health is not None and service.health.rounds == 0:
-        await service.health.probe_all()
+    if service.health is not None:
+        await service.health.first_round(1.0)
     database, limits = await asyncio.gather(service.database_ready(), service.limits_state())
     router = service.router
     now = asyncio.get_running_loop().time()

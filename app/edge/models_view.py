@@ -26,6 +26,7 @@ class BackendView(Struct, omit_defaults=True):
     limit: int
     breaker_open: bool
     probe_failed: bool
+    unlisted: bool  # its provider's `/models` leaves its upstream model out (fastrun, primalabs)
     cooling_until: str | None = None
     cooling_reason: str | None = None
     disabled_reason: str | None = None
@@ -106,6 +107,7 @@ def _backend_view(backend: Backend, now: float, wall: datetime) -> BackendView:
         limit=state.limit,
         breaker_open=state.breaker_open,
         probe_failed=state.probe_failed,
+        unlisted=state.unlisted,
         cooling_until=(wall + timedelta(seconds=state.cooling_until - now)).isoformat() if cooling else None,
         cooling_reason=state.cool_reason if cooling else None,
         disabled_reason=backend.provider.state.disabled_reason,

@@ -233,6 +233,8 @@ class ClusterLink:
             if state.ready:
                 self.log.error("provider_disabled", provider=event.provider, reason=event.reason, **origin)
             state.disable(event.reason, now - (wall - event.at), quota=event.quota)
+            for backend in self._router.backends_of(event.provider) if self._router is not None else ():
+                backend.state.evict()
         else:
             if not state.ready:
                 self.log.warning("provider_enabled", provider=event.provider, was=state.disabled_reason, **origin)
@@ -242,6 +244,7 @@ class ClusterLink:
         was_open = backend.state.breaker_open
         if event.open:
             backend.state.breaker_open = True
+            backend.state.evict()
         else:
             backend.state.close_breaker()
         if was_open != event.open:

@@ -65,7 +65,7 @@ class Candidates:
             return True
         if not provider.ready and provider.quota_exhausted:  # out until the re-check, then a probe
             self.health_waits.append(max(self.probe_interval, provider.disabled_at + self._quota_recheck - now))
-        elif not provider.ready or state.breaker_open or state.probe_failed:
+        elif not provider.ready or state.breaker_open or state.probe_failed or state.unlisted:
             self.health_waits.append(self.probe_interval)
         elif state.cooling(now):
             wait = state.cooling_until - now
@@ -153,7 +153,8 @@ class Candidates:
 def _cool_wait(backend: Backend, now: float, limit: float) -> float:
     """Seconds until `backend` is back, when only a cool-down ending by `limit` keeps it out; else 0."""
     state = backend.state
-    if not backend.provider.state.ready or state.breaker_open or state.probe_failed or state.cooling_until > limit:
+    out = not backend.provider.state.ready or state.breaker_open or state.probe_failed or state.unlisted
+    if out or state.cooling_until > limit:  # out for more than a cool-down, or for a longer one
         return 0.0
     return max(0.0, state.cooling_until - now)
 
@@ -193,6 +194,7 @@ def _cool_down(backend: Backend, now: float, seconds: float, reason: CoolReason,
 
 
 def _breaker_opened(backend: Backend, metrics: Metrics, log: Any) -> None:
+    backend.state.evict()
     if backend.provider.publisher is not None:
         backend.provider.publisher.breaker_changed(backend)
     metrics.breaker_trips.inc((backend.name,))
@@ -218,6 +220,7 @@ def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics,
     kind = "quota" if exc.kind is Failure.QUOTA else "auth"
     was_ready = provider.state.ready
     provider.state.disable(f"{kind}: upstream returned {exc.status}", now, quota=kind == "quota")
+    backend.state.evict()  # this backend's queue; the provider's others see it when a slot frees
     if provider.publisher is not None:
         provider.publisher.provider_disabled(provider)
     metrics.disabled.inc((backend.name, kind))

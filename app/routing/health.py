@@ -16,8 +16,15 @@ server's own queue depth is read from its `/metrics` in the same round; a round 
 (a failed probe, `/metrics` failing or without the gauge) sets it to 0, so a depth read once is not
 kept against the backend for ever after.
 
+fastrun's and primalabs' `/models` list the models that can serve right now (providers.md): a
+backend whose upstream model the list leaves out is out of rotation (`unlisted` in
+`GET /api/v1/models`) until a list names it again; an upstream answering "model does not exist"
+would otherwise be the client's 400 with no failover. A failed probe, and a backend leaving the
+list, wake the requests queued on it (`BackendState.evict`): they go elsewhere or answer 503 now.
+
 Logged once per change, never per round: `probe_failed` when a provider's probe starts failing,
-`probe_recovered` when it passes again, `provider_enabled` and `breaker_closed` (`source="probe"`).
+`probe_recovered` when it passes again, `provider_enabled`, `breaker_closed`, `backend_unlisted`
+and `backend_listed` (`source="probe"`).
 
 Every worker probes for itself; what a probe changes (a provider re-enabled, a breaker closed) is
 announced through the provider's publisher (`app.routing.cluster`), so the other workers follow at once.
@@ -29,7 +36,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from app.routing.router import ProviderRuntime, Router
+from app.routing.router import Backend, ProviderRuntime, Router
 
 
 class HealthMonitor:
@@ -41,6 +48,7 @@ class HealthMonitor:
         self._task: asyncio.Task[None] | None = None
         self._failing_since: dict[str, float] = {}  # provider -> loop time of its first failed probe
         self._probes: dict[str, int] = {}  # provider -> probes done
+        self._first: asyncio.Future[None] | None = None  # the round a readiness check started
 
     @property
     def rounds(self) -> int:
@@ -54,6 +62,8 @@ class HealthMonitor:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        if self._first is not None:
+            self._first.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -68,14 +78,25 @@ class HealthMonitor:
             await asyncio.sleep(self.interval)
             await self._probe(runtime)
 
+    async def first_round(self, wait: float) -> None:
+        """Before the first probe round has ended: one round, shared by every caller (each
+        readiness check used to start its own against the upstreams), waited for at most `wait`
+        seconds (a probe that hangs has 10 s; an orchestrator's readiness check, often 1 s)."""
+        if self.rounds:
+            return
+        if self._first is None:
+            self._first = asyncio.ensure_future(self.probe_all())
+        await asyncio.wait({self._first}, timeout=wait)
+
     async def probe_all(self) -> None:
         providers = self.router.providers
         await asyncio.gather(*(self._probe(providers[name]) for name in self._probed()))
 
     async def _probe(self, runtime: ProviderRuntime) -> None:
         error: Exception | None = None
+        listed: frozenset[str] | None = None
         try:
-            failure = await runtime.adapter.probe_failure(keyed=runtime.state.disabled_reason is not None)
+            failure, listed = await runtime.adapter.probe_report(keyed=runtime.state.disabled_reason is not None)
             ok = failure is None
             depth = await runtime.adapter.queue_depth() if ok and runtime.config.kind == "local" else None
         except Exception as exc:  # a bug, not an unreachable upstream (the adapter answers why)
@@ -104,8 +125,26 @@ class HealthMonitor:
                 if publisher is not None:
                     publisher.breaker_changed(backend)
             backend.state.queue_depth = depth or 0.0  # none read this round: not the last one read, kept forever
+            if ok:
+                self._listing(backend, listed)
+            else:
+                backend.state.evict()
         name = runtime.config.name
         self._probes[name] = self._probes.get(name, 0) + 1
+
+    def _listing(self, backend: Backend, listed: frozenset[str] | None) -> None:
+        """Out of rotation while its provider's model list leaves its upstream model out (a list
+        the provider did not give, or gave empty, changes nothing); logged when that changes."""
+        unlisted = listed is not None and backend.upstream_model not in listed
+        if unlisted == backend.state.unlisted:
+            return
+        backend.state.unlisted = unlisted
+        names = {"provider": backend.name, "model": backend.model_id, "upstream_model": backend.upstream_model}
+        if unlisted:
+            backend.state.evict()
+            self.log.warning("backend_unlisted", **names, source="probe")
+        else:
+            self.log.info("backend_listed", **names, source="probe")
 
     def _log_transition(self, provider: str, ok: bool, now: float, error: Exception | None, cause: str | None) -> None:
         """`probe_failed` (with its `cause`: the upstream's status or the transport error's class)

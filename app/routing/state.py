@@ -76,6 +76,7 @@ class BackendState:
         "probe_failed",
         "queue_depth",
         "ratio",
+        "unlisted",
     )
 
     def __init__(
@@ -94,6 +95,7 @@ class BackendState:
         self.breaker_open = False
         self.probe_failed = False
         self.queue_depth = 0.0  # the upstream's own queue, from its /metrics (local servers)
+        self.unlisted = False  # its provider's `/models` (fastrun, primalabs) leaves its upstream model out
 
     # -- rotation -------------------------------------------------------------------------------
 
@@ -102,7 +104,7 @@ class BackendState:
 
     def healthy(self, now: float) -> bool:
         """In rotation as far as health goes (capacity aside)."""
-        return not self.breaker_open and not self.probe_failed and not self.cooling(now)
+        return not self.breaker_open and not self.probe_failed and not self.unlisted and not self.cooling(now)
 
     def cool_down(self, now: float, seconds: float, reason: CoolReason) -> bool:
         """Out of rotation for `seconds` unless already out for longer; True when extended."""
@@ -176,6 +178,15 @@ class BackendState:
         with contextlib.suppress(ValueError):
             self._waiters.remove(waiter)
         return False
+
+    def evict(self) -> None:
+        """Out of rotation with no known end (a failed probe, an open breaker, a disabled provider):
+        every queued request is woken to look at its backends again, now, instead of waiting its
+        queue timeout out for a slot and answering 429 as if capacity were the trouble."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(False)
 
     def release(self) -> None:
         while self._waiters:

@@ -264,12 +264,33 @@ async def test_local_probe(upstream: ReplayUpstream, client: Any, routes: dict[s
     assert await Provider(config, client).probe_failure() == failure
 
 
-@pytest.mark.parametrize(("status", "healthy"), [(200, True), (401, False)])
-async def test_hosted_probe(upstream: ReplayUpstream, client: Any, status: int, healthy: bool) -> None:
-    answer_probes(upstream, {"/health": 200, "/v1/models": status})
-    assert await provider(upstream, client).probe() is healthy
+@pytest.mark.parametrize(
+    ("reply", "report"),
+    [
+        (reply_json(200, {"object": "list", "data": [{"id": "a"}, {"id": "b"}]}), (None, frozenset({"a", "b"}))),
+        (reply_json(200, {"object": "list", "data": []}), (None, None)),  # an empty list says nothing
+        (Reply(200, chunks=[b"<html>captive portal</html>"]), ("malformed response", None)),
+        (reply_json(200, {"data": [{"name": "a"}]}), ("malformed response", None)),
+        (Reply(401), ("401", None)),
+    ],
+)
+async def test_hosted_probe(upstream: ReplayUpstream, client: Any, reply: Reply, report: tuple[Any, Any]) -> None:
+    """fastrun's `/models`, with the key: the models it can serve right now, or why it is not up
+    (a 200 that is no model list, a captive portal or a wrong `base_url`, is not up either)."""
+    upstream.enqueue(reply, path="/v1/models")
+    assert await provider(upstream, client).probe_report() == report
     assert [r.path for r in upstream.requests] == ["/v1/models"]
     assert upstream.requests[0].headers["authorization"] == "Bearer fr_test"
+
+
+async def test_a_local_health_route_that_resets_is_a_failed_probe(upstream: ReplayUpstream, client: Any) -> None:
+    """Only a missing route (404, 405, 501) sends the probe on to `/v1/models`: a `/health` that
+    resets or hangs (a wedged engine whose API server still lists models) is not up."""
+    upstream.enqueue(Reply(200, chunks=[b"x"], reset_after=0), path="/health")
+    upstream.enqueue(reply_json(200, {"object": "list", "data": [{"id": "m"}]}), path="/v1/models")
+    config = ProviderConfig(name="local", kind="local", base_url=upstream.url, wire=KIND_DEFAULTS["local"])
+    assert await Provider(config, client).probe_report() == ("ConnectionResetError", None)
+    assert [r.path for r in upstream.requests] == ["/health"]
 
 
 async def test_connections_are_reused(upstream: ReplayUpstream, client: Any) -> None:

@@ -62,8 +62,9 @@ def error(status: int, type_: str = "upstream_error", headers: dict[str, str] | 
 
 
 def models_reply(**play: Any) -> Reply:
-    """The answer to a hosted kind's health probe (`GET …/v1/models`)."""
-    return reply_json(200, {"object": "list", "data": [{"id": "mock-model", "object": "model"}]}, **play)
+    """The answer to a hosted kind's health probe (`GET …/v1/models`): an empty list, which says
+    nothing of which models can serve (`Provider.probe_report`)."""
+    return reply_json(200, {"object": "list", "data": []}, **play)
 
 
 def metrics_reply(waiting: float) -> Reply:

@@ -80,7 +80,7 @@ class ReplayUpstream:
     (`https://…` when built with an `ssl` server context)."""
 
     def __init__(self, models: list[str] | None = None, ssl: ssl.SSLContext | None = None) -> None:
-        self.models = models or ["mock-model"]
+        self.models = models or []  # its `/models` list; an empty one says nothing (`Provider.probe_report`)
         self.requests: list[ReceivedRequest] = []
         self.probes: list[ReceivedRequest] = []
         self._any: deque[Reply] = deque()

@@ -1,0 +1,105 @@
+"""What a probe round does besides up or down: a hosted provider's model list takes the backends it
+leaves out out of rotation, a failed probe empties its backends' queues at once, and readiness
+checks share the first round and wait a second at most."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from devtools.mock_http import Reply
+from tests.routing.conftest import PROBE_PATH, launch
+from tests.support.client import Held, complete, holding
+from tests.support.gateway import StartGateway
+from tests.support.logs import Logs
+from tests.support.observe import completions, deployments
+from tests.support.replies import answer, error, stalled_stream
+from tests.support.upstream import ReplayUpstream, reply_json
+from tests.support.waiting import wait_until
+
+
+def listing(*ids: str) -> Reply:
+    return reply_json(200, {"object": "list", "data": [{"id": name, "object": "model"} for name in ids]})
+
+
+async def test_a_model_the_hosted_list_leaves_out_is_not_routed_to(
+    start_gateway: StartGateway,
+    alpha: ReplayUpstream,
+    beta: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    logs: Logs,
+) -> None:
+    """fastrun's `/models` lists the models that can serve right now (providers.md). alpha's list
+    left chat-1's upstream model out, its answer to a request was 404 "model does not exist", and
+    that is the client's 400 with no failover: every request failed while beta could serve."""
+    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "fr-test-key")
+    alpha.enqueue(listing("someone/else", "alpha/even-1"), repeat=3, path=PROBE_PATH)
+    alpha.enqueue(listing("alpha/chat-1", "alpha/even-1"), repeat=1000, path=PROBE_PATH)
+    gw = await launch(
+        start_gateway,
+        {"alpha": alpha, "beta": beta},
+        alpha={"kind": "fastrun", "api_key_env": "ROUTING_TEST_ALPHA_KEY"},
+        routing={"probe_interval_s": 0.2},
+    )
+
+    async def unlisted() -> bool:
+        return bool((await deployments(gw))["alpha"]["unlisted"])
+
+    await wait_until(unlisted)
+    assert (await deployments(gw))["alpha"]["ready"] is False
+    assert (await deployments(gw, "even-1"))["alpha"]["unlisted"] is False  # its other model is listed
+    beta.enqueue(answer("from beta"))
+    response = await complete(gw)
+    assert (response.status_code, response.json()["provider"]) == (200, "beta")
+    assert completions(alpha) == []
+
+    async def listed_again() -> bool:
+        return not (await deployments(gw))["alpha"]["unlisted"]
+
+    await wait_until(listed_again)
+    alpha.enqueue(answer("from alpha"))
+    assert (await complete(gw)).json()["provider"] == "alpha"
+    names = {"provider": "alpha", "model": "chat-1", "upstream_model": "alpha/chat-1", "source": "probe"}
+    assert logs.lines("backend_unlisted", gw) == [{**names, "event": "backend_unlisted", "level": "warning"}]
+    assert logs.lines("backend_listed") == [{**names, "event": "backend_listed", "level": "info"}]
+
+
+async def test_a_failed_probe_sends_the_queued_requests_away_at_once(
+    start_gateway: StartGateway, alpha: ReplayUpstream
+) -> None:
+    """Requests queued on a backend whose probe then failed waited their queue timeout out (8 s)
+    for a slot, then answered 429 "at capacity"; a health problem is a 503, now."""
+    policy = {"kind": "local", "max_concurrency": 1, "max_queue": 8, "queue_timeout_s": 8}
+    gw = await launch(start_gateway, {"alpha": alpha}, common=policy, routing={"probe_interval_s": 0.2})
+    alpha.enqueue(stalled_stream())
+    async with holding() as held:
+        held.append(Held(gw))
+        assert await held[0].started() == "alpha"
+        queued = [asyncio.create_task(complete(gw)) for _ in range(3)]
+
+        async def three_queued() -> bool:
+            return bool((await deployments(gw))["alpha"]["queued"] == 3)
+
+        await wait_until(three_queued)
+        alpha.enqueue(error(503, "loading"), repeat=1000, path="/health")
+        failing = time.monotonic()
+        responses = await asyncio.gather(*queued)
+        assert time.monotonic() - failing < 2.0
+        assert [response.status_code for response in responses] == [503] * 3
+
+
+async def test_readiness_checks_share_the_first_round_and_wait_a_second_at_most(
+    start_gateway: StartGateway, alpha: ReplayUpstream
+) -> None:
+    """A probe that hangs held every readiness check before the first round for its 10 s, and each
+    check started a round of its own against the upstream."""
+    alpha.enqueue(reply_json(200, {"data": []}, first_byte_delay_s=30), path=PROBE_PATH)  # the first probe hangs
+    alpha.enqueue(listing(), repeat=1000, path=PROBE_PATH)
+    gw = await launch(start_gateway, {"alpha": alpha}, routing={"probe_interval_s": 60})
+    started = time.monotonic()
+    answers = await asyncio.gather(*(gw.client.get("/readyz") for _ in range(3)))
+    assert time.monotonic() - started < 2.0
+    assert [response.status_code for response in answers] == [200] * 3  # no probe has said otherwise
+    assert len(alpha.probes) + len([r for r in alpha.requests if r.path.endswith("/models")]) == 1
