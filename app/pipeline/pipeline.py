@@ -213,7 +213,7 @@ class Pipeline:
     async def _open(self, run: _Run, *, emit: bool) -> Upstream:
         now = asyncio.get_running_loop().time()
         request = run.request
-        run.model = model = self.router.resolve_model(request.model, now)
+        run.model = model = self.router.resolve_model(request.model, now, request.provider)
         admit(request, model)
         access = self.access
         entry = access.permit(run.ctx, model) if access is not None else None

@@ -195,9 +195,11 @@ class Router:
     def backends(self, model: ModelEntry) -> list[Backend]:
         return self._backends.get(model.id, [])
 
-    def resolve_model(self, name: str | None, now: float) -> ModelEntry:
+    def resolve_model(self, name: str | None, now: float, pin: str | None = None) -> ModelEntry:
+        """The model `name` names, or the default model; with a provider `pin`, one of the default
+        models it serves (an unknown pin is left to `route`, which names it)."""
         if name is None:
-            return self._default_model(now)
+            return self._default_model(now, pin if pin in self.providers else None)
         entry = self.snapshot.resolve(name)
         if entry is None:
             raise InvalidRequest(f"model: unknown model '{clip(name)}'", param="model")
@@ -217,15 +219,16 @@ class Router:
             raise NoBackendAvailable("no backend is available for this model", retry_after=UNCONFIGURED_RETRY_S)
         return Route(model, backends, names)
 
-    def _default_model(self, now: float) -> ModelEntry:
+    def _default_model(self, now: float, pin: str | None) -> ModelEntry:
         """The default model whose best ready backend ranks highest. When none has a ready backend,
         the one whose best backend ranks highest all the same: its route then finds nothing to
         try and answers 503 with the soonest `Retry-After`, and its ledger row names a model, as
-        for a request that named it."""
+        for a request that named it. With a `pin`, only the pinned provider's backends count (a
+        default model it does not serve was a 400 while another default model it serves waited)."""
         best: tuple[tuple[int, int], ModelEntry] | None = None
         fallback: tuple[tuple[int, int], ModelEntry] | None = None
         for entry in self.snapshot.default_models():
-            backends = self.backends(entry)
+            backends = [b for b in self.backends(entry) if pin is None or b.name == pin]
             if backends:
                 rank = (backends[0].priority, backends[0].provider.config.priority)
                 if fallback is None or rank > fallback[0]:
@@ -237,6 +240,8 @@ class Router:
             if best is None or rank > best[0]:
                 best = (rank, entry)
         chosen = best or fallback
+        if chosen is None and pin is not None:  # the pin serves no default model: `route` says so
+            return self._default_model(now, None)
         if chosen is None:
             raise NoBackendAvailable("no backend is available for this model", retry_after=UNCONFIGURED_RETRY_S)
         return chosen[1]

@@ -363,3 +363,31 @@ async def test_an_impossible_usage_report_is_no_report_and_the_row_is_kept(
         (None, None, None),
         (12, 3, "estimated"),
     ]
+
+
+TWO_DEFAULTS = catalog_toml(
+    model("a-1", ("primary", "org/a", 1), default=True),
+    model("b-1", ("secondary", "org/b", 100), default=True),
+)
+
+
+async def test_a_provider_pin_picks_among_the_default_models_it_serves(
+    start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream
+) -> None:
+    """No `model` and a `provider` pin: the default model the pinned provider serves. The pin was
+    applied after the default model was chosen (b-1, whose backend ranks highest), so it was a 400
+    "provider 'primary' does not serve model 'b-1'" while a-1 waited on primary."""
+    providers = {
+        name: {"kind": "openai_compatible", "base_url": up.url}
+        for name, up in (("primary", primary), ("secondary", secondary))
+    }
+    gw = await start_gateway(providers=providers, catalog=TWO_DEFAULTS)
+    primary.enqueue(reply_json(200, chat_response({"content": "a"}, "stop", None)))
+    secondary.enqueue(reply_json(200, chat_response({"content": "b"}, "stop", None)), repeat=2)
+    pinned = await post(gw, {"messages": [user("hi")], "provider": "primary"})
+    assert (pinned.status_code, pinned.json()["model"], pinned.json()["provider"]) == (200, "a-1", "primary")
+    unpinned = await post(gw, {"messages": [user("hi")]})
+    assert (unpinned.json()["model"], unpinned.json()["provider"]) == ("b-1", "secondary")  # the best ready
+    assert (await post(gw, {"messages": [user("hi")], "provider": "secondary"})).json()["model"] == "b-1"
+    unknown = await post(gw, {"messages": [user("hi")], "provider": "nowhere"})
+    assert (unknown.status_code, unknown.json()["error"]["param"]) == (400, "provider")
