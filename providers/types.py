@@ -44,7 +44,7 @@ class ToolCallData(Struct):
     id: str
     name: str
     arguments: Any = msgspec.field(default_factory=dict)
-    type: Literal["function"] = "function"
+    type: Literal["function"] | None = "function"  # null is absent (api.md); never read: always a function
     raw_arguments: str | None = None
 
 
@@ -57,7 +57,7 @@ class ToolResultData(Struct, omit_defaults=True):
 class ThinkingData(Struct):
     text: str
     signature: str | None = None
-    redacted: bool = False
+    redacted: bool | None = False  # null is absent (api.md); `true` only on a `redacted_thinking` part
 
 
 class TextPart(Struct, tag_field="kind", tag="text"):

@@ -187,6 +187,10 @@ def _check_message(message: Message, path: str) -> None:
             raise _invalid(f"{part_path}.kind", f"'{message.role}' messages carry only text parts")
         if type(part) in MEDIA_PARTS:
             _check_media(cast(MediaPart, part).data, f"{part_path}.data")
+        elif type(part) is ThinkingPart and part.data.redacted:  # an opaque blob is no reasoning text to send on
+            raise _invalid(f"{part_path}.data.redacted", "must be false on a 'thinking' part ('redacted_thinking')")
+        elif message.role == "tool" and message.tool_call_id is None and type(part) is TextPart:
+            raise _invalid(f"{path}.tool_call_id", "a 'tool' message with text needs the id of the call it answers")
 
 
 def _check_part_nesting(part: ContentPart, path: str) -> None:

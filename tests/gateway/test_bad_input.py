@@ -19,6 +19,7 @@ from tests.support.upstream import ReplayUpstream
 
 USER = {"role": "user", "content": [{"kind": "text", "data": "hi"}]}
 IMAGE = "https://x.test/a.png"
+THINKING_REDACTED = {"kind": "thinking", "data": {"text": "OPAQUE", "signature": "s", "redacted": True}}
 JSON = {"content-type": "application/json"}
 
 
@@ -61,6 +62,18 @@ CHAT_USER = {"role": "user", "content": "hi"}
 CHAT_TOOL = b'[{"type":"function","function":{"name":"f","parameters":%s}}]'
 CASES = [
     Case("seed past 64 bits", body({"messages": [USER], "seed": 2**63}), 400, "seed"),  # vLLM's own 400 else
+    Case(  # an opaque blob sent on as reasoning text, else
+        "thinking marked redacted",
+        body({"messages": [USER, {"role": "assistant", "content": [THINKING_REDACTED]}, USER]}),
+        400,
+        "messages[1].content[0].data.redacted",
+    ),
+    Case(  # a made-up empty id upstream, else
+        "tool text without its call's id",
+        body({"messages": [USER, {"role": "tool", "content": [{"kind": "text", "data": "18C"}]}]}),
+        400,
+        "messages[1].tool_call_id",
+    ),
     # JSON nested ~990 deep (msgspec's RecursionError) and 100 deep (past the 64-level limit)
     Case("deep schema", body({"messages": [USER]}, raw={"schema": b'{"a":' + deep(990) + b"}"}), 400, "schema"),
     Case("deep schema, 100", body({"messages": [USER]}, raw={"schema": b'{"a":' + deep(100) + b"}"}), 400, "schema"),

@@ -391,3 +391,19 @@ async def test_a_provider_pin_picks_among_the_default_models_it_serves(
     assert (await post(gw, {"messages": [user("hi")], "provider": "secondary"})).json()["model"] == "b-1"
     unknown = await post(gw, {"messages": [user("hi")], "provider": "nowhere"})
     assert (unknown.status_code, unknown.json()["error"]["param"]) == (400, "provider")
+
+
+async def test_null_is_absent_in_a_tool_calls_and_a_thinking_parts_data(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """api.md: optional fields accept null as absent. `type` of a tool call's data and `redacted`
+    of a thinking part's were 400s for null, though leaving them out was fine."""
+    primary.enqueue(reply_json(200, chat_response({"content": "ok"}, "stop", None)))
+    call = {"kind": "tool_call", "data": {"id": "c1", "name": "f", "arguments": {}, "type": None}}
+    thinking = {"kind": "thinking", "data": {"text": "hm", "redacted": None}}
+    history = [user("hi"), {"role": "assistant", "content": [thinking, call]}]
+    result = {"kind": "tool_result", "data": {"tool_call_id": "c1", "content": "18C"}}
+    response = await post(gw, {"model": "chat", "messages": [*history, {"role": "tool", "content": [result]}]})
+    assert response.status_code == 200, response.text
+    sent = primary.requests[0].json()["messages"]
+    assert sent[1]["tool_calls"] == [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
