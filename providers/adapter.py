@@ -47,6 +47,7 @@ from providers.dialect import DIALECTS, Dialect, build_body
 from providers.dialing import Lookup
 from providers.errors import Failure, UpstreamError, classify_response, transport_error, upstream_errors
 from providers.events import Event
+from providers.model_prices import listed_ids
 from providers.openai_stream import OpenAIStreamParser
 from providers.server_metrics import queue_depth as server_queue_depth
 from providers.sse import SSEParser
@@ -217,10 +218,9 @@ class Provider:
         if self.config.kind not in _LISTING_KINDS:
             return None, None
         try:
-            listed = _model_list.decode(answer.content).data
-        except msgspec.DecodeError:
+            return None, listed_ids(answer.content) or None
+        except msgspec.DecodeError:  # not JSON, or not a list (`ValidationError` is one)
             return "malformed response", None
-        return None, frozenset(entry.id for entry in listed) or None
 
     async def model_list(self) -> bytes:
         """`{base_url}/models` with the key, as the provider sent it (`switchyard catalog import`);
@@ -259,17 +259,6 @@ def _failure(response: httpx.Response) -> str | None:
 
 _NO_HEALTH_ROUTE = frozenset({404, 405, 501})
 _LISTING_KINDS = frozenset({"fastrun", "primalabs"})  # whose `/models` is what can serve (providers.md)
-
-
-class _Listed(msgspec.Struct):
-    id: str
-
-
-class _ModelList(msgspec.Struct):
-    data: list[_Listed]
-
-
-_model_list = msgspec.json.Decoder(_ModelList)
 
 
 def _request_head(url: httpx.URL, headers: httpx.Headers) -> bytes:

@@ -71,6 +71,18 @@ class _Listing(Struct):
 _decode_listing = msgspec.json.Decoder(_Listing | list[Any], float_hook=Decimal)
 
 
+_decode_ids = msgspec.json.Decoder(_Listing | list[Any])
+
+
+def listed_ids(body: bytes) -> frozenset[str]:
+    """The ids a model list names (`{"data": [...]}` or a bare list; an entry without a string
+    `id` is skipped, as `read_model_list` skips it); `msgspec.DecodeError` / `ValidationError` for
+    a body that is no model list (the health probe's reading of fastrun's and primalabs' lists)."""
+    listing = _decode_ids.decode(body)
+    entries = listing.data if isinstance(listing, _Listing) else listing
+    return frozenset(entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str))
+
+
 def read_model_list(body: bytes) -> ModelList:
     """The list's rates; `msgspec.DecodeError` / `ValidationError` for a body that is no model list."""
     listing = _decode_listing.decode(body)

@@ -189,7 +189,7 @@ def _check_message(message: Message, path: str) -> None:
             _check_media(cast(MediaPart, part).data, f"{part_path}.data")
         elif type(part) is ThinkingPart and part.data.redacted:  # an opaque blob is no reasoning text to send on
             raise _invalid(f"{part_path}.data.redacted", "must be false on a 'thinking' part ('redacted_thinking')")
-        elif message.role == "tool" and message.tool_call_id is None and type(part) is TextPart:
+        elif message.role == "tool" and not message.tool_call_id and type(part) is TextPart:
             raise _invalid(f"{path}.tool_call_id", "a 'tool' message with text needs the id of the call it answers")
 
 

@@ -233,8 +233,8 @@ class ClusterLink:
             if state.ready:
                 self.log.error("provider_disabled", provider=event.provider, reason=event.reason, **origin)
             state.disable(event.reason, now - (wall - event.at), quota=event.quota)
-            for backend in self._router.backends_of(event.provider) if self._router is not None else ():
-                backend.state.evict()
+            for backend_state in runtime.backends:
+                backend_state.evict()
         else:
             if not state.ready:
                 self.log.warning("provider_enabled", provider=event.provider, was=state.disabled_reason, **origin)

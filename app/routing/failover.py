@@ -220,7 +220,8 @@ def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics,
     kind = "quota" if exc.kind is Failure.QUOTA else "auth"
     was_ready = provider.state.ready
     provider.state.disable(f"{kind}: upstream returned {exc.status}", now, quota=kind == "quota")
-    backend.state.evict()  # this backend's queue; the provider's others see it when a slot frees
+    for state in provider.backends:  # every upstream model of it is out: their queues look again
+        state.evict()
     if provider.publisher is not None:
         provider.publisher.provider_disabled(provider)
     metrics.disabled.inc((backend.name, kind))

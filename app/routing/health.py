@@ -49,6 +49,7 @@ class HealthMonitor:
         self._failing_since: dict[str, float] = {}  # provider -> loop time of its first failed probe
         self._probes: dict[str, int] = {}  # provider -> probes done
         self._first: asyncio.Future[None] | None = None  # the round a readiness check started
+        self._unmatched: set[str] = set()  # providers whose model list names none of their models
 
     @property
     def rounds(self) -> int:
@@ -64,6 +65,8 @@ class HealthMonitor:
     async def stop(self) -> None:
         if self._first is not None:
             self._first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._first
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -86,7 +89,15 @@ class HealthMonitor:
             return
         if self._first is None:
             self._first = asyncio.ensure_future(self.probe_all())
+            self._first.add_done_callback(self._first_done)
         await asyncio.wait({self._first}, timeout=wait)
+
+    def _first_done(self, round_: asyncio.Future[None]) -> None:
+        """A first round that did not end (a bug, a stop): the next readiness check starts another."""
+        if round_.cancelled() or round_.exception() is not None:
+            if not round_.cancelled():
+                self.log.error("probe_round_failed", exc_info=round_.exception())
+            self._first = None
 
     async def probe_all(self) -> None:
         providers = self.router.providers
@@ -103,6 +114,7 @@ class HealthMonitor:
             ok, depth, error, failure = False, None, exc, None
         now = asyncio.get_running_loop().time()
         self._log_transition(runtime.config.name, ok, now, error, failure)
+        listed = self._matched(runtime, listed)
         state = runtime.state
         publisher = runtime.publisher
         if ok and state.disabled_reason is not None and state.may_reenable(now, self.quota_recheck_s):
@@ -132,10 +144,27 @@ class HealthMonitor:
         name = runtime.config.name
         self._probes[name] = self._probes.get(name, 0) + 1
 
+    def _matched(self, runtime: ProviderRuntime, listed: frozenset[str] | None) -> frozenset[str] | None:
+        """The list's ids as `_plain` names, or None when it names none of the provider's upstream
+        models: ids in another form than the catalog's (`Alpha/Chat-1`, `models/x`, aliases) would
+        take every backend out, so such a list says nothing, logged once (`model_list_unmatched`,
+        an error, with some of its ids) until a list matches again."""
+        if listed is None:
+            return None
+        name = runtime.config.name
+        names = frozenset(_plain(entry) for entry in listed)
+        if any(_plain(backend.upstream_model) in names for backend in self.router.backends_of(name)):
+            self._unmatched.discard(name)
+            return names
+        if name not in self._unmatched:
+            self._unmatched.add(name)
+            self.log.error("model_list_unmatched", provider=name, listed=sorted(listed)[:5], source="probe")
+        return None
+
     def _listing(self, backend: Backend, listed: frozenset[str] | None) -> None:
-        """Out of rotation while its provider's model list leaves its upstream model out (a list
-        the provider did not give, or gave empty, changes nothing); logged when that changes."""
-        unlisted = listed is not None and backend.upstream_model not in listed
+        """Out of rotation while its provider's model list leaves its upstream model out (no list,
+        an empty one or one `_matched` set aside takes nothing out); logged when that changes."""
+        unlisted = listed is not None and _plain(backend.upstream_model) not in listed
         if unlisted == backend.state.unlisted:
             return
         backend.state.unlisted = unlisted
@@ -160,3 +189,8 @@ class HealthMonitor:
                 self.log.warning("probe_failed", provider=provider, cause=cause, error=None)
             else:
                 self.log.error("probe_failed", provider=provider, error=type(error).__name__, exc_info=error)
+
+
+def _plain(model: str) -> str:
+    """A model name as a list and the catalog are compared: case aside, without a `models/` prefix."""
+    return model.lower().removeprefix("models/")

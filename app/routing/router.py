@@ -54,7 +54,7 @@ class ProviderRuntime:
     """One configured provider: its adapter, its policy, whether it may take traffic, and where
     changes to that state are announced (`publisher`; None when one process is all there is)."""
 
-    __slots__ = ("adapter", "config", "policy", "publisher", "state")
+    __slots__ = ("adapter", "backends", "config", "policy", "publisher", "state")
 
     def __init__(
         self,
@@ -70,6 +70,7 @@ class ProviderRuntime:
         self.policy = policy
         self.state = ProviderState(config.name, key_missing=key_missing)
         self.publisher = publisher
+        self.backends: list[BackendState] = []  # its upstream models' states (`Router.replace_snapshot`)
 
 
 class Backend:
@@ -168,6 +169,7 @@ class Router:
                     state = self._states.get((d.provider, d.upstream_model))
                     if state is None:
                         state = self._states[(d.provider, d.upstream_model)] = new_state(provider)
+                        provider.backends.append(state)
                     backend = Backend(provider, entry.id, d.upstream_model, d.priority, state)
                 backend.priority = d.priority
                 found.append(by_key.setdefault(key, backend))

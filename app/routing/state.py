@@ -187,6 +187,7 @@ class BackendState:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(False)
+        self._watchers.clear()  # a slot freed here serves nobody queued elsewhere while it is out
 
     def release(self) -> None:
         while self._waiters:

@@ -74,6 +74,12 @@ CASES = [
         400,
         "messages[1].tool_call_id",
     ),
+    Case(
+        "tool text with an empty call id",
+        body({"messages": [USER, {"role": "tool", "tool_call_id": "", "content": [{"kind": "text", "data": "18C"}]}]}),
+        400,
+        "messages[1].tool_call_id",
+    ),
     # JSON nested ~990 deep (msgspec's RecursionError) and 100 deep (past the 64-level limit)
     Case("deep schema", body({"messages": [USER]}, raw={"schema": b'{"a":' + deep(990) + b"}"}), 400, "schema"),
     Case("deep schema, 100", body({"messages": [USER]}, raw={"schema": b'{"a":' + deep(100) + b"}"}), 400, "schema"),

@@ -269,8 +269,11 @@ async def test_local_probe(upstream: ReplayUpstream, client: Any, routes: dict[s
     [
         (reply_json(200, {"object": "list", "data": [{"id": "a"}, {"id": "b"}]}), (None, frozenset({"a", "b"}))),
         (reply_json(200, {"object": "list", "data": []}), (None, None)),  # an empty list says nothing
+        (reply_json(200, {"data": [{"id": None}, {"id": "a"}, 5]}), (None, frozenset({"a"}))),  # odd entries skipped
+        (reply_json(200, [{"id": "a"}]), (None, frozenset({"a"}))),  # a bare list
         (Reply(200, chunks=[b"<html>captive portal</html>"]), ("malformed response", None)),
-        (reply_json(200, {"data": [{"name": "a"}]}), ("malformed response", None)),
+        (reply_json(200, {"data": [{"name": "a"}]}), (None, None)),  # no id read: says nothing
+        (reply_json(200, {"models": ["a"]}), ("malformed response", None)),
         (Reply(401), ("401", None)),
     ],
 )

@@ -66,6 +66,78 @@ async def test_a_model_the_hosted_list_leaves_out_is_not_routed_to(
     assert logs.lines("backend_listed") == [{**names, "event": "backend_listed", "level": "info"}]
 
 
+async def test_a_list_in_another_form_than_the_catalogs_takes_nothing_out(
+    start_gateway: StartGateway,
+    alpha: ReplayUpstream,
+    beta: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    logs: Logs,
+) -> None:
+    """Ids compared case aside and without a `models/` prefix; a list naming none of the
+    provider's upstream models (another naming) says nothing, logged once: an exact comparison
+    took every backend of the provider out, and `/readyz` with it."""
+    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "fr-test-key")
+    alpha.enqueue(listing("models/Alpha/Chat-1"), repeat=3, path=PROBE_PATH)  # even-1 left out
+    alpha.enqueue(listing("acme-chat", "acme-even"), repeat=1000, path=PROBE_PATH)
+    gw = await launch(
+        start_gateway,
+        {"alpha": alpha, "beta": beta},
+        alpha={"kind": "fastrun", "api_key_env": "ROUTING_TEST_ALPHA_KEY"},
+        routing={"probe_interval_s": 0.2},
+    )
+
+    async def even_unlisted() -> bool:
+        return bool((await deployments(gw, "even-1"))["alpha"]["unlisted"])
+
+    await wait_until(even_unlisted)
+    assert (await deployments(gw))["alpha"]["unlisted"] is False  # `models/Alpha/Chat-1` is alpha/chat-1
+
+    async def nothing_unlisted() -> bool:
+        return not (await deployments(gw, "even-1"))["alpha"]["unlisted"]
+
+    await wait_until(nothing_unlisted)
+    await asyncio.sleep(0.5)  # more rounds of the unmatched list: one line
+    assert logs.lines("model_list_unmatched", gw) == [
+        {
+            "event": "model_list_unmatched",
+            "level": "error",
+            "provider": "alpha",
+            "listed": ["acme-chat", "acme-even"],
+            "source": "probe",
+        }
+    ]
+    assert (await gw.client.get("/readyz")).status_code == 200
+
+
+async def test_a_provider_disabled_by_a_requests_401_empties_the_queues_of_all_its_models(
+    start_gateway: StartGateway, alpha: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """even-1's requests queued on alpha (pinned) behind a held stream, when a chat-1 request
+    got 401: only chat-1's queue was woken, even-1's waited its queue timeout out and answered 429."""
+    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "fr-test-key")
+    policy = {"max_concurrency": 1, "max_queue": 8, "queue_timeout_s": 8}
+    alpha_config = {"kind": "fastrun", "api_key_env": "ROUTING_TEST_ALPHA_KEY"}
+    gw = await launch(
+        start_gateway, {"alpha": alpha}, common=policy, alpha=alpha_config, routing={"probe_interval_s": 60}
+    )
+    alpha.enqueue(stalled_stream())
+    async with holding() as held:
+        held.append(Held(gw, "even-1"))
+        assert await held[0].started() == "alpha"
+        queued = [asyncio.create_task(complete(gw, "even-1", provider="alpha")) for _ in range(2)]
+
+        async def two_queued() -> bool:
+            return bool((await deployments(gw, "even-1"))["alpha"]["queued"] == 2)
+
+        await wait_until(two_queued)
+        alpha.enqueue(error(401, "authentication_error"))
+        refused = time.monotonic()
+        assert (await complete(gw)).status_code == 502
+        responses = await asyncio.gather(*queued)
+        assert time.monotonic() - refused < 2.0
+        assert [response.status_code for response in responses] == [503, 503]
+
+
 async def test_a_failed_probe_sends_the_queued_requests_away_at_once(
     start_gateway: StartGateway, alpha: ReplayUpstream
 ) -> None:
