@@ -12,7 +12,7 @@ import pytest
 from devtools.mock_http import Reply
 from tests.routing.conftest import PROBE_PATH, launch
 from tests.support.client import Held, complete, holding
-from tests.support.gateway import StartGateway
+from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.logs import Logs
 from tests.support.observe import completions, deployments
 from tests.support.replies import answer, error, stalled_stream
@@ -22,6 +22,24 @@ from tests.support.waiting import wait_until
 
 def listing(*ids: str) -> Reply:
     return reply_json(200, {"object": "list", "data": [{"id": name, "object": "model"} for name in ids]})
+
+
+async def listing_alpha(
+    start_gateway: StartGateway,
+    alpha: ReplayUpstream,
+    beta: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    first: Reply,
+    then: Reply,
+) -> GatewayHandle:
+    """alpha a fastrun provider whose `/models` answers `first` three times, then `then`."""
+    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "fr-test-key")
+    alpha.enqueue(first, repeat=3, path=PROBE_PATH)
+    alpha.enqueue(then, repeat=1000, path=PROBE_PATH)
+    alpha_config = {"kind": "fastrun", "api_key_env": "ROUTING_TEST_ALPHA_KEY"}
+    return await launch(
+        start_gateway, {"alpha": alpha, "beta": beta}, alpha=alpha_config, routing={"probe_interval_s": 0.2}
+    )
 
 
 async def test_a_model_the_hosted_list_leaves_out_is_not_routed_to(
@@ -34,15 +52,8 @@ async def test_a_model_the_hosted_list_leaves_out_is_not_routed_to(
     """fastrun's `/models` lists the models that can serve right now (providers.md). alpha's list
     left chat-1's upstream model out, its answer to a request was 404 "model does not exist", and
     that is the client's 400 with no failover: every request failed while beta could serve."""
-    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "fr-test-key")
-    alpha.enqueue(listing("someone/else", "alpha/even-1"), repeat=3, path=PROBE_PATH)
-    alpha.enqueue(listing("alpha/chat-1", "alpha/even-1"), repeat=1000, path=PROBE_PATH)
-    gw = await launch(
-        start_gateway,
-        {"alpha": alpha, "beta": beta},
-        alpha={"kind": "fastrun", "api_key_env": "ROUTING_TEST_ALPHA_KEY"},
-        routing={"probe_interval_s": 0.2},
-    )
+    lists = (listing("someone/else", "alpha/even-1"), listing("alpha/chat-1", "alpha/even-1"))
+    gw = await listing_alpha(start_gateway, alpha, beta, monkeypatch, *lists)
 
     async def unlisted() -> bool:
         return bool((await deployments(gw))["alpha"]["unlisted"])
@@ -76,15 +87,8 @@ async def test_a_list_in_another_form_than_the_catalogs_takes_nothing_out(
     """Ids compared case aside and without a `models/` prefix; a list naming none of the
     provider's upstream models (another naming) says nothing, logged once: an exact comparison
     took every backend of the provider out, and `/readyz` with it."""
-    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "fr-test-key")
-    alpha.enqueue(listing("models/Alpha/Chat-1"), repeat=3, path=PROBE_PATH)  # even-1 left out
-    alpha.enqueue(listing("acme-chat", "acme-even"), repeat=1000, path=PROBE_PATH)
-    gw = await launch(
-        start_gateway,
-        {"alpha": alpha, "beta": beta},
-        alpha={"kind": "fastrun", "api_key_env": "ROUTING_TEST_ALPHA_KEY"},
-        routing={"probe_interval_s": 0.2},
-    )
+    lists = (listing("models/Alpha/Chat-1"), listing("acme-chat", "acme-even"))  # even-1 left out, then no match
+    gw = await listing_alpha(start_gateway, alpha, beta, monkeypatch, *lists)
 
     async def even_unlisted() -> bool:
         return bool((await deployments(gw, "even-1"))["alpha"]["unlisted"])

@@ -8,6 +8,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+import httpx
+
 from tests.routing.conftest import launch
 from tests.support.client import Held, complete, holding
 from tests.support.gateway import GatewayHandle, StartGateway
@@ -17,6 +19,20 @@ from tests.support.upstream import ReplayUpstream
 from tests.support.waiting import wait_until
 
 
+async def failing_first(
+    start_gateway: StartGateway, alpha: ReplayUpstream
+) -> tuple[GatewayHandle, asyncio.Task[httpx.Response]]:
+    """alpha, one slot and a queue, a 1 s cool-down after a failure; a first request in flight
+    that gets a 503 at 0.3 s; any later one answered."""
+    policy = {"max_concurrency": 1, "max_queue": 8, "failure_cooldown_s": 1}
+    gw = await launch(start_gateway, {"alpha": alpha}, common=policy)
+    alpha.enqueue(error(503, "unavailable", first_byte_delay_s=0.3))
+    alpha.set_default(answer("after the cool-down"))
+    first = asyncio.create_task(complete(gw))
+    await wait_until(lambda: len(completions(alpha)) == 1)
+    return gw, first
+
+
 async def test_requests_queued_behind_a_transient_failure_wait_out_its_cool_down(
     start_gateway: StartGateway, alpha: ReplayUpstream
 ) -> None:
@@ -24,12 +40,7 @@ async def test_requests_queued_behind_a_transient_failure_wait_out_its_cool_down
     inside the 10 s queue timeout): the slot passed to the next in the queue, which used to find
     the backend out and answer 503, and so did every other, at once. They now hold their place
     through the cool-down (nothing reaches alpha meanwhile) and are served after it, in turn."""
-    policy = {"max_concurrency": 1, "max_queue": 8, "failure_cooldown_s": 1}
-    gw = await launch(start_gateway, {"alpha": alpha}, common=policy)
-    alpha.enqueue(error(503, "unavailable", first_byte_delay_s=0.3))
-    alpha.set_default(answer("after the cool-down"))
-    first = asyncio.create_task(complete(gw))
-    await wait_until(lambda: len(completions(alpha)) == 1)
+    gw, first = await failing_first(start_gateway, alpha)
     queued = [asyncio.create_task(complete(gw)) for _ in range(3)]
     await wait_until(_alpha_is(gw, in_flight=1, queued=3))
     assert (await first).status_code == 502
@@ -65,12 +76,7 @@ async def test_requests_queued_behind_a_failure_leave_when_its_cool_down_outlast
 async def test_a_request_cancelled_while_it_waits_out_a_cool_down_gives_its_slot_back(
     start_gateway: StartGateway, alpha: ReplayUpstream
 ) -> None:
-    policy = {"max_concurrency": 1, "max_queue": 8, "failure_cooldown_s": 1}
-    gw = await launch(start_gateway, {"alpha": alpha}, common=policy)
-    alpha.enqueue(error(503, "unavailable", first_byte_delay_s=0.3))
-    alpha.set_default(answer("after the cool-down"))
-    first = asyncio.create_task(complete(gw))
-    await wait_until(lambda: len(completions(alpha)) == 1)
+    gw, first = await failing_first(start_gateway, alpha)
     waiter = asyncio.create_task(complete(gw))
     await wait_until(_alpha_is(gw, in_flight=1, queued=1))
     assert (await first).status_code == 502

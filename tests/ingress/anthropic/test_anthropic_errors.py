@@ -37,6 +37,13 @@ def image_of(media_type: str) -> dict[str, Any]:
     return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": "iVBORw0KGgo="}}
 
 
+def tool_round(result: list[Any], *after: dict[str, Any], model: str = "chat-1") -> dict[str, Any]:
+    """A tool call and its result, whose `content` is `result`, then the user's `after` blocks."""
+    call = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
+    answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": result}, *after]}
+    return {"model": model, "max_tokens": 8, "messages": [USER, {"role": "assistant", "content": [call]}, answer]}
+
+
 @pytest.mark.parametrize(
     ("payload", "param", "message"),
     [
@@ -130,25 +137,11 @@ def image_of(media_type: str) -> dict[str, Any]:
             None,
         ),
         (  # the same inside a tool's result (its media follow the message's blocks, named where they were)
-            {
-                "model": "vision-1",
-                "max_tokens": 8,
-                "messages": [
-                    USER,
-                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
-                    {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "tool_result",
-                                "tool_use_id": "t",
-                                "content": [{"type": "image", "source": {"type": "url", "url": "file:///x"}}],
-                            },
-                            {"type": "text", "text": "and?"},
-                        ],
-                    },
-                ],
-            },
+            tool_round(
+                [{"type": "image", "source": {"type": "url", "url": "file:///x"}}],
+                {"type": "text", "text": "and?"},
+                model="vision-1",
+            ),
             "messages[2].content[0].content[0].source.url",
             None,
         ),
@@ -225,23 +218,7 @@ def image_of(media_type: str) -> dict[str, Any]:
         ),
         # an image in a tool's result, for a model without vision: named where it is in the request
         (
-            {
-                "max_tokens": 8,
-                "messages": [
-                    USER,
-                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
-                    {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "tool_result",
-                                "tool_use_id": "t",
-                                "content": [{"type": "text", "text": "seen:"}, image_of("image/png")],
-                            }
-                        ],
-                    },
-                ],
-            },
+            tool_round([{"type": "text", "text": "seen:"}, image_of("image/png")]),
             "messages[2].content[0].content[1]",
             "messages[2].content[0].content[1]: model 'chat-1' does not accept 'image' parts (no 'vision' capability)",
         ),
