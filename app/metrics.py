@@ -192,6 +192,9 @@ class Metrics:
         )
         self.cooldowns = Counter("switchyard_cooldowns_total", "Backend cool-downs started.", ("provider", "reason"))
         self.breaker_trips = Counter("switchyard_breaker_trips_total", "Backend breakers opened.", ("provider",))
+        self.probes = Counter(
+            "switchyard_probes_total", "Health probes by provider and outcome.", ("provider", "outcome")
+        )
         self.disabled = Counter(
             "switchyard_provider_disabled_total", "Providers taken out of rotation.", ("provider", "reason")
         )
@@ -240,6 +243,7 @@ class Metrics:
             self.failovers,
             self.cooldowns,
             self.breaker_trips,
+            self.probes,
             self.disabled,
             self.tokens,
             self.cost,

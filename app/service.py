@@ -115,7 +115,9 @@ class Service:
             self.log_writer,
             routing.quota_recheck_s,
         )
-        self.health = HealthMonitor(self.router, routing.probe_interval_s, self.log, routing.quota_recheck_s)
+        self.health = HealthMonitor(
+            self.router, routing.probe_interval_s, self.log, self.metrics, routing.quota_recheck_s
+        )
         self.health.start()
         self.catalog_watch = CatalogWatch(self.engine, self.router, settings.journal_dir, self.log)
         self.catalog_watch.start()

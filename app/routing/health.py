@@ -36,12 +36,16 @@ import asyncio
 import contextlib
 from typing import Any
 
+from app.metrics import Metrics
 from app.routing.router import Backend, ProviderRuntime, Router
 
 
 class HealthMonitor:
-    def __init__(self, router: Router, interval: float, log: Any, quota_recheck_s: float = 300.0) -> None:
+    def __init__(
+        self, router: Router, interval: float, log: Any, metrics: Metrics, quota_recheck_s: float = 300.0
+    ) -> None:
         self.router = router
+        self.metrics = metrics
         self.interval = interval
         self.quota_recheck_s = quota_recheck_s
         self.log = log
@@ -113,36 +117,59 @@ class HealthMonitor:
         except Exception as exc:  # a bug, not an unreachable upstream (the adapter answers why)
             ok, depth, error, failure = False, None, exc, None
         now = asyncio.get_running_loop().time()
-        self._log_transition(runtime.config.name, ok, now, error, failure)
-        listed = self._matched(runtime, listed)
-        state = runtime.state
-        publisher = runtime.publisher
-        if ok and state.disabled_reason is not None and state.may_reenable(now, self.quota_recheck_s):
-            name, was = runtime.config.name, state.disabled_reason
-            self.log.warning("provider_enabled", provider=name, was=was, source="probe")
-            state.enable()
-            if publisher is not None:
-                publisher.provider_enabled(runtime)
-        for backend in self.router.backends_of(runtime.config.name):
-            was_open = backend.state.breaker_open
-            backend.state.probe_result(ok)
-            if was_open and not backend.state.breaker_open:
-                self.log.info(
-                    "breaker_closed",
-                    provider=backend.name,
-                    model=backend.model_id,
-                    upstream_model=backend.upstream_model,
-                    source="probe",
-                )
-                if publisher is not None:
-                    publisher.breaker_changed(backend)
-            backend.state.queue_depth = depth or 0.0  # none read this round: not the last one read, kept forever
-            if ok:
-                self._listing(backend, listed)
-            else:
-                backend.state.evict()
         name = runtime.config.name
+        self._log_transition(name, ok, now, error, failure)
+        self.metrics.probes.inc((name, "ok" if ok else "failed"))
+        if ok:
+            self._reenable(runtime, now)
+        elif failure == "401":
+            self._refused(runtime, now)
+        listed = self._matched(runtime, listed)
+        for backend in self.router.backends_of(name):
+            self._apply(backend, ok, listed, depth)
         self._probes[name] = self._probes.get(name, 0) + 1
+
+    def _reenable(self, runtime: ProviderRuntime, now: float) -> None:
+        state = runtime.state
+        if state.disabled_reason is not None and state.may_reenable(now, self.quota_recheck_s):
+            self.log.warning(
+                "provider_enabled", provider=runtime.config.name, was=state.disabled_reason, source="probe"
+            )
+            state.enable()
+            if runtime.publisher is not None:
+                runtime.publisher.provider_enabled(runtime)
+
+    def _refused(self, runtime: ProviderRuntime, now: float) -> None:
+        """A probe the upstream answered 401 (the probe with the key, or a server started with one):
+        the key is refused, as when a request gets 401 (providers.md: disable, log loudly), not
+        merely a failed probe; the first keyed probe that passes brings it back."""
+        state = runtime.state
+        if not state.ready:
+            return
+        state.disable("auth: probe got 401", now, quota=False)
+        self.metrics.disabled.inc((runtime.config.name, "auth"))
+        self.log.error(
+            "provider_disabled", provider=runtime.config.name, reason=state.disabled_reason, status=401, source="probe"
+        )
+        for backend_state in runtime.backends:
+            backend_state.evict()
+        if runtime.publisher is not None:
+            runtime.publisher.provider_disabled(runtime)
+
+    def _apply(self, backend: Backend, ok: bool, listed: frozenset[str] | None, depth: float | None) -> None:
+        """One probe round's result on one backend: its breaker, queue depth, listing and queue."""
+        was_open = backend.state.breaker_open
+        backend.state.probe_result(ok)
+        if was_open and not backend.state.breaker_open:
+            names = {"provider": backend.name, "model": backend.model_id, "upstream_model": backend.upstream_model}
+            self.log.info("breaker_closed", **names, source="probe")
+            if backend.provider.publisher is not None:
+                backend.provider.publisher.breaker_changed(backend)
+        backend.state.queue_depth = depth or 0.0  # none read this round: not the last one read, kept forever
+        if ok:
+            self._listing(backend, listed)
+        else:
+            backend.state.evict()
 
     def _matched(self, runtime: ProviderRuntime, listed: frozenset[str] | None) -> frozenset[str] | None:
         """The list's ids as `_plain` names, or None when it names none of the provider's upstream

@@ -175,6 +175,7 @@ async def test_exposition_declares_every_family_with_its_type(gw: GatewayHandle)
         "switchyard_failovers": "counter",
         "switchyard_cooldowns": "counter",
         "switchyard_breaker_trips": "counter",
+        "switchyard_probes": "counter",
         "switchyard_provider_disabled": "counter",
         "switchyard_tokens": "counter",
         "switchyard_cost_usd": "counter",

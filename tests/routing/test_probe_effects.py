@@ -14,7 +14,7 @@ from tests.routing.conftest import PROBE_PATH, launch
 from tests.support.client import Held, complete, holding
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.logs import Logs
-from tests.support.observe import completions, deployments
+from tests.support.observe import completions, deployments, metric, scrape
 from tests.support.replies import answer, error, stalled_stream
 from tests.support.upstream import ReplayUpstream, reply_json
 from tests.support.waiting import wait_until
@@ -179,3 +179,39 @@ async def test_readiness_checks_share_the_first_round_and_wait_a_second_at_most(
     assert time.monotonic() - started < 2.0
     assert [response.status_code for response in answers] == [200] * 3  # no probe has said otherwise
     assert len(alpha.probes) + len([r for r in alpha.requests if r.path.endswith("/models")]) == 1
+
+
+async def test_a_probe_answered_401_disables_the_provider_as_a_requests_401_does(
+    start_gateway: StartGateway,
+    alpha: ReplayUpstream,
+    beta: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    logs: Logs,
+) -> None:
+    """A key revoked while traffic is quiet: the probe's 401 showed as a failed probe, with no
+    `provider_disabled` line and no count, unlike the same 401 to a request."""
+    gw = await listing_alpha(start_gateway, alpha, beta, monkeypatch, Reply(401), listing())
+
+    async def disabled() -> bool:
+        return (await deployments(gw))["alpha"].get("disabled_reason") == "auth: probe got 401"
+
+    await wait_until(disabled)
+    assert logs.lines("provider_disabled", gw) == [
+        {
+            "event": "provider_disabled",
+            "level": "error",
+            "provider": "alpha",
+            "reason": "auth: probe got 401",
+            "status": 401,
+            "source": "probe",
+        }
+    ]
+    samples = await scrape(gw)
+    assert metric(samples, "switchyard_provider_disabled_total", provider="alpha", reason="auth") == 1
+    assert metric(samples, "switchyard_probes_total", provider="alpha", outcome="failed") >= 1
+
+    async def enabled() -> bool:  # the keyed probe that passes brings it back
+        return "disabled_reason" not in (await deployments(gw))["alpha"]
+
+    await wait_until(enabled)
+    assert metric(await scrape(gw), "switchyard_probes_total", provider="alpha", outcome="ok") >= 1
