@@ -62,7 +62,8 @@ async def healthz() -> Response[bytes]:
 @route("/readyz", http_method=GET_HEAD)
 async def readyz(state: State) -> Response[bytes]:
     """api.md: ready when the database answers, a backend is ready and usage can be recorded. A
-    backend counts as ready until a probe says otherwise, so a readiness check that comes before
+    backend counts as ready until a probe says otherwise, and while it only cools down
+    (`Backend.up`), so a readiness check that comes before
     the first probe round (at `probe_interval_s`) runs that round now, one shared by every check
     and waited for at most a second: a server that is not running is not ready in the seconds
     after a start, and a probe that hangs does not hold the check."""
@@ -71,8 +72,7 @@ async def readyz(state: State) -> Response[bytes]:
         await service.health.first_round(1.0)
     database, limits = await asyncio.gather(service.database_ready(), service.limits_state())
     router = service.router
-    now = asyncio.get_running_loop().time()
-    backends = router is not None and any(b.ready(now) for b in router.all_backends())
+    backends = router is not None and any(b.up() for b in router.all_backends())
     ok = database and backends and service.recording
     status = "ok" if ok else "unavailable"
     view = {"status": status, "database": database, "backends": backends, "ledger": service.ledger_state}

@@ -104,6 +104,15 @@ class Backend:
     def ready(self, now: float) -> bool:
         return self.provider.state.ready and self.state.healthy(now)
 
+    def up(self) -> bool:
+        """In rotation but for a cool-down, which ends by itself: what readiness counts. Every
+        replica shares the upstreams, so one 429 that cools them all would take every replica out
+        of its load balancer at once, for a balancer's 503 instead of the gateway's own with its
+        `Retry-After`; a failed probe, an open breaker, a disabled provider or an unlisted model
+        is the trouble readiness is for."""
+        state = self.state
+        return self.provider.state.ready and not (state.breaker_open or state.probe_failed or state.unlisted)
+
 
 def report_unconfigured(router: Router, log: Any) -> None:
     for provider, models in sorted(router.unconfigured().items()):

@@ -215,3 +215,23 @@ async def test_a_probe_answered_401_disables_the_provider_as_a_requests_401_does
 
     await wait_until(enabled)
     assert metric(await scrape(gw), "switchyard_probes_total", provider="alpha", outcome="ok") >= 1
+
+
+async def test_a_backend_cooling_down_after_a_429_keeps_the_replica_ready(
+    start_gateway: StartGateway, alpha: ReplayUpstream
+) -> None:
+    """Every replica shares the upstreams: one 429 that cooled the only backend made `/readyz` 503
+    on every replica at once, for a balancer's 503 instead of the gateway's own 429 with
+    `Retry-After`. A cool-down ends by itself; a failed probe does not, and is not ready."""
+    gw = await launch(start_gateway, {"alpha": alpha}, common={"kind": "local"}, routing={"probe_interval_s": 0.2})
+    alpha.enqueue(error(429, "rate_limit_error", headers={"retry-after": "60"}), repeat=2)
+    for model in ("chat-1", "even-1"):  # both of alpha's upstream models
+        assert (await complete(gw, model)).status_code == 429
+        assert (await deployments(gw, model))["alpha"]["ready"] is False  # out of rotation, cooling
+    assert (await gw.client.get("/readyz")).json()["backends"] is True
+    alpha.enqueue(error(503, "loading"), repeat=1000, path="/health")
+
+    async def unready() -> bool:
+        return bool((await gw.client.get("/readyz")).status_code == 503)
+
+    await wait_until(unready)
