@@ -3,7 +3,8 @@
 Input bound. The gateway has no tokenizer, but byte-level tokenizers never make more tokens than
 bytes, so the UTF-8 byte length of everything the upstream tokenizes is an upper bound of the
 prompt's tokens. Here that is the length of the JSON encoding of the messages, the system text,
-the tools and the schema (JSON escaping only adds bytes, and the structure's own bytes stand in
+the tools, the schema and the `provider_options` (merged into the upstream's body, where a `tools`
+list or vLLM's `documents` are prompt too) (JSON escaping only adds bytes, and the structure's own bytes stand in
 for a chat template's role markers), plus `MESSAGE_ALLOWANCE` per message and `TOOL_ALLOWANCE` per
 tool for the template's special tokens, plus `MEDIA_ALLOWANCE` per image, audio or document part
 (whose token count depends on the model's encoder; a part sent by URL has few bytes here).
@@ -36,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -57,10 +58,11 @@ def input_bound(request: AnyRequest) -> int:
     """At least as many tokens as the upstream can count in the prompt (module doc). Types are
     compared exactly (`providers.types.MEDIA_PARTS` says why): `isinstance` was a third of this
     function's cost, once per content part."""
+    extra = _options_bound(request.provider_options) if request.provider_options else 0
     if type(request) is not CompletionRequest:
         assert isinstance(request, TextCompletionRequest)  # a match: `isinstance`'s fast path
-        return len(request.prompt.encode()) + MESSAGE_ALLOWANCE
-    size = len(_encode(request.messages)) + MESSAGE_ALLOWANCE * (len(request.messages) + 1)
+        return len(request.prompt.encode()) + MESSAGE_ALLOWANCE + extra
+    size = len(_encode(request.messages)) + MESSAGE_ALLOWANCE * (len(request.messages) + 1) + extra
     if request.system:
         size += len(request.system.encode())
     if request.tools:
@@ -71,6 +73,20 @@ def input_bound(request: AnyRequest) -> int:
         for part in message.content:
             if type(part) in MEDIA_PARTS:
                 size += MEDIA_ALLOWANCE
+    return size
+
+
+def _options_bound(options: dict[str, dict[str, Any]]) -> int:
+    """`provider_options` go into the upstream's body as they are, and some become prompt tokens
+    (`tools`, `functions`, vLLM's `documents` and `chat_template_kwargs`): every provider's
+    options, bytes and a tool's allowance per listed tool, count (one budget request carried a
+    200 kB tool description there and spent a hundred times its budget)."""
+    size = len(_encode(options))
+    for entry in options.values():
+        for key in ("tools", "functions"):
+            listed = entry.get(key)
+            if isinstance(listed, list):
+                size += TOOL_ALLOWANCE * len(listed)
     return size
 
 

@@ -351,3 +351,22 @@ async def test_keys_revoked_leave_no_state_behind(either_limiter: GatewayHandle,
         assert {lane.key_id for lane in gate._shared._lanes.values()} == {live}
     else:
         assert set(gate._local._keys) == {live}
+
+
+async def test_provider_options_count_toward_the_budget_and_tpm(
+    gw: GatewayHandle, make_key: MakeKey, up: ReplayUpstream
+) -> None:
+    """`provider_options` are merged into the upstream's body, and a `tools` list there is prompt:
+    a 200 kB tool description in them was admitted on a $0.50 budget and spent $50, and passed a
+    `tpm` of 1,000 with 10,049 tokens. They count toward the input bound now."""
+    up.set_default(answer("ok"))
+    tool = {"type": "function", "function": {"name": "t", "description": "x" * 3000, "parameters": {"type": "object"}}}
+    options = {"provider_options": {"up": {"tools": [tool]}}}
+    budgeted = bearer((await make_key(budget_usd="0.002", budget_period="total"))["secret"])
+    small = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=16), headers=budgeted)
+    assert small.status_code == 200, small.text  # the same request without the options passes
+    refused = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=16, **options), headers=budgeted)
+    assert _error(refused)[:2] == (429, "insufficient_quota")
+    limited = bearer((await make_key(tpm=1000))["secret"])
+    refused = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=16, **options), headers=limited)
+    assert _error(refused)[:2] == (429, "rate_limit_error")
