@@ -100,17 +100,19 @@ async def serve(
     """A completion through one front door, from the request's bytes to the last byte of its
     answer: the same for every door but `translate` (body → `Door`) and what the `Door` renders."""
     request_id = begin(scope)
-    check_json_headers(scope["headers"])
     service: Service = scope["litestar_app"].state["service"]  # by key: `.service` raises and catches (0.4 µs)
     assert service.pipeline is not None
-    server = service.settings.server
-    body = await read_body(receive, server.max_body_bytes, scope["headers"])
-    if body is None:
-        return  # the client went away before sending its body: nobody to answer
     principal, entry = ANONYMOUS, None
-    if service.access is not None:
+    if service.access is not None:  # the key first: without one, a 401 whatever the body (access.md)
         entry = service.access.keyring.authenticate(scope["headers"])
         principal = entry.principal
+    try:
+        check_json_headers(scope["headers"])
+        body = await read_body(receive, service.settings.server.max_body_bytes, scope["headers"])
+    except GatewayError as exc:  # a 415 or a 413, with the key's window
+        raise await _windowed(exc, entry, service) from None
+    if body is None:
+        return  # the client went away before sending its body: nobody to answer
     try:
         door = translate(body, service)
     except GatewayError as exc:
@@ -131,7 +133,7 @@ async def serve(
                 await send_json(send, payload, request_id, extra=own, made=outcome.headers)
                 return
             head, events = service.pipeline.stream(ctx, door.request)
-            relay = Relay(events, door.renderer(ctx), server.sse_keepalive_s, head)
+            relay = Relay(events, door.renderer(ctx), service.settings.server.sse_keepalive_s, head)
             await send_stream(relay, send, request_id, watch, scope["state"], own)
     except GatewayError as exc:
         renames = door.renames

@@ -370,3 +370,16 @@ async def test_provider_options_count_toward_the_budget_and_tpm(
     limited = bearer((await make_key(tpm=1000))["secret"])
     refused = await gw.client.post(COMPLETIONS, json=body("chat", max_tokens=16, **options), headers=limited)
     assert _error(refused)[:2] == (429, "rate_limit_error")
+
+
+async def test_the_key_comes_before_the_body_on_the_completion_doors(gw: GatewayHandle, make_key: MakeKey) -> None:
+    """access.md: every route needs a key. A form body or an oversized one without a key was a 415
+    or a 413 (the body was looked at first), and a limited key's 415 or 413 had no window."""
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    for path in (COMPLETIONS, "/v1/chat/completions", "/v1/messages", "/v1/completions"):
+        assert (await gw.client.post(path, content=b"a=b", headers=form)).status_code == 401
+        assert (await gw.client.post(path, json={"pad": "x" * 11_000_000})).status_code == 401
+    limited = bearer((await make_key(rpm=5))["secret"])
+    refused = await gw.client.post(COMPLETIONS, content=b"a=b", headers={**form, **limited})
+    assert refused.status_code == 415
+    assert refused.headers["x-ratelimit-limit-requests"] == "5"
