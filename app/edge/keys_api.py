@@ -66,6 +66,7 @@ class KeyInput(Struct, forbid_unknown_fields=True):
     tpm: int | UnsetType | None = UNSET
     max_concurrency: int | UnsetType | None = UNSET
     expires: str | UnsetType | None = UNSET
+    expires_at: str | UnsetType | None = UNSET  # the name the key object answers with, taken back too
 
 
 class _BudgetText(Struct):
@@ -80,7 +81,7 @@ def _changes(body: bytes, current: KeyRecord | None = None) -> KeyChanges:
     try:
         given = _decode_input(body or b"{}")
         _check_budget_text(body)
-        expires = given.expires
+        expires = _expires(given)
         changes = KeyChanges(
             name=given.name,
             owner=given.owner,
@@ -105,6 +106,12 @@ def _changes(body: bytes, current: KeyRecord | None = None) -> KeyChanges:
     except ValueError as exc:  # `checked` and `parse_expires` start their message with the option
         option = str(exc).partition(":")[0]
         raise InvalidRequest(f"invalid key: {exc}", param=option if option in _OPTIONS else None) from None
+
+
+def _expires(given: KeyInput) -> str | UnsetType | None:
+    if given.expires is not UNSET and given.expires_at is not UNSET:
+        raise ValueError("expires: give expires or expires_at, not both")
+    return given.expires if given.expires is not UNSET else given.expires_at
 
 
 def _check_budget_text(body: bytes) -> None:

@@ -209,6 +209,7 @@ LONG = "n" * 201
         ({"name": "x", "budget_period": "p" * 5000}, "budget_period", "invalid key: budget_period: Invalid enum value"),
         ({"name": "x", "u" * 5000: 1}, "u" * 64 + "…", "invalid key: " + "u" * 64 + "…: unknown field"),
         ({"name": "x", "expires": "soon"}, "expires", "invalid key: expires:"),
+        ({"name": "x", "expires": "2027-01-01", "expires_at": "2027-02-01"}, "expires", "invalid key: expires: give"),
     ],
 )
 async def test_every_refused_option_is_named_and_a_client_value_clipped(
@@ -318,3 +319,16 @@ async def test_the_admin_secret_pasted_into_a_path_is_masked_in_the_log(
     assert rejected == ["/v1/models/…", "/api/v1/usage/…"]
     assert chosen not in logs.raw
     assert "9f2c" not in logs.raw
+
+
+async def test_a_key_objects_expires_at_is_taken_back_on_update(gw: GatewayHandle) -> None:
+    """The key object answers `expires_at`; a client that read it and sent it back (PATCH) got
+    `expires_at: unknown field`, as only `expires` was taken."""
+    created = await gw.client.post("/api/v1/keys", json={"name": "x"}, headers=bearer(ADMIN))
+    key_id = created.json()["id"]
+    changed = await gw.client.patch(
+        f"/api/v1/keys/{key_id}", json={"expires_at": "2027-01-01T00:00:00Z"}, headers=bearer(ADMIN)
+    )
+    assert changed.status_code == 200, changed.text
+    assert created.json()["expires_at"] is None
+    assert changed.json()["expires_at"] == "2027-01-01T00:00:00Z"
