@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -24,36 +25,35 @@ def listing(*ids: str) -> Reply:
     return reply_json(200, {"object": "list", "data": [{"id": name, "object": "model"} for name in ids]})
 
 
-async def listing_alpha(
-    start_gateway: StartGateway,
-    alpha: ReplayUpstream,
-    beta: ReplayUpstream,
-    monkeypatch: pytest.MonkeyPatch,
-    first: Reply,
-    then: Reply,
-) -> GatewayHandle:
-    """alpha a fastrun provider whose `/models` answers `first` three times, then `then`."""
-    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "fr-test-key")
-    alpha.enqueue(first, repeat=3, path=PROBE_PATH)
-    alpha.enqueue(then, repeat=1000, path=PROBE_PATH)
-    alpha_config = {"kind": "fastrun", "api_key_env": "ROUTING_TEST_ALPHA_KEY"}
-    return await launch(
-        start_gateway, {"alpha": alpha, "beta": beta}, alpha=alpha_config, routing={"probe_interval_s": 0.2}
-    )
+ListingAlpha = Callable[[Reply, Reply], Awaitable[GatewayHandle]]
+
+
+@pytest.fixture
+def listing_alpha(
+    start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> ListingAlpha:
+    """A gateway over alpha, a fastrun provider whose `/models` answers `first` three times, then
+    `then`, and beta."""
+
+    async def start(first: Reply, then: Reply) -> GatewayHandle:
+        monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", "fr-test-key")
+        alpha.enqueue(first, repeat=3, path=PROBE_PATH)
+        alpha.enqueue(then, repeat=1000, path=PROBE_PATH)
+        alpha_config = {"kind": "fastrun", "api_key_env": "ROUTING_TEST_ALPHA_KEY"}
+        routing = {"probe_interval_s": 0.2}
+        return await launch(start_gateway, {"alpha": alpha, "beta": beta}, alpha=alpha_config, routing=routing)
+
+    return start
 
 
 async def test_a_model_the_hosted_list_leaves_out_is_not_routed_to(
-    start_gateway: StartGateway,
-    alpha: ReplayUpstream,
-    beta: ReplayUpstream,
-    monkeypatch: pytest.MonkeyPatch,
-    logs: Logs,
+    listing_alpha: ListingAlpha, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
 ) -> None:
     """fastrun's `/models` lists the models that can serve right now (providers.md). alpha's list
     left chat-1's upstream model out, its answer to a request was 404 "model does not exist", and
     that is the client's 400 with no failover: every request failed while beta could serve."""
     lists = (listing("someone/else", "alpha/even-1"), listing("alpha/chat-1", "alpha/even-1"))
-    gw = await listing_alpha(start_gateway, alpha, beta, monkeypatch, *lists)
+    gw = await listing_alpha(*lists)
 
     async def unlisted() -> bool:
         return bool((await deployments(gw))["alpha"]["unlisted"])
@@ -78,17 +78,13 @@ async def test_a_model_the_hosted_list_leaves_out_is_not_routed_to(
 
 
 async def test_a_list_in_another_form_than_the_catalogs_takes_nothing_out(
-    start_gateway: StartGateway,
-    alpha: ReplayUpstream,
-    beta: ReplayUpstream,
-    monkeypatch: pytest.MonkeyPatch,
-    logs: Logs,
+    listing_alpha: ListingAlpha, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
 ) -> None:
     """Ids compared case aside and without a `models/` prefix; a list naming none of the
     provider's upstream models (another naming) says nothing, logged once: an exact comparison
     took every backend of the provider out, and `/readyz` with it."""
     lists = (listing("models/Alpha/Chat-1"), listing("acme-chat", "acme-even"))  # even-1 left out, then no match
-    gw = await listing_alpha(start_gateway, alpha, beta, monkeypatch, *lists)
+    gw = await listing_alpha(*lists)
 
     async def even_unlisted() -> bool:
         return bool((await deployments(gw, "even-1"))["alpha"]["unlisted"])
@@ -182,15 +178,11 @@ async def test_readiness_checks_share_the_first_round_and_wait_a_second_at_most(
 
 
 async def test_a_probe_answered_401_disables_the_provider_as_a_requests_401_does(
-    start_gateway: StartGateway,
-    alpha: ReplayUpstream,
-    beta: ReplayUpstream,
-    monkeypatch: pytest.MonkeyPatch,
-    logs: Logs,
+    listing_alpha: ListingAlpha, alpha: ReplayUpstream, beta: ReplayUpstream, logs: Logs
 ) -> None:
     """A key revoked while traffic is quiet: the probe's 401 showed as a failed probe, with no
     `provider_disabled` line and no count, unlike the same 401 to a request."""
-    gw = await listing_alpha(start_gateway, alpha, beta, monkeypatch, Reply(401), listing())
+    gw = await listing_alpha(Reply(401), listing())
 
     async def disabled() -> bool:
         return (await deployments(gw))["alpha"].get("disabled_reason") == "auth: probe got 401"
