@@ -33,7 +33,7 @@ from typing import Any
 
 from app.errors import AllBackendsFailed, AtCapacity, GatewayError, NoBackendAvailable, UpstreamTimeout
 from app.metrics import Metrics
-from app.routing.router import Backend
+from app.routing.router import Backend, ProviderRuntime
 from app.routing.state import CoolReason
 from providers.errors import MALFORMED, Failure, UpstreamError, transport_error, wrapped
 
@@ -65,7 +65,7 @@ class Candidates:
             return True
         if not provider.ready and provider.quota_exhausted:  # out until the re-check, then a probe
             self.health_waits.append(max(self.probe_interval, provider.disabled_at + self._quota_recheck - now))
-        elif not provider.ready or state.breaker_open or state.probe_failed or state.unlisted:
+        elif not provider.ready or state.broken:
             self.health_waits.append(self.probe_interval)
         elif state.cooling(now):
             wait = state.cooling_until - now
@@ -152,11 +152,10 @@ class Candidates:
 
 def _cool_wait(backend: Backend, now: float, limit: float) -> float:
     """Seconds until `backend` is back, when only a cool-down ending by `limit` keeps it out; else 0."""
-    state = backend.state
-    out = not backend.provider.state.ready or state.breaker_open or state.probe_failed or state.unlisted
-    if out or state.cooling_until > limit:  # out for more than a cool-down, or for a longer one
+    until = backend.state.cooling_until
+    if not backend.up() or until > limit:  # out for more than a cool-down, or for a longer one
         return 0.0
-    return max(0.0, state.cooling_until - now)
+    return max(0.0, until - now)
 
 
 def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:
@@ -216,26 +215,29 @@ def _forbidden(backend: Backend, exc: UpstreamError, now: float, metrics: Metric
 
 def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:
     """A refused key or an exhausted balance: the whole provider leaves rotation until a probe."""
-    provider = backend.provider
     kind = "quota" if exc.kind is Failure.QUOTA else "auth"
+    reason = f"{kind}: upstream returned {exc.status}"
+    log_attempt(log, backend, exc, None)
+    disable_provider(backend.provider, reason, now, metrics, log, status=exc.status, code=exc.code, source="attempt")
+
+
+def disable_provider(
+    provider: ProviderRuntime, reason: str, now: float, metrics: Metrics, log: Any, **fields: Any
+) -> None:
+    """The provider out of rotation for `reason` (`auth: …` or `quota: …`) until a probe brings it
+    back: every upstream model's queue looks again, the other workers are told, it is counted, and
+    logged (`provider_disabled` with `fields`) when it was in rotation. A request's failure and a
+    probe's 401 (`app.routing.health`) both come here."""
+    kind = reason.partition(":")[0]
     was_ready = provider.state.ready
-    provider.state.disable(f"{kind}: upstream returned {exc.status}", now, quota=kind == "quota")
+    provider.state.disable(reason, now, quota=kind == "quota")
     for state in provider.backends:  # every upstream model of it is out: their queues look again
         state.evict()
     if provider.publisher is not None:
         provider.publisher.provider_disabled(provider)
-    metrics.disabled.inc((backend.name, kind))
-    log_attempt(log, backend, exc, None)
+    metrics.disabled.inc((provider.config.name, kind))
     if was_ready:
-        reason = provider.state.disabled_reason
-        log.error(
-            "provider_disabled",
-            provider=backend.name,
-            reason=reason,
-            status=exc.status,
-            code=exc.code,
-            source="attempt",
-        )
+        log.error("provider_disabled", provider=provider.config.name, reason=reason, **fields)
 
 
 def log_attempt(log: Any, backend: Backend, exc: UpstreamError, cooldown_s: float | None) -> None:

@@ -37,6 +37,7 @@ import contextlib
 from typing import Any
 
 from app.metrics import Metrics
+from app.routing.failover import disable_provider
 from app.routing.router import Backend, ProviderRuntime, Router
 
 
@@ -143,18 +144,8 @@ class HealthMonitor:
         """A probe the upstream answered 401 (the probe with the key, or a server started with one):
         the key is refused, as when a request gets 401 (providers.md: disable, log loudly), not
         merely a failed probe; the first keyed probe that passes brings it back."""
-        state = runtime.state
-        if not state.ready:
-            return
-        state.disable("auth: probe got 401", now, quota=False)
-        self.metrics.disabled.inc((runtime.config.name, "auth"))
-        self.log.error(
-            "provider_disabled", provider=runtime.config.name, reason=state.disabled_reason, status=401, source="probe"
-        )
-        for backend_state in runtime.backends:
-            backend_state.evict()
-        if runtime.publisher is not None:
-            runtime.publisher.provider_disabled(runtime)
+        if runtime.state.ready:
+            disable_provider(runtime, "auth: probe got 401", now, self.metrics, self.log, status=401, source="probe")
 
     def _apply(self, backend: Backend, ok: bool, listed: frozenset[str] | None, depth: float | None) -> None:
         """One probe round's result on one backend: its breaker, queue depth, listing and queue."""

@@ -110,8 +110,7 @@ class Backend:
         of its load balancer at once, for a balancer's 503 instead of the gateway's own with its
         `Retry-After`; a failed probe, an open breaker, a disabled provider or an unlisted model
         is the trouble readiness is for."""
-        state = self.state
-        return self.provider.state.ready and not (state.breaker_open or state.probe_failed or state.unlisted)
+        return self.provider.state.ready and not self.state.broken
 
 
 def report_unconfigured(router: Router, log: Any) -> None:

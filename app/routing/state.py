@@ -102,9 +102,15 @@ class BackendState:
     def cooling(self, now: float) -> bool:
         return now < self.cooling_until
 
+    @property
+    def broken(self) -> bool:
+        """Out of rotation with no known end: a breaker, a failed probe, a model its provider does
+        not list (a probe brings it back; a cool-down ends by itself)."""
+        return self.breaker_open or self.probe_failed or self.unlisted
+
     def healthy(self, now: float) -> bool:
         """In rotation as far as health goes (capacity aside)."""
-        return not self.breaker_open and not self.probe_failed and not self.unlisted and not self.cooling(now)
+        return not self.broken and not self.cooling(now)
 
     def cool_down(self, now: float, seconds: float, reason: CoolReason) -> bool:
         """Out of rotation for `seconds` unless already out for longer; True when extended."""
