@@ -211,10 +211,10 @@ class Provider:
         if not keyed and health_path != "/models":
             answer = await self._get(f"{self._root}{health_path}")
             if isinstance(answer, str) or answer.status_code not in _NO_HEALTH_ROUTE:
-                return (answer if isinstance(answer, str) else _failure(answer)), None
+                return _failure(answer), None
         answer = await self._get(self._models_url)
         if isinstance(answer, str) or answer.status_code != 200:
-            return (answer if isinstance(answer, str) else _failure(answer)), None
+            return _failure(answer), None
         if self.config.kind not in _LISTING_KINDS:
             return None, None
         try:
@@ -253,8 +253,11 @@ class Provider:
             return "TimeoutError"
 
 
-def _failure(response: httpx.Response) -> str | None:
-    return None if response.status_code == 200 else str(response.status_code)
+def _failure(answer: httpx.Response | str) -> str | None:
+    """Why a probe's GET says the upstream is not up (`_get`'s transport cause, or the status); None for a 200."""
+    if isinstance(answer, str):
+        return answer
+    return None if answer.status_code == 200 else str(answer.status_code)
 
 
 _NO_HEALTH_ROUTE = frozenset({404, 405, 501})
