@@ -108,16 +108,12 @@ def _system(system: str | list[fmt.TextBlock] | None) -> str | None:
 
 def _turns(messages: list[fmt.InputMessage]) -> list[fmt.InputMessage]:
     """The messages, checked as Anthropic checks them: every one has content, but a last assistant
-    message may be empty (a prefill of nothing: left out), and no text block is empty."""
+    message may be empty (a prefill of nothing: left out); `_message` refuses an empty text block."""
     last = len(messages) - 1
     for index, message in enumerate(messages):
-        content = message.content
-        if not content and not (index == last and message.role == "assistant"):
+        if not message.content and not (index == last and message.role == "assistant"):
             detail = "all messages must have non-empty content except for the optional final assistant message"
             raise _invalid(f"messages[{index}].content", detail)
-        for inner, block in enumerate(content if isinstance(content, list) else ()):
-            if type(block) is fmt.TextBlock and not block.text:
-                raise _invalid(f"messages[{index}].content[{inner}].text", "text content blocks must be non-empty")
     if messages[last].content:
         return messages
     if not last:  # nothing but an empty assistant message
@@ -134,6 +130,8 @@ def _message(message: fmt.InputMessage, path: str, moved: dict[str, str]) -> Mes
     media: list[tuple[ContentPart, str]] = []  # a tool result's images and documents, and where they were
     for index, block in enumerate(content):
         if isinstance(block, fmt.TextBlock):  # the common case first
+            if not block.text:
+                raise _invalid(f"{path}.content[{index}].text", "text content blocks must be non-empty")
             parts.append(TextPart(block.text))
             continue
         allowed = "assistant" if isinstance(block, _ASSISTANT_ONLY) else "user"
