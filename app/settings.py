@@ -137,6 +137,7 @@ class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
     stream_usage: bool | None = None
     max_completion_tokens: bool | None = None
     sampling_extras: bool | None = None
+    continue_final_message: bool | None = None
     # USD per hour of the GPUs behind a self-hosted provider, an exact decimal string (cost.md,
     # `app.pipeline.gpu_time`); refused on the hosted vendors' kinds (`_check_gpu_hour`)
     gpu_hour_usd: Annotated[str, Meta(pattern=GPU_HOUR_USD)] | None = None
@@ -277,7 +278,8 @@ def gpu_hour_rates(settings: Settings) -> dict[str, Decimal]:
     return {name: Decimal(entry.gpu_hour_usd) for name, entry in providers if entry.gpu_hour_usd is not None}
 
 
-_WIRE_KEYS = ("developer_role", "reasoning_history", "stream_usage", "max_completion_tokens", "sampling_extras")
+_WIRE_KEYS: tuple[str, ...] = ("developer_role", "reasoning_history", "stream_usage", "max_completion_tokens")
+_WIRE_KEYS += ("sampling_extras", "continue_final_message")
 
 
 def provider_configs(settings: Settings) -> list[ProviderConfig]:

@@ -14,6 +14,7 @@ A leaf package: it knows nothing of Litestar, SQL or the catalog. The app hands 
     usage.py           usage reports → five disjoint buckets; the upstream's billed cost
     openai_stream.py   what every OpenAI-style answer shares: [DONE]/EOF, errors in a 200, usage
     openai_request.py  CompletionRequest → `/chat/completions` body
+    openai_media.py    its image, audio and document parts
     openai_chat.py     the chat dialect: streamed chunks / whole answers → events
     openai_text.py     the text dialect: TextCompletionRequest → `/completions` body; answers → events
     dialect.py         which endpoint, body builder and parsers a request takes (chat or text)

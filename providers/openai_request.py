@@ -9,18 +9,18 @@ Mapping decisions (providers.md, "Request mapping"):
 - `system` and `system`/`developer` messages → `role: "system"` (`developer` is kept only where
   the wire profile says the host accepts it); only their text is sent;
 - text-only content → one string (parts joined with `\\n`, as vLLM joins text parts); with media
-  → content parts: `image` → `image_url` (a `url` as given, `data` as a `data:` URL), `audio`
-  data → `input_audio` (a remote audio URL → vLLM's `audio_url`), `document` → a `file` part;
+  → content parts (`providers.openai_media`);
 - assistant `tool_call` parts → `tool_calls` with JSON-string arguments (`raw_arguments` verbatim
   when the client gave them); assistant `thinking` → `reasoning_content` only where the host takes
   it back; redacted thinking is never sent to an OpenAI-style host;
 - each `tool_result` part → its own `role: "tool"` message (non-string content JSON-encoded),
-  placed before the rest of the message it came in.
+  placed before the rest of the message it came in;
+- a last assistant message with text (a prefill) → `continue_final_message: true` and
+  `add_generation_prompt: false` where the wire profile says the host takes them (`local`).
 """
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,12 +28,12 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 from providers.config import ProviderConfig, WireProfile
+from providers.openai_media import Text, WirePart, audio_part, document_part, image_part
 from providers.types import (
     AudioPart,
     CompletionRequest,
     ContentPart,
     DocumentPart,
-    FileData,
     ImagePart,
     Message,
     TextPart,
@@ -54,55 +54,6 @@ BOUNDING_OPTIONS = frozenset(
     {"max_tokens", "max_completion_tokens", "max_new_tokens", "n_predict", "num_predict", "n", "best_of"}
 )
 _PROTECTED = frozenset({"model", "messages", "stream", "stream_options"}) | BOUNDING_OPTIONS
-_IMAGE_MAGIC = (
-    ("iVBOR", "image/png"),
-    ("/9j/", "image/jpeg"),
-    ("R0lGOD", "image/gif"),
-    ("UklGR", "image/webp"),
-)
-_AUDIO_FORMATS = {"audio/mpeg": "mp3", "audio/mp3": "mp3", "audio/x-wav": "wav", "audio/wave": "wav"}
-
-
-class _Text(Struct, tag_field="type", tag="text"):
-    text: str
-
-
-class _ImageURL(Struct):
-    url: str
-    detail: str | UnsetType = UNSET
-
-
-class _Image(Struct, tag_field="type", tag="image_url"):
-    image_url: _ImageURL
-
-
-class _InputAudio(Struct):
-    data: str
-    format: str
-
-
-class _Audio(Struct, tag_field="type", tag="input_audio"):
-    input_audio: _InputAudio
-
-
-class _AudioURL(Struct):
-    url: str
-
-
-class _AudioLink(Struct, tag_field="type", tag="audio_url"):
-    audio_url: _AudioURL
-
-
-class _FileRef(Struct):
-    file_data: str
-    filename: str | UnsetType = UNSET
-
-
-class _File(Struct, tag_field="type", tag="file"):
-    file: _FileRef
-
-
-WirePart = _Text | _Image | _Audio | _AudioLink | _File
 
 
 class WireFunctionCall(Struct):
@@ -185,6 +136,8 @@ class ChatBody(Struct):
     top_logprobs: int | UnsetType = UNSET
     parallel_tool_calls: bool | UnsetType = UNSET
     user: str | UnsetType = UNSET
+    continue_final_message: bool | UnsetType = UNSET
+    add_generation_prompt: bool | UnsetType = UNSET
 
 
 _encoder = msgspec.json.Encoder()
@@ -236,7 +189,18 @@ def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *,
     if req.top_p is not None:
         body.top_p = req.top_p
     _sampling_extras(req, body, wire)
+    if wire.continue_final_message and _prefill(req.messages[-1]):
+        body.continue_final_message, body.add_generation_prompt = True, False
     return body
+
+
+def _prefill(last: Message) -> bool:
+    """A last assistant message with text and no tool call: the start of the answer, which the
+    host continues where the wire profile says it can (`WireProfile.continue_final_message`)."""
+    if last.role != "assistant":
+        return False
+    kinds = {type(part) for part in last.content}
+    return TextPart in kinds and ToolCallPart not in kinds
 
 
 _EXTRAS: tuple[str, ...] = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -345,52 +309,11 @@ def _user_content(parts: Sequence[ContentPart]) -> str | list[WirePart]:
     wire_parts: list[WirePart] = []
     for part in parts:
         if isinstance(part, TextPart):
-            wire_parts.append(_Text(text=part.data))
+            wire_parts.append(Text(text=part.data))
         elif isinstance(part, ImagePart):
-            wire_parts.append(_image(part))
+            wire_parts.append(image_part(part))
         elif isinstance(part, AudioPart):
-            wire_parts.append(_audio(part.data))
+            wire_parts.append(audio_part(part.data))
         elif isinstance(part, DocumentPart):
-            wire_parts.append(_document(part.data))
+            wire_parts.append(document_part(part.data))
     return wire_parts
-
-
-def _base64(data: str | list[int]) -> str:
-    if isinstance(data, str):
-        return data
-    return base64.b64encode(bytes(data)).decode("ascii")
-
-
-def _data_url(data: str | list[int], media_type: str | None, fallback: str) -> str:
-    encoded = _base64(data)
-    if media_type is None:
-        media_type = next((kind for magic, kind in _IMAGE_MAGIC if encoded.startswith(magic)), fallback)
-    return f"data:{media_type};base64,{encoded}"
-
-
-def _image(part: ImagePart) -> _Image:
-    image = part.data
-    url = image.url if image.url is not None else _data_url(image.data or "", image.media_type, "image/png")
-    detail: str | UnsetType = UNSET if image.detail is None else image.detail
-    return _Image(image_url=_ImageURL(url=url, detail=detail))
-
-
-def _audio(audio: FileData) -> _Audio | _AudioLink:
-    media_type, data = audio.media_type, audio.data
-    if audio.url is not None:
-        if not audio.url.startswith("data:") or "," not in audio.url:
-            return _AudioLink(audio_url=_AudioURL(url=audio.url))
-        header, data = audio.url[5:].split(",", 1)
-        media_type = media_type or header.split(";", 1)[0]
-    media_type = media_type or "audio/wav"
-    audio_format = _AUDIO_FORMATS.get(media_type, media_type.rsplit("/", 1)[-1])
-    return _Audio(input_audio=_InputAudio(data=_base64(data or ""), format=audio_format))
-
-
-def _document(document: FileData) -> _File:
-    if document.url is not None:
-        file_data = document.url
-    else:
-        file_data = _data_url(document.data or "", document.media_type or "application/pdf", "")
-    filename: str | UnsetType = UNSET if document.file_name is None else document.file_name
-    return _File(file=_FileRef(file_data=file_data, filename=filename))

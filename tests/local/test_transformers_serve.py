@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+import msgspec
 import pytest
 
 from providers.adapter import Provider, make_client
@@ -148,5 +149,29 @@ async def test_probe_is_false_against_a_closed_port() -> None:
     try:
         provider = Provider(_local_config(f"http://127.0.0.1:{free_port()}/v1"), client)
         assert await provider.probe() is False
+    finally:
+        await client.aclose()
+
+
+async def test_a_prefill_needs_continue_final_message_off_on_this_server(transformers_server: LocalServer) -> None:
+    """`transformers serve` refuses a field it does not know (422 "Unexpected fields"), so the
+    `local` default that makes vLLM and SGLang continue a prefill (`continue_final_message`) is
+    a client error here, and `continue_final_message = false` serves the prefill as a plain turn."""
+    req = CompletionRequest(messages=[_text("user", "Hello there!"), _text("assistant", "Well,")], max_tokens=2)
+    plain = msgspec.structs.replace(KIND_DEFAULTS["local"], continue_final_message=False)
+    client = make_client()
+    try:
+        with pytest.raises(UpstreamError) as caught:
+            await _events(
+                Provider(_local_config(transformers_server.base_url), client),
+                req,
+                transformers_server.model,
+                stream=False,
+            )
+        assert (caught.value.kind, caught.value.status) == (Failure.CLIENT, 422)
+        assert "continue_final_message" in str(caught.value)
+        config = ProviderConfig(name="local", kind="local", base_url=transformers_server.base_url, wire=plain)
+        events = await _events(Provider(config, client), req, transformers_server.model, stream=False)
+        assert events[-1] == Finish(reason="length")
     finally:
         await client.aclose()
