@@ -15,8 +15,9 @@ Mapping decisions (providers.md, "Request mapping"):
   it back; redacted thinking is never sent to an OpenAI-style host;
 - each `tool_result` part → its own `role: "tool"` message (non-string content JSON-encoded),
   placed before the rest of the message it came in;
-- a last assistant message with text (a prefill) → `continue_final_message: true` and
-  `add_generation_prompt: false` where the wire profile says the host takes them (`local`).
+- `continue_final_message` (a prefill to continue) → `continue_final_message: true` and
+  `add_generation_prompt: false` where the wire profile says the host takes them (`local`); a
+  host that does not gets the prefill as a plain last turn.
 """
 
 from __future__ import annotations
@@ -189,18 +190,9 @@ def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *,
     if req.top_p is not None:
         body.top_p = req.top_p
     _sampling_extras(req, body, wire)
-    if wire.continue_final_message and _prefill(req.messages[-1]):
+    if req.continue_final_message and wire.continue_final_message:  # a prefill (checked at the edge)
         body.continue_final_message, body.add_generation_prompt = True, False
     return body
-
-
-def _prefill(last: Message) -> bool:
-    """A last assistant message with text and no tool call: the start of the answer, which the
-    host continues where the wire profile says it can (`WireProfile.continue_final_message`)."""
-    if last.role != "assistant":
-        return False
-    kinds = {type(part) for part in last.content}
-    return TextPart in kinds and ToolCallPart not in kinds
 
 
 _EXTRAS: tuple[str, ...] = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")

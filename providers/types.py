@@ -160,6 +160,18 @@ class CompletionRequest(Struct, omit_defaults=True):
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     parallel_tool_calls: bool | None = None
     user: str | None = None
+    # the last message, an assistant one with text (`prefill`), is the start of the answer, which
+    # the host continues (vLLM's field, sent where the wire profile says the host takes it); the
+    # Anthropic door sets it for every prefill, as Anthropic's API continues one
+    continue_final_message: bool | None = None
+
+
+def prefill(message: Message) -> bool:
+    """An assistant message with text and no tool call: as the last message, the start of the answer."""
+    if message.role != "assistant":
+        return False
+    kinds = {type(part) for part in message.content}
+    return TextPart in kinds and ToolCallPart not in kinds
 
 
 MAX_TEXT_TOKENS = 16384  # the fastrun/primalabs `/completions` range, 1..16384

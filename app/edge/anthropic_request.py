@@ -54,6 +54,7 @@ from providers.types import (
     ToolDefinition,
     ToolResultData,
     ToolResultPart,
+    prefill,
 )
 
 _decoder = msgspec.json.Decoder(fmt.MessagesRequest)
@@ -106,6 +107,7 @@ def to_request(wire: fmt.MessagesRequest) -> tuple[CompletionRequest, dict[str, 
         stop_sequences=wire.stop_sequences or None,
         reasoning_effort=_effort(wire),
         user=wire.metadata.user_id if wire.metadata is not None else None,
+        continue_final_message=True if prefill(messages[-1]) else None,  # Anthropic continues a prefill
     )
     return request, moved
 

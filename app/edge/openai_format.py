@@ -191,6 +191,7 @@ class ChatRequest(Struct):
     top_k: Annotated[int, Meta(ge=-1)] | None = None
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
+    continue_final_message: bool | None = None  # vLLM's: continue the last (assistant) message
 
 
 request_decoder = msgspec.json.Decoder(ChatRequest)

@@ -35,7 +35,15 @@ from typing import Literal
 import msgspec
 
 from app.edge import openai_format as wire
-from app.edge.validation import MAX_JSON_DEPTH, check_base64, check_url, decode_body, deeper, too_deep
+from app.edge.validation import (
+    MAX_JSON_DEPTH,
+    check_base64,
+    check_prefill,
+    check_url,
+    decode_body,
+    deeper,
+    too_deep,
+)
 from app.errors import InvalidRequest, clip
 from providers.types import (
     AudioPart,
@@ -125,8 +133,10 @@ def to_request(chat: wire.ChatRequest) -> CompletionRequest:
     """The canonical request for a decoded, checked chat request."""
     stop = chat.stop
     schema = _schema(chat.response_format)
+    messages = [_message(message, index) for index, message in enumerate(chat.messages)]
+    check_prefill(chat.continue_final_message, messages)
     return CompletionRequest(
-        messages=[_message(message, index) for index, message in enumerate(chat.messages)],
+        messages=messages,
         model=chat.model,
         tools=[_tool(tool) for tool in chat.tools] if chat.tools else None,
         tool_choice=_tool_choice(chat.tool_choice),
@@ -138,6 +148,7 @@ def to_request(chat: wire.ChatRequest) -> CompletionRequest:
         temperature=chat.temperature,
         top_p=chat.top_p,
         max_tokens=chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens,
+        continue_final_message=chat.continue_final_message,
         stop_sequences=[stop] if isinstance(stop, str) else stop or None,
         reasoning_effort=_EFFORTS[chat.reasoning_effort] if chat.reasoning_effort is not None else None,
         seed=chat.seed,

@@ -25,8 +25,7 @@ definition. The raw body is scanned only after msgspec has raised `RecursionErro
 field. (msgspec skips unknown keys without keeping them, so an unknown key is refused only when it
 is deep enough to stop msgspec.)
 
-`max_tokens` above `MAX_TOKENS_LIMIT` (2**31 - 1, a 32-bit integer) is a 400 for every model; the
-model's own `max_output` is admission's business (`app.pipeline.admission`).
+`max_tokens` above `MAX_TOKENS_LIMIT` (2**31 - 1) is a 400 for every model; `max_output` is admission's.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ from providers.types import (
     ThinkingPart,
     ToolCallPart,
     ToolResultPart,
+    prefill,
 )
 
 _decoder = msgspec.json.Decoder(CompletionRequest)
@@ -147,7 +147,14 @@ def check_request(request: CompletionRequest, providers: Collection[str]) -> Non
     _check_tools(request)
     for index, message in enumerate(request.messages):
         _check_message(message, f"messages[{index}]")
+    check_prefill(request.continue_final_message, request.messages)
     _check_provider_options(request, providers)
+
+
+def check_prefill(asked: bool | None, messages: list[Message]) -> None:
+    """`continue_final_message` asks to continue the last message: an assistant one with text."""
+    if asked and not prefill(messages[-1]):
+        raise _invalid("continue_final_message", "the last message must be an assistant message with text")
 
 
 def _check_tools(request: CompletionRequest) -> None:
