@@ -105,7 +105,7 @@ def raise_error_chunk(chunk: ChunkBase) -> None:
 class OpenAIStreamParser(ABC, Generic[ChunkT]):
     """Feed it the `data` payloads of one stream; it returns events (module doc)."""
 
-    __slots__ = ("_closed", "_done", "_failed", "_finish", "_first", "_held", "_matched", "_usage")
+    __slots__ = ("_closed", "_done", "_failed", "_finish", "_first", "_held", "_matched", "_upstream_id", "_usage")
     decoder: ClassVar[msgspec.json.Decoder[Any]]
 
     def __init__(self) -> None:
@@ -114,6 +114,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         self._failed: str | None = None  # why the answer ended in failure (`abort`, `error`): raised at the end
         self._matched: str | None = None  # the stop string the upstream says it met (vLLM, SGLang)
         self._first = True
+        self._upstream_id: str | None = None  # the first chunk's `id`, for `unreported`
         self._done = False
         self._closed = False
         self._held: dict[Any, str] | None = None  # once a lone surrogate came: the halves held (`_mend`)
@@ -187,6 +188,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         if self._first:
             self._first = False
             if chunk.id:
+                self._upstream_id = chunk.id
                 events.append(UpstreamMeta(upstream_request_id=chunk.id))
         if chunk.usage is not None and counts_tokens(chunk.usage):
             self._usage = chunk.usage
@@ -254,7 +256,10 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         if self._usage is None or self._closed:
             return []
         self._closed = True
-        return [openai_report(self._usage)]
+        report: list[Event] = [openai_report(self._usage)]
+        if self._upstream_id is not None:  # a whole answer's events never went out: the id it billed under
+            report.insert(0, UpstreamMeta(upstream_request_id=self._upstream_id))
+        return report
 
     def _closing(self) -> list[Event]:
         """Events the dialect still owes at the end (before usage and `Finish`)."""

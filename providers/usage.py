@@ -14,7 +14,9 @@ counted, so the details are subtracted out here, once:
 A detail may be missing, `null` or `{}` (all mean 0), and is clamped into `[0, total]`, so a
 host's inconsistent numbers never produce a negative bucket.
 
-Authoritative cost: OpenRouter-style `usage.cost` is USD, xAI's `usage.cost_in_usd_ticks` is
+Authoritative cost: OpenRouter-style `usage.cost` is USD, Perplexity's `usage.cost` an object whose
+`total_cost` is (its search fee included: drift shows the gap to the catalog's token prices; the
+object used to fail the whole report, tokens included), xAI's `usage.cost_in_usd_ticks` is
 10^10 ticks per USD. Both become an exact `Decimal`: `OpenAIUsage` declares `cost` as `Decimal`,
 and msgspec decodes a JSON number into a Decimal field from its text, so `0.000123456789` is never
 a float on the way. Digits past the ledger's 18 decimal places (`LEDGER_SCALE`) are rounded off
@@ -49,6 +51,13 @@ class CompletionTokensDetails(Struct):
     reasoning_tokens: int | None = None
 
 
+class CostBreakdown(Struct):
+    """Perplexity's `usage.cost`: an object, whose `total_cost` is the USD billed (the others are
+    its parts: tokens, the request's search fee)."""
+
+    total_cost: Decimal | None = None
+
+
 class OpenAIUsage(Struct):
     """`usage` of an OpenAI-style response or chunk, with the vendor extensions we read."""
 
@@ -58,7 +67,7 @@ class OpenAIUsage(Struct):
     prompt_tokens_details: PromptTokensDetails | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
     prompt_cache_hit_tokens: int | None = None  # DeepSeek
-    cost: Decimal | None = None  # OpenRouter: USD billed
+    cost: Decimal | CostBreakdown | None = None  # OpenRouter: USD billed; Perplexity: a breakdown
     cost_in_usd_ticks: int | None = None  # xAI: 10^10 ticks per USD
 
 
@@ -113,6 +122,8 @@ def openai_cost(usage: OpenAIUsage) -> Decimal | None:
     something no bill can be (a negative amount, not a number, a billion dollars): then the catalog's estimate is
     the cost, as for any upstream that reports none."""
     cost = usage.cost
+    if isinstance(cost, CostBreakdown):
+        cost = cost.total_cost
     if cost is not None and cost.is_finite() and 0 <= cost < MAX_BILLED_USD:
         exponent = cost.as_tuple().exponent
         if isinstance(exponent, int) and exponent < -LEDGER_SCALE:
