@@ -107,8 +107,9 @@ def to_request(wire: fmt.MessagesRequest) -> tuple[CompletionRequest, dict[str, 
         stop_sequences=wire.stop_sequences or None,
         reasoning_effort=_effort(wire),
         user=wire.metadata.user_id if wire.metadata is not None else None,
-        continue_final_message=True if prefill(messages[-1]) else None,  # Anthropic continues a prefill
-    )
+    )  # at most 15 keywords (`catalog.records.POSITIONAL`)
+    if prefill(messages[-1]):  # Anthropic continues a prefill
+        request.continue_final_message = True
     return request, moved
 
 

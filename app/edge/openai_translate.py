@@ -135,7 +135,7 @@ def to_request(chat: wire.ChatRequest) -> CompletionRequest:
     schema = _schema(chat.response_format)
     messages = [_message(message, index) for index, message in enumerate(chat.messages)]
     check_prefill(chat.continue_final_message, messages)
-    return CompletionRequest(
+    request = CompletionRequest(  # at most 15 keywords, the options after (`catalog.records.POSITIONAL`)
         messages=messages,
         model=chat.model,
         tools=[_tool(tool) for tool in chat.tools] if chat.tools else None,
@@ -148,20 +148,22 @@ def to_request(chat: wire.ChatRequest) -> CompletionRequest:
         temperature=chat.temperature,
         top_p=chat.top_p,
         max_tokens=chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens,
-        continue_final_message=chat.continue_final_message,
         stop_sequences=[stop] if isinstance(stop, str) else stop or None,
         reasoning_effort=_EFFORTS[chat.reasoning_effort] if chat.reasoning_effort is not None else None,
-        seed=chat.seed,
-        top_k=chat.top_k,
-        min_p=chat.min_p,
-        repetition_penalty=chat.repetition_penalty,
-        presence_penalty=chat.presence_penalty,
-        frequency_penalty=chat.frequency_penalty,
-        logprobs=chat.logprobs,
-        top_logprobs=chat.top_logprobs,
-        parallel_tool_calls=chat.parallel_tool_calls,
-        user=chat.user,
     )
+    head = (chat.seed, chat.top_k, chat.min_p, chat.repetition_penalty, chat.presence_penalty, chat.frequency_penalty)
+    tail = (chat.logprobs, chat.top_logprobs, chat.parallel_tool_calls, chat.user, chat.continue_final_message)
+    if head != _NO_HEAD or tail != _NO_TAIL:  # the usual request has none of them: two comparisons
+        for name, value in zip(_OPTIONS, head + tail, strict=True):
+            if value is not None:
+                setattr(request, name, value)
+    return request
+
+
+# the options named alike in both requests, in `to_request`'s order
+_OPTIONS: tuple[str, ...] = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_OPTIONS += ("logprobs", "top_logprobs", "parallel_tool_calls", "user", "continue_final_message")
+_NO_HEAD, _NO_TAIL = (None,) * 6, (None,) * 5
 
 
 def _message(message: wire.ChatMessage, index: int) -> Message:

@@ -70,35 +70,35 @@ def price(
 def ledger_record(ctx: RequestContext, outcome: Outcome) -> LedgerRecord:
     usage, error, cost = outcome.usage, outcome.error, outcome.cost
     first = outcome.first_content
-    return LedgerRecord(
-        request_id=ctx.request_id,
-        started_at=ctx.started_at,
-        finished_at=datetime.now(UTC),
-        api_key_id=ctx.principal.key_id,
-        owner=ctx.principal.owner,
-        api=ctx.ingress,
-        model=outcome.model,
-        provider=outcome.provider,
-        upstream_model=outcome.upstream_model,
-        upstream_request_id=storable_id(outcome.upstream_request_id),
-        streamed=ctx.stream,
-        status=outcome.status,
-        error_type=error.type if error is not None else None,
-        error_status=error.status_code if error is not None else None,
-        stop_reason=outcome.stop_reason,
-        input_tokens=usage.input_tokens if usage else None,
-        output_tokens=usage.output_tokens if usage else None,
-        reasoning_tokens=usage.reasoning_tokens if usage else None,
-        cache_read_tokens=usage.cache_read_tokens if usage else None,
-        cache_write_tokens=usage.cache_write_tokens if usage else None,
-        usage_estimated=outcome.usage_estimated,
-        cost_usd=cost.usd,
-        estimated_cost_usd=cost.estimate_usd,
-        cost_source=cost.source,
-        price_id=cost.price_id,
-        latency_ms=round((outcome.finished - ctx.started) * 1000, 3),
-        ttft_ms=round((first - ctx.started) * 1000, 3) if first is not None else None,
-        attempts=outcome.attempts,
+    return LedgerRecord(  # by position, in the fields' order: `catalog.records.POSITIONAL` says why
+        ctx.request_id,  # request_id
+        ctx.started_at,  # started_at
+        datetime.now(UTC),  # finished_at
+        outcome.status,  # status
+        ctx.stream,  # streamed
+        round((outcome.finished - ctx.started) * 1000, 3),  # latency_ms
+        outcome.attempts,  # attempts
+        ctx.principal.key_id,  # api_key_id
+        ctx.principal.owner,  # owner
+        ctx.ingress,  # api
+        outcome.model,  # model
+        outcome.provider,  # provider
+        outcome.upstream_model,  # upstream_model
+        storable_id(outcome.upstream_request_id),  # upstream_request_id
+        error.type if error is not None else None,  # error_type
+        error.status_code if error is not None else None,  # error_status
+        outcome.stop_reason,  # stop_reason
+        usage.input_tokens if usage else None,  # input_tokens
+        usage.output_tokens if usage else None,  # output_tokens
+        usage.reasoning_tokens if usage else None,  # reasoning_tokens
+        usage.cache_read_tokens if usage else None,  # cache_read_tokens
+        usage.cache_write_tokens if usage else None,  # cache_write_tokens
+        outcome.usage_estimated,  # usage_estimated
+        cost.usd,  # cost_usd
+        cost.estimate_usd,  # estimated_cost_usd
+        cost.source,  # cost_source
+        cost.price_id,  # price_id
+        round((first - ctx.started) * 1000, 3) if first is not None else None,  # ttft_ms
     )
 
 

@@ -139,10 +139,11 @@ class Cost(Struct, frozen=True):
 UNPRICED = Cost()
 
 
-class Outcome(Struct, kw_only=True):
+class Outcome(Struct):
     """How one request ended. `usage` None means unknown (the upstream reported none and nothing
     could be counted); `usage_estimated` marks buckets the gateway counted itself (a cancelled
-    stream: the prompt's estimate and the deltas relayed)."""
+    stream: the prompt's estimate and the deltas relayed). Made by position (`Pipeline._outcome`,
+    `catalog.records.POSITIONAL`): the fields' order is part of its contract."""
 
     status: LedgerStatus
     finished: float  # `time.perf_counter()`

@@ -336,25 +336,25 @@ class Pipeline:
         if backend is not None and model is not None:
             amortized = run.gpu.cost_usd() if run.gpu is not None else None
             cost = price(self.router.snapshot, backend.name, model.id, run.ctx.started_at, usage, billed, amortized)
-        return Outcome(
-            status=run.status,
-            finished=time.perf_counter(),
-            attempts=run.attempts,
-            model=model.id if model is not None else None,
-            provider=backend.name if backend is not None else None,
-            upstream_model=backend.upstream_model if backend is not None else None,
-            upstream_request_id=fold.upstream_request_id if fold is not None else None,
-            message=run.message,
-            refusals=tuple(fold.refusals) if fold is not None else (),
-            finish_reason=(finish := fold.final_finish_reason() if fold is not None else None),
-            stop_sequence=fold.stop_sequence if fold is not None and finish == "stop" else None,
-            logprobs=fold.logprobs if fold is not None else None,
-            usage=usage,
-            usage_estimated=estimated,
-            cost=cost,
-            error=run.error,
-            first_content=run.first_content,
-            headers=run.ticket.headers if run.ticket is not None else b"",
+        return Outcome(  # by position, in the fields' order (`catalog.records.POSITIONAL`)
+            run.status,  # status
+            time.perf_counter(),  # finished
+            run.attempts,  # attempts
+            model.id if model is not None else None,  # model
+            backend.name if backend is not None else None,  # provider
+            backend.upstream_model if backend is not None else None,  # upstream_model
+            fold.upstream_request_id if fold is not None else None,  # upstream_request_id
+            run.message,  # message
+            tuple(fold.refusals) if fold is not None else (),  # refusals
+            (finish := fold.final_finish_reason() if fold is not None else None),  # finish_reason
+            fold.stop_sequence if fold is not None and finish == "stop" else None,  # stop_sequence
+            fold.logprobs if fold is not None else None,  # logprobs
+            usage,  # usage
+            estimated,  # usage_estimated
+            cost,  # cost
+            run.error,  # error
+            run.first_content,  # first_content
+            run.ticket.headers if run.ticket is not None else b"",  # headers
         )
 
 
