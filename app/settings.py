@@ -20,12 +20,13 @@ config copied anywhere (`/etc/switchyard/`) needs no `catalog/` folder beside it
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import tomllib
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import msgspec
 from msgspec import Meta, Struct, field
@@ -205,7 +206,8 @@ def load_settings(explicit: str | None = None) -> Settings:
         raise ConfigError(f"{path}: not UTF-8 (TOML is): byte {exc.start} cannot be read") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    base_dir = Path.cwd() if path == BUNDLED_CONFIG else path.resolve().parent
+    bundled = path.resolve() == BUNDLED_CONFIG.resolve()  # in a checkout the bundled file is a link
+    base_dir = Path.cwd() if bundled else path.resolve().parent
     return settings_from_mapping(raw, base_dir=base_dir, source=str(path))
 
 
@@ -386,4 +388,7 @@ def _absolute_sqlite_url(url: str, base_dir: Path) -> str:
     path = url[len(prefix) :]
     if not path or path == ":memory:" or path.startswith("/"):
         return url
-    return prefix + str((base_dir / path).resolve())
+    # the config's directory goes into a URL: quoted, so a `?`, `#` or `%41` in it stays a path
+    # (SQLAlchemy unquotes the database); the operator's own part is URL text already
+    relative, mark, query = path.partition("?")
+    return prefix + posixpath.normpath(quote(str(base_dir.resolve()), safe="/") + "/" + relative) + mark + query

@@ -17,6 +17,9 @@ sorted by `effective_from`, each own a window `[effective_from, next entry's eff
 - a window wholly before `start` cannot change without rewriting history: an edit of it is
   skipped and counted in `prices_ignored`; a window whose price already holds counts in
   `prices_unchanged`. `prices_added` counts rows.
+- a (provider, model) priced in the database whose model is still in the files but with no price
+  entry left for that provider: a row with no rates from `now + CHANGE_LEAD` (unpriced from then
+  on, as the files say; a deleted entry used to price every later request for good), once.
 
 Run twice, the second run changes nothing. On PostgreSQL a transaction-scoped advisory lock keeps
 concurrent syncs (several workers starting at once) from racing.
@@ -187,7 +190,7 @@ async def _insert_price(connection: AsyncConnection, entry: PriceSpec, effective
 
 
 async def _sync_prices(
-    connection: AsyncConnection, prices: tuple[PriceSpec, ...], now: datetime
+    connection: AsyncConnection, prices: tuple[PriceSpec, ...], models: set[str], now: datetime
 ) -> tuple[int, int, int]:
     existing = await _price_rows(connection)
     series: defaultdict[tuple[str, str], list[PriceSpec]] = defaultdict(list)
@@ -208,6 +211,13 @@ async def _sync_prices(
                     await _insert_price(connection, entry, effective_from)
                     bisect.insort(existing[key], (effective_from, _amounts(entry)), key=_start)  # for the next entries
                 added += len(decision)
+    unpriced: Amounts = (None,) * len(MONEY_KEYS)
+    for (provider, model), rows in existing.items():  # priced in SQL, no longer in the files
+        if (provider, model) in series or model not in models or not rows:
+            continue
+        for effective_from in _holding(unpriced, now + CHANGE_LEAD, None, rows):  # unpriced from then on
+            await _insert_price(connection, PriceSpec(provider, model, effective_from), effective_from)
+            added += 1
     return added, unchanged, ignored
 
 
@@ -222,7 +232,8 @@ async def sync_catalog(engine: AsyncEngine, catalog: CatalogFile, *, now: dateti
         if connection.dialect.name == "postgresql":
             await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SYNC_LOCK_KEY})
         removed = await _sync_models(connection, catalog.models)
-        added, unchanged, ignored = await _sync_prices(connection, catalog.prices, moment)
+        model_ids = {model.id for model in catalog.models}
+        added, unchanged, ignored = await _sync_prices(connection, catalog.prices, model_ids, moment)
     return SyncReport(
         models=len(catalog.models),
         aliases=sum(len(model.aliases) for model in catalog.models),
