@@ -8,7 +8,9 @@ Parsed with `urllib`, not SQLAlchemy's parser: reading a config imports no SQL
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlsplit
+import posixpath
+from pathlib import Path
+from urllib.parse import parse_qsl, quote, urlsplit
 
 DATABASE_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")  # the two async drivers installed
 DATABASE_FORM = "must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST:PORT/DB"
@@ -19,6 +21,7 @@ DATABASE_FORM = "must be sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@H
 SQLITE_URL_ARGUMENTS = frozenset(
     {"uri", "timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements"}
 )
+_ESCAPE = "percent-encode `/`, `?`, `#` and `@` in a user or password: `%2F`, `%3F`, `%23`, `%40`"
 _TRUE = frozenset({"true", "1", "yes", "on", "t", "y"})  # SQLAlchemy's `asbool`
 POSTGRES_URL_ARGUMENTS = frozenset(
     {"host", "port", "user", "password", "passfile", "service", "servicefile", "database", "ssl", "direct_tls"}
@@ -35,8 +38,8 @@ def database_url_problem(url: str) -> str | None:
     parts = urlsplit(url)
     try:
         _port = parts.port
-    except ValueError as exc:
-        return f"not a database URL ({exc})"
+    except ValueError:  # urllib's message quotes the "port": with `/`, `?` or `#` in a password, its start
+        return f"not a database URL (the port is not a number; {_ESCAPE})"
     database = parts.path.removeprefix("/")
     if url.startswith("sqlite") and (parts.netloc or not database):
         return f"{DATABASE_FORM} (a file path after the third slash)"
@@ -72,8 +75,8 @@ def url_problem(url: str, *, numbered_path: bool = False, base: bool = False) ->
     parts = urlsplit(url)
     try:
         port = parts.port
-    except ValueError as exc:
-        return f"not a URL ({exc})"
+    except ValueError:  # as in `database_url_problem`: never quote what may be a password
+        return f"not a URL (the port is not a number; {_ESCAPE})"
     if any(char.isspace() or not char.isprintable() for char in url):
         return "must not hold spaces or control characters"
     if not parts.hostname:
@@ -88,3 +91,17 @@ def url_problem(url: str, *, numbered_path: bool = False, base: bool = False) ->
     if numbered_path and path and not path.isdigit():
         return f"the path is the database number (redis://HOST:PORT/0), not {path!r}"
     return None
+
+
+def absolute_sqlite_url(url: str, base_dir: Path) -> str:
+    """A SQLite URL with a relative path made absolute from `base_dir` (the config file's directory)."""
+    prefix = "sqlite+aiosqlite:///"
+    if not url.startswith(prefix):
+        return url
+    path = url[len(prefix) :]
+    if not path or path == ":memory:" or path.startswith("/"):
+        return url
+    # the config's directory goes into a URL: quoted, so a `?`, `#` or `%41` in it stays a path
+    # (SQLAlchemy unquotes the database); the operator's own part is URL text already
+    relative, mark, query = path.partition("?")
+    return prefix + posixpath.normpath(quote(str(base_dir.resolve()), safe="/") + "/" + relative) + mark + query

@@ -20,18 +20,17 @@ config copied anywhere (`/etc/switchyard/`) needs no `catalog/` folder beside it
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 import tomllib
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 import msgspec
 from msgspec import Meta, Struct, field
 
-from app.config_urls import database_url_problem, url_problem
+from app.config_urls import absolute_sqlite_url, database_url_problem, url_problem
 from providers.config import KIND_DEFAULTS, ProviderConfig, ProviderKind, Timeouts, WireProfile
 
 BUNDLED_CONFIG = Path(__file__).parent / "config.example.toml"  # the repository's, installed with the package
@@ -233,7 +232,7 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
         raise ConfigError(f"{source}: catalog.files: {message}")
     if settings.redis is not None:
         _refuse(url_problem(settings.redis.url, numbered_path=True), source, "redis.url")
-    url = _absolute_sqlite_url(settings.database.url, base_dir)
+    url = absolute_sqlite_url(settings.database.url, base_dir)
     _refuse(_sqlite_directory_problem(url), source, "database.url")
     return msgspec.structs.replace(
         settings, base_dir=str(base_dir), database=msgspec.structs.replace(settings.database, url=url)
@@ -284,6 +283,19 @@ _WIRE_KEYS: tuple[str, ...] = ("developer_role", "reasoning_history", "stream_us
 _WIRE_KEYS += ("sampling_extras", "continue_final_message")
 
 
+def _secret(env: str | None, *, source: str) -> str | None:
+    """The secret in the variable `env`, without the surrounding whitespace a mounted secret file
+    or an editor leaves (a trailing newline went into the upstream's request head as it was); a
+    control character inside it is a ConfigError naming the option, never quoting the value."""
+    value = os.environ.get(env) if env else None
+    if value is None:
+        return None
+    value = value.strip()
+    if any(not char.isprintable() for char in value):
+        raise ConfigError(f"{source}: the variable {env} holds a control character")
+    return value or None
+
+
 def provider_configs(settings: Settings) -> list[ProviderConfig]:
     """Resolve every configured provider into the adapter's config, keys read from the environment."""
     configs = []
@@ -291,7 +303,7 @@ def provider_configs(settings: Settings) -> list[ProviderConfig]:
         defaults = KIND_DEFAULTS[entry.kind]
         overrides = {key: value for key in _WIRE_KEYS if (value := getattr(entry, key)) is not None}
         wire: WireProfile = msgspec.structs.replace(defaults, **overrides)
-        api_key = os.environ.get(entry.api_key_env) if entry.api_key_env else None
+        api_key = _secret(entry.api_key_env, source=f"providers.{name}.api_key_env")
         configs.append(
             ProviderConfig(
                 name=name,
@@ -336,7 +348,7 @@ def process_share(limit: int, processes: int) -> int:
 
 def key_missing(settings: Settings, name: str) -> bool:
     env = settings.providers[name].api_key_env
-    return bool(env) and not os.environ.get(env or "")
+    return bool(env) and not (os.environ.get(env or "") or "").strip()  # blank: as `_secret` reads it, no key
 
 
 _PATH = re.compile(r"^(?P<msg>.*?) - at `\$\.?(?P<path>[^`]*)`$")
@@ -379,16 +391,3 @@ def _sqlite_directory_problem(url: str) -> str | None:
     except OSError:  # not ours to search (EACCES): SQLite's own error says so at the first use
         return None
     return None if found else f"the directory {directory} does not exist (SQLite makes the file, not it)"
-
-
-def _absolute_sqlite_url(url: str, base_dir: Path) -> str:
-    prefix = "sqlite+aiosqlite:///"
-    if not url.startswith(prefix):
-        return url
-    path = url[len(prefix) :]
-    if not path or path == ":memory:" or path.startswith("/"):
-        return url
-    # the config's directory goes into a URL: quoted, so a `?`, `#` or `%41` in it stays a path
-    # (SQLAlchemy unquotes the database); the operator's own part is URL text already
-    relative, mark, query = path.partition("?")
-    return prefix + posixpath.normpath(quote(str(base_dir.resolve()), safe="/") + "/" + relative) + mark + query

@@ -110,6 +110,7 @@ _RESET_HEADERS = (
 )
 _DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
+_CODE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # an error code as upstreams write one (`model_not_allowed`)
 
 
 class ErrorBody(Struct):
@@ -154,6 +155,8 @@ def classify_error_chunk(error: ErrorBody) -> UpstreamError:
 def _classified(status: int, error: ErrorBody, retry_after: float | None, *, structured: bool = True) -> UpstreamError:
     kind = _failure_for(status, error, structured)
     code = error.code if isinstance(error.code, str) else error.type
+    if code is not None and not _CODE.fullmatch(code):
+        code = None  # it is logged (`backend_forbidden`): never prose, nor the upstream's echo of the request
     if kind is Failure.CLIENT and error.message:
         message = error.message[:_MESSAGE_LIMIT]
     else:

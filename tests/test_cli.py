@@ -189,7 +189,8 @@ def test_a_database_url_without_an_installed_driver_exits_2_naming_the_key(tmp_p
     [
         (
             "postgresql+asyncpg://u@h:notaport/db",
-            "not a database URL (Port could not be cast to integer value as 'notaport')",
+            "not a database URL (the port is not a number; percent-encode `/`, `?`, `#` and `@` in a user or password: "
+            "`%2F`, `%3F`, `%23`, `%40`)",
         ),
         ("sqlite+aiosqlite://db.sqlite", "(a file path after the third slash)"),
         ("sqlite+aiosqlite:///", "(a file path after the third slash)"),

@@ -26,7 +26,8 @@ this is the only process. Several processes without Redis (a key with limits cre
 start-up: the CLI refuses to start that way) are treated like Redis being down. Redis down:
 `LimitsUnavailable` (503, `limits cannot be checked`), or with `[auth] fail_open` this process's
 share of every limit (`LocalLimiter(share=processes)`), logged once per outage and counted in
-`switchyard_limits_local_total`.
+`switchyard_limits_local_total`; the budget reservations Redis granted this process's requests
+still running count in that share (`app.access.open_holds`). The 429s: `app.access.refusals`.
 
 Response headers (OpenAI's): `x-ratelimit-{limit,remaining,reset}-requests` when the key has
 `rpm`, and `-tokens` when it has `tpm`; a key with only a budget or a concurrency cap gets none
@@ -50,8 +51,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.access.keyring import INVALID, Entry, KeyRing
 from app.access.lane import Lane
 from app.access.limiter import Ask, Limiter, LimiterDown, LocalLimiter, Verdict
+from app.access.open_holds import OpenHolds
 from app.access.rate_headers import admission_headers, rate_headers, reset_bytes
 from app.access.redis_limiter import RedisLimiter
+from app.access.refusals import refusal
 from app.access.window_view import window_now
 from app.access.worstcase import (
     WorstRates,
@@ -60,7 +63,6 @@ from app.access.worstcase import (
     output_bound,
     period_bounds,
     seconds_until,
-    show_usd,
     time_bound_nano,
     to_nano,
     worst_cost_nano,
@@ -69,15 +71,12 @@ from app.access.worstcase import (
 from app.context import RequestContext
 from app.errors import (
     AuthenticationFailed,
-    BudgetExceeded,
-    GatewayError,
-    KeyRateLimited,
     LimitsUnavailable,
     PermissionDenied,
     clip,
 )
 from app.metrics import Counter
-from app.pipeline.events import RateHeaders, header_texts
+from app.pipeline.events import RateHeaders
 from app.settings import Settings
 from catalog.keys import KeyRecord, spent_since
 from catalog.snapshot import CatalogSnapshot, ModelEntry
@@ -105,6 +104,7 @@ class Ticket(Struct):
     lane: Lane | None = None
     tokens: int = 0
     cost: int = 0
+    open: tuple[str, str] | None = None  # (key id, period) while Redis's reservation of a budget is open here
 
 
 class Reservation(Struct):
@@ -154,6 +154,7 @@ class AccessGate:
             if p.gpu_hour_usd is not None
         }
         self._plans: dict[tuple[Entry, str, str | None], Plan] = {}
+        self._holds = OpenHolds()  # with `fail_open`: Redis's reservations held here (`app.access.open_holds`)
         self._swept = keyring.version  # the ring's version when `_sweep` last ran
 
     @property
@@ -219,7 +220,10 @@ class AccessGate:
                 reset = reset_bytes(lease.reset_s)
                 requests, left = lease.left_requests + lease.requests, lease.left_tokens + lease.tokens
                 headers = admission_headers(entry, requests, reset, left, reset)
-                return Ticket(shared, lease.second, headers, None, lane, tokens, cost)
+                ticket = Ticket(shared, lease.second, headers, None, lane, tokens, cost)
+                if self._fail_open and budget >= 0 and cost > 0:
+                    self._opened(ticket, (entry.record.id, plan.period), cost)
+                return ticket
         return Reservation(tokens, cost, plan)
 
     def _plan(
@@ -297,8 +301,15 @@ class AccessGate:
             verdict = await self._decide(limiter, ask, now)
         headers = rate_headers(entry, verdict)
         if verdict.refused is not None:
-            raise _refusal(entry, ask, verdict, headers, now)
-        return Ticket(limiter, verdict.second, headers, ask)
+            raise refusal(entry, ask, verdict, headers, now)
+        ticket = Ticket(limiter, verdict.second, headers, ask)
+        if self._fail_open and limiter is shared and ask.budget >= 0 and ask.cost > 0:
+            self._opened(ticket, (ask.key_id, ask.period), ask.cost)
+        return ticket
+
+    def _opened(self, ticket: Ticket, budget: tuple[str, str], cost: int) -> None:
+        ticket.open = budget
+        self._holds.opened(budget, id(ticket), cost)
 
     def _limiter(self) -> Limiter:
         if self._shared is not None:
@@ -318,6 +329,8 @@ class AccessGate:
             async with asyncio.timeout(SPEND_READ_S):
                 spent = await spent_since(self._engine, ask.key_id, start, end)  # a period's rows only
             await limiter.load_spend(ask, to_nano(spent), ttl)
+            if limiter is self._local:  # what Redis admitted here, still running, counts in this share
+                self._holds.seed(self._local, (ask.key_id, ask.period))
             verdict = await limiter.admit(ask)
         return verdict
 
@@ -326,6 +339,7 @@ class AccessGate:
         if not self._outage:
             self._outage = True
             self._local.forget_spend()  # each outage starts from the ledger's spend of then, not the last outage's
+            self._holds.outage()
             self._log.error("limits_local", reason=str(exc), detail="[auth] fail_open: this process enforces its share")
 
     # -- settlement ----------------------------------------------------------------------------
@@ -334,6 +348,8 @@ class AccessGate:
         """The request's real cost and tokens replace what it reserved; None where they are unknown
         (`app.pipeline.accounting.settlement`): the reservation, its worst case, stands for it."""
         lane, shared = ticket.lane, self._shared
+        if ticket.open is not None:  # `fail_open`'s note of it (`app.access.open_holds`)
+            self._holds.settled(self._local, ticket.open, id(ticket), to_nano(cost) if cost is not None else None)
         if lane is not None and shared is not None:  # leased: Redis's
             nano = to_nano(cost) if cost is not None else ticket.cost
             used = tokens if tokens is not None else ticket.tokens
@@ -367,29 +383,3 @@ class AccessGate:
         if known is not None:
             return from_nano(known[0]), start, end
         return await spent_since(self._engine, record.id, start, end), start, end
-
-
-def _refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now: datetime) -> GatewayError:
-    """The 429 of a refused admission. A request that reserves more tokens than the key's `tpm`
-    could never pass, however long it waited: it gets no `Retry-After` (a client would retry it
-    forever), and access.md's message goes on to say what to change, as OpenAI's "Request too
-    large" does."""
-    record = entry.record
-    error: GatewayError
-    if verdict.refused == "tpm" and ask.tokens > entry.tpm:
-        message = (
-            f"rate limit reached for this API key (tpm): this request alone reserves {ask.tokens} tokens "
-            f"(its input and max_tokens), more than the limit of {entry.tpm} a minute; lower max_tokens"
-        )
-        error = KeyRateLimited(message)
-    elif verdict.refused == "budget":
-        period = record.budget_period or "total"
-        _tag, _start, end = period_bounds(period, now)
-        spent, budget = show_usd(from_nano(verdict.spent)), show_usd(record.budget_usd or Decimal(0))
-        message = f"budget exceeded: spent ${spent} of ${budget} this {period}"
-        error = BudgetExceeded(message, retry_after=seconds_until(end, now))
-    else:
-        which = verdict.refused
-        error = KeyRateLimited(f"rate limit reached for this API key ({which})", retry_after=verdict.retry_after)
-    error.extra_headers = header_texts(headers)
-    return error

@@ -131,7 +131,7 @@ class KeyRing:
         self.version = 0  # counts changes of `by_id`: what keeps per-key state may drop the gone (`AccessGate`)
         self._revoked: set[str] = set()  # ids of keys seen revoked: a revocation is final (`merge`)
         self._admin: Entry | None = None
-        secret = os.environ.get(auth.admin_key_env)
+        secret = (os.environ.get(auth.admin_key_env) or "").strip()  # as a presented key is (`authenticate`)
         self._admin_secret = secret or None
         if secret:
             now = datetime.now(UTC)

@@ -199,6 +199,21 @@ class LocalLimiter:
         state = self._keys.setdefault(ask.key_id, _KeyState())
         state.budgets.setdefault(ask.period, [spent, 0, 0])
 
+    def hold(self, key_id: str, period: str, cost: int) -> None:
+        """Count `cost` as reserved in the period's loaded budget (what Redis admitted here, still running)."""
+        state = self._keys.get(key_id)
+        budget = state.budgets.get(period) if state is not None else None
+        if budget is not None:
+            budget[2] += cost
+
+    def release(self, key_id: str, period: str, reserved: int, cost: int) -> None:
+        """A request `hold` counted has ended: its reservation becomes what it spent."""
+        state = self._keys.get(key_id)
+        budget = state.budgets.get(period) if state is not None else None
+        if budget is not None:
+            budget[2] -= reserved
+            budget[1] += cost
+
     def forget_spend(self) -> None:
         """Drop every budget's spend, to be loaded from the ledger again at the next admission (the
         gate, as Redis fails with `fail_open`: the spend of a last outage is long out of date)."""

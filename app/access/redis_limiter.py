@@ -19,24 +19,23 @@ The spend hash of a calendar period expires a day after the period, `total` neve
 (first use in the period, or a Redis that lost its data) is loaded from the ledger by the gate.
 What the admission script does per call, and why it stays cheap: `app.access.redis_scripts`.
 
-Every Redis failure becomes `LimiterDown` here, the one boundary; the gate decides what follows.
-Lanes (`app.access.lane`) of revoked keys are dropped when the gate sweeps (`forget`). The client
+Every Redis failure becomes `LimiterDown` here, the one boundary; the gate decides what follows;
+it drops the lanes (`app.access.lane`) of revoked keys when it sweeps (`forget`). The client
 (`app.access.resp`: one pipelined connection, not redis-py, whose per-call overhead halved keys-mode
 throughput) has a 1 s timeout and no retries: a limited request waits about 2 s at most (a lease
 another request asked for, then its own admission). A settlement is sent without waiting for it (no
 task per request): its failure reaches the gate through the `failed` callback.
 
-Settlements wait, briefly, to be sent together: `settle` keeps a request's arguments, and the next
-admission (before its own command, in the same write: they may free what it asks for), or a timer,
-sends every settlement waiting as one script call per key. Under load that is one command, one reply
-and one handler for the requests that ended since the last admission, instead of one each; on
-loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU. The settlements of
-a key without `max_concurrency` are summed per second of the window (nothing to take off the
-in-flight set) and wait up to `SUMMED_S` (20 ms: a busy key admits from its lease, so the timer, not an
-admission, sends them); a request in flight's own is written at once, with its key's waiting ones,
-before the last bytes of its answer (its `max_concurrency` slot is free to other processes only once
-Redis has it: sent later, a client sending requests one after the other to two replicas got 429s); a
-lease given back waits `LAZY_S`. Waiting only holds a reservation longer.
+Settlements wait, briefly, to be sent together: the next admission (in the same write, before its
+own command: they may free what it asks for) or a timer sends every waiting settlement as one script
+call per key: under load one command and one reply for the requests that ended since the last
+admission (on loopback every `send` also runs Redis's side of the TCP stack on the caller's CPU). A
+key without `max_concurrency` has its settlements summed per second of the window, waiting up to
+`SUMMED_S` (20 ms: a busy key admits from its lease, so the timer sends them); a request in flight's
+own is written at once, with its key's waiting ones, before the last bytes of its answer (its slot
+is free to other processes only once Redis has it: sent later, a client sending requests one after
+the other to two replicas got 429s); a lease given back waits `LAZY_S`. Waiting only holds a
+reservation longer.
 """
 
 from __future__ import annotations
@@ -249,7 +248,7 @@ class RedisLimiter:
         now, quiet = self._loop.time(), True
         for item in items:
             again, free = resent(item)
-            quiet = quiet and free
+            quiet = quiet and (free or item in self.resending)  # a resend lost again: said already
             if again is not None and now < self.resending.setdefault(again, now + REFREE_FOR_S):
                 self._queue(lane, again, REFREE_S)
             elif again is not None:
@@ -292,9 +291,7 @@ class RedisLimiter:
             reserved = -1
         summed = lane.summed
         if summed is not None and summed[0] == second:
-            summed[1] += tokens
-            summed[2] += reserved
-            summed[3] += cost
+            summed[1], summed[2], summed[3] = summed[1] + tokens, summed[2] + reserved, summed[3] + cost
             return
         if summed is not None:
             self._queue(lane, summed_item(lane), SUMMED_S)
@@ -365,6 +362,8 @@ class RedisLimiter:
             await asyncio.wait(set(self.retries))
 
     async def close(self) -> None:
+        if self._unsent_timer is not None:  # nothing is sent again once closed (resends went on)
+            self._unsent_timer.cancel()
         await self.redis.close()
 
 
