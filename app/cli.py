@@ -29,7 +29,7 @@ from uvicorn.supervisors import Multiprocess
 
 from app import cli_cost, cli_keys, cli_price_import, cli_usage
 from app.logging import LineWriter, configure_logging, get_logger
-from app.settings import ConfigError, Settings, find_config, load_settings, provider_configs
+from app.settings import ConfigError, Settings, load_settings, provider_configs, worker_config
 from catalog.database import open_engine, sqlite_file
 from catalog.files import CatalogFileError, load_catalog
 from catalog.keys import list_keys
@@ -175,7 +175,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     workers = args.workers if args.workers is not None else server.workers
     settings = msgspec.structs.replace(settings, server=msgspec.structs.replace(server, workers=workers))
     if workers > 1:
-        os.environ["SWITCHYARD_CONFIG"] = str(find_config(args.config).resolve())
+        os.environ["SWITCHYARD_CONFIG"] = worker_config(args.config)
         os.environ["SWITCHYARD_WORKERS"] = str(workers)  # each worker enforces its share of the limits
     provider_configs(settings)  # a key variable it cannot send (a control character): exit 2, before starting
     config = _uvicorn_config(settings, host, port)

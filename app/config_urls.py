@@ -104,4 +104,9 @@ def absolute_sqlite_url(url: str, base_dir: Path) -> str:
     # the config's directory goes into a URL: quoted, so a `?`, `#` or `%41` in it stays a path
     # (SQLAlchemy unquotes the database); the operator's own part is URL text already
     relative, mark, query = path.partition("?")
-    return prefix + posixpath.normpath(quote(str(base_dir.resolve()), safe="/") + "/" + relative) + mark + query
+    return (
+        prefix
+        + posixpath.normpath(quote(str(base_dir.resolve()).rstrip("/"), safe="/") + "/" + relative)
+        + mark
+        + query
+    )

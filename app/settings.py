@@ -192,6 +192,13 @@ def find_config(explicit: str | None) -> Path:
     return local if local.is_file() else BUNDLED_CONFIG
 
 
+def worker_config(explicit: str | None) -> str:
+    """The config path `serve --workers` hands its workers: absolute, links kept (in a checkout the
+    bundled file is a link, and resolved it was no longer `BUNDLED_CONFIG`: the workers took the
+    repository for its directory and opened another SQLite file than the one prepared)."""
+    return str(find_config(explicit).absolute())
+
+
 def load_settings(explicit: str | None = None) -> Settings:
     """The settings of `find_config`'s file; its relative paths (SQLite file, journal, catalog
     globs) are relative to its directory — for the bundled example, to the current directory, as
@@ -205,8 +212,7 @@ def load_settings(explicit: str | None = None) -> Settings:
         raise ConfigError(f"{path}: not UTF-8 (TOML is): byte {exc.start} cannot be read") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    bundled = path.resolve() == BUNDLED_CONFIG.resolve()  # in a checkout the bundled file is a link
-    base_dir = Path.cwd() if bundled else path.resolve().parent
+    base_dir = Path.cwd() if path == BUNDLED_CONFIG else path.resolve().parent
     return settings_from_mapping(raw, base_dir=base_dir, source=str(path))
 
 

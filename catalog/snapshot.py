@@ -53,20 +53,28 @@ class PriceRow(Struct, frozen=True):
 
 
 class _PriceSeries:
-    __slots__ = ("rows", "starts")
+    """One (provider, model)'s rows by start. A row with no rate at all (`catalog.sync`: the files
+    no longer price the pair) is no price from its start: `at` answers None there."""
+
+    __slots__ = ("priced", "rows", "starts")
 
     def __init__(self, rows: list[PriceRow]) -> None:
         self.rows = sorted(rows, key=lambda row: row.effective_from)
         self.starts = [row.effective_from for row in self.rows]
+        self.priced = [row if _rated(row) else None for row in self.rows]
 
     def at(self, when: datetime) -> PriceRow | None:
         index = bisect_right(self.starts, when) - 1
-        return self.rows[index] if index >= 0 else None
+        return self.priced[index] if index >= 0 else None
 
     def until(self, when: datetime) -> datetime | None:
         """When the row in effect at `when` stops being it: the next row's start (None: never)."""
         index = bisect_right(self.starts, when)
         return self.starts[index] if index < len(self.starts) else None
+
+
+def _rated(row: PriceRow) -> bool:
+    return any(rate is not None for rate in (row.input, row.output, row.cache_read, row.cache_write, row.reasoning))
 
 
 class CatalogSnapshot:

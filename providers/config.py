@@ -34,9 +34,9 @@ class WireProfile(Struct, frozen=True):
     # `top_k`, `min_p` and `repetition_penalty` as given (vLLM, SGLang, llama.cpp take them; a host
     # that refuses fields it does not know, `transformers serve` or OpenAI itself, does not)
     sampling_extras: bool = True
-    # a last assistant message with text is a prefill (Anthropic's "put words in its mouth"): sent
-    # with `continue_final_message: true, add_generation_prompt: false` (vLLM's and SGLang's
-    # fields), the answer continues it; without, the template closes that turn and opens another
+    # a prefill the request asks to continue (`CompletionRequest.continue_final_message`: every
+    # prefill on the Anthropic door) is sent with `continue_final_message: true,
+    # add_generation_prompt: false` (vLLM's and SGLang's fields); without, as a plain last turn
     continue_final_message: bool = False
     # the probe's route: `/models` is `{base_url}/models`; another path is asked on the server root
     # (base_url less `/v1`), with `{base_url}/models` the fallback where it has no such route

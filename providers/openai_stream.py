@@ -114,7 +114,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         self._failed: str | None = None  # why the answer ended in failure (`abort`, `error`): raised at the end
         self._matched: str | None = None  # the stop string the upstream says it met (vLLM, SGLang)
         self._first = True
-        self._upstream_id: str | None = None  # the first chunk's `id`, for `unreported`
+        self._upstream_id: str | None = None  # a whole answer's `id`, for `unreported`
         self._done = False
         self._closed = False
         self._held: dict[Any, str] | None = None  # once a lone surrogate came: the halves held (`_mend`)
@@ -188,7 +188,6 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         if self._first:
             self._first = False
             if chunk.id:
-                self._upstream_id = chunk.id
                 events.append(UpstreamMeta(upstream_request_id=chunk.id))
         if chunk.usage is not None and counts_tokens(chunk.usage):
             self._usage = chunk.usage
@@ -278,6 +277,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
             answer = self._without_usage(body, "upstream sent a malformed answer")
         if not answer.choices and answer.error is None and answer.object != "error":
             raise UpstreamError(Failure.TRANSIENT, "upstream answer has no choices", status=502)
+        self._upstream_id = answer.id or None  # for `unreported`: these events never go out if it fails
         events = self.apply(answer) if self._held is None else self._mend(self.apply(answer))
         self._done = True  # a whole answer is complete even without a finish_reason
         return events + self.finish()

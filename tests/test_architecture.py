@@ -130,8 +130,6 @@ def test_the_sqlite_ledger_writer_process_imports_no_sqlalchemy() -> None:
 _EXACT_PROBE = """
 import ast, importlib, json, sys
 from pathlib import Path
-
-from catalog.records import POSITIONAL
 names, paths, packages = json.loads(sys.argv[1])
 found, subclassed = set(), {}
 for name, path in zip(names, paths):

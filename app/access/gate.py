@@ -329,7 +329,7 @@ class AccessGate:
             async with asyncio.timeout(SPEND_READ_S):
                 spent = await spent_since(self._engine, ask.key_id, start, end)  # a period's rows only
             await limiter.load_spend(ask, to_nano(spent), ttl)
-            if limiter is self._local:  # what Redis admitted here, still running, counts in this share
+            if limiter is self._local and self._shared is not None:  # Redis's admissions still running here
                 self._holds.seed(self._local, (ask.key_id, ask.period))
             verdict = await limiter.admit(ask)
         return verdict

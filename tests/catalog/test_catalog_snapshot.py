@@ -110,7 +110,7 @@ async def test_prices_for_gives_the_row_in_effect_per_provider(snapshot: Catalog
 
 
 def test_price_at_needs_an_aware_time() -> None:
-    row = PriceRow(id=1, provider="p", model="m", effective_from=JAN)
+    row = PriceRow(id=1, provider="p", model="m", effective_from=JAN, input=Decimal("1"))  # a row with no rate is none
     snapshot = CatalogSnapshot((), (row,))
     assert snapshot.price_at("p", "m", JAN) == row
     with pytest.raises(ValueError, match="timezone-aware"):

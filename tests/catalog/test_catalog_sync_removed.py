@@ -35,5 +35,5 @@ async def test_a_price_removed_from_the_files_no_longer_applies(tmp_path: Path) 
         await engine.dispose()
     assert (removed.prices_added, again.prices_added) == (1, 0)  # once, then idempotent
     assert snapshot.price_at("p", "m", NOW - timedelta(days=1)) is not None  # history kept
-    later = snapshot.price_at("p", "m", NOW + CHANGE_LEAD + timedelta(seconds=1))
-    assert later is None or (later.input, later.output) == (None, None)
+    assert snapshot.price_at("p", "m", NOW + CHANGE_LEAD + timedelta(seconds=1)) is None  # unpriced, not $0
+    assert snapshot.prices_for("m", NOW + timedelta(hours=1)) == {}  # as `/api/v1/models` lists it

@@ -157,7 +157,8 @@ async def test_a_prefill_needs_continue_final_message_off_on_this_server(transfo
     """`transformers serve` refuses a field it does not know (422 "Unexpected fields"), so the
     `local` default that makes vLLM and SGLang continue a prefill (`continue_final_message`) is
     a client error here, and `continue_final_message = false` serves the prefill as a plain turn."""
-    req = CompletionRequest(messages=[_text("user", "Hello there!"), _text("assistant", "Well,")], max_tokens=2)
+    messages = [_text("user", "Hello there!"), _text("assistant", "Well,")]
+    req = CompletionRequest(messages=messages, max_tokens=2, continue_final_message=True)
     plain = msgspec.structs.replace(KIND_DEFAULTS["local"], continue_final_message=False)
     client = make_client()
     try:
