@@ -199,20 +199,14 @@ class LocalLimiter:
         state = self._keys.setdefault(ask.key_id, _KeyState())
         state.budgets.setdefault(ask.period, [spent, 0, 0])
 
-    def hold(self, key_id: str, period: str, cost: int) -> None:
-        """Count `cost` as reserved in the period's loaded budget (what Redis admitted here, still running)."""
+    def add_to_budget(self, key_id: str, period: str, reserved: int, spent: int) -> None:
+        """`reserved` and `spent` added to the period's loaded budget, if loaded (what Redis admitted
+        here and still runs: `app.access.open_holds`)."""
         state = self._keys.get(key_id)
         budget = state.budgets.get(period) if state is not None else None
         if budget is not None:
-            budget[2] += cost
-
-    def release(self, key_id: str, period: str, reserved: int, cost: int) -> None:
-        """A request `hold` counted has ended: its reservation becomes what it spent."""
-        state = self._keys.get(key_id)
-        budget = state.budgets.get(period) if state is not None else None
-        if budget is not None:
-            budget[2] -= reserved
-            budget[1] += cost
+            budget[1] += spent
+            budget[2] += reserved
 
     def forget_spend(self) -> None:
         """Drop every budget's spend, to be loaded from the ledger again at the next admission (the

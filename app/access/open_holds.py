@@ -39,7 +39,7 @@ class OpenHolds:
         if budget not in self._seeded:
             self._seeded.add(budget)
             held = self._open.get(budget, {})
-            local.hold(budget[0], budget[1], sum(held.values()))
+            local.add_to_budget(budget[0], budget[1], sum(held.values()), 0)
             self._held.update(held)
 
     def settled(self, local: LocalLimiter, budget: BudgetKey, ticket: int, spent: int | None) -> None:
@@ -50,4 +50,4 @@ class OpenHolds:
             del self._open[budget]
         if ticket in self._held:
             self._held.discard(ticket)
-            local.release(budget[0], budget[1], reserved, spent if spent is not None else reserved)
+            local.add_to_budget(budget[0], budget[1], -reserved, spent if spent is not None else reserved)

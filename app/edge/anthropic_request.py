@@ -13,7 +13,7 @@ Mapping decisions (README, "Anthropic Messages ingress"):
   blocks as parts of that user message: an OpenAI-style `tool` message carries text only, so the
   upstream gets them in the user message right after the tool messages (a 400 named them before);
   a block in a role that cannot carry it (a `tool_use` from the user) is a 400, as Anthropic says;
-- consecutive messages of one role are one turn, as Anthropic combines them (`_combine`); a
+- consecutive messages of one role are one turn, as Anthropic combines them (`_placed`); a
   rejection still names the block where the client sent it (`moved`);
 - `thinking: {type: "enabled", budget_tokens}` → `reasoning_effort` by budget: under 4096 `low`,
   under 16384 `medium`, else `high`; the budget must be below `max_tokens`, as Anthropic requires.
@@ -86,10 +86,13 @@ def to_request(wire: fmt.MessagesRequest) -> tuple[CompletionRequest, dict[str, 
     for i, turn in enumerate(_turns(wire.messages)):
         message = _message(turn, f"messages[{i}]", moved)
         if messages and messages[-1].role == message.role:  # Anthropic combines them into one turn
-            _combine(messages[-1], message, len(messages) - 1, i, moved)
+            into = messages[-1]
+            _placed(moved, len(messages) - 1, len(into.content), i, len(message.content))
+            into.content.extend(message.content)
         else:
             if len(messages) != i:  # after a combined turn: this message's canonical index is lower
-                _renamed(f"messages[{len(messages)}]", f"messages[{i}]", len(message.content), moved)
+                moved[f"messages[{len(messages)}]"] = f"messages[{i}]"  # before its parts: the last match wins
+                _placed(moved, len(messages), 0, i, len(message.content))
             messages.append(message)
     request = CompletionRequest(
         messages=messages,
@@ -134,24 +137,14 @@ def _turns(messages: list[fmt.InputMessage]) -> list[fmt.InputMessage]:
     return messages[:last]
 
 
-def _combine(into: Message, turn: Message, at: int, origin: int, moved: dict[str, str]) -> None:
-    """`turn`, the Anthropic request's message `origin`, added to the canonical message `at` of the
-    same role: Anthropic combines consecutive turns of one role into one, and a chat template that
-    wants roles to alternate (Gemma's) refuses them apart. Its parts' paths are noted in `moved`."""
-    start = len(into.content)
-    for index in range(len(turn.content)):
-        canonical, path = f"messages[{at}].content[{start + index}]", f"messages[{origin}].content[{index}]"
-        moved[canonical] = moved.pop(path, path)  # a tool result's media was moved once already
-    into.content.extend(turn.content)
-
-
-def _renamed(canonical: str, path: str, parts: int, moved: dict[str, str]) -> None:
-    """A message at index `canonical` of the canonical request that is `path` in the Anthropic one:
-    the message and each of its `parts` noted in `moved` (the message first: the last match wins)."""
-    moved[canonical] = path
-    for index in range(parts):
-        part = f"{path}.content[{index}]"
-        moved[f"{canonical}.content[{index}]"] = moved.pop(part, part)
+def _placed(moved: dict[str, str], at: int, start: int, origin: int, count: int) -> None:
+    """The `count` parts of the Anthropic request's message `origin` are now the canonical message
+    `at`'s from index `start` (a combined turn: Anthropic combines consecutive turns of one role,
+    and a chat template that wants roles to alternate, Gemma's, refuses them apart; or a message
+    after one): their paths noted in `moved`, a tool result's media moved once already included."""
+    for index in range(count):
+        path = f"messages[{origin}].content[{index}]"
+        moved[f"messages[{at}].content[{start + index}]"] = moved.pop(path, path)
 
 
 def _message(message: fmt.InputMessage, path: str, moved: dict[str, str]) -> Message:
