@@ -42,6 +42,8 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
+from itertools import chain
 from typing import Literal
 
 import structlog
@@ -113,6 +115,15 @@ class LedgerWriter:
         """Records submitted (or adopted from the journal) and not yet written or set aside."""
         journal_rows = self._journal.appended - self._committed if self._journal is not None else 0
         return journal_rows + self._loose_pending
+
+    def unlogged(self, key_id: str) -> Decimal:
+        """The cost of `key_id`'s rows held in memory, not yet in the database (`app.access.restore`;
+        rows read back from the journal count once written)."""
+        total = Decimal(0)
+        for record in chain((record for record, _line in self._queue), self._loose):
+            if record.api_key_id == key_id and record.cost_usd is not None:
+                total += record.cost_usd
+        return total
 
     @property
     def _loose_pending(self) -> int:

@@ -47,10 +47,13 @@ class Lane:
         "admit_tail",
         "asking",
         "budgeted",
+        "generation",
+        "held",
         "key_id",
         "keys",
         "late",
         "lease",
+        "releasing",
         "settle_script",
         "spend_keys",
         "summed",
@@ -63,7 +66,7 @@ class Lane:
         keys = Script.keys(window_key(limiter.prefix, key_id), f"{base}:flight", spend, f"{base}:lease")
         self.spend_keys = Script.keys(spend)
         self.admit_tail = b"".join(bulk(b"%d" % limit) for limit in limits)  # ARGV[4..8]
-        count = 4 + len(limits) + (limiter.clock is not None)  # ARGV[9]: the lease asked, ARGV[10]: the clock
+        count = 5 + len(limits) + (limiter.clock is not None)  # ARGV[9..11]: lease asked, generation, clock
         self.admit_head = limiter.admit_script.head(count) + keys
         self.key_id, self.keys, self.settle_script = key_id, keys, limiter.settle_script
         self.budgeted = limits[-1] >= 0
@@ -72,6 +75,38 @@ class Lane:
         self.asking: asyncio.Future[None] | None = None  # done when the admission asking for a lease is back
         self.late = False  # its answer came too late in its second for a lease (`RedisLimiter.admit`)
         self.summed: list[int] | None = None
+        self.generation = b""  # the spend record's, as this process last saw it (`app.access.restore`)
+        self.held: dict[int, int] = {}  # minute → nano-dollars Redis holds reserved for this process
+        self.releasing: dict[int, int] = {}  # of it, given back by settlements not sent yet
+
+    def hold(self, second: int, cost: int) -> None:
+        """`cost` more (less, when negative) reserved in the budget for this process's requests and
+        leases admitted in `second` (Redis's), kept to restore a record Redis lost. Given back only
+        once the settlement that gives it back is answered (`release`, `released`): one that waits
+        for a new connection runs after the restore, and takes off what the restore put back."""
+        minute = second // 60
+        left = self.held.get(minute, 0) + cost
+        if left:
+            self.held[minute] = left
+        else:
+            self.held.pop(minute, None)
+
+    def release(self, second: int, cost: int) -> None:
+        """A settlement (to be sent) gives back `cost` reserved in `second`."""
+        minute = second // 60
+        self.releasing[minute] = self.releasing.get(minute, 0) + cost
+
+    def sent(self) -> dict[int, int] | None:
+        """What the settlement command being made gives back (it leaves `held` once answered)."""
+        releasing = self.releasing
+        if not releasing:
+            return None
+        self.releasing = {}
+        return releasing
+
+    def released(self, releases: dict[int, int]) -> None:
+        for minute, cost in releases.items():
+            self.hold(minute * 60, -cost)
 
     def settlement(self, items: list[bytes]) -> bytes:
         """One `EVALSHA` of the settlement script for `items` (each six encoded arguments)."""

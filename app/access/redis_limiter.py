@@ -19,6 +19,10 @@ The spend hash of a calendar period expires a day after the period, `total` neve
 (first use in the period, or a Redis that lost its data) is loaded from the ledger by the gate.
 What the admission script does per call, and why it stays cheap: `app.access.redis_scripts`.
 
+A Redis that lost its data is given back this process's reservations (`app.access.restore`): each
+lane keeps what Redis holds reserved for it (`Lane.hold`), and the client's greeting on every
+new connection, or an admission's code 7, restores it.
+
 Every Redis failure becomes `LimiterDown` here, the one boundary; the gate decides what follows;
 it drops the lanes (`app.access.lane`) of revoked keys when it sweeps (`forget`). The client
 (`app.access.resp`: one pipelined connection, not redis-py, whose per-call overhead halved keys-mode
@@ -41,17 +45,18 @@ reservation longer.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Callable, Container
 from functools import partial
 from typing import Any
 
-from msgspec import Struct
-
 from app.access.lane import Lane, resent, settlement_item, spend_key, summed_item
 from app.access.lease import GRACE_S, LEASE_MAX, LEASE_S, Lease
 from app.access.limiter import Ask, LimiterDown, Verdict
-from app.access.redis_scripts import ADMIT, LOAD, SETTLE, UNREADABLE_REPLY, malformed, refused
-from app.access.resp import RespClient, RespError, RespLost, Script, bulk
+from app.access.redis_scripts import ADMIT, LOAD, RESTORE, SETTLE, UNREADABLE_REPLY, malformed, refused
+from app.access.resp import RespClient, RespError, Script, bulk
+from app.access.restore import Restorer
+from app.access.settlement import Settlement
 from app.settings import RedisSettings
 
 _BULK = {bytes, type(None)}
@@ -75,8 +80,11 @@ class RedisLimiter:
         (µs since the epoch) replaces Redis's `TIME` in admissions (tests, with `lease_max=1`: a lease
         lasts in the loop's time); `lease_max`: the most admissions a lease holds (`app.access.lease`)."""
         self.admit_script, self.settle_script, self._load = Script(ADMIT, 4), Script(SETTLE, 4), Script(LOAD, 1)
-        scripts = (self.admit_script, self.settle_script, self._load)  # loaded on each connection
-        self.prefix, self.redis = settings.key_prefix, RespClient(settings.url, 1.0, scripts)
+        restore = Script(RESTORE, 1)
+        scripts = (self.admit_script, self.settle_script, self._load, restore)  # loaded on each connection
+        self.prefix = settings.key_prefix
+        self.restorer = Restorer(self, restore)  # a Redis that lost its data (`app.access.restore`)
+        self.redis = RespClient(settings.url, 1.0, scripts, self.restorer)
         self.failed, self.clock, self.lease_max = failed, clock, lease_max
         self.retries: set[asyncio.Future[Any]] = set()
         self.resending: dict[bytes, float] = {}  # what goes again until Redis takes it (`after_loss`), until when
@@ -96,6 +104,9 @@ class RedisLimiter:
                 self.forget(())
             lane = self._lanes[key] = Lane(self, ask.key_id, ask.period, key[2:])
         return lane
+
+    def lanes(self) -> list[Lane]:
+        return list(self._lanes.values())
 
     def forget(self, live: Container[str]) -> None:
         """Drop the lanes of keys not in `live`; their leases end (a lane a caller keeps stops leasing)."""
@@ -138,7 +149,7 @@ class RedisLimiter:
             want = lane.want if lane.late and lane.asking is None else 1  # the first to go on asks again
         if self._unsent:  # before this admission, in the same write: they may free what it asks for
             self._send_settlements()
-        waited = 0.0
+        waited, restores = 0.0, 0
         while True:
             asking = None
             if want > 1:
@@ -155,12 +166,18 @@ class RedisLimiter:
                 self._free_slot(lane, ask)
                 raise
             lane.answered(asking)
-            try:
-                if type(reply) is bytes or reply[0] != 6:  # 6: would pass once other processes' leases end
+            try:  # 6: would pass once other processes' leases end; 7: Redis lost the record (restore)
+                if type(reply) is bytes or reply[0] not in (6, 7):
                     break
-                wait = int(reply[1]) / 1000
+                wait = int(reply[1]) / 1000 if reply[0] == 6 else -1.0
             except UNREADABLE_REPLY:
                 raise malformed(reply) from None
+            if wait < 0:
+                restores += 1
+                if restores > 2:
+                    raise LimiterDown("the spend record keeps changing generation")
+                await self.restorer.restore(lane)
+                continue
             waited += wait
             await asyncio.sleep(wait)
         try:
@@ -175,7 +192,7 @@ class RedisLimiter:
         """The admission script's reply (`want`: the lease asked for; 0: do not wait for leases)."""
         rid, tokens, cost = ask.request_id.encode(), b"%d" % ask.tokens, b"%d" % ask.cost
         own = _THREE % (len(rid), rid, len(tokens), tokens, len(cost), cost)
-        tail = lane.admit_tail + bulk(b"%d" % want)
+        tail = lane.admit_tail + bulk(b"%d" % want) + bulk(lane.generation)
         if self.clock is not None:
             tail += bulk(b"%d" % self.clock())
         command = b"".join((lane.admit_head, own, tail))
@@ -188,8 +205,13 @@ class RedisLimiter:
         return reply
 
     def _admitted(self, lane: Lane, ask: Ask, reply: bytes, sent_at: float) -> Verdict:
-        second, left_r, left_t, reset, granted, life = map(int, reply.split())
+        fields = reply.split()
+        second, left_r, left_t, reset, granted, life = map(int, fields[:6])
         lane.late = life < 0
+        if lane.budgeted:
+            lane.generation = fields[6]
+            if ask.cost > 0:
+                lane.hold(second, ask.cost * granted)  # the lease's block included
         verdict = Verdict(
             second=second,
             remaining_requests=max(0, left_r),
@@ -265,10 +287,14 @@ class RedisLimiter:
         if lane.lease is lease:
             lane.lease = None
             lane.want = lease.next_size(self.lease_max)
+        if lane.budgeted and lease.cost > 0:
+            lane.release(lease.second, lease.cost)
         self._queue(lane, settlement_item(*lease.unused(lane.budgeted)), LAZY_S)
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
-        await self._call(self._load, self._load.command(self.lane(ask).spend_keys, (b"%d" % spent, b"%d" % ttl_s)))
+        """The period's spend from the ledger, as a record of a new generation (`app.access.restore`)."""
+        args = (b"%d" % spent, b"%d" % ttl_s, secrets.token_hex(8).encode())
+        await self._call(self._load, self._load.command(self.lane(ask).spend_keys, args))
 
     def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
         """Sent now, nobody waiting for it; without `max_concurrency` summed per second (module doc)."""
@@ -278,10 +304,12 @@ class RedisLimiter:
             return
         rid, at, delta = ask.request_id.encode(), b"%d" % second, b"%d" % (tokens - ask.tokens)
         reserved = ask.cost if lane.budgeted else -1
+        if reserved > 0:
+            lane.release(second, reserved)
         items = self._unsent.pop(lane, [])  # this key's only: other keys' keep waiting to be sent together
         items.append(settlement_item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"))
         command = lane.settlement(items)
-        self.redis.post_to(command, _Settlement(self, lane, command, items))
+        self.redis.post_to(command, Settlement(self, lane, command, items, lane.sent()))
         self.redis.flush()  # written now, before the answer's last bytes (module doc)
 
     def settle_summed(self, lane: Lane, second: int, tokens: int, reserved: int, cost: int) -> None:
@@ -289,6 +317,8 @@ class RedisLimiter:
         `tokens` used minus reserved, the cost `reserved` and the `cost` spent (nano-dollars)."""
         if not lane.budgeted:
             reserved = -1
+        elif reserved > 0:
+            lane.release(second, reserved)
         summed = lane.summed
         if summed is not None and summed[0] == second:
             summed[1], summed[2], summed[3] = summed[1] + tokens, summed[2] + reserved, summed[3] + cost
@@ -329,18 +359,18 @@ class RedisLimiter:
                 items.append(summed_item(lane))
             if items:
                 command = lane.settlement(items)
-                self.redis.post_to(command, _Settlement(self, lane, command, items))
+                self.redis.post_to(command, Settlement(self, lane, command, items, lane.sent()))
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
-            reply = await self.redis.call("HMGET", spend_key(self.prefix, key_id, period), "s", "r")
+            reply = await self.redis.call("HMGET", spend_key(self.prefix, key_id, period), "s", "r", "u")
         except RespError as exc:
             raise LimiterDown(str(exc)) from None
-        try:  # two bulk strings or nils, as HMGET answers
+        try:  # three bulk strings or nils, as HMGET answers
             if type(reply) is not list or not {type(value) for value in reply} <= _BULK:
                 raise TypeError
-            spent, reserved = reply
-            return None if spent is None else (int(spent), int(reserved or 0))
+            spent, reserved, unlogged = reply
+            return None if spent is None else (int(spent) + int(unlogged or 0), int(reserved or 0))
         except UNREADABLE_REPLY:
             raise malformed(reply) from None
 
@@ -362,38 +392,7 @@ class RedisLimiter:
             await asyncio.wait(set(self.retries))
 
     async def close(self) -> None:
+        self.restorer.close()
         if self._unsent_timer is not None:  # nothing is sent again once closed (resends went on)
             self._unsent_timer.cancel()
         await self.redis.close()
-
-
-class _Settlement(Struct):
-    """A settlement command's answer (one key's settlements): the script loaded and the command
-    resent on NOSCRIPT (Redis restarted); `after_loss` when lost; reported to the gate otherwise."""
-
-    limiter: RedisLimiter
-    lane: Lane
-    command: bytes
-    items: list[bytes]
-
-    def __call__(self, reply: Any) -> None:
-        limiter = self.limiter
-        if not isinstance(reply, RespError):
-            if limiter.resending:  # taken: no more tries
-                for item in self.items:
-                    limiter.resending.pop(item, None)
-            return
-        if str(reply).startswith("NOSCRIPT"):
-            retry = asyncio.ensure_future(limiter.redis.evalsha(limiter.settle_script, self.command))
-            limiter.retries.add(retry)
-            retry.add_done_callback(self._retried)
-        elif not (isinstance(reply, RespLost) and limiter.after_loss(self.lane, self.items)):  # slots alone: quiet
-            limiter.failed(self.lane.key_id, f"{type(reply).__name__}: {reply}")
-
-    def _retried(self, done: asyncio.Future[Any]) -> None:
-        self.limiter.retries.discard(done)
-        error = None if done.cancelled() else done.exception()
-        if error is not None:
-            self.limiter.failed(self.lane.key_id, f"{type(error).__name__}: {error}")
-        else:  # went through: as an answer that did
-            self(None)

@@ -3,13 +3,15 @@
 ADMIT    KEYS window, flight, spend, lease; ARGV request id, tokens, cost (nano-dollars), rpm,
          tpm, max_concurrency, hold (ms), budget (nano-dollars; -1 where the key has none of
          these), the lease asked for (`app.access.lease`: 1 none, 0 also not waiting for other
-         processes' leases), and a test's clock (µs, optional).
-         Answers "second remaining-requests remaining-tokens reset(ms) leased life(ms)" when
-         admitted (life -1: a lease was asked for and the limits allow one, but the second
-         ends within 10 ms, so none was granted); {code, …} when not: 1 budget, 2 rpm, 3 tpm,
-         4 max_concurrency (each with Retry-After in ms, the window's requests, tokens and when
-         its oldest second leaves), 5 the period's spend not loaded, 6 wait this many ms for
-         other processes' leases.
+         processes' leases), the spend record's generation the process knows (empty: none yet;
+         `app.access.restore`), and a test's clock (µs, optional).
+         Answers "second remaining-requests remaining-tokens reset(ms) leased life(ms) generation"
+         when admitted (life -1: a lease was asked for and the limits allow one, but the second
+         ends within 10 ms, so none was granted; generation `-` without a budget); {code, …} when
+         not: 1 budget, 2 rpm, 3 tpm, 4 max_concurrency (each with Retry-After in ms, the
+         window's requests, tokens and when its oldest second leaves), 5 the period's spend not
+         loaded, 6 wait this many ms for other processes' leases, 7 the spend record is of
+         another generation than the process knows (Redis lost it: restore, then ask again).
 SETTLE   the same keys; ARGV groups of six: request id, second, tokens' difference, cost
          reserved (-1: no budget), cost spent, and what it is: `-` a request in flight (taken off
          the in-flight set), `=` settlements summed, a number a lease given back with that many
@@ -19,7 +21,18 @@ SETTLE   the same keys; ARGV groups of six: request id, second, tokens' differen
          goes below 0 (a record loaded again from the ledger while requests were in flight holds
          none of their reservations: they would otherwise leave it negative, an allowance above
          the budget for good).
-LOAD     the period's spend, set only if still absent.
+LOAD     the period's spend, set only if still absent, with a new generation (ARGV spent, TTL
+         in seconds (0: none), generation).
+RESTORE  what one process held of a spend record that Redis lost (`app.access.restore`): ARGV
+         process id, the generation it knew, a generation for a record that is not there,
+         spend not yet in the ledger, then pairs of minute and reservation. Once per process
+         and generation (`p<process id>`); answers the record's generation.
+GENERATION  `{prefix}:gen`, the Redis data's generation, made on first use: answers it and Redis's
+         time (ms) (`app.access.restore`).
+
+The spend hash also holds `g` (its generation: a new one whenever it is loaded from the ledger
+again) and `u` (spend that was not in the ledger when it was loaded: restored, or settled before the
+load); an admission counts `s` + `u` as spent.
 
 Reservations of a budget are also kept per minute of admission in the spend hash (`b<minute>`,
 and `ob`, the oldest minute that may hold some). A settlement takes its reservation off its
@@ -55,8 +68,8 @@ from app.access.limiter import Ask, LimiterDown, Refusal, Verdict
 
 ADMIT = """
 local now, sec
-if ARGV[10] then
-  now = tonumber(ARGV[10]) / 1000000
+if ARGV[11] then
+  now = tonumber(ARGV[11]) / 1000000
   sec = math.floor(now)
 else
   local t = redis.call('TIME')
@@ -71,9 +84,10 @@ local spend, bucket
 local spent, reserved = 0, 0
 local function past(b) return (b + 1) * 60000 + hold < now * 1000 end  -- no request of minute b can run
 if budget >= 0 then
-  spend = redis.call('HMGET', KEYS[3], 's', 'r', 'ob')
+  spend = redis.call('HMGET', KEYS[3], 's', 'r', 'ob', 'g', 'u')
+  if spend[4] and ARGV[10] ~= '' and spend[4] ~= ARGV[10] then return {7} end
   if not spend[1] then return {5} end
-  spent, reserved = tonumber(spend[1]), tonumber(spend[2] or '0')
+  spent, reserved = tonumber(spend[1]) + tonumber(spend[5] or '0'), tonumber(spend[2] or '0')
   bucket = math.floor(sec / 60)
   local ob = tonumber(spend[3] or bucket)
   if past(ob) then
@@ -160,7 +174,7 @@ if code then
     end
     if soon and not over(lr, lt, lc) then return {6, math.max(5, math.ceil(soon - now * 1000))} end
   end
-  if code == 1 then return {1, 0, reqs, toks, held, spend[1]} end
+  if code == 1 then return {1, 0, reqs, toks, held, string.format('%d', spent)} end
   local after = 0  -- an rpm refusal waits for tpm too, when both refuse: until a request would pass
   if tpm >= 0 and toks + tokens > tpm then after = wait('t', toks + tokens - tpm) end
   if code == 2 then return {2, math.max(wait('r', reqs + 1 - rpm), after), reqs, toks, held} end
@@ -198,7 +212,7 @@ if budget >= 0 and n * cost > 0 then
   if not spend[3] then redis.call('HSET', KEYS[3], 'ob', string.format('%d', bucket)) end
 end
 local reset = math.max(0, math.ceil((oldest + 60 - now) * 1000))
-return string.format('%d %d %d %d %d %d', sec, rpm - reqs, tpm - toks, reset, n, life)
+return string.format('%d %d %d %d %d %d %s', sec, rpm - reqs, tpm - toks, reset, n, life, spend and spend[4] or '-')
 """
 for _name, _value in (("LEASE_MS", int(LEASE_S * 1000)), ("GRACE_MS", int(GRACE_S * 1000)), ("LEASE_MIN", LEASE_MIN)):
     ADMIT = ADMIT.replace(_name, str(_value))
@@ -225,7 +239,9 @@ for i = 1, #ARGV, 6 do
       if redis.call('HINCRBY', KEYS[3], b, '-' .. reserved) <= 0 then redis.call('HDEL', KEYS[3], b) end
       if redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved) < 0 then redis.call('HSET', KEYS[3], 'r', '0') end
     end
-    if ARGV[i + 4] ~= '0' then redis.call('HINCRBY', KEYS[3], 's', ARGV[i + 4]) end
+    if ARGV[i + 4] ~= '0' then
+      redis.call('HINCRBY', KEYS[3], redis.call('HEXISTS', KEYS[3], 's') == 1 and 's' or 'u', ARGV[i + 4])
+    end
   end
 end
 return 0
@@ -234,9 +250,42 @@ return 0
 LOAD = """
 if redis.call('HSETNX', KEYS[1], 's', ARGV[1]) == 1 then
   redis.call('HSETNX', KEYS[1], 'r', '0')
-  if tonumber(ARGV[2]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+  redis.call('HSETNX', KEYS[1], 'g', ARGV[3])
+  if tonumber(ARGV[2]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) else redis.call('PERSIST', KEYS[1]) end
 end
 return 0
+"""
+
+RESTORE = """
+local k = KEYS[1]
+local g = redis.call('HGET', k, 'g')
+if ARGV[2] == '' or g == ARGV[2] then return g or '' end
+if not g then
+  g = ARGV[3]
+  redis.call('HSET', k, 'g', g)
+  if redis.call('HEXISTS', k, 's') == 0 and redis.call('TTL', k) < 0 then redis.call('EXPIRE', k, 86400) end
+end
+if redis.call('HSETNX', k, 'p' .. ARGV[1], '1') == 0 then return g end
+if ARGV[4] ~= '0' then redis.call('HINCRBY', k, 'u', ARGV[4]) end
+local ob = tonumber(redis.call('HGET', k, 'ob') or '-1')
+for i = 5, #ARGV, 2 do
+  redis.call('HINCRBY', k, 'r', ARGV[i + 1])
+  redis.call('HINCRBY', k, 'b' .. ARGV[i], ARGV[i + 1])
+  if ob < 0 or tonumber(ARGV[i]) < ob then ob = tonumber(ARGV[i]) end
+end
+if ob >= 0 then redis.call('HSET', k, 'ob', string.format('%d', ob)) end
+return g
+"""
+
+GENERATION = """
+local g = redis.call('GET', KEYS[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if not g then
+  g = ARGV[1] .. ':' .. string.format('%d', now)
+  redis.call('SET', KEYS[1], g)
+end
+return {g, string.format('%d', now)}
 """
 
 _REFUSALS: dict[int, Refusal] = {1: "budget", 2: "rpm", 3: "tpm", 4: "max_concurrency", 5: "budget_missing"}

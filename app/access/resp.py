@@ -30,7 +30,7 @@ import hashlib
 import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import unquote, urlsplit
 
 Reply = Any  # bytes | int | None | list[Reply] | RespError
@@ -58,6 +58,7 @@ class _Protocol(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.watchdog: asyncio.TimerHandle | None = None
         self.flush_soon = False
+        self.on_lost: Callable[[], None] | None = None
 
     def send(self, command: bytes) -> asyncio.Future[Reply]:
         """Queue `command` to leave in this turn of the loop; its future gets the reply."""
@@ -111,6 +112,8 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.fail(RespLost(f"connection lost: {exc}" if exc else "connection closed"))
+        if self.on_lost is not None:
+            self.on_lost()
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -167,15 +170,30 @@ def encode(args: tuple[bytes | str | int, ...]) -> bytes:
     return b"".join(out)
 
 
+class Greeting(Protocol):
+    """What a client's owner says on each new connection, before any other command of its:
+    `command`'s reply goes to `heard`, which answers commands to send first (each with its
+    handler); `lost` hears that a connection is gone (`app.access.restore`)."""
+
+    def command(self) -> bytes: ...
+
+    def heard(self, reply: Reply) -> list[tuple[bytes, Handler]]: ...
+
+    def lost(self) -> None: ...
+
+
 class RespClient:
     """One pipelined connection to Redis, opened on first use and again after a failure."""
 
-    def __init__(self, url: str, timeout: float = 1.0, scripts: Sequence[Script] = ()) -> None:
+    def __init__(
+        self, url: str, timeout: float = 1.0, scripts: Sequence[Script] = (), greeting: Greeting | None = None
+    ) -> None:
         """`scripts` are loaded on every new connection, before any command of the client's (unless
         the ACL refuses the load, `_hello`): after a restart (connections drop, Redis forgets its
         scripts) an `EVALSHA` meeting `NOSCRIPT` was sent again once its script was loaded, behind
         the commands posted meanwhile, so the first admission after a restart could run before the
-        settlement that came before it."""
+        settlement that came before it. `greeting` follows them (`Greeting`)."""
+        self._greeting = greeting
         parts = urlsplit(url)
         self._host = parts.hostname or "127.0.0.1"
         self._port = parts.port or 6379
@@ -285,6 +303,10 @@ class RespClient:
             raise RespLost(f"cannot connect: {type(exc).__name__}: {exc}") from None
         try:
             await _hello(protocol, self._hello, self._scripts)
+            if self._greeting is not None:
+                for command, handler in self._greeting.heard(await protocol.send(self._greeting.command())):
+                    protocol.send_to(command, handler)  # before the commands waiting for this connection
+                protocol.on_lost = self._greeting.lost
         except BaseException:  # AUTH or SELECT refused, or lost: never leave that connection to later commands
             self._drop(protocol)
             raise

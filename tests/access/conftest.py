@@ -76,9 +76,17 @@ class PrivateRedis:
     def __init__(self) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._start()
+
+    def _start(self) -> None:
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until_sync(self._answers, what=f"redis-server on {self.port}")
+
+    def restart(self) -> None:
+        """Stopped and started again on its port, without its data (no persistence)."""
+        self.stop()
+        self._start()
 
     def _answers(self) -> bool:
         try:

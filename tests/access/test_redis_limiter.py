@@ -219,7 +219,7 @@ async def test_a_free_request_of_a_budgeted_key_settles(
         b"$-1\r\n",
         b"*0\r\n",
         b"*1\r\n:6\r\n",
-        b"*2\r\n:7\r\n:0\r\n",
+        b"*2\r\n:8\r\n:0\r\n",  # 7: a record of another generation (`app.access.restore`)
         b"$3\r\nabc\r\n",
         b"*1\r\n:1\r\n",
     ],
@@ -253,19 +253,21 @@ async def test_a_reply_not_of_the_scripts_shape_is_limits_down_not_a_crash(reply
         await server.wait_closed()
 
 
-async def test_a_spend_record_loaded_again_while_requests_run_is_never_left_below_zero(
+async def test_a_spend_record_loaded_again_while_requests_run_holds_their_reservations_again(
     limiter: tuple[RedisLimiter, list[tuple[str, str]], str],
 ) -> None:
-    """Redis lost the record (a restart, an operator's recount) while r1 ran: r1's settlement takes
-    off a reservation the new record never held. It left `r` at -7,000 for good: an allowance of
-    that much above the budget."""
+    """Redis lost the record (a restart, an operator's recount) while r1 ran. The record loaded
+    again from the ledger held none of r1's reservation: r2 was admitted as if r1 cost nothing (a
+    key overspent by what was in flight), and r1's settlement once left `r` at -7,000 for good.
+    The next admission finds a record of another generation and restores r1's reservation into
+    its minute first (`app.access.restore`), which r1's settlement then takes off."""
     redis, failures, prefix = limiter
     await redis.load_spend(_ask("r0"), 0, 0)
     first = await redis.admit(_ask("r1"))
     await redis.redis.call("DEL", f"{prefix}:lim:{{k1}}:spend:total")
     await redis.load_spend(_ask("r0"), 0, 0)  # the ledger has no row of r1 yet
     second = await redis.admit(_ask("r2"))
-    assert await _spend(redis) == (0, 7000)
+    assert await _spend(redis) == (0, 14000)
     redis.settle(_ask("r1"), first.second, tokens=0, cost=1000)
     redis.settle(_ask("r2"), second.second, tokens=0, cost=500)
     await redis.drain()

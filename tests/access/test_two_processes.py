@@ -493,3 +493,34 @@ async def test_without_redis_a_change_reaches_the_other_process_within_a_second(
 
 async def _is(answer: Awaitable[int], expected: int) -> bool:
     return await answer == expected
+
+
+async def test_a_redis_restarted_without_its_data_gets_the_reservations_in_flight_back(
+    private_pair: Pair, up: PeakUpstream, private_redis: PrivateRedis
+) -> None:
+    """The chaos audit's case (`app.access.restore`): 30 requests in flight over both processes when
+    Redis restarts without its data. The spend record loaded again from the ledger (no row of them
+    yet) held none of their reservations, so the next burst was admitted against the whole budget
+    again (the audit: $0.075 spent of $0.05). Each process now restores its reservations before
+    the record is loaded: of 40 more, 10 pass ($0.0842 admits 40 worst cases, as above)."""
+    up.set_default(played(answer("ok"), first_byte_delay_s=HOLD_S))
+    key = private_pair.key("--budget-usd", "0.0842", "--budget-period", "day")
+    first = asyncio.ensure_future(_burst(private_pair, key["secret"], 30, max_tokens=1000))
+    await wait_until(lambda: len(up.requests) == 30, within=10.0, what="30 requests at the upstream")
+
+    private_redis.restart()
+    second = await _burst(private_pair, key["secret"], 40, max_tokens=1000)
+
+    assert sorted(r.status_code for r in second) == [200] * 10 + [429] * 30
+    assert [r.status_code for r in await first] == [200] * 30
+    await wait_until(lambda: _count(private_pair, key["id"], 70), within=5.0, what="70 ledger rows")
+    rows = await private_pair.ledger(key["id"])
+    total = sum((row["cost_usd"] for row in rows if row["cost_usd"] is not None), Decimal(0))
+    assert total == 40 * Decimal("0.000005")
+    async with httpx.AsyncClient() as client:
+
+        async def settled() -> bool:
+            me = (await client.get(f"{private_pair.urls[0]}/api/v1/keys/me", headers=bearer(key["secret"]))).json()
+            return Decimal(me["spent_usd"]) == total
+
+        await wait_until(settled, what="keys/me reporting every settled cost, once")
