@@ -116,14 +116,14 @@ class LedgerWriter:
         journal_rows = self._journal.appended - self._committed if self._journal is not None else 0
         return journal_rows + self._loose_pending
 
-    def unlogged(self, key_id: str) -> Decimal:
-        """The cost of `key_id`'s rows held in memory, not yet in the database (`app.access.restore`;
+    def unlogged(self) -> dict[str, Decimal]:
+        """The cost of each key's rows held in memory, not yet in the database (`app.access.restore`;
         rows read back from the journal count once written)."""
-        total = Decimal(0)
+        totals: dict[str, Decimal] = {}
         for record in chain((record for record, _line in self._queue), self._loose):
-            if record.api_key_id == key_id and record.cost_usd is not None:
-                total += record.cost_usd
-        return total
+            if record.api_key_id is not None and record.cost_usd is not None:
+                totals[record.api_key_id] = totals.get(record.api_key_id, Decimal(0)) + record.cost_usd
+        return totals
 
     @property
     def _loose_pending(self) -> int:

@@ -326,8 +326,9 @@ class AccessGate:
             record = self.keyring.by_id[ask.key_id].record
             _tag, start, end = period_bounds(record.budget_period or "total", now)
             ttl = int(seconds_until(end, now) or 0) + DAY_S if end is not None else 0  # kept a day after
-            if limiter is self._shared and (wait := self._shared.restorer.reload_wait()) > 0:
-                await asyncio.sleep(wait)  # Redis lost its data: other processes restore theirs first
+            if limiter is self._shared:  # Redis lost its data? Then other processes restore theirs first
+                await self._shared.restorer.check()
+                await asyncio.sleep(self._shared.restorer.reload_wait())
             async with asyncio.timeout(SPEND_READ_S):
                 spent = await spent_since(self._engine, ask.key_id, start, end)  # a period's rows only
             await limiter.load_spend(ask, to_nano(spent), ttl)

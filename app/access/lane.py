@@ -86,7 +86,7 @@ class Lane:
         for a new connection runs after the restore, and takes off what the restore put back."""
         minute = second // 60
         left = self.held.get(minute, 0) + cost
-        if left:
+        if left > 0:  # never below 0: a release into a lane made again (`forget`) that held nothing
             self.held[minute] = left
         else:
             self.held.pop(minute, None)

@@ -103,6 +103,7 @@ class RedisLimiter:
             if len(self._lanes) > 10_000:
                 self.forget(())
             lane = self._lanes[key] = Lane(self, ask.key_id, ask.period, key[2:])
+            lane.generation = self.restorer.known(lane)  # limits changed: as the record's other lanes know it
         return lane
 
     def lanes(self) -> list[Lane]:
@@ -212,6 +213,7 @@ class RedisLimiter:
             lane.generation = fields[6]
             if ask.cost > 0:
                 lane.hold(second, ask.cost * granted)  # the lease's block included
+                self.restorer.watch()
         verdict = Verdict(
             second=second,
             remaining_requests=max(0, left_r),

@@ -25,14 +25,18 @@ LOAD     the period's spend, set only if still absent, with a new generation (AR
          in seconds (0: none), generation).
 RESTORE  what one process held of a spend record that Redis lost (`app.access.restore`): ARGV
          process id, the generation it knew, a generation for a record that is not there,
-         spend not yet in the ledger, then pairs of minute and reservation. Once per process
-         and generation (`p<process id>`); answers the record's generation.
+         spend not yet in the ledger (counted only in a record already loaded again: one to be
+         loaded reads those rows from the ledger), then pairs of minute and reservation. Once
+         per process and generation it knew (`p<process id>:<generation>`); answers the
+         record's generation.
 GENERATION  `{prefix}:gen`, the Redis data's generation, made on first use: answers it and Redis's
          time (ms) (`app.access.restore`).
 
 The spend hash also holds `g` (its generation: a new one whenever it is loaded from the ledger
-again) and `u` (spend that was not in the ledger when it was loaded: restored, or settled before the
-load); an admission counts `s` + `u` as spent.
+again, or made by a restore before that) and `u` (spend restored into it after it was loaded: rows
+that were not in the ledger when it was read); an admission counts `s` + `u` as spent. A
+settlement adds its cost to `s` only: a record restored but not loaded yet has none, and the load
+reads that row from the ledger.
 
 Reservations of a budget are also kept per minute of admission in the spend hash (`b<minute>`,
 and `ob`, the oldest minute that may hold some). A settlement takes its reservation off its
@@ -239,8 +243,8 @@ for i = 1, #ARGV, 6 do
       if redis.call('HINCRBY', KEYS[3], b, '-' .. reserved) <= 0 then redis.call('HDEL', KEYS[3], b) end
       if redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved) < 0 then redis.call('HSET', KEYS[3], 'r', '0') end
     end
-    if ARGV[i + 4] ~= '0' then
-      redis.call('HINCRBY', KEYS[3], redis.call('HEXISTS', KEYS[3], 's') == 1 and 's' or 'u', ARGV[i + 4])
+    if ARGV[i + 4] ~= '0' and redis.call('HEXISTS', KEYS[3], 's') == 1 then
+      redis.call('HINCRBY', KEYS[3], 's', ARGV[i + 4])
     end
   end
 end
@@ -265,8 +269,8 @@ if not g then
   redis.call('HSET', k, 'g', g)
   if redis.call('HEXISTS', k, 's') == 0 and redis.call('TTL', k) < 0 then redis.call('EXPIRE', k, 86400) end
 end
-if redis.call('HSETNX', k, 'p' .. ARGV[1], '1') == 0 then return g end
-if ARGV[4] ~= '0' then redis.call('HINCRBY', k, 'u', ARGV[4]) end
+if redis.call('HSETNX', k, 'p' .. ARGV[1] .. ':' .. ARGV[2], '1') == 0 then return g end
+if ARGV[4] ~= '0' and redis.call('HEXISTS', k, 's') == 1 then redis.call('HINCRBY', k, 'u', ARGV[4]) end
 local ob = tonumber(redis.call('HGET', k, 'ob') or '-1')
 for i = 5, #ARGV, 2 do
   redis.call('HINCRBY', k, 'r', ARGV[i + 1])

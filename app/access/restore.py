@@ -8,30 +8,30 @@ database, were in the lost record only. Counted from the ledger alone, a key ove
 in flight (an audit: $0.075 of a $0.05 budget, 30 requests in flight over two processes).
 
 So each process keeps what Redis holds reserved for it, per key lane and minute of admission
-(`Lane.hold`: its requests in flight and the unused part of its leases), and puts it back with the
-`RESTORE` script (`app.access.redis_scripts`) when the record it reserved into is gone: as
-reservations of their minutes (each request's settlement then takes its own off, as before), and
-the key's rows its ledger writer has not written yet as spend (`u`, counted with `s`). A restore
-counts once per process and generation of the record (a marker in the record), so the two ways a
-process learns of the loss may both run:
+(`Lane.hold`: its requests in flight and the unused part of its leases, until Redis answers the
+settlement that gives them back: one sent after the restore takes off what the restore put back),
+and puts it back with the `RESTORE` script (`app.access.redis_scripts`) when the record it
+reserved into is gone, as reservations of their minutes. A restore counts once per process and
+generation of the record it knew (a marker in the record), so the ways a process learns of the
+loss may all run:
 
-- on every new connection (a restart drops them all) the client reads `{prefix}:gen`, made by the
-  first process that finds it missing (`GENERATION`): a value other than the one it knew means Redis
-  lost its data, and the restores leave before any other command on that connection. A process
-  with reservations reconnects by itself within `RECONNECT_S` of losing its connection, instead
-  of at its next request;
+- `{prefix}:gen`, made by the first process that finds it missing (`GENERATION`), read on every
+  new connection (a restart drops them all; the restores then leave before any other command), every
+  `RECONNECT_S` while the process holds reservations (a flush on live connections; reconnecting by
+  itself when the connection is gone), and by the gate before it loads a missing record: a value
+  other than the one last read means Redis lost its data;
 - each spend record carries its own generation (a new one per load from the ledger), which the
   admission script compares with the lane's: another answers code 7, and the process restores that
-  record, then asks again (a flush without a restart, an evicted record).
+  record, then asks again (a record evicted alone).
 
-A process that learns of a loss on reconnecting waits until the new generation is `RESTORE_WAIT_S`
-old before it loads a missing record from the ledger itself (`reload_wait`), so that processes
-still reconnecting have restored theirs first. What is not covered: a process that never
-reconnects in time (stalled longer than that), reservations of a process started after the
-loss's generation was made before it (none: it has none), and ledger rows waiting in the journal
-through a database outage (they count once written). Counting in doubt errs towards refusing:
-a row written between a restore and the ledger read is counted twice, until the period ends or
-the record is loaded again.
+A process that saw the generation change, or first read one younger than `RESTORE_WAIT_S`, waits
+until it is that old before it loads a missing record from the ledger (`reload_wait`), so that
+the others, reading it within `RECONNECT_S`, have restored theirs. The rows its ledger writer has
+not written yet are left to the load, which reads the ledger after that wait; restored into a record
+already loaded (a process that learned late), they are added as spend (`u`, counted with `s`).
+What is not covered (README): a process stalled longer than the wait, rows still unwritten when
+the load reads the ledger (as any reload), a record evicted alone until each process's next
+admission of its key, and an older version's settlement into a restored record during an upgrade.
 """
 
 from __future__ import annotations
@@ -64,16 +64,18 @@ class Limiter(Protocol):
 
 class Restorer:
     """One `RedisLimiter`'s side of a lost Redis (module doc): the greeting each new connection sends
-    (`command`, `heard`), the reconnection after a loss (`lost`), and `restore` of one record."""
+    (`command`, `heard`), the watch while this process holds reservations (`watch`, `check`), and
+    `restore` of one record."""
 
     def __init__(self, limiter: Limiter, script: Script) -> None:
         self.limiter, self.script = limiter, script
         self.process_id = secrets.token_hex(8).encode()
-        self.generation: bytes | None = None  # Redis's data, as last read on connecting
+        self.generation: bytes | None = None  # Redis's data, as last read
+        self.unanswered = False  # a restore of the last change was lost: the next reading sends them again
         self.reload_at = 0.0  # the loop's time until which a missing record waits for restores
-        self.unlogged: Callable[[str], Decimal] = lambda _key_id: Decimal(0)  # the ledger's rows not written yet
+        self.unlogged: Callable[[], dict[str, Decimal]] = dict  # the ledger's rows not written yet, by key
         self.closed = False
-        self._reconnecting: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
         self._greeting = encode(("EVAL", GENERATION, 1, f"{limiter.prefix}:gen", secrets.token_hex(8)))
 
@@ -81,51 +83,77 @@ class Restorer:
         return self._greeting
 
     def heard(self, reply: Any) -> list[tuple[bytes, Handler]]:
-        """The greeting's answer on a new connection: the restores to send first, when the
-        generation changed since the last connection."""
+        """The answer to the greeting (on a new connection, or `check`): the restores to send,
+        when the generation changed since it was last read. A generation younger than
+        `RESTORE_WAIT_S` makes a missing record wait, read for the first time too (a process
+        started just after a loss)."""
         try:
             generation, now = reply[0], int(reply[1])
             made = int(generation.rsplit(b":", 1)[1])
         except (TypeError, ValueError, IndexError, KeyError, AttributeError):
             return []  # an error reply (a `NOPERM` for EVAL): each record's own generation still tells
         known, self.generation = self.generation, generation
-        if known is None or known == generation:
+        if known != generation:
+            self.reload_at = max(self.reload_at, self._loop.time() + RESTORE_WAIT_S - (now - made) / 1000)
+        if known is None or (known == generation and not self.unanswered):
             return []
-        self.reload_at = self._loop.time() + max(0.0, RESTORE_WAIT_S - (now - made) / 1000)
-        commands: list[tuple[bytes, Handler]] = []
-        for lanes in self._by_record(self.limiter.lanes()).values():
-            command = self._command(lanes)
-            if command is not None:
-                commands.append((command, _Restored(self, lanes)))
-        return commands
+        self.unanswered = False
+        unlogged = self.unlogged()
+        return [
+            (command, _Restored(self, lanes))
+            for lanes in self._groups(self.limiter.lanes())
+            if (command := self._command(lanes, unlogged)) is not None
+        ]
+
+    def known(self, lane: Lane) -> bytes:
+        """The generation of `lane`'s record as the key's other lanes know it (a new lane of it)."""
+        if not lane.budgeted:
+            return b""
+        return max(
+            (other.generation for other in self.limiter.lanes() if other.spend_keys == lane.spend_keys), default=b""
+        )
 
     def reload_wait(self) -> float:
         """Seconds to wait before loading a missing record from the ledger (module doc)."""
         return max(0.0, self.reload_at - self._loop.time())
 
-    def lost(self) -> None:
-        """The connection is gone: reconnect soon while this process holds reservations."""
-        if self.closed or self._reconnecting is not None:
+    def watch(self) -> None:
+        """While this process holds reservations, read the generation every `RECONNECT_S` (a flush
+        on live connections changes it too), and reconnect when the connection is gone."""
+        if self.closed or self._watching is not None:
             return
         if any(lane.held for lane in self.limiter.lanes()):
-            self._reconnecting = self._loop.create_task(self._reconnect())
+            self._watching = self._loop.create_task(self._watch())
 
-    async def _reconnect(self) -> None:
+    lost = watch  # the connection is gone (`Greeting.lost`)
+
+    async def _watch(self) -> None:
+        try:
+            while not self.closed and any(lane.held for lane in self.limiter.lanes()):
+                await asyncio.sleep(RECONNECT_S)
+                await self.check()
+        finally:
+            self._watching = None
+
+    async def check(self) -> None:
+        """Read the generation now (`watch`; the gate, before it loads a missing record); a new
+        connection's greeting does, else the greeting is sent alone. Redis down: nothing to do."""
         redis = self.limiter.redis
         try:
-            while not self.closed and not redis.connected and any(lane.held for lane in self.limiter.lanes()):
-                await asyncio.sleep(RECONNECT_S)
-                try:
-                    await redis.call("PING")
-                except RespError:
-                    continue
-        finally:
-            self._reconnecting = None
+            if not redis.connected:
+                await redis.call("PING")
+                return
+            reply = await redis.post(self._greeting)
+        except RespError:
+            return
+        for command, handler in self.heard(reply):
+            redis.post_to(command, handler)
 
     async def restore(self, lane: Lane) -> None:
         """Restore the record of `lane` (the admission script answered code 7), once."""
-        lanes = self._by_record(self.limiter.lanes()).get(lane.spend_keys, [lane])
-        command = self._command(lanes, always=True)
+        lanes = [other for other in self.limiter.lanes() if other.spend_keys == lane.spend_keys]
+        lanes = [other for other in lanes if other.generation == lane.generation] or [lane]
+        command = self._command(lanes, self.unlogged(), always=True)
         assert command is not None
         try:
             reply = await self.limiter.redis.evalsha(self.script, command)
@@ -135,37 +163,34 @@ class Restorer:
 
     def close(self) -> None:
         self.closed = True
-        if self._reconnecting is not None:
-            self._reconnecting.cancel()
+        if self._watching is not None:
+            self._watching.cancel()
 
     @staticmethod
-    def _by_record(lanes: list[Lane]) -> dict[bytes, list[Lane]]:
-        """Budgeted lanes by their spend record (a key's lanes of other limits share one)."""
-        records: dict[bytes, list[Lane]] = {}
+    def _groups(lanes: list[Lane]) -> list[list[Lane]]:
+        """Budgeted lanes by their spend record and the generation they know of it (a key's lanes
+        of other limits share one record; one that has not admitted since a loss knows an older)."""
+        groups: dict[tuple[bytes, bytes], list[Lane]] = {}
         for lane in lanes:
-            if lane.budgeted:
-                records.setdefault(lane.spend_keys, []).append(lane)
-        return records
+            if lane.budgeted and lane.generation:
+                groups.setdefault((lane.spend_keys, lane.generation), []).append(lane)
+        return list(groups.values())
 
-    def _command(self, lanes: list[Lane], always: bool = False) -> bytes | None:
-        """The `RESTORE` of one record for `lanes`; None when there is nothing to put back and
-        not `always` (the record's own generation tells such a lane later)."""
-        known = next((lane.generation for lane in lanes if lane.generation), b"")
+    def _command(self, lanes: list[Lane], unlogged: dict[str, Decimal], always: bool = False) -> bytes | None:
+        """The `RESTORE` of one record for `lanes` (all knowing one generation of it); None when
+        there is nothing to put back and not `always` (the record's own generation tells them later)."""
+        known = lanes[0].generation
         held: dict[int, int] = {}
         for lane in lanes:
             for minute, cost in lane.held.items():
                 held[minute] = held.get(minute, 0) + cost
-        unlogged = to_nano(self.unlogged(lanes[0].key_id)) if known else 0
-        if not always and not (known and (held or unlogged)):
+        spent = to_nano(unlogged.get(lanes[0].key_id)) if known else 0
+        if not always and not (known and (held or spent)):
             return None
-        return self._args(lanes[0], known, unlogged, held)
-
-    def _args(self, lane: Lane, known: bytes, unlogged: int, held: dict[int, int]) -> bytes:
-        args = [self.process_id, known, secrets.token_hex(8).encode(), b"%d" % unlogged]
+        args = [self.process_id, known, secrets.token_hex(8).encode(), b"%d" % spent]
         for minute, cost in sorted(held.items()):
-            if cost > 0:
-                args += [b"%d" % minute, b"%d" % cost]
-        return b"".join((self.script.head(len(args)), lane.spend_keys, *(bulk(arg) for arg in args)))
+            args += [b"%d" % minute, b"%d" % cost]
+        return b"".join((self.script.head(len(args)), lanes[0].spend_keys, *(bulk(arg) for arg in args)))
 
 
 class _Restored:
@@ -181,4 +206,5 @@ class _Restored:
             for lane in self.lanes:
                 lane.generation = reply
         elif isinstance(reply, RespError):
+            self.restorer.unanswered = True
             self.restorer.limiter.failed(self.lanes[0].key_id, f"restore: {type(reply).__name__}: {reply}")
