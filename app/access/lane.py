@@ -143,8 +143,12 @@ def settlement_item(rid: bytes, at: bytes, delta: bytes, reserved: bytes, spent:
 
 
 def summed_item(lane: Lane) -> bytes:
+    """The settlements summed in one second (`RedisLimiter.settle_summed`), which release their
+    reservations together (`Lane.release`)."""
     second, delta, reserved, spent = lane.summed or (0, 0, -1, 0)
     lane.summed = None
+    if reserved > 0:
+        lane.release(second, reserved)
     return settlement_item(b"=", b"%d" % second, b"%d" % delta, b"%d" % reserved, b"%d" % spent, b"=")
 
 

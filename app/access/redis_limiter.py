@@ -319,8 +319,6 @@ class RedisLimiter:
         `tokens` used minus reserved, the cost `reserved` and the `cost` spent (nano-dollars)."""
         if not lane.budgeted:
             reserved = -1
-        elif reserved > 0:
-            lane.release(second, reserved)
         summed = lane.summed
         if summed is not None and summed[0] == second:
             summed[1], summed[2], summed[3] = summed[1] + tokens, summed[2] + reserved, summed[3] + cost
