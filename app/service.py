@@ -103,8 +103,6 @@ class Service:
             keyring = KeyRing(self.engine, settings.auth, settings.redis, self.log, settings.journal_dir)
             await keyring.start()
             self.access = AccessGate(settings, self.engine, keyring, self.log, self.metrics.limits_local)
-            if self.access.shared is not None and self.ledger is not None:  # a lost Redis's restores
-                self.access.shared.restorer.unlogged = self.ledger.unlogged
         routing = settings.routing
         self.pipeline = Pipeline(
             self.router,

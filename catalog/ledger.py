@@ -42,8 +42,6 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from decimal import Decimal
-from itertools import chain
 from typing import Literal
 
 import structlog
@@ -115,15 +113,6 @@ class LedgerWriter:
         """Records submitted (or adopted from the journal) and not yet written or set aside."""
         journal_rows = self._journal.appended - self._committed if self._journal is not None else 0
         return journal_rows + self._loose_pending
-
-    def unlogged(self) -> dict[str, Decimal]:
-        """The cost of each key's rows held in memory, not yet in the database (`app.access.restore`;
-        rows read back from the journal count once written)."""
-        totals: dict[str, Decimal] = {}
-        for record in chain((record for record, _line in self._queue), self._loose):
-            if record.api_key_id is not None and record.cost_usd is not None:
-                totals[record.api_key_id] = totals.get(record.api_key_id, Decimal(0)) + record.cost_usd
-        return totals
 
     @property
     def _loose_pending(self) -> int:

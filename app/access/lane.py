@@ -96,13 +96,19 @@ class Lane:
         minute = second // 60
         self.releasing[minute] = self.releasing.get(minute, 0) + cost
 
-    def sent(self) -> dict[int, int] | None:
-        """What the settlement command being made gives back (it leaves `held` once answered)."""
-        releasing = self.releasing
-        if not releasing:
-            return None
-        self.releasing = {}
-        return releasing
+    def outgoing(self, items: list[bytes], connected: bool) -> tuple[bytes, dict[int, int] | None]:
+        """The settlement command of `items`, and what it gives back, to leave `held` once it is
+        answered (`released`). Written on a live connection (`connected`), it runs before any
+        restore sent after it (one connection's commands run in order), so that leaves `held` now:
+        restored too, it stayed reserved until its minute passed. One waiting for a new connection
+        runs after that connection's restores, which must put it back for it to take off."""
+        releasing = self.releasing or None
+        if releasing is not None:
+            self.releasing = {}
+            if connected:
+                self.released(releasing)
+                releasing = None
+        return self.settlement(items), releasing
 
     def released(self, releases: dict[int, int]) -> None:
         for minute, cost in releases.items():

@@ -213,7 +213,7 @@ class RedisLimiter:
             lane.generation = fields[6]
             if ask.cost > 0:
                 lane.hold(second, ask.cost * granted)  # the lease's block included
-                self.restorer.watch()
+                self.restorer.watch(holding=True)
         verdict = Verdict(
             second=second,
             remaining_requests=max(0, left_r),
@@ -310,8 +310,8 @@ class RedisLimiter:
             lane.release(second, reserved)
         items = self._unsent.pop(lane, [])  # this key's only: other keys' keep waiting to be sent together
         items.append(settlement_item(rid, at, delta, b"%d" % reserved, b"%d" % cost, b"-"))
-        command = lane.settlement(items)
-        self.redis.post_to(command, Settlement(self, lane, command, items, lane.sent()))
+        command, releases = lane.outgoing(items, self.redis.connected)
+        self.redis.post_to(command, Settlement(self, lane, command, items, releases))
         self.redis.flush()  # written now, before the answer's last bytes (module doc)
 
     def settle_summed(self, lane: Lane, second: int, tokens: int, reserved: int, cost: int) -> None:
@@ -358,19 +358,19 @@ class RedisLimiter:
             if lane.summed is not None:
                 items.append(summed_item(lane))
             if items:
-                command = lane.settlement(items)
-                self.redis.post_to(command, Settlement(self, lane, command, items, lane.sent()))
+                command, releases = lane.outgoing(items, self.redis.connected)
+                self.redis.post_to(command, Settlement(self, lane, command, items, releases))
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         try:
-            reply = await self.redis.call("HMGET", spend_key(self.prefix, key_id, period), "s", "r", "u")
+            reply = await self.redis.call("HMGET", spend_key(self.prefix, key_id, period), "s", "r")
         except RespError as exc:
             raise LimiterDown(str(exc)) from None
-        try:  # three bulk strings or nils, as HMGET answers
+        try:  # two bulk strings or nils, as HMGET answers
             if type(reply) is not list or not {type(value) for value in reply} <= _BULK:
                 raise TypeError
-            spent, reserved, unlogged = reply
-            return None if spent is None else (int(spent) + int(unlogged or 0), int(reserved or 0))
+            spent, reserved = reply
+            return None if spent is None else (int(spent), int(reserved or 0))
         except UNREADABLE_REPLY:
             raise malformed(reply) from None
 

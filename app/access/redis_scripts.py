@@ -24,19 +24,15 @@ SETTLE   the same keys; ARGV groups of six: request id, second, tokens' differen
 LOAD     the period's spend, set only if still absent, with a new generation (ARGV spent, TTL
          in seconds (0: none), generation).
 RESTORE  what one process held of a spend record that Redis lost (`app.access.restore`): ARGV
-         process id, the generation it knew, a generation for a record that is not there,
-         spend not yet in the ledger (counted only in a record already loaded again: one to be
-         loaded reads those rows from the ledger), then pairs of minute and reservation. Once
-         per process and generation it knew (`p<process id>:<generation>`); answers the
-         record's generation.
+         process id, the generation it knew, a generation for a record that is not there, then
+         pairs of minute and reservation. Once per process and generation it knew
+         (`p<process id>:<generation>`); answers the record's generation.
 GENERATION  `{prefix}:gen`, the Redis data's generation, made on first use: answers it and Redis's
          time (ms) (`app.access.restore`).
 
-The spend hash also holds `g` (its generation: a new one whenever it is loaded from the ledger
-again, or made by a restore before that) and `u` (spend restored into it after it was loaded: rows
-that were not in the ledger when it was read); an admission counts `s` + `u` as spent. A
-settlement adds its cost to `s` only: a record restored but not loaded yet has none, and the load
-reads that row from the ledger.
+The spend hash also holds `g`, its generation: a new one whenever it is loaded from the ledger
+again, or made by a restore before that. A settlement adds its cost to `s` only when there is one:
+a record restored but not loaded yet has none, and the load reads that row from the ledger.
 
 Reservations of a budget are also kept per minute of admission in the spend hash (`b<minute>`,
 and `ob`, the oldest minute that may hold some). A settlement takes its reservation off its
@@ -88,10 +84,10 @@ local spend, bucket
 local spent, reserved = 0, 0
 local function past(b) return (b + 1) * 60000 + hold < now * 1000 end  -- no request of minute b can run
 if budget >= 0 then
-  spend = redis.call('HMGET', KEYS[3], 's', 'r', 'ob', 'g', 'u')
+  spend = redis.call('HMGET', KEYS[3], 's', 'r', 'ob', 'g')
   if spend[4] and ARGV[10] ~= '' and spend[4] ~= ARGV[10] then return {7} end
   if not spend[1] then return {5} end
-  spent, reserved = tonumber(spend[1]) + tonumber(spend[5] or '0'), tonumber(spend[2] or '0')
+  spent, reserved = tonumber(spend[1]), tonumber(spend[2] or '0')
   bucket = math.floor(sec / 60)
   local ob = tonumber(spend[3] or bucket)
   if past(ob) then
@@ -178,7 +174,7 @@ if code then
     end
     if soon and not over(lr, lt, lc) then return {6, math.max(5, math.ceil(soon - now * 1000))} end
   end
-  if code == 1 then return {1, 0, reqs, toks, held, string.format('%d', spent)} end
+  if code == 1 then return {1, 0, reqs, toks, held, spend[1]} end
   local after = 0  -- an rpm refusal waits for tpm too, when both refuse: until a request would pass
   if tpm >= 0 and toks + tokens > tpm then after = wait('t', toks + tokens - tpm) end
   if code == 2 then return {2, math.max(wait('r', reqs + 1 - rpm), after), reqs, toks, held} end
@@ -270,9 +266,8 @@ if not g then
   if redis.call('HEXISTS', k, 's') == 0 and redis.call('TTL', k) < 0 then redis.call('EXPIRE', k, 86400) end
 end
 if redis.call('HSETNX', k, 'p' .. ARGV[1] .. ':' .. ARGV[2], '1') == 0 then return g end
-if ARGV[4] ~= '0' and redis.call('HEXISTS', k, 's') == 1 then redis.call('HINCRBY', k, 'u', ARGV[4]) end
 local ob = tonumber(redis.call('HGET', k, 'ob') or '-1')
-for i = 5, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   redis.call('HINCRBY', k, 'r', ARGV[i + 1])
   redis.call('HINCRBY', k, 'b' .. ARGV[i], ARGV[i + 1])
   if ob < 0 or tonumber(ARGV[i]) < ob then ob = tonumber(ARGV[i]) end

@@ -3,9 +3,8 @@
 A Redis restarted without persistence (or flushed, or failed over to a replica without the data)
 loses every spend record. The next admission of a budgeted key finds none and the gate loads the
 period's spend from the ledger (`app.access.gate`): the reservations of the requests then running
-in every process, and the cost of answers whose ledger rows are still on their way to the
-database, were in the lost record only. Counted from the ledger alone, a key overspent by what was
-in flight (an audit: $0.075 of a $0.05 budget, 30 requests in flight over two processes).
+in every process were in the lost record only. Counted from the ledger alone, a key overspent by
+what was in flight (an audit: $0.075 of a $0.05 budget, 30 requests in flight over two processes).
 
 So each process keeps what Redis holds reserved for it, per key lane and minute of admission
 (`Lane.hold`: its requests in flight and the unused part of its leases, until Redis answers the
@@ -26,11 +25,11 @@ loss may all run:
 
 A process that saw the generation change, or first read one younger than `RESTORE_WAIT_S`, waits
 until it is that old before it loads a missing record from the ledger (`reload_wait`), so that
-the others, reading it within `RECONNECT_S`, have restored theirs. The rows its ledger writer has
-not written yet are left to the load, which reads the ledger after that wait; restored into a record
-already loaded (a process that learned late), they are added as spend (`u`, counted with `s`).
+the others, reading it within `RECONNECT_S`, have restored theirs. The spend of answers whose rows
+its ledger writer has not written yet is left to the ledger: the load reads it after that second
+(restored as well, it was counted twice whenever the rows were written by then, the usual case).
 What is not covered (README): a process stalled longer than the wait, rows still unwritten when
-the load reads the ledger (as any reload), a record evicted alone until each process's next
+the load reads the ledger (as in any reload), a record evicted alone until each process's next
 admission of its key, and an older version's settlement into a restored record during an upgrade.
 """
 
@@ -39,14 +38,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any, Protocol
 
 from app.access.lane import Lane
 from app.access.limiter import LimiterDown
 from app.access.redis_scripts import GENERATION
 from app.access.resp import Handler, RespClient, RespError, Script, bulk, encode
-from app.access.worstcase import to_nano
 
 RESTORE_WAIT_S = 1.0  # how old a new generation gets before a process that saw it change loads from the ledger
 RECONNECT_S = 0.25  # how often a process holding reservations tries to reconnect after losing Redis
@@ -73,7 +70,6 @@ class Restorer:
         self.generation: bytes | None = None  # Redis's data, as last read
         self.unanswered = False  # a restore of the last change was lost: the next reading sends them again
         self.reload_at = 0.0  # the loop's time until which a missing record waits for restores
-        self.unlogged: Callable[[], dict[str, Decimal]] = dict  # the ledger's rows not written yet, by key
         self.closed = False
         self._watching: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
@@ -98,11 +94,10 @@ class Restorer:
         if known is None or (known == generation and not self.unanswered):
             return []
         self.unanswered = False
-        unlogged = self.unlogged()
         return [
             (command, _Restored(self, lanes))
             for lanes in self._groups(self.limiter.lanes())
-            if (command := self._command(lanes, unlogged)) is not None
+            if (command := self._command(lanes)) is not None
         ]
 
     def known(self, lane: Lane) -> bytes:
@@ -117,12 +112,13 @@ class Restorer:
         """Seconds to wait before loading a missing record from the ledger (module doc)."""
         return max(0.0, self.reload_at - self._loop.time())
 
-    def watch(self) -> None:
-        """While this process holds reservations, read the generation every `RECONNECT_S` (a flush
-        on live connections changes it too), and reconnect when the connection is gone."""
+    def watch(self, holding: bool = False) -> None:
+        """While this process holds reservations (`holding`: it just took one), read the generation
+        every `RECONNECT_S` (a flush on live connections changes it too), and reconnect when the
+        connection is gone."""
         if self.closed or self._watching is not None:
             return
-        if any(lane.held for lane in self.limiter.lanes()):
+        if holding or any(lane.held for lane in self.limiter.lanes()):
             self._watching = self._loop.create_task(self._watch())
 
     lost = watch  # the connection is gone (`Greeting.lost`)
@@ -153,7 +149,7 @@ class Restorer:
         """Restore the record of `lane` (the admission script answered code 7), once."""
         lanes = [other for other in self.limiter.lanes() if other.spend_keys == lane.spend_keys]
         lanes = [other for other in lanes if other.generation == lane.generation] or [lane]
-        command = self._command(lanes, self.unlogged(), always=True)
+        command = self._command(lanes, always=True)
         assert command is not None
         try:
             reply = await self.limiter.redis.evalsha(self.script, command)
@@ -176,18 +172,16 @@ class Restorer:
                 groups.setdefault((lane.spend_keys, lane.generation), []).append(lane)
         return list(groups.values())
 
-    def _command(self, lanes: list[Lane], unlogged: dict[str, Decimal], always: bool = False) -> bytes | None:
+    def _command(self, lanes: list[Lane], always: bool = False) -> bytes | None:
         """The `RESTORE` of one record for `lanes` (all knowing one generation of it); None when
         there is nothing to put back and not `always` (the record's own generation tells them later)."""
-        known = lanes[0].generation
         held: dict[int, int] = {}
         for lane in lanes:
             for minute, cost in lane.held.items():
                 held[minute] = held.get(minute, 0) + cost
-        spent = to_nano(unlogged.get(lanes[0].key_id)) if known else 0
-        if not always and not (known and (held or spent)):
+        if not (always or held):
             return None
-        args = [self.process_id, known, secrets.token_hex(8).encode(), b"%d" % spent]
+        args = [self.process_id, lanes[0].generation, secrets.token_hex(8).encode()]
         for minute, cost in sorted(held.items()):
             args += [b"%d" % minute, b"%d" % cost]
         return b"".join((self.script.head(len(args)), lanes[0].spend_keys, *(bulk(arg) for arg in args)))

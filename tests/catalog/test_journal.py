@@ -13,7 +13,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import msgspec
-import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from catalog.journal import REJECTED, SEGMENT_GLOB, Journal
@@ -263,27 +262,4 @@ async def test_under_load_a_segment_is_rotated_though_the_writer_is_a_batch_behi
     assert kept[-5:] == [record(n).request_id for n in range(200, 205)]  # the rows not committed stay
     await writer.flush()
     assert len(await ledger(engine)) == 205
-    await writer.close()
-
-
-@pytest.mark.parametrize("journaled", [True, False], ids=["journal", "memory-only"])
-async def test_a_keys_cost_not_yet_in_the_database_is_told_until_its_rows_are_written(
-    engine: AsyncEngine, tmp_path: Path, journaled: bool
-) -> None:
-    """`unlogged`: what a Redis that lost its data must be told of a key's spend besides the ledger
-    (`app.access.restore`): its rows' cost while they wait for the database, then nothing."""
-    journal = opened(tmp_path / "journal") if journaled else None
-    writer = LedgerWriter(engine, journal=journal, flush_interval=10.0)
-    rows = [
-        record(11, api_key_id="key_1", cost_usd=Decimal("0.000012")),
-        record(12, api_key_id="key_1", cost_usd=Decimal("0.0000005")),
-        record(13, api_key_id="key_2", cost_usd=Decimal("0.5")),
-        record(14, api_key_id="key_1", cost_usd=None),
-    ]
-    for row in rows:
-        writer.submit(row)
-    assert writer.unlogged() == {"key_1": Decimal("0.0000125"), "key_2": Decimal("0.5")}
-    writer.start()
-    await writer.flush()
-    assert writer.unlogged() == {}
     await writer.close()
