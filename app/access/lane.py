@@ -81,9 +81,9 @@ class Lane:
 
     def hold(self, second: int, cost: int) -> None:
         """`cost` more (less, when negative) reserved in the budget for this process's requests and
-        leases admitted in `second` (Redis's), kept to restore a record Redis lost. Given back only
-        once the settlement that gives it back is answered (`release`, `released`): one that waits
-        for a new connection runs after the restore, and takes off what the restore put back."""
+        leases admitted in `second` (Redis's), kept to restore a record Redis lost. Given back when
+        the settlement that gives it back is written on a live connection, or else once it is
+        answered (`release`, `outgoing`, `released`)."""
         minute = second // 60
         left = self.held.get(minute, 0) + cost
         if left > 0:  # never below 0: a release into a lane made again (`forget`) that held nothing
