@@ -16,7 +16,7 @@ SETTLE   the same keys; ARGV groups of six: request id, second, tokens' differen
          reserved (-1: no budget), cost spent, and what it is: `-` a request in flight (taken off
          the in-flight set), `=` settlements summed, a number a lease given back with that many
          requests unused. The cost spent is added to the period's spend whenever that record
-         exists, a request admitted without a budget included (one given a budget while it ran:
+         is loaded (has `s`), a request admitted without a budget included (one given a budget while it ran:
          the ledger that loaded the record had no row of it yet), and the reserved count never
          goes below 0 (a record loaded again from the ledger while requests were in flight holds
          none of their reservations: they would otherwise leave it negative, an allowance above
@@ -218,6 +218,7 @@ for _name, _value in (("LEASE_MS", int(LEASE_S * 1000)), ("GRACE_MS", int(GRACE_
     ADMIT = ADMIT.replace(_name, str(_value))
 
 SETTLE = """
+local loaded = redis.call('HEXISTS', KEYS[3], 's') == 1
 for i = 1, #ARGV, 6 do
   local at, delta, reserved, back = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 5]
   if delta ~= '0' and redis.call('HEXISTS', KEYS[1], 't' .. at) == 1 then
@@ -233,16 +234,12 @@ for i = 1, #ARGV, 6 do
       redis.call('HINCRBY', KEYS[1], 'R', '-' .. back)
     end
   end
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    local b = reserved ~= '-1' and reserved ~= '0' and 'b' .. math.floor(tonumber(at) / 60)
-    if b and redis.call('HEXISTS', KEYS[3], b) == 1 then
-      if redis.call('HINCRBY', KEYS[3], b, '-' .. reserved) <= 0 then redis.call('HDEL', KEYS[3], b) end
-      if redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved) < 0 then redis.call('HSET', KEYS[3], 'r', '0') end
-    end
-    if ARGV[i + 4] ~= '0' and redis.call('HEXISTS', KEYS[3], 's') == 1 then
-      redis.call('HINCRBY', KEYS[3], 's', ARGV[i + 4])
-    end
+  local b = reserved ~= '-1' and reserved ~= '0' and 'b' .. math.floor(tonumber(at) / 60)
+  if b and redis.call('HEXISTS', KEYS[3], b) == 1 then
+    if redis.call('HINCRBY', KEYS[3], b, '-' .. reserved) <= 0 then redis.call('HDEL', KEYS[3], b) end
+    if redis.call('HINCRBY', KEYS[3], 'r', '-' .. reserved) < 0 then redis.call('HSET', KEYS[3], 'r', '0') end
   end
+  if loaded and ARGV[i + 4] ~= '0' then redis.call('HINCRBY', KEYS[3], 's', ARGV[i + 4]) end
 end
 return 0
 """
