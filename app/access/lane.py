@@ -35,6 +35,17 @@ def spend_key(prefix: str, key_id: str, period: str) -> str:
     return f"{_base(prefix, key_id)}:spend:{period}"
 
 
+class Record:
+    """What this process knows of one spend record (a key's budget in one period), shared by the
+    key's lanes of that period (their limits may differ: changed while requests ran): its
+    generation as last seen (`app.access.restore`; empty before a first admission)."""
+
+    __slots__ = ("generation",)
+
+    def __init__(self) -> None:
+        self.generation = b""
+
+
 class Lane:
     """A key's lane: its commands in one budget period, encoded but for their per-request arguments: the
     admission's head (`EVALSHA`, its keys) and tail (the key's limits), the settlement's head. Made
@@ -47,12 +58,12 @@ class Lane:
         "admit_tail",
         "asking",
         "budgeted",
-        "generation",
         "held",
         "key_id",
         "keys",
         "late",
         "lease",
+        "record",
         "releasing",
         "settle_script",
         "spend_keys",
@@ -60,7 +71,7 @@ class Lane:
         "want",
     )
 
-    def __init__(self, limiter: Owner, key_id: str, period: str, limits: tuple[int, ...]) -> None:
+    def __init__(self, limiter: Owner, key_id: str, period: str, limits: tuple[int, ...], record: Record) -> None:
         base = _base(limiter.prefix, key_id)
         spend = spend_key(limiter.prefix, key_id, period)
         keys = Script.keys(window_key(limiter.prefix, key_id), f"{base}:flight", spend, f"{base}:lease")
@@ -75,9 +86,18 @@ class Lane:
         self.asking: asyncio.Future[None] | None = None  # done when the admission asking for a lease is back
         self.late = False  # its answer came too late in its second for a lease (`RedisLimiter.admit`)
         self.summed: list[int] | None = None
-        self.generation = b""  # the spend record's, as this process last saw it (`app.access.restore`)
+        self.record = record
         self.held: dict[int, int] = {}  # minute → nano-dollars Redis holds reserved for this process
         self.releasing: dict[int, int] = {}  # of it, given back by settlements not sent yet
+
+    @property
+    def generation(self) -> bytes:
+        """The spend record's generation, as this process last saw it (`Record`)."""
+        return self.record.generation
+
+    @generation.setter
+    def generation(self, value: bytes) -> None:
+        self.record.generation = value
 
     def hold(self, second: int, cost: int) -> None:
         """`cost` more (less, when negative) reserved in the budget for this process's requests and

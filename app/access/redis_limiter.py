@@ -50,7 +50,7 @@ from collections.abc import Callable, Container
 from functools import partial
 from typing import Any
 
-from app.access.lane import Lane, resent, settlement_item, spend_key, summed_item
+from app.access.lane import Lane, Record, resent, settlement_item, spend_key, summed_item
 from app.access.lease import GRACE_S, LEASE_MAX, LEASE_S, Lease
 from app.access.limiter import Ask, LimiterDown, Verdict
 from app.access.redis_scripts import ADMIT, LOAD, RESTORE, SETTLE, UNREADABLE_REPLY, malformed, refused
@@ -89,6 +89,7 @@ class RedisLimiter:
         self.retries: set[asyncio.Future[Any]] = set()
         self.resending: dict[bytes, float] = {}  # what goes again until Redis takes it (`after_loss`), until when
         self._lanes: dict[tuple[str, str, int, int, int, int, int], Lane] = {}
+        self._records: dict[tuple[str, str], Record] = {}  # by key id and period: the lanes' spend records
         self._unsent: dict[Lane, list[bytes]] = {}  # settlements waiting to be sent, by key
         self._unsent_timer: asyncio.TimerHandle | None = None
         self._unsent_due = 0.0  # when the timer fires (the loop's time)
@@ -102,8 +103,8 @@ class RedisLimiter:
         if lane is None:
             if len(self._lanes) > 10_000:
                 self.forget(())
-            lane = self._lanes[key] = Lane(self, ask.key_id, ask.period, key[2:])
-            lane.generation = self.restorer.known(lane)  # limits changed: as the record's other lanes know it
+            record = self._records.setdefault(key[:2], Record())  # shared with the key's lanes of other limits
+            lane = self._lanes[key] = Lane(self, ask.key_id, ask.period, key[2:], record)
         return lane
 
     def lanes(self) -> list[Lane]:
@@ -115,6 +116,7 @@ class RedisLimiter:
             if lane.lease is not None:
                 self._end(lane, lane.lease)
             del self._lanes[key]
+        self._records = {key[:2]: lane.record for key, lane in self._lanes.items()}
 
     def take(self, lane: Lane, tokens: int, cost: int) -> Lease | None:
         """An admission of `tokens` and `cost` from this process's lease of the key, without Redis,
@@ -170,10 +172,10 @@ class RedisLimiter:
             try:  # 6: would pass once other processes' leases end; 7: Redis lost the record (restore)
                 if type(reply) is bytes or reply[0] not in (6, 7):
                     break
-                wait = int(reply[1]) / 1000 if reply[0] == 6 else -1.0
+                wait = int(reply[1]) / 1000 if reply[0] == 6 else None
             except UNREADABLE_REPLY:
                 raise malformed(reply) from None
-            if wait < 0:
+            if wait is None:
                 restores += 1
                 if restores > 2:
                     raise LimiterDown("the spend record keeps changing generation")

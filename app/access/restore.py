@@ -46,7 +46,7 @@ from app.access.redis_scripts import GENERATION
 from app.access.resp import Handler, RespClient, RespError, Script, bulk, encode
 
 RESTORE_WAIT_S = 1.0  # how old a new generation gets before a process that saw it change loads from the ledger
-RECONNECT_S = 0.25  # how often a process holding reservations tries to reconnect after losing Redis
+RECONNECT_S = 0.25  # how often a process holding reservations reads the generation (reconnecting if need be)
 
 
 class Limiter(Protocol):
@@ -100,14 +100,6 @@ class Restorer:
             if (command := self._command(lanes)) is not None
         ]
 
-    def known(self, lane: Lane) -> bytes:
-        """The generation of `lane`'s record as the key's other lanes know it (a new lane of it)."""
-        if not lane.budgeted:
-            return b""
-        return max(
-            (other.generation for other in self.limiter.lanes() if other.spend_keys == lane.spend_keys), default=b""
-        )
-
     def reload_wait(self) -> float:
         """Seconds to wait before loading a missing record from the ledger (module doc)."""
         return max(0.0, self.reload_at - self._loop.time())
@@ -147,8 +139,7 @@ class Restorer:
 
     async def restore(self, lane: Lane) -> None:
         """Restore the record of `lane` (the admission script answered code 7), once."""
-        lanes = [other for other in self.limiter.lanes() if other.spend_keys == lane.spend_keys]
-        lanes = [other for other in lanes if other.generation == lane.generation] or [lane]
+        lanes = [other for other in self.limiter.lanes() if other.record is lane.record] or [lane]
         command = self._command(lanes, always=True)
         assert command is not None
         try:
@@ -164,16 +155,16 @@ class Restorer:
 
     @staticmethod
     def _groups(lanes: list[Lane]) -> list[list[Lane]]:
-        """Budgeted lanes by their spend record and the generation they know of it (a key's lanes
-        of other limits share one record; one that has not admitted since a loss knows an older)."""
-        groups: dict[tuple[bytes, bytes], list[Lane]] = {}
+        """Budgeted lanes by their spend record (a key's lanes of other limits share one), of
+        records this process has seen."""
+        groups: dict[int, list[Lane]] = {}
         for lane in lanes:
             if lane.budgeted and lane.generation:
-                groups.setdefault((lane.spend_keys, lane.generation), []).append(lane)
+                groups.setdefault(id(lane.record), []).append(lane)
         return list(groups.values())
 
     def _command(self, lanes: list[Lane], always: bool = False) -> bytes | None:
-        """The `RESTORE` of one record for `lanes` (all knowing one generation of it); None when
+        """The `RESTORE` of one record for `lanes` (all of that record); None when
         there is nothing to put back and not `always` (the record's own generation tells them later)."""
         held: dict[int, int] = {}
         for lane in lanes:
@@ -188,7 +179,7 @@ class Restorer:
 
 
 class _Restored:
-    """A restore's answer: the record's generation, which the lanes now know."""
+    """A restore's answer: the record's generation, which its lanes now know."""
 
     __slots__ = ("lanes", "restorer")
 
@@ -197,8 +188,7 @@ class _Restored:
 
     def __call__(self, reply: Any) -> None:
         if type(reply) is bytes and reply:
-            for lane in self.lanes:
-                lane.generation = reply
+            self.lanes[0].generation = reply  # the lanes' one `Record`
         elif isinstance(reply, RespError):
             self.restorer.unanswered = True
             self.restorer.limiter.failed(self.lanes[0].key_id, f"restore: {type(reply).__name__}: {reply}")
