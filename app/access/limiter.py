@@ -79,13 +79,14 @@ class Limiter(Protocol):
 
 
 class _KeyState:
-    __slots__ = ("buckets", "budgets", "flight", "requests", "tokens")
+    __slots__ = ("buckets", "budgets", "carried", "flight", "requests", "tokens")
 
     def __init__(self) -> None:
         self.buckets: deque[list[int]] = deque()  # [second, requests, tokens], oldest first
         self.requests = self.tokens = 0  # the buckets' sums, kept with them (no sum per admission)
         self.flight: dict[str, float] = {}  # request id → expiry (monotonic seconds)
-        self.budgets: dict[str, list[int]] = {}  # period → [base, spent, reserved]
+        self.budgets: dict[str, list[int]] = {}  # period → [base, spent, reserved, of it reserved by `admit`]
+        self.carried: dict[str, int] = {}  # period → reserved by `admit` when its spend was forgotten
 
 
 class LocalLimiter:
@@ -122,7 +123,9 @@ class LocalLimiter:
         if ask.max_concurrency >= 0:
             state.flight[ask.request_id] = time.monotonic() + ask.hold_ms / 1000
         if ask.budget >= 0:
-            state.budgets[ask.period][2] += ask.cost
+            budget = state.budgets[ask.period]
+            budget[2] += ask.cost
+            budget[3] += ask.cost
         rpm, tpm = self._limit(ask.rpm), self._limit(ask.tpm)
         return Verdict(
             second=second,
@@ -145,7 +148,7 @@ class LocalLimiter:
             budget = state.budgets.get(ask.period)
             if budget is None:
                 return Verdict(refused="budget_missing")
-            base, settled, reserved = budget
+            base, settled, reserved, _own = budget
             spent = base + settled
             if base + (settled + reserved + ask.cost) * self.share > ask.budget:
                 refusal = ("budget", None)
@@ -197,7 +200,9 @@ class LocalLimiter:
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
         state = self._keys.setdefault(ask.key_id, _KeyState())
-        state.budgets.setdefault(ask.period, [spent, 0, 0])
+        if ask.period not in state.budgets:
+            own = state.carried.pop(ask.period, 0)  # its own admissions still running (`forget_spend`)
+            state.budgets[ask.period] = [spent, 0, own, own]
 
     def add_to_budget(self, key_id: str, period: str, reserved: int, spent: int) -> None:
         """`reserved` and `spent` added to the period's loaded budget, if loaded (what Redis admitted
@@ -210,8 +215,15 @@ class LocalLimiter:
 
     def forget_spend(self) -> None:
         """Drop every budget's spend, to be loaded from the ledger again at the next admission (the
-        gate, as Redis fails with `fail_open`: the spend of a last outage is long out of date)."""
+        gate, as Redis fails with `fail_open`: the spend of a last outage is long out of date).
+        What this limiter's own admissions still running reserved is carried into the reload:
+        they are not in the ledger yet, and each settles here (a request admitted in one outage
+        and still running in the next gave its reservation back to a budget that never had it:
+        that much more admitted)."""
         for state in self._keys.values():
+            for period, budget in state.budgets.items():
+                if budget[3] > 0:
+                    state.carried[period] = budget[3]
             state.budgets.clear()
 
     def settle(self, ask: Ask, second: int, tokens: int, cost: int) -> None:
@@ -224,10 +236,15 @@ class LocalLimiter:
                 bucket[2] += tokens - ask.tokens
                 state.tokens += tokens - ask.tokens
                 break
+        if ask.budget < 0:
+            return
         budget = state.budgets.get(ask.period)
-        if budget is not None and ask.budget >= 0:
+        if budget is not None:
             budget[2] -= ask.cost
+            budget[3] -= ask.cost
             budget[1] += cost
+        elif ask.period in state.carried:  # forgotten, not loaded again yet
+            state.carried[ask.period] -= ask.cost
 
     async def spend(self, key_id: str, period: str) -> tuple[int, int] | None:
         state = self._keys.get(key_id)

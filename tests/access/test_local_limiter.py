@@ -78,3 +78,37 @@ async def test_an_rpm_refusal_waits_for_tpm_too_when_both_refuse(monkeypatch: py
     assert (refused.refused, refused.retry_after) == ("rpm", 59.0)
     clock.now += 59
     assert (await local.admit(ask(4, 10))).refused is None
+
+
+async def test_a_request_admitted_before_an_outage_began_again_keeps_its_reservation_in_the_reloaded_budget() -> None:
+    """`fail_open`: each outage forgets the budgets' spend and loads it from the ledger again
+    (`forget_spend`); a request this limiter admitted earlier and still running is not in the
+    ledger, so its reservation is carried into the reload, and its settlement takes it off there."""
+    local = LocalLimiter()
+    first = Ask(key_id="k", request_id="r1", period="total", budget=100, cost=60)
+    assert (await local.admit(first)).refused == "budget_missing"
+    await local.load_spend(first, 0, 0)
+    admitted = await local.admit(first)
+    assert admitted.refused is None
+    local.forget_spend()  # the next outage
+    second = Ask(key_id="k", request_id="r2", period="total", budget=100, cost=60)
+    assert (await local.admit(second)).refused == "budget_missing"
+    await local.load_spend(second, 0, 0)  # the ledger has no row of r1: it is still running
+    assert await local.spend("k", "total") == (0, 60)
+    assert (await local.admit(second)).refused == "budget"  # 60 + 60 > 100
+    local.settle(first, admitted.second, 0, 10)
+    assert await local.spend("k", "total") == (10, 0)
+    assert (await local.admit(second)).refused is None
+    assert await local.spend("k", "total") == (10, 60)
+
+
+async def test_a_request_settled_between_forgetting_and_reloading_is_not_carried() -> None:
+    local = LocalLimiter()
+    first = Ask(key_id="k", request_id="r1", period="total", budget=100, cost=60)
+    await local.load_spend(first, 0, 0)
+    admitted = await local.admit(first)
+    local.forget_spend()
+    local.settle(first, admitted.second, 0, 10)  # ended before any admission loaded the budget again
+    await local.load_spend(first, 10, 0)  # its row is in the ledger by then
+    assert await local.spend("k", "total") == (10, 0)
+    assert (await local.admit(Ask(key_id="k", request_id="r2", period="total", budget=100, cost=90))).refused is None
