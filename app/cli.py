@@ -159,7 +159,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 async def _sync(settings: Settings) -> object:
     """Like `serve`, bring the embedded SQLite schema up to date first (`auto_migrate`)."""
-    catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
+    catalog = load_catalog(settings.catalog.files, Path(settings.base_dir), settings.source)
     await schema_ready(settings.database.url, migrate=settings.migrate_on_start)
     engine = open_engine(settings.database.url)
     try:

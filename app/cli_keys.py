@@ -175,7 +175,7 @@ def _with_catalog_ids(changes: KeyChanges, settings: Settings) -> KeyChanges:
     if not isinstance(changes.models, tuple):
         return changes
     try:
-        catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
+        catalog = load_catalog(settings.catalog.files, Path(settings.base_dir), settings.source)
     except CatalogFileError as exc:
         raise ValueError(f"models: the catalog cannot be read: {exc}") from None
     return catalog_models(changes, file_resolver(catalog))

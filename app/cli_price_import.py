@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         variable = settings.providers[name].api_key_env
         print(f"switchyard: providers.{name}: key variable {variable} is unset", file=sys.stderr)
         return 1
-    catalog = load_catalog(settings.catalog.files, Path(settings.base_dir))
+    catalog = load_catalog(settings.catalog.files, Path(settings.base_dir), settings.source)
     try:
         listing = read_model_list(asyncio.run(_fetch(settings, name)))
         rows, summary = propose(catalog, name, listing, when)

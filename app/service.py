@@ -326,7 +326,11 @@ async def prepare_database(settings: Settings, engine: AsyncEngine) -> bool:
     With the database unreachable both are skipped with a warning and this returns False: the
     service starts anyway (the catalog from the copy saved beside the journal, rows waiting in
     the journal) and the next start with the database up migrates and syncs."""
-    catalog = load_catalog(settings.catalog.files, Path(settings.base_dir)) if settings.catalog.sync_on_start else None
+    catalog = (
+        load_catalog(settings.catalog.files, Path(settings.base_dir), settings.source)
+        if settings.catalog.sync_on_start
+        else None
+    )
     try:
         await schema_ready(settings.database.url, migrate=settings.migrate_on_start)
         if catalog is not None:

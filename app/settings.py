@@ -166,6 +166,7 @@ class Settings(Struct, frozen=True, forbid_unknown_fields=True):
     redis: RedisSettings | None = None  # absent: every process keeps its own routing state
     providers: dict[Annotated[str, Meta(pattern=PROVIDER_NAME)], ProviderSettings] = field(default_factory=dict)
     base_dir: str = "."  # the config file's directory; set by `load_settings`
+    source: str = ""  # the config file, as errors about its settings name it; set by `load_settings`
 
     @property
     def journal_dir(self) -> Path:
@@ -241,7 +242,10 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
     url = absolute_sqlite_url(settings.database.url, base_dir)
     _refuse(_sqlite_directory_problem(url), source, "database.url")
     return msgspec.structs.replace(
-        settings, base_dir=str(base_dir), database=msgspec.structs.replace(settings.database, url=url)
+        settings,
+        base_dir=str(base_dir),
+        source=source,
+        database=msgspec.structs.replace(settings.database, url=url),
     )
 
 

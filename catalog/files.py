@@ -243,11 +243,13 @@ def validate_catalog(parts: Sequence[tuple[str, CatalogFile]]) -> CatalogFile:
     )
 
 
-def expand_patterns(patterns: Iterable[str], base_dir: Path) -> list[Path]:
+def expand_patterns(patterns: Iterable[str], base_dir: Path, config: str = "") -> list[Path]:
     """Files matched by glob `patterns` (relative ones are relative to `base_dir`), sorted, unique.
 
-    A pattern that matches nothing is an error: it is almost always a typo in the config.
+    A pattern that matches nothing is an error: it is almost always a typo in the config, which
+    the error names (`config`: its path) as every other error about a setting does.
     """
+    option = _files_option(config)
     found: dict[Path, None] = {}
     for pattern in patterns:
         anchor, relative = (
@@ -261,9 +263,9 @@ def expand_patterns(patterns: Iterable[str], base_dir: Path) -> list[Path]:
         try:
             matches = sorted(path for path in anchor.glob(relative) if path.is_file())
         except (ValueError, IndexError):  # pathlib refuses '', '.', '**a' as patterns
-            raise CatalogFileError(f"catalog.files: {pattern!r} is not a file name or glob pattern") from None
+            raise CatalogFileError(f"{option}: {pattern!r} is not a file name or glob pattern") from None
         if not matches:
-            raise CatalogFileError(f"catalog.files: {pattern!r} matches no file under {anchor}")
+            raise CatalogFileError(f"{option}: {pattern!r} matches no file under {anchor}")
         found.update(dict.fromkeys(path.resolve() for path in matches))
     return list(found)
 
@@ -275,13 +277,19 @@ def _display(path: Path, base_dir: Path) -> str:
         return str(path)
 
 
-def load_catalog(patterns: Sequence[str] | None, base_dir: Path) -> CatalogFile:
+def _files_option(config: str) -> str:
+    """The option errors about the catalog's patterns name: `catalog.files`, after its config file."""
+    return f"{config}: catalog.files" if config else "catalog.files"
+
+
+def load_catalog(patterns: Sequence[str] | None, base_dir: Path, config: str = "") -> CatalogFile:
     """Read, validate and merge every catalog file the `patterns` name; None (`[catalog] files`
-    absent) is the catalog bundled with the package (`load_bundled_catalog`)."""
+    absent) is the catalog bundled with the package (`load_bundled_catalog`). `config`: the
+    config file the patterns come from, named by an error about them."""
     if patterns is None:
         return load_bundled_catalog()
     parts: list[tuple[str, CatalogFile]] = []
-    for path in expand_patterns(patterns, base_dir):
+    for path in expand_patterns(patterns, base_dir, config):
         where = _display(path, base_dir)
         try:
             text = path.read_text(encoding="utf-8")
@@ -290,7 +298,8 @@ def load_catalog(patterns: Sequence[str] | None, base_dir: Path) -> CatalogFile:
         parts.append((where, parse_catalog(text, where)))
     if not any(part.models for _, part in parts):  # as `files = []`: a sync would remove every model
         named = ", ".join(where for where, _ in parts)
-        raise CatalogFileError(f"catalog.files: {named} define no model: a sync would empty the catalog")
+        option = _files_option(config)
+        raise CatalogFileError(f"{option}: {named} define no model: a sync would empty the catalog")
     return validate_catalog(parts)
 
 

@@ -249,6 +249,30 @@ def test_a_float_price_in_the_catalog_exits_2_naming_the_key(tmp_path: Path) -> 
         )
 
 
+@pytest.mark.parametrize(
+    ("pattern", "problem"),
+    [
+        ("prices/*.toml", "'prices/*.toml' matches no file under {tmp_path}"),
+        ("**a", "'**a' is not a file name or glob pattern"),
+    ],
+)
+def test_a_catalog_pattern_the_files_do_not_answer_exits_2_naming_the_config_file(
+    tmp_path: Path, pattern: str, problem: str
+) -> None:
+    """As every other error about a setting: the operator with several config files sees which."""
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace('files = ["models.toml"]', f'files = ["{pattern}"]'))
+    expected = f"switchyard: {config}: catalog.files: {problem.format(tmp_path=tmp_path)}\n"
+    for args in (["catalog", "sync"], ["serve", "--port", "9"]):
+        result = run_cli(tmp_path, *args, "--config", str(config))
+        assert (result.returncode, result.stderr) == (2, expected), args
+    result = run_cli(tmp_path, "keys", "create", "--name", "k", "--models", "m", "--config", str(config))
+    assert (result.returncode, result.stderr) == (
+        2,
+        expected.replace(": ", ": models: the catalog cannot be read: ", 1),
+    )
+
+
 def test_a_missing_config_file_exits_2_naming_it(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere.toml"
     result = run_cli(tmp_path, "catalog", "sync", "--config", str(missing))
