@@ -94,7 +94,9 @@ def upgrade(url: str, revision: str = "head") -> None:
     revision these scripts lack is `SchemaNotCurrent`, saying so (Alembic: "Can't locate revision")."""
     with _sqlite_file_locked(url):
         try:
-            command.upgrade(alembic_config(url), revision)
+            config = alembic_config(url)
+            config.attributes["upgrading"] = True  # what `migrations/env.py` checks before an upgrade only
+            command.upgrade(config, revision)
         except CommandError:
             _require_known(current(url))
             raise

@@ -4,6 +4,11 @@ The URL comes from `config.attributes["url"]` (set by `catalog.migrate`), else f
 `sqlalchemy.url` main option. A caller that already holds a synchronous `Connection` (for example
 inside `AsyncConnection.run_sync`) may pass it as `config.attributes["connection"]` instead.
 SQLite gets `render_as_batch` so later ALTERs are emitted as table rebuilds.
+
+On PostgreSQL an upgrade of a database below 0008 refuses while another session is connected to
+it (`_refuse_older_writers`): the processes of an older version that a rolling upgrade leaves
+running keep writing ledger rows without the roll-ups the reports read (none before 0005), and
+every such row would be missing from the usage reports. From 0008 on every version keeps all four.
 """
 
 from __future__ import annotations
@@ -15,9 +20,15 @@ from sqlalchemy import pool
 from sqlalchemy.engine import Connection
 
 from catalog.database import open_engine
+from catalog.migrate import SchemaNotCurrent
 from catalog.tables import metadata
 
 MIGRATION_LOCK = 0x5377_6974_6368  # "Switch": the advisory lock's key, held until the migration commits
+ROLLUPS_COMPLETE = "0008"  # from this revision on every version's ledger writer keeps all four roll-ups
+_OTHER_SESSIONS = (  # other clients of this database, but not those waiting for the migration lock
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+    "AND backend_type = 'client backend' AND wait_event IS DISTINCT FROM 'advisory'"
+)
 
 
 def _url() -> str:
@@ -37,7 +48,23 @@ def _run(connection: Connection) -> None:
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":  # one migrating process at a time (`catalog.migrate.upgrade`)
             connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+            _refuse_older_writers(connection)
         context.run_migrations()
+
+
+def _refuse_older_writers(connection: Connection) -> None:
+    """SchemaNotCurrent for an upgrade of a database below `ROLLUPS_COMPLETE` while another session
+    is connected to it (module doc): stop the older version's processes first."""
+    stamped = context.get_context().get_current_revision()
+    if not context.config.attributes.get("upgrading") or stamped is None or stamped >= ROLLUPS_COMPLETE:
+        return
+    others = connection.exec_driver_sql(_OTHER_SESSIONS).scalar_one()
+    if others:
+        raise SchemaNotCurrent(
+            f"the database is at schema revision {stamped} and {others} other session(s) are connected to it: "
+            "stop every Switchyard process of the older version, then run `switchyard db upgrade` (rows they "
+            "wrote after it would be missing from the usage reports)"
+        )
 
 
 async def _run_async(url: str) -> None:

@@ -32,6 +32,7 @@ async def test_the_upgrade_rolls_up_the_existing_rows(fresh_url: Callable[[], Aw
     try:
         async with engine.begin() as connection:
             await connection.execute(insert(LedgerRow.__table__), rows)
+        await engine.dispose()  # stopped first: the upgrade refuses while another session is connected
         await migrate.upgrade_async(url)
         ledger = await ledger_rows(engine)
         for level in LEVELS:
@@ -64,6 +65,7 @@ async def test_the_daily_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[],
         ]
         async with engine.begin() as connection:
             await connection.execute(insert(UsageHourly.__table__), hourly)
+        await engine.dispose()  # stopped first: the upgrade refuses while another session is connected
         await migrate.upgrade_async(url)
         daily = await rollup_rows(engine, "day")
         assert daily == expected_rollup(ledger, "day")
@@ -92,6 +94,7 @@ async def test_the_model_upgrade_sums_the_hourly_roll_up(fresh_url: Callable[[],
             await connection.execute(insert(LedgerRow.__table__), [msgspec.structs.asdict(r) for r in records])
         ledger = await ledger_rows(engine)
         await seed_levels(engine, ledger, ((UsageHourly, "hour"), (UsageDaily, "day")))
+        await engine.dispose()  # stopped first: the upgrade refuses while another session is connected
         await migrate.upgrade_async(url)
         models = await rollup_rows(engine, "hour_models")
         assert models == expected_rollup(ledger, "hour_models")
@@ -122,6 +125,7 @@ async def test_the_model_status_upgrade_sums_the_hourly_roll_up(fresh_url: Calla
         await seed_levels(
             engine, ledger, ((UsageHourly, "hour"), (UsageHourlyModels, "hour_models"), (UsageDaily, "day"))
         )
+        await engine.dispose()  # stopped first: the upgrade refuses while another session is connected
         await migrate.upgrade_async(url)
         statuses = await rollup_rows(engine, "hour_model_status")
         assert statuses == expected_rollup(ledger, "hour_model_status")
