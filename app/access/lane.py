@@ -178,6 +178,22 @@ def summed_item(lane: Lane) -> bytes:
     return settlement_item(b"=", b"%d" % second, b"%d" % delta, b"%d" % reserved, b"%d" % spent, b"=")
 
 
+_ALONE_HEAD = settlement_item(b"", b"0", b"0", b"0", b"", b"=")[: -len(bulk(b"") + bulk(b"="))]
+_ALONE_TAIL = bulk(b"=")
+
+
+def alone_item(spent: int) -> bytes:
+    """The item of a lane's spends counted here alone (`RedisLimiter.add_spend`): no request's."""
+    return settlement_item(b"", b"0", b"0", b"0", b"%d" % spent, b"=")
+
+
+def alone_spent(item: bytes) -> int | None:
+    """The spend an `alone_item` carries; None for any other item."""
+    if item.startswith(_ALONE_HEAD) and item.endswith(_ALONE_TAIL):
+        return int(item[len(_ALONE_HEAD) : -len(_ALONE_TAIL)].split(b"\r\n")[1])
+    return None
+
+
 def resent(item: bytes) -> tuple[bytes | None, bool]:
     """What of a settlement item Redis may not have run must go again, and whether the item only
     gave a slot back. A slot give-back goes again as it is (a `ZREM`: harmless twice); a request's

@@ -199,8 +199,15 @@ class LocalLimiter:
         )
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
+        """The period's spend, set if absent. The key's other periods (past ones: a key has one
+        period at a time) go, but for those with this limiter's own admissions still running: a
+        daily budget kept one more a day, for good (a state audit)."""
         state = self._keys.setdefault(ask.key_id, _KeyState())
         if ask.period not in state.budgets:
+            for period in [period for period, budget in state.budgets.items() if budget[3] <= 0]:
+                del state.budgets[period]
+            for period in [period for period, own in state.carried.items() if own <= 0]:
+                del state.carried[period]
             own = state.carried.pop(ask.period, 0)  # its own admissions still running (`forget_spend`)
             state.budgets[ask.period] = [spent, 0, own, own]
 

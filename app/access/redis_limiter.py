@@ -50,21 +50,20 @@ from collections.abc import Callable, Container
 from functools import partial
 from typing import Any
 
-from app.access.lane import Lane, Record, resent, settlement_item, spend_key, summed_item
+from app.access.lane import Lane, Record, settlement_item, spend_key, summed_item
 from app.access.lease import GRACE_S, LEASE_MAX, LEASE_S, Lease
 from app.access.limiter import Ask, LimiterDown, Verdict
 from app.access.redis_scripts import ADMIT, LOAD, RESTORE, SETTLE, UNREADABLE_REPLY, malformed, refused
 from app.access.resp import RespClient, RespError, Script, bulk
 from app.access.restore import Restorer
-from app.access.settlement import Settlement
+from app.access.settlement import Owed, Settlement
 from app.settings import RedisSettings
 
 _BULK = {bytes, type(None)}
 LAZY_S = 0.002  # the longest a lease given back, or a lost admission's slot, waits to be sent
 SUMMED_S = 0.02  # the longest summed settlements wait to be sent (module doc)
 WAIT_S = LEASE_S + GRACE_S + 0.1  # the longest an admission waits for other processes' leases
-REFREE_S = 1.0  # how soon what a lost settlement must not lose goes again (`after_loss`)
-REFREE_FOR_S, DAY_S = 60.0, 86_400.0  # for how long, when the hold is not known; a day
+LANES_MAX = 10_000  # lanes kept before those holding nothing go (`lane`)
 _THREE = b"$%d\r\n%s\r\n" * 3  # three arguments, each `bulk`
 
 
@@ -87,13 +86,14 @@ class RedisLimiter:
         self.redis = RespClient(settings.url, 1.0, scripts, self.restorer)
         self.failed, self.clock, self.lease_max = failed, clock, lease_max
         self.retries: set[asyncio.Future[Any]] = set()
-        self.resending: dict[bytes, float] = {}  # what goes again until Redis takes it (`after_loss`), until when
         self._lanes: dict[tuple[str, str, int, int, int, int, int], Lane] = {}
         self._records: dict[tuple[str, str], Record] = {}  # by key id and period: the lanes' spend records
+        self._lanes_max = LANES_MAX
         self._unsent: dict[Lane, list[bytes]] = {}  # settlements waiting to be sent, by key
         self._unsent_timer: asyncio.TimerHandle | None = None
         self._unsent_due = 0.0  # when the timer fires (the loop's time)
         self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
+        self.owed = Owed(self._queue, self._loop)  # what a lost settlement must still get into Redis
 
     def lane(self, ask: Ask) -> Lane:
         """The key's lane for `ask`'s period and limits (made once; a caller may keep it for
@@ -101,11 +101,23 @@ class RedisLimiter:
         key = (ask.key_id, ask.period, ask.rpm, ask.tpm, ask.max_concurrency, ask.hold_ms, ask.budget)
         lane = self._lanes.get(key)
         if lane is None:
-            if len(self._lanes) > 10_000:
-                self.forget(())
+            if len(self._lanes) > self._lanes_max:
+                self._drop_idle()
             record = self._records.setdefault(key[:2], Record())  # shared with the key's lanes of other limits
             lane = self._lanes[key] = Lane(self, ask.key_id, ask.period, key[2:], record)
         return lane
+
+    def _drop_idle(self) -> None:
+        """Past `LANES_MAX` lanes (a key makes one per change of its limits and per budget period),
+        those holding nothing go: no lease, no admission asking, no reservation a restore needs.
+        (Every lane went, live keys' included: their leases ended and `Lane.held` was lost.)"""
+        idle = [
+            key for key, lane in self._lanes.items() if lane.lease is None and lane.asking is None and not lane.held
+        ]
+        for key in idle:
+            del self._lanes[key]
+        self._records = {key[:2]: lane.record for key, lane in self._lanes.items()}
+        self._lanes_max = max(LANES_MAX, 2 * len(self._lanes))  # busy lanes beyond it: no scan per new lane
 
     def lanes(self) -> list[Lane]:
         return list(self._lanes.values())
@@ -251,35 +263,16 @@ class RedisLimiter:
     def _free_slot(self, lane: Lane, ask: Ask) -> None:
         """An admission of unknown outcome (its reply lost, or not the script's): the concurrency
         slot Redis may have taken is given back (a `ZREM`, nothing if Redis never counted it),
-        again while Redis cannot be reached (`after_loss`), as long as the slot could be held."""
+        again while Redis cannot be reached (`Owed.after_loss`), as long as the slot could be held."""
         if ask.max_concurrency >= 0:
             free = settlement_item(ask.request_id.encode(), b"0", b"0", b"-1", b"0", b"-")
-            self.resending[free] = self._loop.time() + ask.hold_ms / 1000
+            self.owed.resending[free] = self._loop.time() + ask.hold_ms / 1000
             self._queue(lane, free, LAZY_S)
 
     def add_spend(self, ask: Ask, spent: int) -> None:
-        """A spend counted here alone (`fail_open`), added to Redis's once it answers (within a day;
-        to a spend it holds only: one it lost is loaded from the ledger, which has this one)."""
+        """A spend counted here alone (`fail_open`), added to Redis's once it answers (`Owed.spend`)."""
         if ask.budget >= 0 and spent > 0:
-            item = settlement_item(ask.request_id.encode(), b"0", b"0", b"0", b"%d" % spent, b"=")
-            self.resending[item] = self._loop.time() + DAY_S
-            self._queue(self.lane(ask), item, REFREE_S)
-
-    def after_loss(self, lane: Lane, items: list[bytes]) -> bool:
-        """A settlement command lost (Redis gone or silent; whether it ran is unknown): what of it
-        Redis must not miss (`app.access.lane.resent`) goes again every `REFREE_S` until Redis takes it;
-        whether the command gave slots back alone (nothing to report). Lost, an admission a
-        stalled Redis ran late held its slot for the hold, and a spend never counted let a budget
-        overshoot once the hold ended; sent twice, a spend counts twice: on the side of refusing."""
-        now, quiet = self._loop.time(), True
-        for item in items:
-            again, free = resent(item)
-            quiet = quiet and (free or item in self.resending)  # a resend lost again: said already
-            if again is not None and now < self.resending.setdefault(again, now + REFREE_FOR_S):
-                self._queue(lane, again, REFREE_S)
-            elif again is not None:
-                del self.resending[again]
-        return quiet
+            self.owed.spend(self.lane(ask), spent)
 
     def _expire(self, lane: Lane, lease: Lease) -> None:
         if lane.lease is lease:
@@ -356,9 +349,13 @@ class RedisLimiter:
             self._unsent_timer.cancel()
             self._unsent_timer = None
         unsent, self._unsent = self._unsent, {}
+        for lane in self.owed.alone:
+            unsent.setdefault(lane, [])
         for lane, items in unsent.items():
             if lane.summed is not None:
                 items.append(summed_item(lane))
+            if self.owed.alone:
+                self.owed.take(lane, items)
             if items:
                 command, releases = lane.outgoing(items, self.redis.connected)
                 self.redis.post_to(command, Settlement(self, lane, command, items, releases))

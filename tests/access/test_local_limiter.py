@@ -112,3 +112,27 @@ async def test_a_request_settled_between_forgetting_and_reloading_is_not_carried
     await local.load_spend(first, 10, 0)  # its row is in the ledger by then
     assert await local.spend("k", "total") == (10, 0)
     assert (await local.admit(Ask(key_id="k", request_id="r2", period="total", budget=100, cost=90))).refused is None
+
+
+async def test_a_key_keeps_the_budget_of_its_current_period_only() -> None:
+    """A daily budget loads a period a day; none was ever dropped (365 a year per key, a state
+    audit). A past period goes when the next is loaded, unless this limiter's own admissions of
+    it are still running (they settle into it)."""
+    local = LocalLimiter()
+    running = None
+    for day in range(365):
+        ask = Ask(key_id="k", request_id=f"r{day}", period=f"d2026{day:04d}", budget=10**12, cost=10)
+        await local.load_spend(ask, 0, 86_400)
+        verdict = await local.admit(ask)
+        assert verdict.refused is None
+        if day == 100:
+            running = (ask, verdict.second)  # still running when the next days begin
+        else:
+            local.settle(ask, verdict.second, 0, 5)
+    assert await local.spend("k", "d20260364") == (5, 0)
+    assert await local.spend("k", "d20260100") == (0, 10)
+    assert await local.spend("k", "d20260363") is None
+    assert running is not None
+    local.settle(running[0], running[1], 0, 5)
+    await local.load_spend(Ask(key_id="k", request_id="x", period="d20270001", budget=10**12), 0, 86_400)
+    assert await local.spend("k", "d20260100") is None

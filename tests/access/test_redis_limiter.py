@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from redis import Redis
 
+from app.access import redis_limiter
 from app.access.limiter import Ask, LimiterDown
 from app.access.redis_limiter import LAZY_S, RedisLimiter
 from app.access.resp import encode
@@ -437,7 +438,7 @@ async def test_a_slot_give_back_redis_never_got_goes_again() -> None:
         relay.mode = "normal"
         await asyncio.sleep(2.0)  # its next try
         assert flight.zcard(f"{prefix}:lim:{{k1}}:flight") == 0
-        assert limiter.resending == {}
+        assert limiter.owed.resending == {}
     finally:
         flight.close()
         await limiter.close()
@@ -469,9 +470,59 @@ async def test_a_spend_redis_never_got_goes_again() -> None:
         await asyncio.sleep(1.5)  # its next try
         assert await _spend(limiter) == (5000, 7000)  # spent; reserved until the hold
         assert [key for key, _reason in failures] == ["k1"]  # the loss is reported once
-        assert limiter.resending == {}
+        assert limiter.owed.resending == {}
     finally:
         await limiter.close()
         assert relay.server is not None
         relay.server.close()
         _forget(prefix)
+
+
+async def test_spends_counted_alone_while_redis_is_out_of_reach_wait_as_one_sum_per_key() -> None:
+    """`fail_open`: each request the local limiter admits hands its spend to Redis (`add_spend`)
+    for when it answers. They were kept one item per request (for a day), all sent again every
+    second: 14,400 items after 72 s of an outage at 200 requests a second (a state audit). One sum
+    per key waits now, sent again until Redis takes it, and all of it arrives."""
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    relay = _Relay()
+    port = await relay.start()
+    limiter = RedisLimiter(RedisSettings(url=f"redis://127.0.0.1:{port}/0", key_prefix=prefix), lambda *_: None)
+    asks = [Ask(key_id="k1", request_id=f"r{n}", period="total", budget=10**9, cost=1000) for n in range(1000)]
+    try:
+        await limiter.load_spend(asks[0], 100, 0)
+        relay.mode = "lost"
+        for ask in asks:
+            limiter.add_spend(ask, 7)
+        assert list(limiter.owed.alone.values()) == [7000]
+        assert limiter.owed.resending == {}
+        await asyncio.sleep(2.5)  # sent after 1 s, lost (no answer) after 2 s: waiting again, as one sum
+        assert list(limiter.owed.alone.values()) == [7000]
+        relay.mode = "normal"
+        await asyncio.sleep(1.5)  # its next try
+        assert await _spend(limiter) == (7100, 0)
+        assert limiter.owed.alone == {}
+    finally:
+        await limiter.close()
+        assert relay.server is not None
+        relay.server.close()
+        _forget(prefix)
+
+
+async def test_past_its_cap_of_lanes_the_limiter_drops_only_the_lanes_that_hold_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key makes a lane per change of its limits and per budget period. Past 10,000 every lane
+    went, live keys' included: their leases ended, and what Redis held reserved for this process
+    (`Lane.held`, which a restore of a Redis that lost its data needs) was forgotten."""
+    monkeypatch.setattr(redis_limiter, "LANES_MAX", 50)
+    limiter = RedisLimiter(RedisSettings(url=URL, key_prefix="switchyard-test-lanes"), lambda *_: None)
+    try:
+        busy = limiter.lane(Ask(key_id="busy", request_id="r", period="total", budget=10**9))
+        busy.hold(0, 500)  # a request of this process that Redis admitted is still running
+        for n in range(120):  # 120 updates of one key's rpm
+            limiter.lane(Ask(key_id="k", request_id="r", period="total", rpm=1000 + n, budget=10**9))
+        lanes = limiter.lanes()
+        assert busy in lanes
+        assert len(lanes) <= 51
+    finally:
+        await limiter.close()
