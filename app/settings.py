@@ -241,12 +241,8 @@ def settings_from_mapping(raw: dict[str, object], *, base_dir: Path, source: str
         _refuse(url_problem(settings.redis.url, numbered_path=True), source, "redis.url")
     url = absolute_sqlite_url(settings.database.url, base_dir)
     _refuse(_sqlite_directory_problem(url), source, "database.url")
-    return msgspec.structs.replace(
-        settings,
-        base_dir=str(base_dir),
-        source=source,
-        database=msgspec.structs.replace(settings.database, url=url),
-    )
+    database = msgspec.structs.replace(settings.database, url=url)
+    return msgspec.structs.replace(settings, base_dir=str(base_dir), source=source, database=database)
 
 
 def _refuse(problem: str | None, source: str, key: str) -> None:
