@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from alembic.script import ScriptDirectory
 
 
+MIGRATION_LOCK = 0x5377_6974_6368  # "Switch": the advisory lock's key, held until the migration commits
+MIGRATING = "switchyard migration"  # a migration's session's application_name (not an older writer's)
+
+
 class SchemaNotCurrent(Exception):
     """The database's schema is not this version's (never migrated, or migrated to another
     revision) and this start does not migrate it (PostgreSQL: `switchyard db upgrade`)."""

@@ -16,18 +16,21 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
-from sqlalchemy import pool
+from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 
 from catalog.database import open_engine
-from catalog.migrate import SchemaNotCurrent
+from catalog.migrate import MIGRATING, MIGRATION_LOCK, SchemaNotCurrent
 from catalog.tables import metadata
 
-MIGRATION_LOCK = 0x5377_6974_6368  # "Switch": the advisory lock's key, held until the migration commits
-ROLLUPS_COMPLETE = "0008"  # from this revision on every version's ledger writer keeps all four roll-ups
-_OTHER_SESSIONS = (  # other clients of this database, but not those waiting for the migration lock
+ROLLUPS_COMPLETE = "0008"  # from this revision on every version's writer keeps all four roll-ups (ids: 4 digits)
+# Other clients of this database, but not other migrations (named `MIGRATING`: waiting for the lock, or
+# about to take it). Another role's session shows NULL in every column but its ids and name to a role
+# without pg_read_all_stats: counted (autovacuum, with no role, is not).
+_OTHER_SESSIONS = (
     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
-    "AND backend_type = 'client backend' AND wait_event IS DISTINCT FROM 'advisory'"
+    "AND usesysid IS NOT NULL AND (backend_type = 'client backend' OR backend_type IS NULL) "
+    "AND application_name IS DISTINCT FROM :migrating AND wait_event IS DISTINCT FROM 'advisory'"
 )
 
 
@@ -58,7 +61,7 @@ def _refuse_older_writers(connection: Connection) -> None:
     stamped = context.get_context().get_current_revision()
     if not context.config.attributes.get("upgrading") or stamped is None or stamped >= ROLLUPS_COMPLETE:
         return
-    others = connection.exec_driver_sql(_OTHER_SESSIONS).scalar_one()
+    others = connection.execute(text(_OTHER_SESSIONS), {"migrating": MIGRATING}).scalar_one()
     if others:
         raise SchemaNotCurrent(
             f"the database is at schema revision {stamped} and {others} other session(s) are connected to it: "
@@ -68,7 +71,8 @@ def _refuse_older_writers(connection: Connection) -> None:
 
 
 async def _run_async(url: str) -> None:
-    engine = open_engine(url, poolclass=pool.NullPool)
+    named = {"server_settings": {"application_name": MIGRATING}} if url.startswith("postgresql") else {}
+    engine = open_engine(url, poolclass=pool.NullPool, connect_args=named)
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run)

@@ -49,13 +49,15 @@ class Record:
 class Lane:
     """A key's lane: its commands in one budget period, encoded but for their per-request arguments: the
     admission's head (`EVALSHA`, its keys) and tail (the key's limits), the settlement's head. Made
-    once per key, period and limits, so a request only formats its own arguments. Also what this
+    once per key, period and limits (again only after it was dropped `idle`, or its key revoked), so
+    a request only formats its own arguments. Also what this
     process holds of that key: its lease, the size of the next, the settlements summed (`summed`:
     second, tokens' difference, cost reserved, cost spent) that wait to be sent."""
 
     __slots__ = (
         "admit_head",
         "admit_tail",
+        "admitting",
         "asking",
         "budgeted",
         "held",
@@ -84,11 +86,18 @@ class Lane:
         self.lease: Lease | None = None
         self.want = LEASE_MIN if limiter.lease_max >= LEASE_MIN and limits[2] < 0 else 1  # none with max_concurrency
         self.asking: asyncio.Future[None] | None = None  # done when the admission asking for a lease is back
+        self.admitting = 0  # this process's admissions on their way to Redis (`RedisLimiter.admit`)
         self.late = False  # its answer came too late in its second for a lease (`RedisLimiter.admit`)
         self.summed: list[int] | None = None
         self.record = record
         self.held: dict[int, int] = {}  # minute → nano-dollars Redis holds reserved for this process
         self.releasing: dict[int, int] = {}  # of it, given back by settlements not sent yet
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of it in use: no lease, no admission on its way, no reservation Redis holds for it
+        (`Lane.held`, which a restore needs): `RedisLimiter` may drop it and make it again."""
+        return self.lease is None and self.asking is None and not self.admitting and not self.held
 
     @property
     def generation(self) -> bytes:
@@ -106,7 +115,7 @@ class Lane:
         answered (`release`, `outgoing`, `released`)."""
         minute = second // 60
         left = self.held.get(minute, 0) + cost
-        if left > 0:  # never below 0: a release into a lane made again (`forget`) that held nothing
+        if left > 0:  # never below 0: a release into a lane made again (`forget`, `idle`) that held nothing
             self.held[minute] = left
         else:
             self.held.pop(minute, None)

@@ -199,15 +199,18 @@ class LocalLimiter:
         )
 
     async def load_spend(self, ask: Ask, spent: int, ttl_s: int) -> None:
-        """The period's spend, set if absent. The key's other periods (past ones: a key has one
-        period at a time) go, but for those with this limiter's own admissions still running: a
-        daily budget kept one more a day, for good (a state audit)."""
+        """The period's spend, set if absent. The key's earlier periods go, but for those with this
+        limiter's own admissions still running: a daily budget kept one more a day, for good (a
+        state audit). A later one stays: a request that started before its period's end may load
+        that period after the next one was loaded (`_past`)."""
         state = self._keys.setdefault(ask.key_id, _KeyState())
         if ask.period not in state.budgets:
             for period in [period for period, budget in state.budgets.items() if budget[3] <= 0]:
-                del state.budgets[period]
+                if _past(period, ask.period):
+                    del state.budgets[period]
             for period in [period for period, own in state.carried.items() if own <= 0]:
-                del state.carried[period]
+                if _past(period, ask.period):
+                    del state.carried[period]
             own = state.carried.pop(ask.period, 0)  # its own admissions still running (`forget_spend`)
             state.budgets[ask.period] = [spent, 0, own, own]
 
@@ -257,6 +260,12 @@ class LocalLimiter:
         state = self._keys.get(key_id)
         budget = state.budgets.get(period) if state is not None else None
         return (budget[0] + budget[1], budget[2]) if budget is not None else None
+
+
+def _past(period: str, current: str) -> bool:
+    """Whether `period` is before `current`, or of another kind (the key's budget period changed):
+    tags of one kind (`d20261130`, `m202611`) sort as their periods."""
+    return period[:1] != current[:1] or period < current
 
 
 def _reset(buckets: deque[list[int]], now: float) -> float:

@@ -96,8 +96,8 @@ class RedisLimiter:
         self.owed = Owed(self._queue, self._loop)  # what a lost settlement must still get into Redis
 
     def lane(self, ask: Ask) -> Lane:
-        """The key's lane for `ask`'s period and limits (made once; a caller may keep it for
-        `take` and `settle_summed` while they hold)."""
+        """The key's lane for `ask`'s period and limits (made again only once dropped idle: a caller
+        may keep it for `take` and `settle_summed` while they hold)."""
         key = (ask.key_id, ask.period, ask.rpm, ask.tpm, ask.max_concurrency, ask.hold_ms, ask.budget)
         lane = self._lanes.get(key)
         if lane is None:
@@ -109,12 +109,9 @@ class RedisLimiter:
 
     def _drop_idle(self) -> None:
         """Past `LANES_MAX` lanes (a key makes one per change of its limits and per budget period),
-        those holding nothing go: no lease, no admission asking, no reservation a restore needs.
+        those holding nothing go: no lease, no admission on its way, no reservation a restore needs.
         (Every lane went, live keys' included: their leases ended and `Lane.held` was lost.)"""
-        idle = [
-            key for key, lane in self._lanes.items() if lane.lease is None and lane.asking is None and not lane.held
-        ]
-        for key in idle:
+        for key in [key for key, lane in self._lanes.items() if lane.idle]:
             del self._lanes[key]
         self._records = {key[:2]: lane.record for key, lane in self._lanes.items()}
         self._lanes_max = max(LANES_MAX, 2 * len(self._lanes))  # busy lanes beyond it: no scan per new lane
@@ -153,55 +150,60 @@ class RedisLimiter:
             if self.take(lane, ask.tokens, ask.cost) is not None:
                 return lease.verdict()
             self._end(lane, lease)
-        want = lane.want
-        waits = 0  # once; twice when the first was answered too late in its second (`late`)
-        while lane.asking is not None and (waits == 0 or (lane.late and waits == 1)):
-            waits += 1
-            await asyncio.shield(lane.asking)  # shielded: this request's cancellation is its own
-            lease = lane.lease
-            if lease is not None and self.take(lane, ask.tokens, ask.cost) is not None:
-                return lease.verdict()
-            want = lane.want if lane.late and lane.asking is None else 1  # the first to go on asks again
-        if self._unsent:  # before this admission, in the same write: they may free what it asks for
-            self._send_settlements()
-        waited, restores = 0.0, 0
-        while True:
-            asking = None
-            if want > 1:
-                asking = lane.asking = self._loop.create_future()
-            sent_at = self._loop.time()
-            admission = self._loop.create_task(self._admission(lane, ask, want if waited < WAIT_S else 0))
-            try:
-                reply = await asyncio.shield(admission)
-            except asyncio.CancelledError:  # the caller went away; Redis will count the admission
-                admission.add_done_callback(partial(self._abandoned, lane, ask, sent_at, asking))
-                raise
-            except BaseException:
+        lane.admitting += 1  # not idle (`_drop_idle`) until its answer is in the lane
+        try:
+            want = lane.want
+            waits = 0  # once; twice when the first was answered too late in its second (`late`)
+            while lane.asking is not None and (waits == 0 or (lane.late and waits == 1)):
+                waits += 1
+                await asyncio.shield(lane.asking)  # shielded: this request's cancellation is its own
+                lease = lane.lease
+                if lease is not None and self.take(lane, ask.tokens, ask.cost) is not None:
+                    return lease.verdict()
+                want = lane.want if lane.late and lane.asking is None else 1  # the first to go on asks again
+            if self._unsent:  # before this admission, in the same write: they may free what it asks for
+                self._send_settlements()
+            waited, restores = 0.0, 0
+            while True:
+                asking = None
+                if want > 1:
+                    asking = lane.asking = self._loop.create_future()
+                sent_at = self._loop.time()
+                admission = self._loop.create_task(self._admission(lane, ask, want if waited < WAIT_S else 0))
+                try:
+                    reply = await asyncio.shield(admission)
+                except asyncio.CancelledError:  # the caller went away; Redis will count the admission
+                    lane.admitting += 1  # until `_abandoned` has its answer
+                    admission.add_done_callback(partial(self._abandoned, lane, ask, sent_at, asking))
+                    raise
+                except BaseException:
+                    lane.answered(asking)
+                    self._free_slot(lane, ask)
+                    raise
                 lane.answered(asking)
-                self._free_slot(lane, ask)
-                raise
-            lane.answered(asking)
-            try:  # 6: would pass once other processes' leases end; 7: Redis lost the record (restore)
-                if type(reply) is bytes or reply[0] not in (6, 7):
-                    break
-                wait = int(reply[1]) / 1000 if reply[0] == 6 else None
+                try:  # 6: would pass once other processes' leases end; 7: Redis lost the record (restore)
+                    if type(reply) is bytes or reply[0] not in (6, 7):
+                        break
+                    wait = int(reply[1]) / 1000 if reply[0] == 6 else None
+                except UNREADABLE_REPLY:
+                    raise malformed(reply) from None
+                if wait is None:
+                    restores += 1
+                    if restores > 2:
+                        raise LimiterDown("the spend record keeps changing generation")
+                    await self.restorer.restore(lane)
+                    continue
+                waited += wait
+                await asyncio.sleep(wait)
+            try:
+                if type(reply) is bytes:  # admitted: "second remaining-requests remaining-tokens reset lease life"
+                    return self._admitted(lane, ask, reply, sent_at)
+                lane.late = False  # refused: its waiters ask for themselves, as near any limit
+                return refused(ask, reply)
             except UNREADABLE_REPLY:
                 raise malformed(reply) from None
-            if wait is None:
-                restores += 1
-                if restores > 2:
-                    raise LimiterDown("the spend record keeps changing generation")
-                await self.restorer.restore(lane)
-                continue
-            waited += wait
-            await asyncio.sleep(wait)
-        try:
-            if type(reply) is bytes:  # admitted: "second remaining-requests remaining-tokens reset lease life"
-                return self._admitted(lane, ask, reply, sent_at)
-            lane.late = False  # refused: its waiters ask for themselves, as near any limit
-            return refused(ask, reply)
-        except UNREADABLE_REPLY:
-            raise malformed(reply) from None
+        finally:
+            lane.admitting -= 1
 
     async def _admission(self, lane: Lane, ask: Ask, want: int) -> Any:
         """The admission script's reply (`want`: the lease asked for; 0: do not wait for leases)."""
@@ -258,6 +260,7 @@ class RedisLimiter:
             else:
                 self._free_slot(lane, ask)
         finally:
+            lane.admitting -= 1
             lane.answered(asking)
 
     def _free_slot(self, lane: Lane, ask: Ask) -> None:

@@ -526,3 +526,27 @@ async def test_past_its_cap_of_lanes_the_limiter_drops_only_the_lanes_that_hold_
         assert len(lanes) <= 51
     finally:
         await limiter.close()
+
+
+async def test_a_lane_whose_admission_is_on_its_way_is_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An admission that asks for no lease (a key with `max_concurrency`; a request that waited for
+    another's lease and goes on alone) left its lane looking idle: dropped past the cap, Redis's
+    answer put the reservation into a lane no restore sees, and the settlement released it from
+    the key's new lane, which never held it (a review)."""
+    monkeypatch.setattr(redis_limiter, "LANES_MAX", 50)
+    prefix = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    limiter = RedisLimiter(RedisSettings(url=URL, key_prefix=prefix), lambda *_: None)
+    ask = Ask(key_id="k1", request_id="r1", period="total", max_concurrency=4, budget=10**9, cost=7000)
+    try:
+        await limiter.load_spend(ask, 0, 0)
+        admission = asyncio.ensure_future(limiter.admit(ask))
+        await asyncio.sleep(0)  # written; its answer not read yet
+        assert limiter.lane(ask).asking is None  # it asks for no lease
+        for n in range(120):  # meanwhile other keys' lanes are made, past the cap
+            limiter.lane(Ask(key_id=f"other{n}", request_id="x", period="total", rpm=10))
+        assert (await admission).refused is None
+        assert await _spend(limiter) == (0, 7000)
+        assert sum(sum(lane.held.values()) for lane in limiter.lanes() if lane.key_id == "k1") == 7000
+    finally:
+        await limiter.close()
+        _forget(prefix)

@@ -12,9 +12,13 @@ their ledger writer's plain INSERT (no roll-ups before 0005)."""
 
 from __future__ import annotations
 
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import asyncpg
 import msgspec
 import pytest
 from sqlalchemy import insert, text
@@ -22,10 +26,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from catalog import migrate
 from catalog.keys import hash_secret, revoke_key
+from catalog.migrate import MIGRATING, MIGRATION_LOCK
 from catalog.tables import LedgerRow
 from catalog.usage_query import parse_query
 from catalog.usage_report import usage_report
-from tests.catalog.conftest import PgDatabases
+from tests.catalog.conftest import PG_ADMIN_DSN, PgDatabases
 from tests.catalog.usage_oracle import expected, ledger_rows
 
 SECRET = "sy-rolling-upgrade-secret-00000000000000000000"
@@ -122,3 +127,68 @@ async def test_an_upgrade_past_the_roll_ups_does_not_mind_other_sessions(pg_data
         assert await migrate.current_async(url) == migrate.head()
     finally:
         await old.dispose()
+
+
+@pytest.fixture
+async def roles() -> AsyncIterator[tuple[str, str, str]]:
+    """A database owned by a role of its own (which migrates it) and a service role that writes it:
+    the least-privilege setup. Dropped afterwards, roles included."""
+    suffix = secrets.token_hex(4)
+    database, owner, service = f"switchyard_test_roles_{suffix}", f"sy_owner_{suffix}", f"sy_service_{suffix}"
+    admin = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await admin.execute(f"CREATE ROLE {owner} LOGIN")
+        await admin.execute(f"CREATE ROLE {service} LOGIN")
+        await admin.execute(f"CREATE DATABASE {database} OWNER {owner}")
+    finally:
+        await admin.close()
+    yield database, owner, service
+    admin = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        await admin.execute(f"DROP ROLE IF EXISTS {service}")
+        await admin.execute(f"DROP ROLE IF EXISTS {owner}")
+    finally:
+        await admin.close()
+
+
+async def test_an_older_process_connected_as_another_role_is_seen(roles: tuple[str, str, str]) -> None:
+    """To a role without `pg_read_all_stats`, another role's sessions show NULL in every column of
+    `pg_stat_activity` but their ids: the guard counted none of them (a review)."""
+    database, owner, service = roles
+    url = f"postgresql+asyncpg://{owner}@127.0.0.1:5432/{database}"
+    await migrate.upgrade_async(url, "0004")
+    granting = await asyncpg.connect(f"postgresql://{owner}@127.0.0.1:5432/{database}")
+    try:
+        await granting.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {service}")
+    finally:
+        await granting.close()
+    older = await asyncpg.connect(f"postgresql://{service}@127.0.0.1:5432/{database}")  # the older process
+    try:
+        await older.execute("SELECT count(*) FROM ledger")
+        with pytest.raises(migrate.SchemaNotCurrent, match="1 other session"):
+            await migrate.upgrade_async(url)
+    finally:
+        await older.close()
+
+
+async def test_two_upgrades_started_together_below_0008_both_succeed(pg_databases: PgDatabases) -> None:
+    """Another `db upgrade` of the same version, connected but not yet waiting for the migration's
+    lock (its session between connecting and `pg_advisory_xact_lock`), counted as an older writer:
+    upgrades started together, one per replica, refused each other (a review; 1 in 8 with three).
+    A migration's session is named (`catalog.migrate.MIGRATING`) and not counted."""
+    url = await pg_databases.create()
+    await migrate.upgrade_async(url, "0004")
+    plain = url.replace("postgresql+asyncpg://", "postgresql://")
+    other = await asyncpg.connect(plain, server_settings={"application_name": MIGRATING})
+    try:
+        await other.execute("BEGIN")  # the other command: connected, its transaction begun ...
+        first = asyncio.ensure_future(migrate.upgrade_async(url))
+        await asyncio.sleep(0.5)  # ... while this one checks
+        waiting = asyncio.ensure_future(other.execute(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
+        await asyncio.wait_for(first, 30)
+        await asyncio.wait_for(waiting, 30)
+        await other.execute("COMMIT")
+        assert await migrate.current_async(url) == migrate.head()
+    finally:
+        await other.close()
