@@ -135,19 +135,22 @@ async def roles() -> AsyncIterator[tuple[str, str, str]]:
     the least-privilege setup. Dropped afterwards, roles included."""
     suffix = secrets.token_hex(4)
     database, owner, service = f"switchyard_test_roles_{suffix}", f"sy_owner_{suffix}", f"sy_service_{suffix}"
-    admin = await asyncpg.connect(PG_ADMIN_DSN)
-    try:
-        await admin.execute(f"CREATE ROLE {owner} LOGIN")
-        await admin.execute(f"CREATE ROLE {service} LOGIN")
-        await admin.execute(f"CREATE DATABASE {database} OWNER {owner}")
-    finally:
-        await admin.close()
+    await _as_admin(
+        f"CREATE ROLE {owner} LOGIN", f"CREATE ROLE {service} LOGIN", f"CREATE DATABASE {database} OWNER {owner}"
+    )
     yield database, owner, service
+    await _as_admin(
+        f"DROP DATABASE IF EXISTS {database} WITH (FORCE)",
+        f"DROP ROLE IF EXISTS {service}",
+        f"DROP ROLE IF EXISTS {owner}",
+    )
+
+
+async def _as_admin(*statements: str) -> None:
     admin = await asyncpg.connect(PG_ADMIN_DSN)
     try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-        await admin.execute(f"DROP ROLE IF EXISTS {service}")
-        await admin.execute(f"DROP ROLE IF EXISTS {owner}")
+        for statement in statements:
+            await admin.execute(statement)
     finally:
         await admin.close()
 
