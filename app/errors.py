@@ -38,12 +38,20 @@ quoted in a message goes through `clip`, so a 5 MB model name makes a short erro
 from __future__ import annotations
 
 import math
+import re
 from http import HTTPStatus
 
 import msgspec
 from msgspec import Struct
 
 ECHO_CHARS = 64
+_SECRET = re.compile(r"sy-[A-Za-z0-9_-]{32,}")  # an API key's secret (access.md: 32+ random bytes), quoted by mistake
+
+
+def unsecret(text: str) -> str:
+    """`text` with any API key's secret in it cut to its prefix (access.md: no secret in an error):
+    one pasted where a model, a provider or a parameter's name goes was quoted back whole."""
+    return _SECRET.sub(lambda found: found[0][:7] + "…", text) if "sy-" in text else text
 
 
 def clip(value: str) -> str:
@@ -57,9 +65,10 @@ class GatewayError(Exception):
     closes_connection: bool = False
 
     def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None) -> None:
+        message = unsecret(message)
         super().__init__(message)
         self.message = message
-        self.param = param
+        self.param = unsecret(param) if param is not None else None
         self.retry_after = retry_after
         self.extra_headers: dict[str, str] | None = None
 
