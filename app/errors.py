@@ -48,9 +48,27 @@ ECHO_CHARS = 64
 _SECRET = re.compile(r"sy-[A-Za-z0-9_-]{32,}")  # an API key's secret (access.md: 32+ random bytes), quoted by mistake
 
 
+_OTHER_SECRETS: set[str] = set()  # secrets without the `sy-` prefix: the admin key's (`register_secret`)
+
+
+def register_secret(secret: str) -> None:
+    """A secret `unsecret` cuts although it has no `sy-` prefix (the admin key: any text the
+    operator chose). The key ring registers it at start-up."""
+    if secret and not _SECRET.fullmatch(secret):  # an `sy-` one is cut to its prefix below
+        _OTHER_SECRETS.add(secret)
+
+
 def unsecret(text: str) -> str:
     """`text` with any API key's secret in it cut to its prefix (access.md: no secret in an error):
     one pasted where a model, a provider or a parameter's name goes was quoted back whole."""
+    for secret in _OTHER_SECRETS:  # whole, or its start as `clip` left it (at least 16 characters of it)
+        head = secret[:16]
+        while head in text:
+            start = text.index(head)
+            end = start + len(head)
+            while end - start < len(secret) and end < len(text) and text[end] == secret[end - start]:
+                end += 1
+            text = text[:start] + "…" + text[end:]
     return _SECRET.sub(lambda found: found[0][:7] + "…", text) if "sy-" in text else text
 
 

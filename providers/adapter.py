@@ -131,6 +131,7 @@ class Provider:
                     raise classify_response(response.status_code, response.headers, body)
                 if stream:
                     parser = dialect.stream_parser()
+                    parser.secret = self.config.api_key
                     batches_of = _stream_batches(response, loop, deadline, parser)
                     async with contextlib.aclosing(batches_of) as batches:
                         async for batch in batches:
@@ -138,6 +139,7 @@ class Provider:
                 else:
                     whole = await response.aread(deadline)  # its reads keep `total`: no coroutine more
                     parser = dialect.stream_parser()
+                    parser.secret = self.config.api_key
                     try:
                         events = parser.parse_whole(whole)
                     except UpstreamError:

@@ -89,6 +89,20 @@ ChunkT = TypeVar("ChunkT", bound=ChunkBase)
 # What decoding an upstream's JSON raises for JSON it cannot take: msgspec raises RecursionError
 # for nesting deeper than it goes (`[[[…]]]` a thousand deep), which was a 500, a bug's answer.
 _UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+# An upstream's request id as upstreams write one (`chatcmpl-…`, `gen-…`, `cmpl-…`, a UUID): it is
+# logged and stored (`upstream_request_id`), so never prose, nor the upstream's echo of the request.
+_UPSTREAM_ID = re.compile(r"[A-Za-z0-9_.:/+=-]+")
+
+
+def upstream_id(value: str | None, secret: str | None = None) -> str | None:
+    """`value` when it reads as a request id (and does not hold `secret`, the provider's key); else
+    None. Without NUL and cut to the column's 300 characters, as `catalog.records.storable_id` keeps it."""
+    if not value:
+        return None
+    value = value.replace("\x00", "")[:300]
+    if not _UPSTREAM_ID.fullmatch(value) or (secret and secret in value):
+        return None
+    return value
 
 
 def raise_error_chunk(chunk: ChunkBase) -> None:
@@ -105,7 +119,18 @@ def raise_error_chunk(chunk: ChunkBase) -> None:
 class OpenAIStreamParser(ABC, Generic[ChunkT]):
     """Feed it the `data` payloads of one stream; it returns events (module doc)."""
 
-    __slots__ = ("_closed", "_done", "_failed", "_finish", "_first", "_held", "_matched", "_upstream_id", "_usage")
+    __slots__ = (
+        "_closed",
+        "_done",
+        "_failed",
+        "_finish",
+        "_first",
+        "_held",
+        "_matched",
+        "_upstream_id",
+        "_usage",
+        "secret",
+    )
     decoder: ClassVar[msgspec.json.Decoder[Any]]
 
     def __init__(self) -> None:
@@ -118,6 +143,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         self._done = False
         self._closed = False
         self._held: dict[Any, str] | None = None  # once a lone surrogate came: the halves held (`_mend`)
+        self.secret: str | None = None  # the provider's key: an id holding it is no id (`upstream_id`)
 
     @property
     def done(self) -> bool:
@@ -187,8 +213,9 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         events: list[Event] = []
         if self._first:
             self._first = False
-            if chunk.id:
-                events.append(UpstreamMeta(upstream_request_id=chunk.id))
+            found = upstream_id(chunk.id, self.secret)
+            if found is not None:
+                events.append(UpstreamMeta(upstream_request_id=found))
         if chunk.usage is not None and counts_tokens(chunk.usage):
             self._usage = chunk.usage
         reason = self._choice(chunk, events)
@@ -277,7 +304,9 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
             answer = self._without_usage(body, "upstream sent a malformed answer")
         if not answer.choices and answer.error is None and answer.object != "error":
             raise UpstreamError(Failure.TRANSIENT, "upstream answer has no choices", status=502)
-        self._upstream_id = answer.id or None  # for `unreported`: these events never go out if it fails
+        self._upstream_id = upstream_id(
+            answer.id, self.secret
+        )  # for `unreported`: these events never go out if it fails
         events = self.apply(answer) if self._held is None else self._mend(self.apply(answer))
         self._done = True  # a whole answer is complete even without a finish_reason
         return events + self.finish()

@@ -47,7 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.access.worstcase import to_nano
 from app.context import Principal
-from app.errors import AuthenticationFailed
+from app.errors import AuthenticationFailed, register_secret
 from app.settings import AuthSettings, RedisSettings, Settings
 from catalog.database import database_unreachable
 from catalog.keys import KeyChanges, KeyRecord, get_key, hash_secret, keys_watermark, list_keys
@@ -134,6 +134,7 @@ class KeyRing:
         secret = (os.environ.get(auth.admin_key_env) or "").strip()  # as a presented key is (`authenticate`)
         self._admin_secret = secret or None
         if secret:
+            register_secret(secret)
             now = datetime.now(UTC)
             record = KeyRecord(
                 id=ADMIN_ID, secret_hash=hash_secret(secret), prefix="", name="admin", created_at=now, updated_at=now

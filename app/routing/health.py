@@ -176,7 +176,9 @@ class HealthMonitor:
             return names
         if name not in self._unmatched:
             self._unmatched.add(name)
-            self.log.error("model_list_unmatched", provider=name, listed=sorted(listed)[:5], source="probe")
+            key = runtime.config.api_key
+            shown = [entry[:64] for entry in sorted(listed)[:5] if not (key and key in entry)]
+            self.log.error("model_list_unmatched", provider=name, listed=shown, source="probe")
         return None
 
     def _listing(self, backend: Backend, listed: frozenset[str] | None) -> None:

@@ -227,3 +227,34 @@ async def test_a_backend_cooling_down_after_a_429_keeps_the_replica_ready(
         return bool((await gw.client.get("/readyz")).status_code == 503)
 
     await wait_until(unready)
+
+
+ECHOED_KEY = "fr_live_0123456789abcdefghijklmnopqrstuv"
+
+
+async def test_a_model_list_that_echoes_the_key_is_not_logged_whole(
+    start_gateway: StartGateway,
+    alpha: ReplayUpstream,
+    beta: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    logs: Logs,
+) -> None:
+    """fastrun's `/models` ids, when none matches the catalog, are logged (`model_list_unmatched`)
+    as the upstream wrote them: its echo of the probe's `authorization` header, at any length."""
+    monkeypatch.setenv("ROUTING_TEST_ALPHA_KEY", ECHOED_KEY)
+    listing = reply_json(
+        200,
+        {
+            "object": "list",
+            "data": [{"id": f"Bearer {ECHOED_KEY}", "object": "model"}, {"id": "Z" * 1_000_000, "object": "model"}],
+        },
+    )
+    alpha.enqueue(listing, repeat=1000, path=PROBE_PATH)
+    alpha_config = {"kind": "fastrun", "api_key_env": "ROUTING_TEST_ALPHA_KEY"}
+    gw = await launch(
+        start_gateway, {"alpha": alpha, "beta": beta}, alpha=alpha_config, routing={"probe_interval_s": 0.2}
+    )
+
+    await wait_until(lambda: bool(logs.lines("model_list_unmatched", gw)), within=5.0)
+    assert ECHOED_KEY not in logs.raw
+    assert max(len(line) for line in logs.raw.splitlines()) < 4096
