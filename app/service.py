@@ -175,11 +175,17 @@ class Service:
         return self.ledger.submit
 
     async def stop(self) -> None:
-        if self.log_writer is not None:
-            # A log that can no longer be written (stdout closed: a pipe whose reader is gone) must
-            # not stop the shutdown before the ledger is closed and its writer process ended.
-            with contextlib.suppress(OSError, ValueError):
-                self.log_writer.stop()
+        try:
+            await self._stop()
+        finally:
+            if self.log_writer is not None:
+                # Last, so the shutdown's own warnings (rows left pending, a store or engine that
+                # would not close) are written; a log that can no longer be written (stdout closed:
+                # a pipe whose reader is gone) must not fail the shutdown.
+                with contextlib.suppress(OSError, ValueError):
+                    self.log_writer.stop()
+
+    async def _stop(self) -> None:
         if self.health is not None:
             await self.health.stop()
         if self.catalog_watch is not None:

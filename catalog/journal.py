@@ -38,7 +38,13 @@ workers sharing one directory each adopt distinct segments (the lock decides).
 A failed write (disk full, read-only, I/O error) truncates the torn line away, marks the journal
 `broken` and raises nothing: `append` returns False and the writer keeps that row in memory. The
 maintenance task (`run`) tries a fresh segment every `_RETRY_S` while broken, once `min_free_bytes`
-are free: on a full disk a fresh segment's header fitted, the next row did not (503/200 flapping).
+are free (by default 16 MiB, or a quarter of a smaller volume): on a full disk a fresh segment's
+header fitted, the next row did not (503/200 flapping). Rows a broken journal could not take wait
+in the writer's memory and are journaled as soon as it takes rows again (`LedgerWriter`).
+
+A segment whose file left its path (its directory deleted or replaced while the process runs)
+is written back under the directory at the next fsync interval (`Journal._restore_moved`): until
+then a `kill -9` would lose the rows only an open descriptor still reached.
 """
 
 from __future__ import annotations
@@ -48,7 +54,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,33 +61,18 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from catalog.journal_files import Segment, adopt, fsync_all, moved, read_rows, restored, room_to_write, segment_path
 from catalog.records import RECORD_JSON, LedgerRecord
 
 SEGMENT_GLOB = "ledger-*.jsonl"
 REJECTED = "rejected.jsonl"
 FORMAT_VERSION = 1
 _RETRY_S = 1.0
-_READ_CHUNK = 1 << 20
 
 # Not cached on first use (the app's loggers are): the ledger logs rarely (outages, replays), and a
 # logger cached at import time would keep writing to the first app's writer in a process that
 # configures logging again (tests, an embedding application).
 log = structlog.wrap_logger(None, cache_logger_on_first_use=False, logger_factory_args=("switchyard.ledger",))
-
-
-class Segment:
-    """One segment file, open and locked by this process until it is deleted."""
-
-    __slots__ = ("data_start", "fd", "first", "path", "rows", "sealed", "size")
-
-    def __init__(self, path: Path, fd: int, first: int, *, rows: int = 0, size: int = 0, data_start: int = 0) -> None:
-        self.path = path
-        self.fd = fd
-        self.first = first  # seq of its first row
-        self.rows = rows
-        self.size = size  # bytes of whole lines: a torn tail (a crash mid-write) is never read
-        self.data_start = data_start  # past the header line
-        self.sealed = False
 
 
 class ReadBatch(msgspec.Struct, frozen=True):
@@ -103,7 +93,7 @@ class Journal:
         fsync_interval: float = 1.0,
         segment_bytes: int = 64 << 20,
         committed_bytes: int = 1 << 20,
-        min_free_bytes: int = 16 << 20,
+        min_free_bytes: int | None = None,
     ) -> None:
         self.directory = directory
         self.min_free_bytes = min_free_bytes
@@ -131,7 +121,7 @@ class Journal:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             for path in sorted(self.directory.glob(SEGMENT_GLOB)):
-                segment = _adopt(path, self.appended)
+                segment = adopt(path, self.appended)
                 if segment is not None:
                     self.segments.append(segment)
                     self.appended += segment.rows
@@ -188,7 +178,7 @@ class Journal:
     def _new_segment(self) -> None:
         if self.segments:
             self.segments[-1].sealed = True
-        path = self.directory / f"ledger-{time.time_ns():019d}-{os.getpid()}.jsonl"
+        path = segment_path(self.directory)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o640)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -248,7 +238,7 @@ class Journal:
         count = min(limit, segment.first + segment.rows - seq)
         loop = asyncio.get_running_loop()
         records, bad, end = await loop.run_in_executor(
-            self._thread, _read_rows, segment.fd, offset, segment.size, skip, count
+            self._thread, read_rows, segment.fd, offset, segment.size, skip, count
         )
         self._cursor = (seq + len(records) + len(bad), segment, end)
         return ReadBatch(records, bad)
@@ -273,6 +263,7 @@ class Journal:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(self.fsync_interval, _RETRY_S) if self.broken else self.fsync_interval)
+            self._restore_moved()
             if self.broken:
                 self._recover()
             elif self._dirty:
@@ -283,14 +274,34 @@ class Journal:
         fds = [segment.fd for segment in self.segments]
         self._syncing = True
         try:
-            await (loop or asyncio.get_running_loop()).run_in_executor(self._thread, _fsync, fds, self.directory)
+            await (loop or asyncio.get_running_loop()).run_in_executor(self._thread, fsync_all, fds, self.directory)
         finally:
             self._syncing = False
             while self._to_close:
                 os.close(self._to_close.pop())
 
+    def _restore_moved(self) -> None:
+        """Segments whose files left their paths (the directory deleted, moved away or replaced:
+        an operator, a clean-up job) hold rows that only this process's descriptors reach, and a
+        kill lost them all while `/readyz` said writable. Each is written back under the directory
+        (`journal_files.restored`) and used from then on; one that cannot be breaks the journal
+        (503) until it can."""
+        for segment in self.segments:
+            if not moved(segment):
+                continue
+            try:
+                fd = restored(segment, self.directory)
+            except OSError as exc:
+                if not self.broken:
+                    self._fail(self.segments[-1], exc)
+                return
+            old, segment.fd = segment.fd, fd
+            self._thread.submit(os.close, old)  # after any read or fsync of it queued before
+            self._dirty = True
+            log.warning("ledger_journal_segment_restored", path=str(segment.path), rows=segment.rows)
+
     def _recover(self) -> None:
-        if _free_bytes(self.directory) < self.min_free_bytes:
+        if not room_to_write(self.directory, self.min_free_bytes):
             return  # a disk that filled up: writable again once there is room for a while (module doc)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -314,87 +325,3 @@ class Journal:
         for fd in self._to_close:
             os.close(fd)
         self.segments, self._to_close = [], []
-
-
-def _free_bytes(directory: Path) -> int:
-    """Bytes left to an unprivileged writer on the file system of `directory` (or its nearest
-    existing parent); one that cannot say is taken as having room."""
-    try:
-        stats = os.statvfs(next(path for path in (directory, *directory.parents) if path.exists()))
-    except (OSError, StopIteration):
-        return 1 << 62
-    return stats.f_bavail * stats.f_frsize
-
-
-def _adopt(path: Path, first: int) -> Segment | None:
-    """Open and lock a segment no live process holds; None when one does (or it is gone)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    if os.fstat(fd).st_nlink == 0:  # another process replayed and deleted it meanwhile
-        os.close(fd)
-        return None
-    data = _whole(fd)
-    header_end = data.find(b"\n") + 1
-    size = data.rfind(b"\n") + 1
-    rows = data.count(b"\n", header_end, size) if header_end else 0
-    segment = Segment(path, fd, first, rows=rows, size=size, data_start=header_end)
-    segment.sealed = True
-    return segment
-
-
-def _whole(fd: int) -> bytes:
-    chunks, offset = [], 0
-    while chunk := os.pread(fd, _READ_CHUNK, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
-_decoder = msgspec.json.Decoder(LedgerRecord)
-
-
-def _read_rows(fd: int, offset: int, end: int, skip: int, count: int) -> tuple[list[LedgerRecord], list[bytes], int]:
-    """On the journal's thread: skip `skip` lines from `offset`, then decode `count` lines."""
-    records: list[LedgerRecord] = []
-    bad: list[bytes] = []
-    buffer = b""
-    while (skip or len(records) + len(bad) < count) and offset < end:
-        chunk = os.pread(fd, min(_READ_CHUNK, end - offset), offset)
-        if not chunk:
-            break
-        buffer += chunk
-        offset += len(chunk)
-        start = 0
-        while (newline := buffer.find(b"\n", start)) >= 0:
-            line = buffer[start:newline]
-            start = newline + 1
-            if skip:
-                skip -= 1
-                continue
-            try:
-                records.append(_decoder.decode(line))
-            except msgspec.DecodeError:
-                bad.append(line)
-            if len(records) + len(bad) == count:
-                return records, bad, offset - (len(buffer) - start)
-        buffer = buffer[start:]
-    return records, bad, offset - len(buffer)
-
-
-def _fsync(fds: list[int], directory: Path) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)

@@ -21,8 +21,9 @@ Rows wait on disk, not in memory, when the writer falls behind:
 The writer returns to the in-memory path as soon as it has read up to the journal's end.
 
 Without a journal (none configured, or it cannot be written: disk full, read-only) rows are held
-in memory only, as `loose` rows — the service refuses requests in that state unless `[ledger]
-required = false` (`accepting`; the edge answers 503, app/edge/asgi.py).
+in memory only, as `loose` rows, until the database or a journal writable again takes them; the
+service refuses requests in that state unless `[ledger] required = false` (`accepting`; the edge
+answers 503, app/edge/asgi.py).
 
 Records are checked and encoded for the database per batch, in a tight loop that keeps its code
 in the CPU's caches (PostgreSQL's store joins the journal lines queued beside them instead). A
@@ -49,6 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.journal import Journal
 from catalog.ledger_store import store_for
+from catalog.loose_rows import LooseRows
 from catalog.outages import is_outage
 from catalog.records import RECORD_JSON, LedgerRecord
 
@@ -91,11 +93,9 @@ class LedgerWriter:
         # journal rows `committed` … on, while not behind, each with its journal line (the JSON the
         # PostgreSQL store reuses): one deque of pairs, so a row and its line cannot drift apart
         self._queue: deque[tuple[LedgerRecord, bytes]] = deque()
-        self._loose: deque[LedgerRecord] = deque()  # rows in memory only (no journal to hold them)
+        self._loose = LooseRows()  # rows in memory only (no journal took them)
         self._committed = 0  # journal rows written to the database (or set aside), in append order
         self._behind = journal is not None and journal.appended > 0  # adopted rows: replay first
-        self._loose_submitted = 0
-        self._loose_done = 0
         self._submitted = journal.appended if journal is not None else 0
         self._written = 0
         self._closing = False
@@ -112,11 +112,7 @@ class LedgerWriter:
     def pending(self) -> int:
         """Records submitted (or adopted from the journal) and not yet written or set aside."""
         journal_rows = self._journal.appended - self._committed if self._journal is not None else 0
-        return journal_rows + self._loose_pending
-
-    @property
-    def _loose_pending(self) -> int:
-        return self._loose_submitted - self._loose_done
+        return journal_rows + self._loose.pending
 
     @property
     def accepting(self) -> bool:
@@ -138,7 +134,7 @@ class LedgerWriter:
         While rows are read back from the journal this is the batch in hand's oldest row."""
         if not self.pending:
             return 0.0
-        heads = ([self._loose[0]] if self._loose else []) + ([self._queue[0][0]] if self._queue else [])
+        heads = ([self._loose.rows[0]] if self._loose.rows else []) + ([self._queue[0][0]] if self._queue else [])
         times = [t for t in (self._head, *(head.finished_at for head in heads)) if t]
         if not times:  # only rows on disk, not read yet: they came after the last row written
             times = [self._last_written] if self._last_written is not None else []
@@ -189,12 +185,12 @@ class LedgerWriter:
         if self._task is None:
             raise RuntimeError("the ledger writer was never started")
         journal_target = self._journal.appended if self._journal is not None else 0
-        loose_target = self._loose_submitted
+        loose_target = self._loose.submitted
         self._drain_to = max(self._drain_to, self._submitted)
         self._wake.set()
         async with self._progress:
             await self._progress.wait_for(
-                lambda: (self._committed >= journal_target and self._loose_done >= loose_target) or self._stopped()
+                lambda: (self._committed >= journal_target and self._loose.done >= loose_target) or self._stopped()
             )
         self._raise_if_crashed()
 
@@ -205,15 +201,18 @@ class LedgerWriter:
         connection is bounded by `STORE_CLOSE_S`."""
         self._closing = True
         task = self._started()
+        self._journal_loose()
         self._wake.set()
-        if self._failing_since is not None and self._journal is not None and not self._loose_pending:
+        if self._failing_since is not None and self._journal is not None and not self._loose.pending:
             timeout = 0  # the database is down and every pending row is on disk: nothing to wait for
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout)
         except TimeoutError:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            log.warning("ledger_closed_with_rows_pending", rows=self.pending, lost_from_memory=len(self._loose))
+            self._loose.put_back()  # the batch whose write was cancelled: the journal may take it
+            self._journal_loose()
+            log.warning("ledger_closed_with_rows_pending", rows=self.pending, lost_from_memory=len(self._loose.rows))
         finally:
             if self._journal is not None:
                 self._journal.close(self._committed)
@@ -235,12 +234,18 @@ class LedgerWriter:
 
     def _on_overflow(self, record: LedgerRecord) -> None:
         """A row no journal holds: kept in memory until it is written."""
-        self._loose_submitted += 1
-        self._loose.append(record)
-        if len(self._loose) == self._max_queue:
+        waiting = self._loose.add(record)
+        if waiting == self._max_queue:
             log.warning("ledger_queue_full", max_queue=self._max_queue, rows_wait_on="memory")
-        if len(self._loose) >= self._batch_size:
+        if waiting >= self._batch_size:
             self._wake.set()
+
+    def _journal_loose(self, rows: Sequence[LedgerRecord] | None = None) -> int:
+        """Memory-only rows (`rows`, else every waiting one) into the journal once it takes rows
+        again (`catalog.loose_rows`), to be read back after the rows before them; how many it took."""
+        moved = self._loose.journal_into(self._journal, rows)
+        self._behind = self._behind or moved > 0
+        return moved
 
     def _due(self) -> bool:
         """A full batch is waiting, or rows that must leave now: the flush interval passed without a
@@ -279,9 +284,11 @@ class LedgerWriter:
         back from disk), write it and count it done."""
         bad: list[bytes] = []
         lines: list[bytes] | None = None  # the rows' journal lines, when they come from memory
-        loose = bool(self._loose)
+        if self._loose.rows:
+            self._journal_loose()
+        loose = bool(self._loose.rows)
         if loose:
-            batch = [self._loose.popleft() for _ in range(min(self._batch_size, len(self._loose)))]
+            batch = self._loose.take(self._batch_size)
         elif self._queue:
             pairs = [self._queue.popleft() for _ in range(min(self._batch_size, len(self._queue)))]
             batch, lines = [record for record, _ in pairs], [line for _, line in pairs]
@@ -289,7 +296,7 @@ class LedgerWriter:
             batch, bad = await self._read_back()  # encoded again by the store: see `_read_back`
         if batch:
             self._head = batch[0].finished_at
-            await self._write_with_retry(batch, lines)
+            await self._write_with_retry(batch, lines, loose=loose)
         for line in bad:
             log.error("ledger_journal_line_unreadable", bytes=len(line))
             if self._journal is not None:
@@ -300,7 +307,7 @@ class LedgerWriter:
                 self._last_written = batch[-1].finished_at
             self._written += len(batch) + len(bad)
             if loose:
-                self._loose_done += len(batch)
+                self._loose.finished(len(batch))
             else:
                 self._committed += len(batch) + len(bad)
                 if self._journal is not None:
@@ -323,7 +330,11 @@ class LedgerWriter:
             self._behind = False  # rows appended from now on are queued in memory again
         return read.records, read.bad
 
-    async def _write_with_retry(self, batch: Sequence[LedgerRecord], lines: Sequence[bytes] | None) -> None:
+    async def _write_with_retry(
+        self, batch: Sequence[LedgerRecord], lines: Sequence[bytes] | None, *, loose: bool = False
+    ) -> None:
+        """`loose`: rows held in memory only; in an outage they go to the journal once it can
+        take them (then read back from it, as its own rows), not retried from memory."""
         attempt = 0
         while True:
             try:
@@ -331,6 +342,9 @@ class LedgerWriter:
             except Exception as exc:
                 if not is_outage(exc):
                     await self._isolate(batch, lines, exc)
+                    return
+                if loose and self._journal_loose(batch) == len(batch):
+                    self._on_write_failure(batch, exc, attempt + 1)
                     return
                 attempt += 1
                 await asyncio.sleep(self._on_write_failure(batch, exc, attempt))

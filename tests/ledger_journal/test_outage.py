@@ -27,6 +27,13 @@ def wait_for_rows(url: str, expected: set[str]) -> None:
     assert len(ids) == len(set(ids))
 
 
+def lines(process: Process, event: str) -> list[dict[str, object]]:
+    stdout, _ = process.output()
+    return [
+        line for text in stdout.splitlines() if text.startswith("{") and (line := json.loads(text))["event"] == event
+    ]
+
+
 def events(process: Process) -> list[str]:
     stdout, _ = process.output()
     return [json.loads(line)["event"] for line in stdout.splitlines() if line.startswith("{")]
@@ -94,6 +101,8 @@ def test_sigterm_with_the_database_down_exits_promptly_and_loses_nothing(
         assert first.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
         assert time.monotonic() - began < LEDGER_CLOSE_S + ENGINE_DISPOSE_S
         assert gateway.segments()  # the rows stayed in the journal
+        # said in the log: the shutdown's warnings were dropped, the log writer stopped first
+        assert [line["rows"] for line in lines(first, "ledger_closed_with_rows_pending")] == [40]
         assert ledger_ids(pg_url) == []
         proxy.restore()
         gateway.start()

@@ -1,0 +1,172 @@
+"""The journal's files: a segment (one open, locked file of rows), and what is done to its bytes
+on disk — adopting a dead process's segment, reading rows back, fsync, free space, and putting a
+segment back under its path when its file was deleted or replaced (`restored`). `catalog.journal`
+keeps the order of rows across segments; these work on one file at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from pathlib import Path
+
+import msgspec
+
+from catalog.records import LedgerRecord
+
+READ_CHUNK = 1 << 20
+ROOM_DEFAULT = 16 << 20  # free bytes a broken journal waits for, or a quarter of a smaller volume
+
+
+class Segment:
+    """One segment file, open and locked by this process until it is deleted."""
+
+    __slots__ = ("data_start", "fd", "first", "path", "rows", "sealed", "size")
+
+    def __init__(self, path: Path, fd: int, first: int, *, rows: int = 0, size: int = 0, data_start: int = 0) -> None:
+        self.path = path
+        self.fd = fd
+        self.first = first  # seq of its first row
+        self.rows = rows
+        self.size = size  # bytes of whole lines: a torn tail (a crash mid-write) is never read
+        self.data_start = data_start  # past the header line
+        self.sealed = False
+
+
+def segment_path(directory: Path) -> Path:
+    """A new segment's name: its creation time (adoption replays segments in name order) and pid."""
+    return directory / f"ledger-{time.time_ns():019d}-{os.getpid()}.jsonl"
+
+
+def room_to_write(directory: Path, min_free_bytes: int | None) -> bool:
+    """Whether `min_free_bytes` are free to an unprivileged writer on the file system of
+    `directory` (or its nearest existing parent). None: `ROOM_DEFAULT`, or a quarter of a volume
+    smaller than four times that (a 2 MiB journal volume can never have 16 MiB free: once full, it
+    stayed 503 until a restart). One that cannot say is taken as having room."""
+    try:
+        stats = os.statvfs(next(path for path in (directory, *directory.parents) if path.exists()))
+    except (OSError, StopIteration):
+        return True
+    if min_free_bytes is None:
+        min_free_bytes = min(ROOM_DEFAULT, stats.f_blocks * stats.f_frsize // 4)
+    return stats.f_bavail * stats.f_frsize >= min_free_bytes
+
+
+def moved(segment: Segment) -> bool:
+    """Whether the segment's file is no longer at its path: deleted (the directory too), moved
+    away, or another file put there. One that cannot be looked at (permissions) is left be."""
+    try:
+        return os.stat(segment.path).st_ino != os.fstat(segment.fd).st_ino
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def restored(segment: Segment, directory: Path) -> int:
+    """A new file, opened and locked as a segment, holding `segment`'s whole lines: the same bytes,
+    so its rows' seqs and offsets hold. At the segment's path (`segment.path` changes to a fresh
+    name when another file holds that one now, which is left as it is). OSError when it cannot be
+    made; nothing is left behind then."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = whole(segment.fd)[: segment.size]
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+    path = segment.path
+    try:
+        fd = os.open(path, flags, 0o640)
+    except FileExistsError:
+        path = segment_path(directory)
+        fd = os.open(path, flags, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        written = os.write(fd, data)
+    except OSError:
+        _discard(fd, path)
+        raise
+    if written != len(data):
+        _discard(fd, path)
+        raise OSError(errno.ENOSPC, "short write restoring a journal segment")
+    segment.path = path
+    return fd
+
+
+def _discard(fd: int, path: Path) -> None:
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def adopt(path: Path, first: int) -> Segment | None:
+    """Open and lock a segment no live process holds; None when one does (or it is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    if os.fstat(fd).st_nlink == 0:  # another process replayed and deleted it meanwhile
+        os.close(fd)
+        return None
+    data = whole(fd)
+    header_end = data.find(b"\n") + 1
+    size = data.rfind(b"\n") + 1
+    rows = data.count(b"\n", header_end, size) if header_end else 0
+    segment = Segment(path, fd, first, rows=rows, size=size, data_start=header_end)
+    segment.sealed = True
+    return segment
+
+
+def whole(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, READ_CHUNK, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+_decoder = msgspec.json.Decoder(LedgerRecord)
+
+
+def read_rows(fd: int, offset: int, end: int, skip: int, count: int) -> tuple[list[LedgerRecord], list[bytes], int]:
+    """On the journal's thread: skip `skip` lines from `offset`, then decode `count` lines."""
+    records: list[LedgerRecord] = []
+    bad: list[bytes] = []
+    buffer = b""
+    while (skip or len(records) + len(bad) < count) and offset < end:
+        chunk = os.pread(fd, min(READ_CHUNK, end - offset), offset)
+        if not chunk:
+            break
+        buffer += chunk
+        offset += len(chunk)
+        start = 0
+        while (newline := buffer.find(b"\n", start)) >= 0:
+            line = buffer[start:newline]
+            start = newline + 1
+            if skip:
+                skip -= 1
+                continue
+            try:
+                records.append(_decoder.decode(line))
+            except msgspec.DecodeError:
+                bad.append(line)
+            if len(records) + len(bad) == count:
+                return records, bad, offset - (len(buffer) - start)
+        buffer = buffer[start:]
+    return records, bad, offset - len(buffer)
+
+
+def fsync_all(fds: list[int], directory: Path) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

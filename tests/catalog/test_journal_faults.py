@@ -1,0 +1,133 @@
+"""The journal through faults of its file system, asserted on its files: a small volume that
+filled up and was emptied, its directory deleted or replaced while the process runs, and rows
+kept in memory while it could not be written (cost.md: no row lost; a journal that cannot be
+written refuses traffic, so one that can again must take it back)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from catalog.journal import Journal
+from catalog.ledger import LedgerWriter
+from catalog.records import LedgerRecord
+from tests.catalog.test_journal import journal_rows, opened, segments
+from tests.catalog.test_ledger_writer import record
+from tests.support.waiting import wait_until
+
+
+@asynccontextmanager
+async def maintained(journal: Journal) -> AsyncIterator[Journal]:
+    """The journal's maintenance task (fsync, recovery, restoring moved segments) running; no
+    `close` after it, as after a `kill -9`."""
+    task = asyncio.create_task(journal.run())
+    try:
+        yield journal
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def rows_in(segment: Path) -> list[LedgerRecord]:
+    _header, *lines = segment.read_bytes().splitlines()
+    return [msgspec.json.decode(line, type=LedgerRecord) for line in lines]
+
+
+def ids(directory: Path) -> list[str]:
+    return [row.request_id for row in journal_rows(directory)]
+
+
+async def test_a_small_volume_that_filled_up_takes_rows_again_once_emptied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 2 MiB journal volume filled up, then emptied: it never has the default 16 MiB free, so
+    the journal stayed broken (503) until a restart. A quarter of a volume smaller than 64 MiB is
+    room enough. (`statvfs` answers as that volume would: the fault injected at the OS.)"""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    journal = opened(blocker / "journal")  # the service's defaults
+    assert journal.broken
+    blocker.unlink()
+    small = SimpleNamespace(f_bavail=475, f_frsize=4096, f_blocks=512, f_bsize=4096)  # 1.9 of 2 MiB free
+    monkeypatch.setattr(os, "statvfs", lambda _path: small)
+    async with maintained(journal):
+        await wait_until(lambda: not journal.broken, within=3.0, what="the journal writable again")
+        assert journal.append(record(0))
+    journal.close(0)
+
+
+async def test_rows_of_a_journal_whose_directory_was_deleted_are_back_on_disk_within_an_interval(
+    tmp_path: Path,
+) -> None:
+    """The directory deleted (an operator, a clean-up job) while the process runs: rows went on to
+    a file no path named, `/readyz` said writable, and a `kill -9` lost every one of them."""
+    directory = tmp_path / "journal"
+    journal = opened(directory, fsync_interval=0.05)
+    async with maintained(journal):
+        assert journal.append(record(0))
+        shutil.rmtree(directory)
+        assert journal.append(record(1))
+        await wait_until(lambda: directory.exists() and len(segments(directory)) == 1, within=3.0)
+        assert ids(directory) == [record(0).request_id, record(1).request_id]
+        assert journal.append(record(2))  # to the restored file itself
+        assert ids(directory) == [record(n).request_id for n in range(3)]
+        assert not journal.broken
+
+
+async def test_a_segment_whose_path_another_file_took_is_restored_beside_it(tmp_path: Path) -> None:
+    """The directory replaced by a copy of itself (a restore from a backup): the copy's file at the
+    segment's path is left as it is, the segment is written again under a fresh name and takes
+    the next rows (a row both files hold is replayed once: a replay skips a known request id)."""
+    directory = tmp_path / "journal"
+    journal = opened(directory, fsync_interval=0.05)
+    async with maintained(journal):
+        assert journal.append(record(0))
+        shutil.copytree(directory, tmp_path / "copy")
+        shutil.rmtree(directory)
+        (tmp_path / "copy").rename(directory)
+        await wait_until(lambda: len(segments(directory)) == 2, within=3.0)
+        assert journal.append(record(1))
+    by_file = [[row.request_id for row in rows_in(path)] for path in segments(directory)]
+    assert by_file == [[record(0).request_id], [record(0).request_id, record(1).request_id]]
+    journal.close(0)
+
+
+async def test_a_row_kept_in_memory_is_journaled_once_the_journal_takes_rows_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request running when the disk filled is answered, its row kept in memory. The disk is
+    freed and the journal recovers while the database is still down; then SIGTERM. The row was
+    dropped with the process; it must be in the journal for the next start. (`os.write` fails as
+    on a full disk: the fault injected at the OS.)"""
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'not-migrated.db'}")  # every write fails
+    directory = tmp_path / "journal"
+    journal = opened(directory, min_free_bytes=0, fsync_interval=0.05)
+    writer = LedgerWriter(engine, journal=journal, required=True, flush_interval=0.05)
+    writer.start()
+    writer.submit(record(0))
+    await wait_until(lambda: writer.state == "behind", within=5.0)
+    write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    writer.submit(record(1))
+    monkeypatch.setattr(os, "write", write)
+    assert journal.broken
+    assert ids(directory) == [record(0).request_id]
+    async with maintained(journal):
+        await wait_until(lambda: ids(directory) == [record(0).request_id, record(1).request_id], within=5.0)
+        await writer.close(0.5)  # SIGTERM in the outage
+    await engine.dispose()
+    assert ids(directory) == [record(0).request_id, record(1).request_id]
