@@ -50,7 +50,7 @@ from providers.events import Event
 from providers.model_prices import listed_ids
 from providers.openai_stream import OpenAIStreamParser
 from providers.server_metrics import queue_depth as server_queue_depth
-from providers.sse import SSEParser
+from providers.sse import EventTooLarge, SSEParser
 from providers.transport import H1Transport, RawResponse, key_of
 from providers.types import AnyRequest
 
@@ -286,7 +286,11 @@ async def _stream_batches(
         try:
             async for data in reads:
                 _check_deadline(loop, deadline)
-                for payload in sse.feed(data):
+                try:
+                    payloads = sse.feed(data)
+                except EventTooLarge as exc:
+                    raise httpx.RemoteProtocolError(str(exc)) from exc
+                for payload in payloads:
                     batch += parser.feed(payload)
                     if payload == "[DONE]":
                         response.body.ended = True  # the connection may wait for its terminator (`linger`)

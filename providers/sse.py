@@ -13,7 +13,10 @@ What it implements of the WHATWG event-stream grammar:
   `data: [DONE]`, so such an event is dispatched as `{"error": <its value>}`, the payload of the
   in-stream error chunk every other server sends (`data: {"error": …}`); read as a field it would
   be skipped, and a cut-off answer would look finished;
-- a leading UTF-8 byte-order mark is dropped.
+- a leading UTF-8 byte-order mark is dropped;
+- an event still without its blank line past `MAX_EVENT_BYTES` raises `EventTooLarge` (the adapter:
+  a malformed answer): an upstream that never ended one grew the buffer, joined and scanned again
+  at every read, until the attempt's total timeout.
 
 Speed matters: this runs for every read of every stream. It works on bytes, splits the buffer at
 `\\n\\n` with one C-level call, and takes a single-line `data: ...` event (what every OpenAI-style
@@ -27,6 +30,11 @@ from __future__ import annotations
 import json
 
 _BOM = b"\xef\xbb\xbf"
+MAX_EVENT_BYTES = 8 << 20  # one event (its data lines) may not grow past this without its blank line
+
+
+class EventTooLarge(ValueError):
+    """An event that went on past `MAX_EVENT_BYTES` without ending (the adapter: a malformed answer)."""
 
 
 class SSEParser:
@@ -66,6 +74,8 @@ class SSEParser:
             self._skip_lf = buffer.endswith(b"\r")
             buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if b"\n\n" not in buffer:
+            if len(buffer) > MAX_EVENT_BYTES:
+                raise EventTooLarge("upstream event too large")
             self._buffer = buffer
             return []
         blocks = buffer.split(b"\n\n")

@@ -26,8 +26,8 @@ adapter asks for), is malformed. A chunk-size line is one regular expression mat
 Errors are httpx's: `ConnectError`/`ConnectTimeout` before the request is sent, `ReadTimeout` when
 the upstream is silent past the read timeout (headers, or between body reads: `providers.timers`),
 `ReadError` when the connection breaks, `RemoteProtocolError` for a malformed answer (mapped in
-`providers.errors.upstream_errors`). A connection that raised is closed, never pooled, and so is
-one whose body was not read to its end (a client gone mid-stream): the upstream stops generating.
+`providers.errors.upstream_errors`; a whole answer over `MAX_BODY_BYTES` too: 300 MB took 1 GB). A
+connection that raised is closed, never pooled, and so is one whose body was not read to its end.
 
 No retries (providers.md): a request failing on a reused connection fails, even if the server seems to
 have dropped it unanswered (it may have billed it). Stale connections are avoided: one whose end was
@@ -59,6 +59,7 @@ _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")  # siz
 _NEXT_CHUNK_LINE = re.compile(rb"\r\n" + _CHUNK_LINE.pattern)  # after the CRLF that ends a chunk
 _MAX_CHUNK_LINE = 4096
 _MAX_IDLE_PER_HOST = 256
+MAX_BODY_BYTES = 64 << 20  # a larger whole answer is malformed (module doc)
 MAX_IDLE_S = 4.0  # a pooled connection idle this long is closed, not reused (module doc)
 _CHUNKED_ENDINGS = (b"\r\n0\r\n\r\n", b"0\r\n\r\n")
 LINGER_S = 0.1  # how long a stream's connection waits for its chunked terminator after the stream's end
@@ -309,7 +310,14 @@ class _Body(httpx.AsyncByteStream):
         self._deadline = deadline
         length, conn = self._length, self._conn
         if self._chunked or length is None:
-            return b"".join([data async for data in self])
+            parts, size = [], 0
+            async for data in self:
+                if (size := size + len(data)) > MAX_BODY_BYTES:
+                    raise httpx.RemoteProtocolError("upstream answer too large")
+                parts.append(data)
+            return b"".join(parts)
+        if length > MAX_BODY_BYTES:
+            raise httpx.RemoteProtocolError("upstream answer too large")
         while len(conn.buffer) < length:
             await conn.more(self._wait_s())
         data = bytes(conn.buffer[:length])

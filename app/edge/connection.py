@@ -18,7 +18,12 @@ headers are buffered without limit. `GuardedHttpToolsProtocol` adds, per connect
   instead of `100 Continue` and then the body it would send for nothing (without `Expect`, the
   app refuses it once the first piece of the body is in: `app.edge.asgi.read_body`). A header line that
   never ends is caught too: every chunk received while the head is unfinished counts, so at most
-  one read beyond the limit is ever buffered.
+  one read beyond the limit is ever buffered;
+- a write stall bound (`relay.CLIENT_STALL_S`): a client that takes none of what is written to it
+  for that long, once the transport's buffer is full (`pause_writing`), is disconnected. The relay
+  ends a stalled stream's request, but the handler then waited in uvicorn's `drain`, which has no
+  deadline, and a whole answer had no stall bound at all: a client that stopped reading held its
+  socket and the answer's buffers for as long as it liked (+310 MB for three 50 MB answers).
 
 These answers are written here, not by the app (no request has reached it), in the same error
 format (`app.errors.error_body`, or Anthropic's under `/v1/messages`) with an `x-request-id`, and
@@ -52,6 +57,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
+from app.edge import relay
 from app.edge.anthropic_format import error_document
 from app.edge.cycle import hold_head
 from app.errors import GatewayError, HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout, error_body
@@ -101,6 +107,25 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_seen = 0  # the reads that carried part of the head: at least its size
         self._head_bytes = 0  # the reads wholly inside the unfinished head: at most its size
         self._refusal = b""  # an answer waiting for the earlier (pipelined) responses: `_refuse_later`
+        self._write_stall: Handle | None = None  # armed while the client takes none of what we write
+
+    def pause_writing(self) -> None:
+        """The client stopped taking our bytes: past `relay.CLIENT_STALL_S` of it, the connection
+        is aborted (a slow-read client held its socket and the answer's buffers for ever)."""
+        super().pause_writing()
+        if self._write_stall is None:  # the relay's stall bound, for streams and whole answers alike
+            self._write_stall = self._timers.call_later(relay.CLIENT_STALL_S, _call, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_stall is not None:
+            self._write_stall.cancel()
+            self._write_stall = None
+
+    def _write_stalled(self) -> None:
+        self._write_stall = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -108,6 +133,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._write_stall is not None:
+            self._write_stall.cancel()
+            self._write_stall = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
