@@ -209,6 +209,14 @@ class NoBackendAvailable(GatewayError):
     type = "unavailable"
 
 
+class GatewayShort(GatewayError):
+    """Every attempt failed on the gateway's own resources (descriptors, buffers: `Failure.LOCAL`),
+    not on an upstream's: no backend was cooled down; the client may retry in a second."""
+
+    status_code = 503
+    type = "unavailable"
+
+
 class UsageNotRecordable(GatewayError):
     """cost.md: a request whose ledger row cannot be journaled is not served (`[ledger] required`)."""
 

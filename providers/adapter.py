@@ -197,12 +197,14 @@ class Provider:
 
         Why not: its status (`503`), the class of the error that kept it from answering
         (`ConnectionRefusedError`, `TimeoutError`: each GET has `_PROBE_READ_TIMEOUT` in all, a
-        trickling body too), or `malformed response`. `health_path` other than `/models` is tried
-        on the server root first (vLLM's `/health`); `{base_url}/models` is the fallback only for a
-        server that has no such route (404, 405, 501: Ollama). Any other answer, and no answer, is
-        the server's own word that it is not up (providers.md: "`/health` is 200 when up";
-        llama.cpp answers 503 while it loads the model, vLLM 500 once its engine died, and a
-        wedged engine's `/health` hangs while `/models` still answers). `keyed`: only
+        trickling body too), `malformed response`, or `local`: the gateway itself could not
+        connect for want of descriptors (`Failure.LOCAL`), which says nothing of the upstream.
+        `health_path` other than `/models` is tried on the server root first (vLLM's `/health`);
+        `{base_url}/models` is the fallback only for a server without such a route (404, 405, 501:
+        Ollama). Any other answer, and no answer, is the server's own word that it is not up
+        (providers.md: "`/health` is 200 when up"; llama.cpp answers 503 while it loads the model,
+        vLLM 500 once its engine died, and a wedged engine's `/health` hangs while `/models` still
+        answers). `keyed`: only
         `{base_url}/models`, with the key, answers — the probe of a provider disabled for its key
         (a vLLM started with `--api-key` answers `/health` to anyone).
 
@@ -249,8 +251,8 @@ class Provider:
             async with asyncio.timeout(_PROBE_READ_TIMEOUT):  # the whole answer: a body may trickle
                 with upstream_errors():
                     return await self._client.get(url, headers=self._probe_headers, timeout=timeout)
-        except UpstreamError as exc:
-            return transport_error(exc) or exc.kind.value  # the innermost cause: `ConnectionRefusedError`
+        except UpstreamError as exc:  # the innermost cause (`ConnectionRefusedError`); `local`: the gateway's own
+            return exc.kind.value if exc.kind is Failure.LOCAL else transport_error(exc) or exc.kind.value
         except TimeoutError:
             return "TimeoutError"
 

@@ -18,6 +18,10 @@ routing does:
                                       missing route, a wrong `base_url`: TRANSIENT)
       kind = Failure.TIMEOUT          connect, first byte, idle gap or total deadline passed:
                                       try the next, else 504
+      kind = Failure.LOCAL            the gateway itself out of descriptors or buffers (EMFILE,
+                                      ENFILE, ENOBUFS, ENOMEM) making the connection: no backend's
+                                      fault, none cooled down; 503 with Retry-After (a connection
+                                      flood cooled every backend down, for every replica)
 
 Three classifiers build it. `classify_response` reads a non-2xx answer (status, body,
 `Retry-After`/`x-ratelimit-reset*`) and `classify_error_chunk` an `{"error": ...}` chunk inside a
@@ -51,6 +55,7 @@ import asyncio
 import datetime as dt
 import email.utils
 import enum
+import errno
 import math
 import re
 import time
@@ -70,6 +75,7 @@ class Failure(enum.Enum):
     AUTH = "auth"
     CLIENT = "client"
     TIMEOUT = "timeout"
+    LOCAL = "local"
 
 
 class UpstreamError(Exception):
@@ -304,9 +310,24 @@ def classify_transport(exc: BaseException) -> UpstreamError:
         return exc
     if _timed_out(exc):
         return UpstreamError(Failure.TIMEOUT, "upstream timed out")
+    if _short_here(exc):
+        return UpstreamError(Failure.LOCAL, "the gateway is short of file descriptors or memory", retry_after=1.0)
     if isinstance(exc, MALFORMED):
         return UpstreamError(Failure.TRANSIENT, "upstream sent a malformed response")
     return UpstreamError(Failure.TRANSIENT, "upstream connection failed")
+
+
+_SHORT_HERE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def _short_here(exc: BaseException) -> bool:
+    """An `OSError` of the gateway's own resources under `exc` (a connect's `socket()` failing)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in _SHORT_HERE:
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def _timed_out(exc: BaseException) -> bool:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from app.errors import AllBackendsFailed, AtCapacity, GatewayError, NoBackendAvailable, UpstreamTimeout
+from app.errors import AllBackendsFailed, AtCapacity, GatewayError, GatewayShort, NoBackendAvailable, UpstreamTimeout
 from app.metrics import Metrics
 from app.routing.router import Backend, ProviderRuntime
 from app.routing.state import CoolReason
@@ -163,7 +163,7 @@ def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Met
     through the provider's publisher, when there is one), logged as one `attempt_failed` line and,
     when they change, `provider_disabled` / `breaker_open`."""
     policy = backend.provider.policy
-    if exc.kind is Failure.CLIENT:
+    if exc.kind in (Failure.CLIENT, Failure.LOCAL):  # the request's doing, or the gateway's own shortage
         log_attempt(log, backend, exc, None)
     elif exc.kind is Failure.CAPACITY:
         hint = exc.retry_after if exc.retry_after is not None else policy.capacity_cooldown_s
@@ -296,5 +296,7 @@ def exhausted(failures: list[tuple[str, UpstreamError]], candidates: Candidates)
         )
     if all(f.kind is Failure.TIMEOUT for f in errors):
         return UpstreamTimeout("the upstream timed out before answering")
+    if all(f.kind is Failure.LOCAL for f in errors):
+        return GatewayShort("the gateway is short of file descriptors or memory; try again shortly", retry_after=1.0)
     causes = "; ".join(f"{provider}: {attempt_cause(error)}" for provider, error in failures)
     return AllBackendsFailed(f"all backends refused the request ({causes})")

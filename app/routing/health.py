@@ -39,6 +39,7 @@ from typing import Any
 from app.metrics import Metrics
 from app.routing.failover import disable_provider
 from app.routing.router import Backend, ProviderRuntime, Router
+from providers.errors import Failure
 
 
 class HealthMonitor:
@@ -113,6 +114,9 @@ class HealthMonitor:
         listed: frozenset[str] | None = None
         try:
             failure, listed = await runtime.adapter.probe_report(keyed=runtime.state.disabled_reason is not None)
+            if failure == Failure.LOCAL.value:  # the gateway's own descriptors ran out: says nothing of the upstream
+                self.log.warning("probe_skipped", provider=runtime.config.name, reason=failure)
+                return
             ok = failure is None
             depth = await runtime.adapter.queue_depth() if ok and runtime.config.kind == "local" else None
         except Exception as exc:  # a bug, not an unreachable upstream (the adapter answers why)
