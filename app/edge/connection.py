@@ -19,11 +19,8 @@ headers are buffered without limit. `GuardedHttpToolsProtocol` adds, per connect
   app refuses it once the first piece of the body is in: `app.edge.asgi.read_body`). A header line that
   never ends is caught too: every chunk received while the head is unfinished counts, so at most
   one read beyond the limit is ever buffered;
-- a write stall bound (`relay.CLIENT_STALL_S`): a client that takes none of what is written to it
-  for that long, once the transport's buffer is full (`pause_writing`), is disconnected. The relay
-  ends a stalled stream's request, but the handler then waited in uvicorn's `drain`, which has no
-  deadline, and a whole answer had no stall bound at all: a client that stopped reading held its
-  socket and the answer's buffers for as long as it liked (+310 MB for three 50 MB answers).
+- a write stall bound: a client that takes none of a full buffer for `relay.CLIENT_STALL_S` is
+  disconnected (one that stopped reading held its socket and its answer's buffers for ever).
 
 These answers are written here, not by the app (no request has reached it), in the same error
 format (`app.errors.error_body`, or Anthropic's under `/v1/messages`) with an `x-request-id`, and
@@ -60,6 +57,7 @@ from uvicorn.server import ServerState
 from app.edge import relay
 from app.edge.anthropic_format import error_document
 from app.edge.cycle import hold_head
+from app.edge.unsent import unsent
 from app.errors import GatewayError, HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout, error_body
 from app.ids import uuid7
 from app.logging import get_logger
@@ -110,11 +108,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._write_stall: Handle | None = None  # armed while the client takes none of what we write
 
     def pause_writing(self) -> None:
-        """The client stopped taking our bytes: past `relay.CLIENT_STALL_S` of it, the connection
-        is aborted (a slow-read client held its socket and the answer's buffers for ever)."""
+        """The transport's buffer is full: a client that takes none of it for `CLIENT_STALL_S` is
+        disconnected (the write stall bound, module doc); a slow one that takes some is not."""
         super().pause_writing()
-        if self._write_stall is None:  # the relay's stall bound, for streams and whole answers alike
-            self._write_stall = self._timers.call_later(relay.CLIENT_STALL_S, _call, self._write_stalled)
+        if self._write_stall is None and self.transport is not None:
+            self._arm_write_stall(unsent(self.transport))
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -122,10 +120,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._write_stall.cancel()
             self._write_stall = None
 
-    def _write_stalled(self) -> None:
+    def _arm_write_stall(self, buffered: int) -> None:
+        self._write_stall = self._timers.call_later(relay.CLIENT_STALL_S, _call, lambda: self._write_stalled(buffered))
+
+    def _write_stalled(self, buffered: int) -> None:
+        """A stall bound after `buffered` bytes were unsent (`unsent`): fewer now, the client took some."""
         self._write_stall = None
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.abort()
+        if (transport := self.transport) is not None and not transport.is_closing():
+            if (left := unsent(transport)) < buffered:
+                self._arm_write_stall(left)
+            else:
+                transport.abort()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -135,7 +140,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         if self._write_stall is not None:
             self._write_stall.cancel()
-            self._write_stall = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

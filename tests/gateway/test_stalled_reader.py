@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import msgspec
 import pytest
 
 import app.edge.relay
@@ -64,3 +65,39 @@ async def test_a_client_that_stopped_reading_is_disconnected(
         assert [row["status"] for row in rows] == (["cancelled"] if stream else ["ok"])
     finally:
         writer.transport.abort()
+
+
+async def test_a_slow_client_that_keeps_reading_is_served_whole(
+    start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slower than the answer is not stopped: a client taking 32 KiB every 0.1 s keeps its
+    connection for four stall bounds, and gets the whole answer; the bound is for a client that
+    takes nothing. (What it took shows in the socket's send queue, `app.edge.unsent`, in steps of
+    the window it reopens: on loopback about 64 KiB.)"""
+    monkeypatch.setattr(app.edge.relay, "CLIENT_STALL_S", 1.0)
+    gw = await start_gateway(providers=providers_for(primary, secondary), catalog=CATALOG)
+    primary.enqueue(reply_json(200, _whole_answer()))  # 4 MiB: more than the kernel's buffers hold
+    host, port = gw.url.removeprefix("http://").split(":")
+    loop = asyncio.get_running_loop()
+    client = socket.create_connection((host, int(port)))
+    client.setblocking(False)
+    payload = b'{"model":"chat-1","messages":[{"role":"user","content":[{"kind":"text","data":"hi"}]}]}'
+    await loop.sock_sendall(
+        client,
+        b"POST /api/v1/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(payload), payload),
+    )
+    try:
+        received = bytearray()
+        for _ in range(40):  # 4 s: four stall bounds
+            received += await loop.sock_recv(client, 32768)
+            await asyncio.sleep(0.1)
+        assert gw.server.server_state.connections, "a client still reading was disconnected"
+        head, _, rest = bytes(received).partition(b"\r\n\r\n")
+        length = next(int(line[15:]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+        body = bytearray(rest)
+        while len(body) < length:
+            body += await loop.sock_recv(client, 1 << 20)
+        assert msgspec.json.decode(body)["message"]["content"] == [{"kind": "text", "data": PIECE * 1024}]
+    finally:
+        client.close()
