@@ -56,6 +56,7 @@ from providers.types import AnyRequest
 
 _ERROR_BODY_LIMIT = 64 * 1024
 _PROBE_READ_TIMEOUT = 10.0
+PROBE_BODY_MAX = 16 << 20  # a probe's answer (`/health`, `/models` with prices, `/metrics`) past this is malformed
 USER_AGENT = "switchyard"
 FAILED_GRACE_S = 1.0  # after a failed finish, how long its usage chunk is waited for (`_after_failed_finish`)
 
@@ -244,13 +245,19 @@ class Provider:
         return server_queue_depth(response.text)
 
     async def _get(self, url: str) -> httpx.Response | str:
-        """A probe's GET, its body read; or why the upstream could not be reached (the class of the
-        transport's error)."""
+        """A probe's GET, its body read (`PROBE_BODY_MAX` at most: one that never ended filled the
+        memory); or why the upstream could not be reached (the class of the transport's error)."""
         timeout = httpx.Timeout(_PROBE_READ_TIMEOUT, connect=self.config.timeouts.connect)
         try:
             async with asyncio.timeout(_PROBE_READ_TIMEOUT):  # the whole answer: a body may trickle
                 with upstream_errors():
-                    return await self._client.get(url, headers=self._probe_headers, timeout=timeout)
+                    async with self._client.stream("GET", url, headers=self._probe_headers, timeout=timeout) as got:
+                        body = bytearray()
+                        async for data in got.aiter_raw():
+                            if len(body) + len(data) > PROBE_BODY_MAX:
+                                raise httpx.RemoteProtocolError("probe answer too large")
+                            body += data
+                        return httpx.Response(got.status_code, headers=got.headers, content=bytes(body))
         except UpstreamError as exc:  # the innermost cause (`ConnectionRefusedError`); `local`: the gateway's own
             return exc.kind.value if exc.kind is Failure.LOCAL else transport_error(exc) or exc.kind.value
         except TimeoutError:

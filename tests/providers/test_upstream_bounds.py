@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from providers.adapter import Provider, make_client
+from providers.adapter import PROBE_BODY_MAX, Provider, make_client
 from providers.config import ProviderConfig
 from providers.errors import Failure, UpstreamError
 from providers.sse import MAX_EVENT_BYTES
@@ -86,3 +86,36 @@ async def test_a_streamed_event_that_never_ends_is_refused_past_the_bound() -> N
     assert error is not None
     assert (error.kind, error.message) == (Failure.TRANSIENT, "upstream sent a malformed response")
     assert sent[0] < 2 * MAX_EVENT_BYTES
+
+
+async def test_a_probe_answer_that_never_ends_is_a_failed_probe_past_the_bound() -> None:
+    """A probe's body was read whole, however long (every probe interval); `/models` sent without
+    end at loopback speed filled the memory before the probe's 10 s were up."""
+    sent = [0]
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(b'8\r\n{"data":\r\n')
+        try:
+            while sent[0] < 4 * PROBE_BODY_MAX:
+                writer.write(b"%x\r\n%s\r\n" % (BLOCK, b"[" * BLOCK))
+                sent[0] += BLOCK
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client: Any = make_client()
+    try:
+        config = ProviderConfig(name="fast", kind="fastrun", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+        adapter = Provider(config, client)
+        async with asyncio.timeout(30):
+            assert await adapter.probe_report() == ("RemoteProtocolError", None)
+        assert sent[0] < 2 * PROBE_BODY_MAX
+    finally:
+        server.close()
+        await client.aclose()
