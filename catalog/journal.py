@@ -61,7 +61,17 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from catalog.journal_files import Segment, adopt, fsync_all, moved, read_rows, restored, room_to_write, segment_path
+from catalog.journal_files import (
+    Segment,
+    adopt,
+    discard,
+    fsync_all,
+    moved,
+    read_rows,
+    restored,
+    room_to_write,
+    segment_path,
+)
 from catalog.records import RECORD_JSON, LedgerRecord
 
 SEGMENT_GLOB = "ledger-*.jsonl"
@@ -185,12 +195,14 @@ class Journal:
             header = msgspec.json.encode(
                 {"switchyard_journal": FORMAT_VERSION, "pid": os.getpid(), "created": datetime.now(UTC)}
             )
-            size = os.write(fd, header + b"\n")
+            line = header + b"\n"
+            size = os.write(fd, line)
         except OSError:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                path.unlink()
+            discard(fd, path)
             raise
+        if size != len(line):  # a full disk: a row after a torn header would be read as the header
+            discard(fd, path)
+            raise OSError(errno.ENOSPC, f"short write of a segment's header: {size} of {len(line)} bytes")
         self.segments.append(Segment(path, fd, self.appended, size=size, data_start=size))
         self._dirty = True
 

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -83,16 +84,16 @@ def restored(segment: Segment, directory: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         written = os.write(fd, data)
     except OSError:
-        _discard(fd, path)
+        discard(fd, path)
         raise
     if written != len(data):
-        _discard(fd, path)
+        discard(fd, path)
         raise OSError(errno.ENOSPC, "short write restoring a journal segment")
     segment.path = path
     return fd
 
 
-def _discard(fd: int, path: Path) -> None:
+def discard(fd: int, path: Path) -> None:
     os.close(fd)
     with contextlib.suppress(OSError):
         path.unlink()
@@ -109,7 +110,8 @@ def adopt(path: Path, first: int) -> Segment | None:
     except BlockingIOError:
         os.close(fd)
         return None
-    if os.fstat(fd).st_nlink == 0:  # another process replayed and deleted it meanwhile
+    found = os.fstat(fd)
+    if found.st_nlink == 0 or not stat.S_ISREG(found.st_mode):  # replayed and deleted meanwhile; not a file
         os.close(fd)
         return None
     data = whole(fd)

@@ -9,6 +9,7 @@ import asyncio
 import errno
 import os
 import shutil
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -131,3 +132,44 @@ async def test_a_row_kept_in_memory_is_journaled_once_the_journal_takes_rows_aga
         await writer.close(0.5)  # SIGTERM in the outage
     await engine.dispose()
     assert ids(directory) == [record(0).request_id, record(1).request_id]
+
+
+SHORT_HEADER = """
+import resource, sys
+from pathlib import Path
+from catalog.journal import Journal
+
+resource.setrlimit(resource.RLIMIT_FSIZE, (20, resource.RLIM_INFINITY))  # the header's first 20 bytes fit
+journal = Journal(Path(sys.argv[1]))
+journal.open()
+print(journal.broken, len(journal.segments))
+"""
+
+
+async def test_a_segment_whose_header_did_not_fit_is_not_left_behind(tmp_path: Path) -> None:
+    """A header written short (the disk full) was kept as a segment: a row written after it, once
+    there was room, would have been read back as the header and dropped. The file size limit
+    stands in for the full disk (a write crossing it stops short)."""
+    directory = tmp_path / "journal"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SHORT_HEADER, str(directory), stdout=asyncio.subprocess.PIPE
+    )
+    stdout, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0
+    assert stdout.decode().splitlines()[-1].split() == ["True", "0"]
+    assert segments(directory) == []
+
+
+async def test_a_directory_named_like_a_segment_is_not_adopted(tmp_path: Path) -> None:
+    """`ledger-….jsonl` a directory (a copy gone wrong): adopting it failed the journal's start, so
+    the service began refusing traffic (503) and the real segments beside it were not replayed."""
+    directory = tmp_path / "journal"
+    first = opened(directory)
+    assert first.append(record(0))
+    first.close(0)  # rows left for the next start
+    (directory / "ledger-0000000000000000000-1.jsonl").mkdir()
+    journal = opened(directory)
+    assert not journal.broken
+    assert journal.appended == 1  # the real segment's row, adopted
+    assert journal.append(record(1))
+    journal.close(0)
