@@ -140,6 +140,11 @@ class Journal:
             self._broken_by(exc)
         return sum(segment.rows for segment in self.segments)
 
+    def adopted_since(self) -> datetime | None:
+        """`finished_at` of the oldest row the adopted segments hold (the writer's age of what is
+        pending before it has read any: a restart with a backlog said `ok`, 0 s old)."""
+        return min((segment.oldest for segment in self.segments if segment.oldest is not None), default=None)
+
     def append(self, record: LedgerRecord, encoded: bytes | None = None) -> bool:
         """Write `record` as one line with one `os.write`; False (and the journal broken) when the
         operating system refused it. `encoded`: the record's msgspec JSON when the caller has it

@@ -11,6 +11,7 @@ import fcntl
 import os
 import stat
 import time
+from datetime import datetime
 from pathlib import Path
 
 import msgspec
@@ -18,13 +19,14 @@ import msgspec
 from catalog.records import LedgerRecord
 
 READ_CHUNK = 1 << 20
+_decoder = msgspec.json.Decoder(LedgerRecord)
 ROOM_DEFAULT = 16 << 20  # free bytes a broken journal waits for, or a quarter of a smaller volume
 
 
 class Segment:
     """One segment file, open and locked by this process until it is deleted."""
 
-    __slots__ = ("data_start", "fd", "first", "path", "rows", "sealed", "size")
+    __slots__ = ("data_start", "fd", "first", "oldest", "path", "rows", "sealed", "size")
 
     def __init__(self, path: Path, fd: int, first: int, *, rows: int = 0, size: int = 0, data_start: int = 0) -> None:
         self.path = path
@@ -34,6 +36,7 @@ class Segment:
         self.size = size  # bytes of whole lines: a torn tail (a crash mid-write) is never read
         self.data_start = data_start  # past the header line
         self.sealed = False
+        self.oldest: datetime | None = None  # an adopted segment's first row's `finished_at`
 
 
 def segment_path(directory: Path) -> Path:
@@ -120,6 +123,9 @@ def adopt(path: Path, first: int) -> Segment | None:
     rows = data.count(b"\n", header_end, size) if header_end else 0
     segment = Segment(path, fd, first, rows=rows, size=size, data_start=header_end)
     segment.sealed = True
+    if rows:
+        with contextlib.suppress(msgspec.DecodeError):  # an unreadable line is set aside when read back
+            segment.oldest = _decoder.decode(data[header_end : data.find(b"\n", header_end)]).finished_at
     return segment
 
 
@@ -129,9 +135,6 @@ def whole(fd: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
-
-
-_decoder = msgspec.json.Decoder(LedgerRecord)
 
 
 def read_rows(fd: int, offset: int, end: int, skip: int, count: int) -> tuple[list[LedgerRecord], list[bytes], int]:

@@ -101,7 +101,7 @@ class LedgerWriter:
         self._closing = False
         self._drain_to = self._submitted  # rows submitted up to this count leave now, full batch or not
         self._head: datetime | None = None  # finished_at of the oldest row of the batch in hand
-        self._last_written: datetime | None = None  # finished_at of the last row written
+        self._last_written = journal.adopted_since() if journal else None  # finished_at; at start: oldest left
         self._failing_since: float | None = None  # monotonic time the current outage began
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()

@@ -12,6 +12,7 @@ import shutil
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -173,3 +174,22 @@ async def test_a_directory_named_like_a_segment_is_not_adopted(tmp_path: Path) -
     assert journal.appended == 1  # the real segment's row, adopted
     assert journal.append(record(1))
     journal.close(0)
+
+
+async def test_a_backlog_a_previous_process_left_is_as_old_as_its_oldest_row(tmp_path: Path) -> None:
+    """A restart found rows left in the journal: until the first of them was read back, `/readyz`
+    said `ok` and the oldest pending row was 0 s old, whatever the backlog's age."""
+    directory = tmp_path / "journal"
+    first = opened(directory)
+    an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    assert first.append(record(0, finished_at=an_hour_ago))
+    assert first.append(record(1, finished_at=an_hour_ago + timedelta(minutes=30)))
+    first.close(0)  # a kill would leave them the same
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    writer = LedgerWriter(engine, journal=opened(directory), required=True)  # not started: nothing read
+    assert writer.pending == 2
+    assert 3600 <= writer.oldest_pending_s() < 3660
+    assert writer.state == "behind"
+    writer.start()
+    await writer.close(0.1)
+    await engine.dispose()
