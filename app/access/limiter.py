@@ -103,7 +103,7 @@ class LocalLimiter:
 
     async def admit(self, ask: Ask) -> Verdict:
         state = self._keys.get(ask.key_id) or self._keys.setdefault(ask.key_id, _KeyState())
-        now = time.time()
+        now = time.monotonic()  # a sliding minute of elapsed time: an NTP step of the wall clock moves no bucket
         second = int(now)
         buckets = state.buckets
         while buckets and buckets[0][0] <= second - WINDOW_S:
@@ -188,7 +188,7 @@ class LocalLimiter:
 
     def window(self, key_id: str, rpm: int, tpm: int) -> Verdict:
         """The key's window as it stands, nothing admitted (`app.access.window_view`)."""
-        state, now = self._keys.get(key_id), time.time()
+        state, now = self._keys.get(key_id), time.monotonic()
         live = [bucket for bucket in state.buckets if bucket[0] > int(now) - WINDOW_S] if state is not None else []
         requests, tokens, reset = sum(b[1] for b in live), sum(b[2] for b in live), _reset(deque(live), now)
         return Verdict(

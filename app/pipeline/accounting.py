@@ -16,7 +16,7 @@ settles an API key's reservation is the outcome's too (`settlement`).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -73,7 +73,7 @@ def ledger_record(ctx: RequestContext, outcome: Outcome) -> LedgerRecord:
     return LedgerRecord(  # by position, in the fields' order: `catalog.records.POSITIONAL` says why
         ctx.request_id,  # request_id
         ctx.started_at,  # started_at
-        datetime.now(UTC),  # finished_at
+        ctx.started_at + timedelta(seconds=outcome.finished - ctx.started),  # finished_at: start + elapsed
         outcome.status,  # status
         ctx.stream,  # streamed
         round((outcome.finished - ctx.started) * 1000, 3),  # latency_ms

@@ -143,7 +143,7 @@ class ClusterLink:
             return False
         self._pubsub = pubsub  # first: closed by the next reconnect, should applying what was stored fail
         for raw in stored:
-            self._apply_raw(raw)
+            self._apply_raw(raw, live=False)
         if self._outage_logged:
             self.log.warning("redis_reconnected", worker=self.worker_id)
         self.available, self._outage_logged = True, False
@@ -200,16 +200,16 @@ class ClusterLink:
                 stored += [raw for raw in await self.redis.mget(keys) if raw is not None]
         return stored
 
-    def _apply_raw(self, raw: bytes | str) -> None:
+    def _apply_raw(self, raw: bytes | str, live: bool = True) -> None:
         try:
             event = _decode_event(raw)
         except msgspec.DecodeError:
             self.log.warning("redis_event_unreadable", data=str(raw[:200]))
             return
         if event.origin != self.worker_id:
-            self.apply(event)
+            self.apply(event, live)
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event, live: bool = True) -> None:
         """Another process's state change, applied to ours (never announced again). A breaker or a
         provider that changes state here is logged, with `source="cluster"` and the `origin` worker."""
         now = asyncio.get_running_loop().time()
@@ -221,8 +221,12 @@ class ClusterLink:
                 return
             if isinstance(event, BreakerEvent):
                 self._apply_breaker(backend, event)
-            elif event.until > wall:
-                backend.state.cool_down(now, event.until - wall, event.reason)
+            else:  # never longer than the publisher's own cool-down, whatever the two wall clocks say
+                left = event.until - wall
+                if event.seconds is not None:  # just published: its duration; stored: capped by it
+                    left = event.seconds if live else min(left, event.seconds)
+                if left > 0:
+                    backend.state.cool_down(now, left, event.reason)
             return
         runtime = self._router.providers.get(event.provider) if self._router is not None else None
         if runtime is None or runtime.state.key_missing:
@@ -264,7 +268,7 @@ class ClusterLink:
             return
         until = time.time() + remaining
         names = (backend.name, backend.model_id, backend.upstream_model)
-        event = CoolEvent(self.worker_id, *names, until=until, reason=state.cool_reason)
+        event = CoolEvent(self.worker_id, *names, until=until, reason=state.cool_reason, seconds=remaining)
         self._publish(self._backend_key("cool", backend), event, math.ceil(remaining * 1000))
 
     def breaker_changed(self, backend: Backend) -> None:

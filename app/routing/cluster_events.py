@@ -19,6 +19,7 @@ class CoolEvent(Struct, tag="cool", frozen=True):
     upstream_model: str
     until: float  # epoch seconds
     reason: CoolReason
+    seconds: float | None = None  # the cool-down left when published: replicas' wall clocks disagree
 
 
 class BreakerEvent(Struct, tag="breaker", frozen=True):

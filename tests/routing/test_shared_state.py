@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 
 from app.metrics import Metrics
 from app.routing.cluster import ClusterLink
+from app.routing.cluster_events import CoolEvent
 from app.settings import RedisSettings
 from tests.routing.conftest import PROBE_PATH, launch
 from tests.routing.test_metrics import DURATION, FIRST_TOKEN, REQUESTS, SPEED, buckets, cumulative, finish_all
@@ -559,3 +560,27 @@ async def test_a_worker_reconnects_learns_what_it_missed_and_survives_losing_red
     finally:
         await relay.stop()
     assert (len(completions(alpha)), len(completions(beta)), len(completions(gamma))) == (1, 2, 3)
+
+
+@pytest.mark.parametrize("skew_s", [-300.0, -30.0, 30.0, 300.0])
+async def test_a_cool_down_from_a_replica_whose_clock_differs_lasts_as_the_upstream_asked(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, skew_s: float
+) -> None:
+    """A cool-down one replica learns from an upstream lasts as long on the others, whatever their
+    wall clocks say (a clock audit: replicas whose clocks disagreed by minutes). The event went with
+    the publisher's wall-clock end (`until`) only, and a replica 300 s behind the publisher kept a
+    healthy backend out for 305 s (past `max_cooldown_s`), one ahead of it ignored the upstream's
+    Retry-After. Here a gateway on the real Redis hears, on its event channel, what a replica whose
+    clock is off publishes (`CoolEvent` with `seconds`, the time left when published)."""
+    gateway = await launch(start_gateway, {"alpha": alpha, "beta": beta}, redis=store.config)
+    skewed = CoolEvent(
+        "replica-with-a-skewed-clock", "alpha", "chat-1", "alpha/chat-1", until=time.time() + skew_s + 5.0,
+        reason="capacity", seconds=5.0,
+    )  # fmt: skip
+    await store.client.publish(f"{store.prefix}:events", msgspec.json.encode(skewed))
+
+    async def cooling() -> bool:
+        return "cooling_until" in (await deployments(gateway))["alpha"]
+
+    await wait_until(cooling, within=3.0)
+    assert 3.5 < seconds_until((await deployments(gateway))["alpha"]["cooling_until"]) <= 5.0
