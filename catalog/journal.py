@@ -64,6 +64,7 @@ import structlog
 from catalog.journal_files import (
     Segment,
     adopt,
+    copy_range,
     discard,
     fsync_all,
     moved,
@@ -280,7 +281,7 @@ class Journal:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(self.fsync_interval, _RETRY_S) if self.broken else self.fsync_interval)
-            self._restore_moved()
+            await self._restore_moved()
             if self.broken:
                 self._recover()
             elif self._dirty:
@@ -297,25 +298,39 @@ class Journal:
             while self._to_close:
                 os.close(self._to_close.pop())
 
-    def _restore_moved(self) -> None:
+    async def _restore_moved(self) -> None:
         """Segments whose files left their paths (the directory deleted, moved away or replaced:
         an operator, a clean-up job) hold rows that only this process's descriptors reach, and a
         kill lost them all while `/readyz` said writable. Each is written back under the directory
-        (`journal_files.restored`) and used from then on; one that cannot be breaks the journal
-        (503) until it can."""
-        for segment in self.segments:
-            if not moved(segment):
-                continue
+        (`_restore`); one that cannot be breaks the journal (503) until it can."""
+        for segment in [segment for segment in self.segments if moved(segment)]:
+            self._syncing = True  # a segment released meanwhile keeps its descriptor until then
             try:
-                fd = restored(segment, self.directory)
+                await self._restore(segment)
             except OSError as exc:
                 if not self.broken:
                     self._fail(self.segments[-1], exc)
                 return
-            old, segment.fd = segment.fd, fd
-            self._thread.submit(os.close, old)  # after any read or fsync of it queued before
-            self._dirty = True
-            log.warning("ledger_journal_segment_restored", path=str(segment.path), rows=segment.rows)
+            finally:
+                self._syncing = False
+                while self._to_close:
+                    os.close(self._to_close.pop())
+
+    async def _restore(self, segment: Segment) -> None:
+        """The segment's bytes copied to a new file on the journal's thread (`restored`), the rows
+        appended meanwhile then here, and the new file used from then on."""
+        size, loop = segment.size, asyncio.get_running_loop()
+        fd, path = await loop.run_in_executor(self._thread, restored, segment.fd, size, segment.path, self.directory)
+        if segment not in self.segments:  # every row of it committed meanwhile: not needed
+            discard(fd, path)
+            return
+        if copy_range(segment.fd, fd, size, segment.size) != segment.size - size:
+            discard(fd, path)
+            raise OSError(errno.ENOSPC, "short write restoring a journal segment")
+        old, segment.fd, segment.path = segment.fd, fd, path
+        self._thread.submit(os.close, old)  # after any read or fsync of it queued before
+        self._dirty = True
+        log.warning("ledger_journal_segment_restored", path=str(path), rows=segment.rows)
 
     def _recover(self) -> None:
         if not room_to_write(self.directory, self.min_free_bytes):

@@ -69,15 +69,13 @@ def moved(segment: Segment) -> bool:
         return False
 
 
-def restored(segment: Segment, directory: Path) -> int:
-    """A new file, opened and locked as a segment, holding `segment`'s whole lines: the same bytes,
-    so its rows' seqs and offsets hold. At the segment's path (`segment.path` changes to a fresh
-    name when another file holds that one now, which is left as it is). OSError when it cannot be
-    made; nothing is left behind then."""
+def restored(source: int, size: int, path: Path, directory: Path) -> tuple[int, Path]:
+    """A new file, opened and locked as a segment, holding the first `size` bytes of `source` (a
+    segment whose file left its path): the same bytes, so its rows' seqs and offsets hold. At
+    `path`, or under a fresh name when another file holds that one now (left as it is). Copied a
+    chunk at a time (on the journal's thread); OSError when it cannot be made, nothing left then."""
     directory.mkdir(parents=True, exist_ok=True)
-    data = whole(segment.fd)[: segment.size]
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
-    path = segment.path
     try:
         fd = os.open(path, flags, 0o640)
     except FileExistsError:
@@ -85,15 +83,25 @@ def restored(segment: Segment, directory: Path) -> int:
         fd = os.open(path, flags, 0o640)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        written = os.write(fd, data)
+        copied = copy_range(source, fd, 0, size)
     except OSError:
         discard(fd, path)
         raise
-    if written != len(data):
+    if copied != size:
         discard(fd, path)
         raise OSError(errno.ENOSPC, "short write restoring a journal segment")
-    segment.path = path
-    return fd
+    return fd, path
+
+
+def copy_range(source: int, target: int, start: int, end: int) -> int:
+    """Bytes `start` to `end` of `source` appended to `target`; how many were written."""
+    copied = 0
+    while start + copied < end:
+        chunk = os.pread(source, min(READ_CHUNK, end - start - copied), start + copied)
+        if not chunk or (written := os.write(target, chunk)) != len(chunk):
+            return copied + (written if chunk else 0)
+        copied += written
+    return copied
 
 
 def discard(fd: int, path: Path) -> None:

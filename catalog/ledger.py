@@ -185,12 +185,19 @@ class LedgerWriter:
         if self._task is None:
             raise RuntimeError("the ledger writer was never started")
         journal_target = self._journal.appended if self._journal is not None else 0
-        loose_target = self._loose.submitted
+        loose, loose_target = self._loose, self._loose.submitted
+        moving = loose.pending > 0  # rows of it may go to the journal: then to be read back and written
         self._drain_to = max(self._drain_to, self._submitted)
         self._wake.set()
         async with self._progress:
             await self._progress.wait_for(
-                lambda: (self._committed >= journal_target and self._loose.done >= loose_target) or self._stopped()
+                lambda: (
+                    (
+                        self._committed >= max(journal_target, loose.moved_until if moving else 0)
+                        and loose.done >= loose_target
+                    )
+                    or self._stopped()
+                )
             )
         self._raise_if_crashed()
 
@@ -240,10 +247,10 @@ class LedgerWriter:
         if waiting >= self._batch_size:
             self._wake.set()
 
-    def _journal_loose(self, rows: Sequence[LedgerRecord] | None = None) -> int:
-        """Memory-only rows (`rows`, else every waiting one) into the journal once it takes rows
+    def _journal_loose(self, *, in_hand: bool = False) -> int:
+        """Memory-only rows (`in_hand`: the batch in hand's) into the journal once it takes rows
         again (`catalog.loose_rows`), to be read back after the rows before them; how many it took."""
-        moved = self._loose.journal_into(self._journal, rows)
+        moved = self._loose.journal_into(self._journal, in_hand=in_hand)
         self._behind = self._behind or moved > 0
         return moved
 
@@ -343,7 +350,7 @@ class LedgerWriter:
                 if not is_outage(exc):
                     await self._isolate(batch, lines, exc)
                     return
-                if loose and self._journal_loose(batch) == len(batch):
+                if loose and self._journal_loose(in_hand=True) and not batch:  # every one journaled
                     self._on_write_failure(batch, exc, attempt + 1)
                     return
                 attempt += 1
@@ -384,17 +391,3 @@ class LedgerWriter:
         self.rejected.append(record)
         if self._journal is not None:
             self._journal.reject(self._journal.encode(record))
-
-
-async def write_records(engine: AsyncEngine, records: Sequence[LedgerRecord]) -> None:
-    """Write `records` now in one transaction, idempotently (a known request id is skipped).
-
-    The writer's batches take the same path (`catalog.ledger_store`); so can replays and tools.
-    Not for the request path.
-    """
-    store = store_for(engine, _COLUMNS)
-    try:
-        if records:
-            await store.write(records, None)
-    finally:
-        await store.close()

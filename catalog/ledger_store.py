@@ -14,7 +14,7 @@ cost that does not fit) and hands the batch over once:
   work (binding, the INSERT, the roll-ups, the commit) then runs beside the gateway, as a
   PostgreSQL server's does, not on the core and the interpreter that serve requests.
 - `SQLiteStore`: the same rows on a thread of the calling process, for one-off writes
-  (`catalog.ledger.write_records`: tools, tests) that would not pay for a process's start.
+  (`catalog.ledger_write.write_records`: tools, tests) that would not pay for a process's start.
 - `PostgresStore`: the batch is one JSON document — the rows' journal lines joined, the pipeline
   having encoded each record once already — that PostgreSQL turns into rows with
   `json_populate_recordset`, one statement sent by asyncpg itself on a connection the store keeps

@@ -12,7 +12,6 @@ rows like any other, read back from it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 
 from catalog.journal import Journal
 from catalog.records import RECORD_JSON, LedgerRecord
@@ -20,15 +19,18 @@ from catalog.records import RECORD_JSON, LedgerRecord
 
 class LooseRows:
     """The loose rows in submission order, the batch of them being written (`in_hand`) and the
-    counts that tell `LedgerWriter.flush` when every one submitted is done."""
+    counts that tell `LedgerWriter.flush` when every one submitted is done: written, set aside, or
+    moved into the journal (`moved_until`: the journal's row count after the latest move, which a
+    flush waiting on loose rows then waits for the database to reach)."""
 
-    __slots__ = ("done", "in_hand", "rows", "submitted")
+    __slots__ = ("done", "in_hand", "moved_until", "rows", "submitted")
 
     def __init__(self) -> None:
         self.rows: deque[LedgerRecord] = deque()
         self.in_hand: list[LedgerRecord] | None = None  # taken for the database, not written yet
         self.submitted = 0
-        self.done = 0  # written to the database, set aside, or moved into the journal
+        self.done = 0
+        self.moved_until = 0
 
     @property
     def pending(self) -> int:
@@ -46,7 +48,7 @@ class LooseRows:
         return batch
 
     def finished(self, count: int) -> None:
-        """The batch in hand is done: written, set aside or journaled."""
+        """The batch in hand is done: its `count` rows left written or set aside."""
         self.in_hand = None
         self.done += count
 
@@ -56,19 +58,24 @@ class LooseRows:
             self.rows.extendleft(reversed(self.in_hand))
         self.in_hand = None
 
-    def journal_into(self, journal: Journal | None, rows: Sequence[LedgerRecord] | None = None) -> int:
-        """Append `rows` (by default the waiting ones, which then count as done) to `journal`, in
-        order, while it takes them; returns how many it took (0 without a writable journal)."""
-        if journal is None or journal.broken:
+    def journal_into(self, journal: Journal | None, *, in_hand: bool = False) -> int:
+        """Append the waiting rows (`in_hand`: the batch in hand's, which then holds only those
+        the journal did not take) to `journal`, in order, while it takes them; how many it took
+        (0 without a writable journal). They count as done."""
+        source = self.in_hand if in_hand else self.rows
+        if journal is None or journal.broken or not source:
             return 0
-        source = self.rows if rows is None else rows
         moved = 0
         for record in source:
             if not journal.append(record, RECORD_JSON.encode(record)):
                 break
             moved += 1
-        if rows is None:
+        if isinstance(source, list):
+            del source[:moved]
+        else:
             for _ in range(moved):
-                self.rows.popleft()
-            self.done += moved
+                source.popleft()
+        self.done += moved
+        if moved:
+            self.moved_until = journal.appended
         return moved

@@ -91,7 +91,8 @@ ChunkT = TypeVar("ChunkT", bound=ChunkBase)
 _UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 # An upstream's request id as upstreams write one (`chatcmpl-…`, `gen-…`, `cmpl-…`, a UUID): it is
 # logged and stored (`upstream_request_id`), so never prose, nor the upstream's echo of the request.
-_UPSTREAM_ID = re.compile(r"[A-Za-z0-9_.:/+=-]+")
+_UPSTREAM_ID = re.compile(r"[A-Za-z0-9_.:/+=|~@#-]+")  # no space, quote or brace: no prose, no JSON
+SECRET_MIN = 8  # a key shorter than this (a local server's "x") is no secret worth an id dropped
 
 
 def upstream_id(value: str | None, secret: str | None = None) -> str | None:
@@ -100,7 +101,7 @@ def upstream_id(value: str | None, secret: str | None = None) -> str | None:
     if not value:
         return None
     value = value.replace("\x00", "")[:300]
-    if not _UPSTREAM_ID.fullmatch(value) or (secret and secret in value):
+    if not _UPSTREAM_ID.fullmatch(value) or (secret and len(secret) >= SECRET_MIN and secret in value):
         return None
     return value
 

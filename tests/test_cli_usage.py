@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from catalog.database import open_engine
-from catalog.ledger import write_records
+from catalog.ledger_write import write_records
 from catalog.migrate import upgrade_async
 from catalog.usage_query import parse_query
 from tests.catalog.usage_oracle import expected, ledger_rows, seeded_records

@@ -261,6 +261,8 @@ def attempt_cause(exc: UpstreamError) -> str:
     wrong on the wire. Never the upstream's message, a URL or a key."""
     if exc.kind is Failure.TIMEOUT:
         return "timed out"
+    if exc.kind is Failure.LOCAL:
+        return "gateway out of descriptors"
     chain = wrapped(exc)
     if chain:
         phrases = (phrase for error in chain for kind, phrase in _TRANSPORT_PHRASES if isinstance(error, kind))
@@ -289,14 +291,14 @@ def exhausted(failures: list[tuple[str, UpstreamError]], candidates: Candidates)
         if candidates.capacity_waits:
             return AtCapacity("all backends for this model are at capacity", retry_after=soonest)
         return NoBackendAvailable("no backend is available for this model", retry_after=soonest)
-    errors = [error for _, error in failures]
+    errors = [error for _, error in failures if error.kind is not Failure.LOCAL]  # the gateway's, not theirs
+    if not errors:
+        return GatewayShort("the gateway is short of file descriptors or memory; try again shortly", retry_after=1.0)
     if all(f.kind is Failure.CAPACITY for f in errors):  # each one's cool-down as applied (capped, or longer)
         return AtCapacity(
             "all backends for this model are at capacity", retry_after=min(candidates.capacity_waits, default=1.0)
         )
     if all(f.kind is Failure.TIMEOUT for f in errors):
         return UpstreamTimeout("the upstream timed out before answering")
-    if all(f.kind is Failure.LOCAL for f in errors):
-        return GatewayShort("the gateway is short of file descriptors or memory; try again shortly", retry_after=1.0)
     causes = "; ".join(f"{provider}: {attempt_cause(error)}" for provider, error in failures)
     return AllBackendsFailed(f"all backends refused the request ({causes})")

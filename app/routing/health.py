@@ -40,6 +40,7 @@ from app.metrics import Metrics
 from app.routing.failover import disable_provider
 from app.routing.router import Backend, ProviderRuntime, Router
 from providers.errors import Failure
+from providers.openai_stream import SECRET_MIN
 
 
 class HealthMonitor:
@@ -116,6 +117,7 @@ class HealthMonitor:
             failure, listed = await runtime.adapter.probe_report(keyed=runtime.state.disabled_reason is not None)
             if failure == Failure.LOCAL.value:  # the gateway's own descriptors ran out: says nothing of the upstream
                 self.log.warning("probe_skipped", provider=runtime.config.name, reason=failure)
+                self._probes[runtime.config.name] = self._probes.get(runtime.config.name, 0) + 1  # a round all the same
                 return
             ok = failure is None
             depth = await runtime.adapter.queue_depth() if ok and runtime.config.kind == "local" else None
@@ -181,7 +183,9 @@ class HealthMonitor:
         if name not in self._unmatched:
             self._unmatched.add(name)
             key = runtime.config.api_key
-            shown = [entry[:64] for entry in sorted(listed)[:5] if not (key and key in entry)]
+            shown = [
+                entry[:64] for entry in sorted(listed)[:5] if not (key and len(key) >= SECRET_MIN and key in entry)
+            ]
             self.log.error("model_list_unmatched", provider=name, listed=shown, source="probe")
         return None
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import inspect, text
 
-from catalog.ledger import write_records
+from catalog.ledger_write import write_records
 from tests.access.conftest import ADMIN, ADMIN_ENV, CATALOG, MakeKey, bearer, keyed_gateway
 from tests.catalog.test_ledger_writer import record
 from tests.support.client import COMPLETIONS, body

@@ -83,3 +83,21 @@ async def test_a_non_sy_admin_secret_is_not_quoted_in_errors(
         if secret in response.text:
             echoed.append(f"{method} {path.replace(secret, '<secret>')}")
     assert echoed == []
+
+
+@pytest.mark.parametrize(
+    ("key", "upstream_id"),
+    [("a", "chatcmpl-8f1c2a9e0b"), ("x", "req|2024~abc@node#3"), (UP_KEY, "gen-1733-XyZ")],
+)
+async def test_an_ordinary_upstream_id_is_kept_whatever_the_providers_key(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, key: str, upstream_id: str
+) -> None:
+    """A local server is often given a throwaway key ("a", "x"): an id holding it is no leak, and
+    was dropped (most `chatcmpl-<hex>` ids hold an "a"); nor are `|`, `~`, `@` or `#` prose."""
+    monkeypatch.setenv(KEY_ENV, key)
+    gw = await keyed_gateway(start_gateway, up, monkeypatch, provider={"api_key_env": KEY_ENV})
+    up.enqueue(reply_json(200, _answer(upstream_id)))
+    response = await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(ADMIN))
+    assert response.status_code == 200, response.text
+    (row,) = await gw.ledger_rows()
+    assert row["upstream_request_id"] == upstream_id

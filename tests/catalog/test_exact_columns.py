@@ -105,7 +105,7 @@ async def test_naive_datetimes_are_refused(engine: AsyncEngine) -> None:
 async def test_the_ledger_writers_path_keeps_every_digit(engine: AsyncEngine, cost: Decimal) -> None:
     """`write_records` (the batched writer's path: driver executemany on SQLite) stores the same
     exact text as the SQLAlchemy path; a float anywhere on the way would lose these digits."""
-    from catalog.ledger import write_records
+    from catalog.ledger_write import write_records
     from catalog.records import LedgerRecord
 
     record = LedgerRecord(

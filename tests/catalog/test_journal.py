@@ -16,7 +16,8 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from catalog.journal import REJECTED, SEGMENT_GLOB, Journal
-from catalog.ledger import LedgerWriter, write_records
+from catalog.ledger import LedgerWriter
+from catalog.ledger_write import write_records
 from catalog.migrate import upgrade_async
 from catalog.records import LedgerRecord
 from tests.catalog.test_ledger_writer import FAILED, FULL, ledger, record

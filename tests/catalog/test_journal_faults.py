@@ -22,9 +22,10 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from catalog.journal import Journal
 from catalog.ledger import LedgerWriter
+from catalog.migrate import upgrade_async
 from catalog.records import LedgerRecord
 from tests.catalog.test_journal import journal_rows, opened, segments
-from tests.catalog.test_ledger_writer import record
+from tests.catalog.test_ledger_writer import ledger, record
 from tests.support.waiting import wait_until
 
 
@@ -192,4 +193,42 @@ async def test_a_backlog_a_previous_process_left_is_as_old_as_its_oldest_row(tmp
     assert writer.state == "behind"
     writer.start()
     await writer.close(0.1)
+    await engine.dispose()
+
+
+async def test_rows_moved_into_the_journal_are_flushed_once_written_and_counted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows kept in memory (the journal broken) while the database is down move into the journal
+    once it recovers. A `flush()` waiting on them returned at the move, before any reached the
+    database; and the batch moved was counted written twice (at the move and when read back), so
+    a later flush of one row never came (its batch was never due)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    engine = create_async_engine(url)  # not migrated yet: every write is an outage
+    directory = tmp_path / "journal"
+    journal = opened(directory, min_free_bytes=0, fsync_interval=0.05)
+    writer = LedgerWriter(engine, journal=journal, required=True, batch_size=10, flush_interval=0.05)
+    writer.start()
+    write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    for n in range(5):
+        writer.submit(record(n))
+    monkeypatch.setattr(os, "write", write)
+    assert journal.broken
+    flushing = asyncio.create_task(writer.flush())
+    async with maintained(journal):
+        await wait_until(lambda: len(ids(directory)) == 5, within=15.0, what="the rows moved into the journal")
+        await asyncio.sleep(0.3)
+        assert not flushing.done(), "flush returned with the rows in the journal only"
+        await upgrade_async(url)  # the database is back
+        await asyncio.wait_for(flushing, 15.0)
+        assert len(await ledger(engine)) == 5
+        writer.submit(record(5))
+        await asyncio.wait_for(writer.flush(), 5.0)
+        assert len(await ledger(engine)) == 6
+    await writer.close()
     await engine.dispose()

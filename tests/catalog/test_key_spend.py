@@ -12,7 +12,7 @@ from decimal import Decimal
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.keys import spent_since
-from catalog.ledger import write_records
+from catalog.ledger_write import write_records
 from tests.catalog.test_ledger_writer import record
 
 NOW = datetime.now(UTC).replace(microsecond=0)

@@ -15,7 +15,8 @@ from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import catalog.ledger_store
-from catalog.ledger import LedgerWriter, write_records
+from catalog.ledger import LedgerWriter
+from catalog.ledger_write import write_records
 from catalog.migrate import upgrade_async
 from catalog.records import LedgerRecord
 from catalog.tables import ExactDecimal, LedgerRow

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from catalog.database import open_engine
-from catalog.ledger import write_records
+from catalog.ledger_write import write_records
 from catalog.migrate import upgrade_async
 from catalog.records import LedgerRecord
 from catalog.usage_query import parse_query

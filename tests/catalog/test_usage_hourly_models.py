@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from catalog.ledger import write_records
+from catalog.ledger_write import write_records
 from catalog.tables import UsageHourly, UsageHourlyModels, UsageHourlyModelStatus
 from catalog.usage_query import parse_query
 from catalog.usage_report import usage_report

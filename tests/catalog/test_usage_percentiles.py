@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from catalog.ledger import write_records
+from catalog.ledger_write import write_records
 from catalog.records import LedgerRecord
 from catalog.usage_query import parse_query
 from catalog.usage_report import usage_report

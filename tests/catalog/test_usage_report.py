@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.context import Ingress
 from catalog.database import open_engine
-from catalog.ledger import write_records
+from catalog.ledger_write import write_records
 from catalog.migrate import upgrade_async
 from catalog.records import LedgerRecord
 from catalog.report_period import QueryError

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from catalog.database import open_engine
-from catalog.ledger import write_records
+from catalog.ledger_write import write_records
 from catalog.records import LedgerRecord
 from tests.support.catalog import catalog_toml, model, price
 from tests.support.cli import cli_env, run_cli

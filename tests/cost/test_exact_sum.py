@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from catalog.database import open_engine
 from catalog.exact_sum import ExactSum, decimal_text
-from catalog.ledger import write_records
+from catalog.ledger_write import write_records
 from catalog.records import LedgerRecord
 from catalog.tables import LedgerRow
 

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 import pytest
 
 import providers.transport
+from app.routing.failover import Candidates, attempt_cause, exhausted
+from providers.errors import Failure, UpstreamError
 from tests.gateway.conftest import CATALOG, providers_for
 from tests.support.client import body, post
 from tests.support.gateway import StartGateway
@@ -96,3 +98,24 @@ async def test_a_probe_that_finds_no_descriptor_here_says_nothing_of_the_upstrea
     primary.enqueue(answer("from primary"))
     served = await post(gw, body())
     assert (served.status_code, served.json()["provider"]) == (200, "primary")
+
+
+@pytest.mark.parametrize(
+    ("other", "status", "error_type"),
+    [
+        (UpstreamError(Failure.TIMEOUT, "upstream timed out"), 504, "upstream_error"),
+        (UpstreamError(Failure.CAPACITY, "upstream at capacity", status=429, retry_after=3.0), 429, "rate_limit_error"),
+    ],
+)
+def test_an_attempt_the_gateways_shortage_failed_leaves_the_answer_to_the_others(
+    other: UpstreamError, status: int, error_type: str
+) -> None:
+    """One attempt failed on the gateway's own descriptors, another on its upstream: the client's
+    answer is the upstream's kind (504 for a timeout, 429 for capacity), as if the shortage had
+    not been there; it was a 502 "all backends refused" naming the shortage "connection failed"."""
+    short = UpstreamError(Failure.LOCAL, "the gateway is short of file descriptors or memory", retry_after=1.0)
+    candidates = Candidates([], 0.0, probe_interval=10.0)
+    candidates.capacity_waits.append(3.0)
+    answer = exhausted([("primary", short), ("secondary", other)], candidates)
+    assert (answer.status_code, answer.type) == (status, error_type)
+    assert attempt_cause(short) == "gateway out of descriptors"

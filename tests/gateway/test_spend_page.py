@@ -11,7 +11,7 @@ import msgspec
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from catalog.ledger import write_records
+from catalog.ledger_write import write_records
 from tests.catalog.usage_oracle import seeded_records
 from tests.support.browser import chromium, png_pixels
 from tests.support.gateway import GatewayHandle
