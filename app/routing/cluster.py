@@ -236,7 +236,10 @@ class ClusterLink:
         if isinstance(event, DisabledEvent):
             if state.ready:
                 self.log.error("provider_disabled", provider=event.provider, reason=event.reason, **origin)
-            state.disable(event.reason, now - (wall - event.at), quota=event.quota)
+            ago = wall - event.at  # read from Redis at start: at least as old as when published
+            if event.ago is not None:
+                ago = event.ago if live else max(ago, event.ago)
+            state.disable(event.reason, now - ago, quota=event.quota)
             for backend_state in runtime.backends:
                 backend_state.evict()
         else:
@@ -280,8 +283,9 @@ class ClusterLink:
         state = provider.state
         if state.disabled_reason is None or state.key_missing:
             return
-        at = time.time() - (asyncio.get_running_loop().time() - state.disabled_at)
-        event = DisabledEvent(self.worker_id, provider.config.name, state.disabled_reason, state.quota_exhausted, at)
+        ago = asyncio.get_running_loop().time() - state.disabled_at
+        names = (self.worker_id, provider.config.name, state.disabled_reason, state.quota_exhausted)
+        event = DisabledEvent(*names, at=time.time() - ago, ago=ago)
         self._publish(f"{self.prefix}:disabled:{provider.config.name}", event, _ms(STATE_TTL_S))
 
     def provider_enabled(self, provider: ProviderRuntime) -> None:

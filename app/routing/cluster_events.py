@@ -36,6 +36,7 @@ class DisabledEvent(Struct, tag="disabled", frozen=True):
     reason: str
     quota: bool
     at: float  # epoch seconds
+    ago: float | None = None  # seconds since it was disabled, when published: wall clocks disagree
 
 
 class EnabledEvent(Struct, tag="enabled", frozen=True):

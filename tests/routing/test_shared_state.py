@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from app.metrics import Metrics
 from app.routing.cluster import ClusterLink
-from app.routing.cluster_events import CoolEvent
+from app.routing.cluster_events import CoolEvent, DisabledEvent
 from app.settings import RedisSettings
 from tests.routing.conftest import PROBE_PATH, launch
 from tests.routing.test_metrics import DURATION, FIRST_TOKEN, REQUESTS, SPEED, buckets, cumulative, finish_all
@@ -584,3 +584,26 @@ async def test_a_cool_down_from_a_replica_whose_clock_differs_lasts_as_the_upstr
 
     await wait_until(cooling, within=3.0)
     assert 3.5 < seconds_until((await deployments(gateway))["alpha"]["cooling_until"]) <= 5.0
+
+
+@pytest.mark.parametrize("skew_s", [-300.0, 300.0])
+async def test_a_provider_another_replica_disabled_is_rechecked_when_it_said_whatever_the_clocks(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, skew_s: float
+) -> None:
+    """A provider out of money on another replica 10 s ago is re-checked `quota_recheck_s` after
+    that here too. The event said when by the publisher's wall clock only (`at`): a publisher 300 s
+    ahead put the re-check 300 s later here, one behind 300 s sooner (the 503's Retry-After)."""
+    gateway = await launch(
+        start_gateway, {"alpha": alpha}, redis=store.config, routing={"probe_interval_s": 10, "quota_recheck_s": 60}
+    )
+    skewed = DisabledEvent(
+        "replica-with-a-skewed-clock", "alpha", "budget_exceeded", True, at=time.time() + skew_s - 10.0, ago=10.0
+    )
+    await store.client.publish(f"{store.prefix}:events", msgspec.json.encode(skewed))
+
+    async def disabled() -> bool:
+        return (await complete(gateway)).status_code == 503
+
+    await wait_until(disabled, within=3.0)
+    refused = await complete(gateway)
+    assert 48 <= int(refused.headers["retry-after"]) <= 50, refused.headers["retry-after"]
