@@ -324,7 +324,12 @@ class Journal:
         if segment not in self.segments:  # every row of it committed meanwhile: not needed
             discard(fd, path)
             return
-        if copy_range(segment.fd, fd, size, segment.size) != segment.size - size:
+        try:
+            tail = copy_range(segment.fd, fd, size, segment.size)
+        except OSError:
+            discard(fd, path)
+            raise
+        if tail != segment.size - size:
             discard(fd, path)
             raise OSError(errno.ENOSPC, "short write restoring a journal segment")
         old, segment.fd, segment.path = segment.fd, fd, path

@@ -113,7 +113,7 @@ def discard(fd: int, path: Path) -> None:
 def adopt(path: Path, first: int) -> Segment | None:
     """Open and lock a segment no live process holds; None when one does (or it is gone)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO by that name would block
     except FileNotFoundError:
         return None
     try:
@@ -133,7 +133,8 @@ def adopt(path: Path, first: int) -> Segment | None:
     segment.sealed = True
     if rows:
         with contextlib.suppress(msgspec.DecodeError):  # an unreadable line is set aside when read back
-            segment.oldest = _decoder.decode(data[header_end : data.find(b"\n", header_end)]).finished_at
+            oldest = _decoder.decode(data[header_end : data.find(b"\n", header_end)]).finished_at
+            segment.oldest = oldest if oldest.tzinfo is not None else None  # a naive one: set aside when read
     return segment
 
 

@@ -16,10 +16,10 @@ only (a key's event is its whole state): a burst of failures takes one connectio
 
 A background listener applies the other processes' events (`app.routing.cluster_events`) to the
 local state; on start it subscribes first and then loads the keys, so a new worker learns what the
-others already know and misses nothing written meanwhile. Times travel as wall-clock epoch seconds
-and become `loop.time()` on arrival. Breaker and disabled keys also expire after `STATE_TTL_S`, so a record that only a
-health probe can end does not outlive every gateway that could probe; a worker that loads one
-probes for itself anyway.
+others already know and misses nothing written meanwhile. Times travel as durations, not as the
+publisher's wall clock (`app.routing.cluster_apply`). Breaker and disabled keys also expire after
+`STATE_TTL_S`, so a record that only a health probe can end does not outlive every gateway that
+could probe; a worker that loads one probes for itself anyway.
 
 Redis down: the first failure is logged, every process keeps routing on what it knows, events
 meanwhile stay local, and the listener reconnects in the background (then loads the keys again).
@@ -55,11 +55,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from app.metrics import Metrics, Series, merged
+from app.routing.cluster_apply import STATE_TTL_S, apply_event
 from app.routing.cluster_events import BreakerEvent, CoolEvent, DisabledEvent, EnabledEvent, Event
 from app.routing.router import Backend, ProviderRuntime, Router
 from app.settings import RedisSettings
 
-STATE_TTL_S = 3600.0  # the longest a breaker or disabled record is kept
 METRICS_INTERVAL_S = 1.0
 METRICS_TTL_S = 10.0
 RECONNECT_S = 1.0
@@ -142,8 +142,8 @@ class ClusterLink:
             self._down(exc)
             return False
         self._pubsub = pubsub  # first: closed by the next reconnect, should applying what was stored fail
-        for raw in stored:
-            self._apply_raw(raw, live=False)
+        for raw, ttl_ms in stored:
+            self._apply_raw(raw, ttl_ms / 1000 if ttl_ms > 0 else None)
         if self._outage_logged:
             self.log.warning("redis_reconnected", worker=self.worker_id)
         self.available, self._outage_logged = True, False
@@ -190,77 +190,34 @@ class ClusterLink:
         if message is not None and message.get("type") == "message":
             self._apply_raw(message["data"])
 
-    async def _stored(self) -> list[bytes | str]:
-        """Every cool-down, breaker and disabled provider Redis holds: Redis calls only (`_ERRORS`),
-        applied by the caller."""
-        stored: list[bytes | str] = []
+    async def _stored(self) -> list[tuple[bytes | str, int]]:
+        """Every cool-down, breaker and disabled provider Redis holds, each with its key's time to
+        live in ms (what is left of it, on no wall clock): Redis calls only (`_ERRORS`), applied
+        by the caller."""
+        stored: list[tuple[bytes | str, int]] = []
         for kind in ("cool", "breaker", "disabled"):
             keys = [key async for key in self.redis.scan_iter(match=f"{self.prefix}:{kind}:*", count=500)]
             if keys:
-                stored += [raw for raw in await self.redis.mget(keys) if raw is not None]
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.mget(keys)
+                    for key in keys:
+                        pipe.pttl(key)
+                    values, *ttls = await pipe.execute()
+                stored += [(raw, ttl) for raw, ttl in zip(values, ttls, strict=True) if raw is not None]
         return stored
 
-    def _apply_raw(self, raw: bytes | str, live: bool = True) -> None:
+    def _apply_raw(self, raw: bytes | str, stored_s: float | None = None) -> None:
         try:
             event = _decode_event(raw)
         except msgspec.DecodeError:
             self.log.warning("redis_event_unreadable", data=str(raw[:200]))
             return
         if event.origin != self.worker_id:
-            self.apply(event, live)
+            self.apply(event, stored_s)
 
-    def apply(self, event: Event, live: bool = True) -> None:
-        """Another process's state change, applied to ours (never announced again). A breaker or a
-        provider that changes state here is logged, with `source="cluster"` and the `origin` worker."""
-        now = asyncio.get_running_loop().time()
-        wall = time.time()  # epoch `t` is loop time `now - (wall - t)`
-        if isinstance(event, CoolEvent | BreakerEvent):
-            known = self._router.by_key if self._router is not None else {}
-            backend = known.get((event.provider, event.model, event.upstream_model))
-            if backend is None:
-                return
-            if isinstance(event, BreakerEvent):
-                self._apply_breaker(backend, event)
-            else:  # never longer than the publisher's own cool-down, whatever the two wall clocks say
-                left = event.until - wall
-                if event.seconds is not None:  # just published: its duration; stored: capped by it
-                    left = event.seconds if live else min(left, event.seconds)
-                if left > 0:
-                    backend.state.cool_down(now, left, event.reason)
-            return
-        runtime = self._router.providers.get(event.provider) if self._router is not None else None
-        if runtime is None or runtime.state.key_missing:
-            return
-        state = runtime.state
-        origin = {"source": "cluster", "origin": event.origin}
-        if isinstance(event, DisabledEvent):
-            if state.ready:
-                self.log.error("provider_disabled", provider=event.provider, reason=event.reason, **origin)
-            ago = wall - event.at  # read from Redis at start: at least as old as when published
-            if event.ago is not None:
-                ago = event.ago if live else max(ago, event.ago)
-            state.disable(event.reason, now - ago, quota=event.quota)
-            for backend_state in runtime.backends:
-                backend_state.evict()
-        else:
-            if not state.ready:
-                self.log.warning("provider_enabled", provider=event.provider, was=state.disabled_reason, **origin)
-            state.enable()
-
-    def _apply_breaker(self, backend: Backend, event: BreakerEvent) -> None:
-        was_open = backend.state.breaker_open
-        if event.open:
-            backend.state.breaker_open = True
-            backend.state.evict()
-        else:
-            backend.state.close_breaker()
-        if was_open != event.open:
-            names = {"provider": event.provider, "model": event.model, "upstream_model": event.upstream_model}
-            origin = {"source": "cluster", "origin": event.origin}
-            if event.open:
-                self.log.warning("breaker_open", **names, **origin)
-            else:
-                self.log.info("breaker_closed", **names, **origin)
+    def apply(self, event: Event, stored_s: float | None = None) -> None:
+        """Another process's state change, applied to ours (`cluster_apply.apply_event`)."""
+        apply_event(self._router, self.log, event, stored_s)
 
     # -- publishing (StatePublisher) ---------------------------------------------------------------
 

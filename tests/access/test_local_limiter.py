@@ -8,7 +8,9 @@ slide of the window (buckets leaving it) and settlements of older seconds."""
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
@@ -39,7 +41,7 @@ class _Admitted:
 
 async def test_the_window_sums_follow_every_admission_settlement_and_slide(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock(1_796_400_000.25)
-    monkeypatch.setattr(limiter_module.time, "monotonic", clock.time)
+    monkeypatch.setattr(limiter_module, "time", SimpleNamespace(monotonic=clock.time, time=time.time))  # its clock only
     rng = random.Random(11)  # noqa: S311 - a reproducible walk, not secrets
     local = LocalLimiter()
     admitted: list[_Admitted] = []
@@ -65,7 +67,7 @@ async def test_an_rpm_refusal_waits_for_tpm_too_when_both_refuse(monkeypatch: py
     leaves rpm room at t+60, but the 29 tokens of t+30 hold tpm until t+90. A client that waited
     29 s was refused again, for tpm."""
     clock = _Clock(1_796_400_000.0)
-    monkeypatch.setattr(limiter_module.time, "monotonic", clock.time)
+    monkeypatch.setattr(limiter_module, "time", SimpleNamespace(monotonic=clock.time, time=time.time))  # its clock only
     local = LocalLimiter()
 
     def ask(n: int, tokens: int) -> Ask:

@@ -6,10 +6,12 @@ written refuses traffic, so one that can again must take it back)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import shutil
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -232,3 +234,63 @@ async def test_rows_moved_into_the_journal_are_flushed_once_written_and_counted_
         assert len(await ledger(engine)) == 6
     await writer.close()
     await engine.dispose()
+
+
+async def test_a_naive_row_left_in_the_journal_does_not_fail_the_writers_start(tmp_path: Path) -> None:
+    """One adopted segment's first row naive (a bug upstream, set aside when read back), another's
+    aware: their oldest was compared, and `LedgerWriter` raised TypeError at every start."""
+    directory = tmp_path / "journal"
+    first = opened(directory)
+    assert first.append(record(0, finished_at=datetime(2026, 12, 1, 10)))
+    first.close(0)
+    second = opened(directory)  # adopts the first segment, starts another
+    assert second.append(record(1, finished_at=datetime.now(UTC) - timedelta(minutes=5)))
+    second.close(0)
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    journal = opened(directory)
+    writer = LedgerWriter(engine, journal=journal, required=True)
+    assert 300 <= writer.oldest_pending_s() < 360  # the aware row's age
+    journal.close(0)
+    await engine.dispose()
+
+
+def _open_into(directory: Path) -> list[str]:
+    """The files under `directory` this process holds a descriptor of."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if (target := os.readlink(f"/proc/self/fd/{fd}")).startswith(str(directory)):
+                held.append(target)
+    return held
+
+
+async def test_a_restore_whose_last_rows_do_not_fit_leaves_no_descriptor_nor_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows appended while a moved segment was copied back are copied last, here: a write that
+    failed there (the disk full) left the new file's descriptor open and its partial copy in the
+    directory, once per retry. (`os.write` fails as on a full disk, on the event loop's thread only:
+    the fault injected at the OS.)"""
+    directory = tmp_path / "journal"
+    journal = opened(directory, fsync_interval=10.0)
+    for n in range(3):
+        assert journal.append(record(n))
+    shutil.rmtree(directory)  # the segment's file leaves its path
+    write, loop_thread = os.write, threading.current_thread()
+
+    def full_here(fd: int, data: bytes) -> int:
+        if threading.current_thread() is loop_thread:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(fd, data)
+
+    restoring = asyncio.create_task(journal._restore_moved())
+    await asyncio.sleep(0)  # its copy on the journal's thread now
+    assert journal.append(record(3))  # a row appended meanwhile
+    monkeypatch.setattr(os, "write", full_here)
+    await restoring
+    monkeypatch.setattr(os, "write", write)
+    assert journal.broken
+    own = {os.readlink(f"/proc/self/fd/{segment.fd}") for segment in journal.segments}  # the moved one's, deleted
+    assert [path for path in _open_into(directory) if path not in own] == []
+    assert segments(directory) == []
+    journal.close(0)

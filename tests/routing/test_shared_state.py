@@ -607,3 +607,21 @@ async def test_a_provider_another_replica_disabled_is_rechecked_when_it_said_wha
     await wait_until(disabled, within=3.0)
     refused = await complete(gateway)
     assert 48 <= int(refused.headers["retry-after"]) <= 50, refused.headers["retry-after"]
+
+
+@pytest.mark.parametrize("skew_s", [-300.0, 300.0])
+async def test_a_stored_cool_down_lasts_what_redis_holds_of_it_whatever_the_clocks(
+    store: Store, start_gateway: StartGateway, alpha: ReplayUpstream, beta: ReplayUpstream, skew_s: float
+) -> None:
+    """A gateway started after another replica cooled a backend reads the cool-down from Redis:
+    timed by its key's time to live, which is what is left of it, not by the publisher's wall
+    clock (a publisher 300 s behind this one: ignored; ahead: 300 s too long)."""
+    skewed = CoolEvent(
+        "replica-with-a-skewed-clock", "alpha", "chat-1", "alpha/chat-1", until=time.time() + skew_s + 20.0,
+        reason="capacity", seconds=20.0,
+    )  # fmt: skip
+    await store.client.set(f"{store.prefix}:cool:{ALPHA_CHAT}", msgspec.json.encode(skewed), px=20_000)
+    gateway = await launch(start_gateway, {"alpha": alpha, "beta": beta}, redis=store.config)
+    state = (await deployments(gateway))["alpha"]
+    assert "cooling_until" in state, state
+    assert 15.0 < seconds_until(state["cooling_until"]) <= 20.0
