@@ -282,7 +282,7 @@ class Journal:
         while True:
             await asyncio.sleep(min(self.fsync_interval, _RETRY_S) if self.broken else self.fsync_interval)
             await self._restore_moved()
-            if self.broken:
+            if self.broken and not any(moved(segment) for segment in self.segments):  # one to copy back first
                 self._recover()
             elif self._dirty:
                 await self.sync(loop)
@@ -348,6 +348,18 @@ class Journal:
         log.info("ledger_journal_writable", directory=str(self.directory), was=self.error)
         self.error = None
 
+    def _restore_at_close(self, segment: Segment) -> None:
+        """`_restore` without the journal's thread (shut down): the rows of a segment whose file
+        left its path would be lost with its descriptor."""
+        try:
+            fd, path = restored(segment.fd, segment.size, segment.path, self.directory)
+        except OSError as exc:
+            log.error("ledger_journal_rows_lost", path=str(segment.path), rows=segment.rows, error=type(exc).__name__)  # noqa: TRY400 (an OS error: no traceback)
+            return
+        os.close(segment.fd)
+        segment.fd, segment.path = fd, path
+        log.warning("ledger_journal_segment_restored", path=str(path), rows=segment.rows)
+
     def close(self, committed: int) -> None:
         """Delete every segment whose rows are all below `committed` (the active one too) and
         release the locks: rows still in the journal stay for the next start."""
@@ -356,6 +368,8 @@ class Journal:
         self._thread.shutdown(wait=True)
         self.release(committed)
         for segment in self.segments:
+            if moved(segment):  # its file left its path since the last interval: the task is gone
+                self._restore_at_close(segment)
             with contextlib.suppress(OSError):
                 os.fsync(segment.fd)
             os.close(segment.fd)

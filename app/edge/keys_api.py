@@ -15,6 +15,8 @@ or their poll of the table (`app.access.keyring`). With `[auth] mode = "none"` t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -51,6 +53,7 @@ from catalog.keys import (
 from catalog.usage_query import iso
 
 _JSON = "application/json"
+FLUSH_WAIT_S = 2.0  # `/me` waits this long for this process's rows to reach the ledger
 _encode = msgspec.json.Encoder().encode
 
 
@@ -209,8 +212,9 @@ async def me(request: Request[Any, Any, Any]) -> Response[bytes]:
     assert entry is not None
     assert service.access is not None
     record = entry.record
-    if service.ledger is not None and record.budget_usd is None:
-        await service.ledger.flush()  # this process's rows, so the ledger's sum includes them
+    if service.ledger is not None and record.budget_usd is None:  # this process's rows, so the sum includes them
+        with contextlib.suppress(TimeoutError):  # the database down: its read below answers 503 at once
+            await asyncio.wait_for(service.ledger.flush(), FLUSH_WAIT_S)
     spent, start, end = await service.access.spend(record, datetime.now(UTC))
     # amounts as the usage report prints them (exact, no trailing zeros, whichever store the spend
     # came from), times as every other time of the API (UTC, `Z`)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -135,3 +136,27 @@ def test_no_database_and_no_saved_keys_is_a_failed_start_that_says_why(
     assert result.returncode == 1
     assert f"the database is unreachable and no key snapshot was saved in {gateway.journal}" in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+def test_keys_me_during_an_outage_answers_at_once(
+    tmp_path: Path, mock_upstream: tuple[int, list[Process]], pg_url: str
+) -> None:
+    """`GET /api/v1/keys/me` of a key without a budget flushes this process's rows first, so the
+    ledger's sum includes them: with the database out of reach the flush never ended, and neither
+    did the request (8 s and more in the re-run of the journal audit). It waits 2 s at most, then
+    the ledger's read says the database is down: 503."""
+    port, started = mock_upstream
+    with TcpProxy(5432) as proxy:
+        gateway = ServeGateway(tmp_path, started, port, with_port(pg_url, proxy.port), KEYS)
+        gateway.start()
+        _, secret = create_key(gateway, "--name", "team", "--rpm", "100")
+        wait_until_sync(lambda: answers(gateway, secret), 5.0, what="the new key in the ring")
+        proxy.cut()
+        gateway.complete(key=secret)  # a row the flush cannot write
+        began = time.monotonic()
+        response = httpx.get(
+            f"{gateway.base}/api/v1/keys/me", headers={"authorization": f"Bearer {secret}"}, timeout=30
+        )
+        assert time.monotonic() - began < 6.0
+        assert response.status_code == 503, response.text
+        proxy.restore()
