@@ -132,7 +132,6 @@ class KeyRing:
         self._revoked: set[str] = set()  # ids of keys seen revoked: a revocation is final (`merge`)
         self._admin: Entry | None = None
         secret = (os.environ.get(auth.admin_key_env) or "").strip()  # as a presented key is (`authenticate`)
-        self._admin_secret = secret or None
         if secret:
             register_secret(secret)
             now = datetime.now(UTC)
@@ -172,13 +171,6 @@ class KeyRing:
         return entry
 
     # -- keeping the ring current ------------------------------------------------------------------
-
-    def masked(self, text: str) -> str:
-        """`text` without the admin secret (any text the operator chose, `/` included: it has no
-        `sy-` prefix to find it by), for a log line that keeps what a client sent
-        (`app.edge.rejection`). The secret is this process's environment's all the same."""
-        secret = self._admin_secret
-        return text.replace(secret, "…") if secret and secret in text else text
 
     async def start(self) -> None:
         """The keys from the database, or from the saved copy when it cannot be reached (module doc;

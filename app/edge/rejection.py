@@ -26,6 +26,7 @@ from app.errors import (
     NotFound,
     PayloadTooLarge,
     clip,
+    unsecret,
 )
 from app.ids import uuid7
 from app.logging import get_logger
@@ -61,13 +62,8 @@ def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[s
 
 def _path_logged(request: Request[Any, Any, Any]) -> str:
     """The path without a secret pasted into it (for a key id, a model): a `sy-` key's by its
-    prefix, the admin key's by its text (it has no prefix)."""
-    path = _SECRET.sub("sy-…", request.url.path)
-    service = getattr(request.app.state, "service", None)
-    access = getattr(service, "access", None)
-    if access is not None:
-        path = access.keyring.masked(path)
-    return path[:200]
+    prefix, the admin key's by its text (`app.errors.unsecret`: it has no prefix)."""
+    return unsecret(_SECRET.sub("sy-…", request.url.path))[:200]
 
 
 def _logger(request: Request[Any, Any, Any]) -> Any:
