@@ -83,25 +83,20 @@ def restored(source: int, size: int, path: Path, directory: Path) -> tuple[int, 
         fd = os.open(path, flags, 0o640)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        copied = copy_range(source, fd, 0, size)
+        copy_range(source, fd, 0, size)
     except OSError:
         discard(fd, path)
         raise
-    if copied != size:
-        discard(fd, path)
-        raise OSError(errno.ENOSPC, "short write restoring a journal segment")
     return fd, path
 
 
-def copy_range(source: int, target: int, start: int, end: int) -> int:
-    """Bytes `start` to `end` of `source` appended to `target`; how many were written."""
-    copied = 0
-    while start + copied < end:
-        chunk = os.pread(source, min(READ_CHUNK, end - start - copied), start + copied)
-        if not chunk or (written := os.write(target, chunk)) != len(chunk):
-            return copied + (written if chunk else 0)
-        copied += written
-    return copied
+def copy_range(source: int, target: int, start: int, end: int) -> None:
+    """Bytes `start` to `end` of `source` appended to `target`; OSError when they do not all fit."""
+    while start < end:
+        chunk = os.pread(source, min(READ_CHUNK, end - start), start)
+        if not chunk or os.write(target, chunk) != len(chunk):
+            raise OSError(errno.ENOSPC, "short write copying a journal segment back")
+        start += len(chunk)
 
 
 def discard(fd: int, path: Path) -> None:
