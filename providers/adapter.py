@@ -131,16 +131,14 @@ class Provider:
                     body = await _error_body(response, deadline)
                     raise classify_response(response.status_code, response.headers, body)
                 if stream:
-                    parser = dialect.stream_parser()
-                    parser.secret = self.config.api_key
+                    parser = dialect.stream_parser(self.config.api_key)
                     batches_of = _stream_batches(response, loop, deadline, parser)
                     async with contextlib.aclosing(batches_of) as batches:
                         async for batch in batches:
                             yield batch
                 else:
                     whole = await response.aread(deadline)  # its reads keep `total`: no coroutine more
-                    parser = dialect.stream_parser()
-                    parser.secret = self.config.api_key
+                    parser = dialect.stream_parser(self.config.api_key)
                     try:
                         events = parser.parse_whole(whole)
                     except UpstreamError:

@@ -21,7 +21,7 @@ from providers.types import AnyRequest, CompletionRequest, TextCompletionRequest
 
 class Dialect(NamedTuple):
     path: str  # relative to the provider's base_url
-    stream_parser: Callable[[], OpenAIStreamParser[Any]]
+    stream_parser: Callable[[str | None], OpenAIStreamParser[Any]]  # given the provider's key
 
 
 CHAT = Dialect("/chat/completions", ChatStreamParser)

@@ -116,8 +116,8 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
     __slots__ = ("_by_id", "_calls", "_ids", "_refused")
     decoder = msgspec.json.Decoder(_Chunk, strict=False)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, secret: str | None = None) -> None:
+        super().__init__(secret)
         self._calls: list[_Call] = []
         self._by_id: dict[str, _Call] = {}
         self._ids: set[str] = set()  # the ids the calls were started with: one each

@@ -128,13 +128,14 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         "_first",
         "_held",
         "_matched",
+        "_secret",
         "_upstream_id",
         "_usage",
-        "secret",
     )
     decoder: ClassVar[msgspec.json.Decoder[Any]]
 
-    def __init__(self) -> None:
+    def __init__(self, secret: str | None = None) -> None:
+        """`secret`: the provider's key; an upstream id holding it is no id (`upstream_id`)."""
         self._usage: OpenAIUsage | None = None
         self._finish: str | None = None
         self._failed: str | None = None  # why the answer ended in failure (`abort`, `error`): raised at the end
@@ -144,7 +145,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         self._done = False
         self._closed = False
         self._held: dict[Any, str] | None = None  # once a lone surrogate came: the halves held (`_mend`)
-        self.secret: str | None = None  # the provider's key: an id holding it is no id (`upstream_id`)
+        self._secret = secret
 
     @property
     def done(self) -> bool:
@@ -214,7 +215,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         events: list[Event] = []
         if self._first:
             self._first = False
-            found = upstream_id(chunk.id, self.secret)
+            found = upstream_id(chunk.id, self._secret)
             if found is not None:
                 events.append(UpstreamMeta(upstream_request_id=found))
         if chunk.usage is not None and counts_tokens(chunk.usage):
@@ -306,7 +307,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         if not answer.choices and answer.error is None and answer.object != "error":
             raise UpstreamError(Failure.TRANSIENT, "upstream answer has no choices", status=502)
         self._upstream_id = upstream_id(
-            answer.id, self.secret
+            answer.id, self._secret
         )  # for `unreported`: these events never go out if it fails
         events = self.apply(answer) if self._held is None else self._mend(self.apply(answer))
         self._done = True  # a whole answer is complete even without a finish_reason
