@@ -130,7 +130,7 @@ class Provider:
                 if not 200 <= response.status_code < 300:
                     body = await _error_body(response, deadline)
                     raise classify_response(response.status_code, response.headers, body)
-                if stream:
+                if stream or _event_stream(response):  # a whole answer asked for, a stream sent: read as one
                     parser = dialect.stream_parser(self.config.api_key)
                     batches_of = _stream_batches(response, loop, deadline, parser)
                     async with contextlib.aclosing(batches_of) as batches:
@@ -341,6 +341,12 @@ async def _after_failed_finish(
             async for data in reads:
                 for payload in sse.feed(data):
                     parser.feed(payload)
+
+
+def _event_stream(response: RawResponse) -> bool:
+    """The answer is an event stream: `transformers serve` (4.5x) streams `/chat/completions`
+    whatever `stream` said; read as JSON, a valid answer was a malformed one (502, and a cool-down)."""
+    return response.headers.get("content-type", "").lstrip().lower().startswith("text/event-stream")
 
 
 def _check_deadline(loop: asyncio.AbstractEventLoop, deadline: float) -> None:

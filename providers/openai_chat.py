@@ -12,7 +12,10 @@ Wire quirks resolved here (see providers.md):
 - tool-call deltas are matched by `id` first, then `index`: `id`/`name` are set once (llama.cpp
   repeats them in every delta), parallel calls may all claim `index: 0` and differ only by `id`,
   and a delta with a new `id` but no name continues the call at its index (a server that invents a
-  fresh id per delta);
+  fresh id per delta); a delta naming a function at a known id and index starts a new call after a
+  finish reason (the calls before it are closed) or when it begins a JSON value where the call's
+  arguments are a whole one already: `transformers serve` sends every call at index 0 under one
+  id (whole, or name first and then arguments, each call closed by `finish_reason: "tool_calls"`);
 - `ToolCallStart` waits until the name is known (a call still without an id then gets
   `call_<key>`, one whose id an earlier call has `<id>_<key>`); argument fragments seen before
   are buffered and sent as one `ToolCallArgs`;
@@ -99,7 +102,7 @@ class _Chunk(ChunkBase):
 
 
 class _Call:
-    __slots__ = ("fragments", "id", "index", "key", "name", "started")
+    __slots__ = ("fragments", "id", "index", "key", "name", "started", "text")
 
     def __init__(self, key: int, index: int | None, call_id: str | None) -> None:
         self.key = key
@@ -107,13 +110,14 @@ class _Call:
         self.id = call_id
         self.name: str | None = None
         self.started = False
-        self.fragments: list[str] = []
+        self.fragments: list[str] = []  # the arguments until the call starts
+        self.text: list[str] = []  # all its arguments (`ChatStreamParser._another`)
 
 
 class ChatStreamParser(OpenAIStreamParser[_Chunk]):
     """Feed it the `data` payloads of one `/chat/completions` stream; it returns events."""
 
-    __slots__ = ("_by_id", "_calls", "_ids", "_refused")
+    __slots__ = ("_by_id", "_calls", "_closed_calls", "_ids", "_refused")
     decoder = msgspec.json.Decoder(_Chunk, strict=False)
 
     def __init__(self, secret: str | None = None) -> None:
@@ -121,6 +125,7 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
         self._calls: list[_Call] = []
         self._by_id: dict[str, _Call] = {}
         self._ids: set[str] = set()  # the ids the calls were started with: one each
+        self._closed_calls = 0  # the calls a finish reason came after: a new name starts a new call
         self._refused = False
 
     def _choice(self, chunk: _Chunk, events: list[Event]) -> str | None:
@@ -136,6 +141,7 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
             events.append(Logprobs(choice.logprobs.content))
         if choice.finish_reason is not None:
             self._matched = matched_stop(choice.stop_reason, choice.matched_stop)
+            self._closed_calls = len(self._calls)
         return choice.finish_reason
 
     def _closing(self) -> list[Event]:
@@ -181,6 +187,7 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
             if isinstance(arguments, dict):
                 arguments = msgspec.json.encode(arguments).decode()
             if arguments:
+                call.text.append(arguments)
                 if call.started:
                     events.append(ToolCallArgs(key=call.key, fragment=arguments))
                 else:
@@ -197,11 +204,13 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
         if delta.id == "":  # an empty id is no id (one is made up when the call starts)
             delta.id = None
         index = delta.index if delta.index is not None else position
+        named = delta.function is not None and bool(delta.function.name)
         known = self._by_id.get(delta.id) if delta.id is not None else None
-        if known is not None and known not in seen and (delta.index is None or known.index == delta.index):
+        at_index = delta.index is None or (known is not None and known.index == delta.index)
+        if known is not None and known not in seen and at_index and not (named and self._another(known, delta)):
             return known
         latest = self._latest_at(index)
-        if latest is not None and _continues(latest, delta):
+        if latest is not None and _continues(latest, delta) and not (named and self._another(latest, delta)):
             if latest.id is None and delta.id is not None:
                 latest.id = delta.id
                 self._by_id[delta.id] = latest
@@ -211,6 +220,18 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
         if delta.id is not None:
             self._by_id[delta.id] = call
         return call
+
+    def _another(self, call: _Call, delta: _ToolCallDelta) -> bool:
+        """Does `delta`, which names a function, start another call than `call` (met by its id or
+        index)? After a finish reason, yes; else when `call` is named, its arguments are a whole
+        JSON value already and the delta's begin one (llama.cpp repeats the name in every delta of
+        one call; only the first can begin an object, and then the call has no whole value yet)."""
+        if call.key < self._closed_calls:
+            return True
+        assert delta.function is not None  # named
+        arguments = delta.function.arguments
+        begins = isinstance(arguments, dict) or (isinstance(arguments, str) and arguments.lstrip()[:1] == "{")
+        return begins and call.name is not None and _whole_json(call.text)
 
     def _latest_at(self, index: int) -> _Call | None:
         for call in reversed(self._calls):
@@ -245,6 +266,16 @@ def _parts(parts: list[_Part], events: list[Event]) -> None:
                 events.append(ReasoningDelta(text=text))
         elif part.type == "text" and part.text:
             events.append(TextDelta(text=part.text))
+
+
+def _whole_json(fragments: list[str]) -> bool:
+    if not fragments:
+        return False
+    try:
+        msgspec.json.decode("".join(fragments))
+    except msgspec.DecodeError:
+        return False
+    return True
 
 
 def _continues(latest: _Call, delta: _ToolCallDelta) -> bool:

@@ -12,7 +12,7 @@ from tests.support.catalog import catalog_toml, model
 from tests.support.client import post, user
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.ports import free_port
-from tests.support.upstream import ReplayUpstream, reply_json
+from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
 
 ALONE = catalog_toml(model("solo-1", ("alone", "org/solo"), default=True))
 
@@ -407,3 +407,41 @@ async def test_null_is_absent_in_a_tool_calls_and_a_thinking_parts_data(
     assert response.status_code == 200, response.text
     sent = primary.requests[0].json()["messages"]
     assert sent[1]["tool_calls"] == [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+
+
+async def test_a_whole_answer_sent_as_an_event_stream_is_read_as_one(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """`transformers serve` (4.5x) answers `/chat/completions` with an event stream whatever
+    `stream` said: a valid answer, read as the stream it is (api.md: no 5xx for a valid upstream
+    answer), never a malformed one that cools the backend down and fails over."""
+    chunk = {"id": "req_0", "object": "chat.completion.chunk", "model": "org/chat-1-instruct"}
+    primary.enqueue(
+        reply_sse(
+            [
+                {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+                {**chunk, "choices": [{"index": 0, "delta": {"content": "Paris."}}]},
+                {
+                    **chunk,
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+                },
+            ],
+            done=False,
+        )
+    )
+    response = await post(gw, {"model": "chat", "messages": [user("Capital of France?")]})
+
+    assert response.status_code == 200, response.text
+    body = response.json(parse_float=Decimal)
+    assert (body["provider"], body["message"], body["stop_reason"]) == (
+        "primary",
+        {"role": "assistant", "content": [{"kind": "text", "data": "Paris."}]},
+        "end_turn",
+    )
+    assert (body["usage"]["input_tokens"], body["usage"]["output_tokens"]) == (12, 3)
+    assert primary.requests[0].json()["stream"] is False
+    rows = await gw.ledger_rows()
+    assert [(row["status"], row["provider"], row["input_tokens"], row["output_tokens"]) for row in rows] == [
+        ("ok", "primary", 12, 3)
+    ]

@@ -176,6 +176,30 @@ async def test_a_transcript_reads_the_same_through_every_door(
     assert {row["status"] for row in rows} == {"ok"}
 
 
+@pytest.mark.parametrize(
+    ("transcript", "second"),
+    [
+        ("transformers_serve_tool_calls_stream", ["get_time", '{"tz": "CET"}']),
+        ("transformers_serve_whole_tool_calls_stream", ["get_weather", '{"city": "Rome"}']),
+    ],
+)
+async def test_calls_that_share_one_id_and_index_stay_separate_calls_through_every_door(
+    gw: GatewayHandle, primary: ReplayUpstream, transcript: str, second: list[str]
+) -> None:
+    """`transformers serve` streams every tool call at index 0 under one id: name first, then its
+    arguments, each call closed by its own `finish_reason: "tool_calls"` chunk (4.5x), or each call
+    whole in one delta and one finish at the end (5.x): two calls, not one whose arguments are both
+    glued together (providers.md: `id`/`name` are set once per call; api.md: parallel calls are
+    separate blocks)."""
+    primary.enqueue(transcript, repeat=3)
+    calls = [["req_0_tool_call", "get_weather", '{"city": "Paris"}'], ["req_0_tool_call_1", *second]]
+    for door in (native, openai_chat, anthropic_messages):
+        answer = await door(gw)
+        assert list(answer.calls.values()) == calls, door.__name__
+    rows = await gw.ledger_rows()
+    assert [(row["status"], row["input_tokens"], row["output_tokens"]) for row in rows] == [("ok", 61, 40)] * 3
+
+
 ZERO_PRICED = catalog_toml(
     model("chat-1", ("primary", "org/chat-1", 100), capabilities=["completions"], default=True),
     prices=[price("primary", "chat-1", "0", "0")],

@@ -120,7 +120,7 @@ def test_byte_order_mark_and_blank_lines_between_events() -> None:
 
 
 def test_every_stream_transcript_is_covered() -> None:
-    assert len(STREAMS) == 16
+    assert len(STREAMS) == 18
 
 
 @pytest.mark.parametrize(
