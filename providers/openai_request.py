@@ -102,6 +102,7 @@ class WireJSONSchema(Struct):
     schema: dict[str, Any]
     name: str = "response"
     strict: bool = True
+    description: str | UnsetType = UNSET
 
 
 class WireResponseFormat(Struct):
@@ -173,7 +174,8 @@ def chat_body(req: CompletionRequest, upstream_model: str, wire: WireProfile, *,
         body.tool_choice = _tool_choice(req.tool_choice)
     if req.schema is not None:
         name, strict = req.schema_name or "response", req.schema_strict is not False
-        body.response_format = WireResponseFormat(json_schema=WireJSONSchema(req.schema, name, strict))
+        description = UNSET if req.schema_description is None else req.schema_description
+        body.response_format = WireResponseFormat(json_schema=WireJSONSchema(req.schema, name, strict, description))
     elif req.json_object:
         body.response_format = WireResponseFormat(type="json_object")
     if req.stop_sequences:

@@ -150,6 +150,7 @@ class CompletionRequest(Struct, omit_defaults=True):
     # (providers.md). The OpenAI door fills them from the client's own (its `strict` absent: false, as OpenAI's).
     schema_name: str | None = None
     schema_strict: bool | None = None
+    schema_description: str | None = None  # `response_format.json_schema.description`, sent when given
     seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # a 64-bit integer, as vLLM's
     top_k: Annotated[int, Meta(ge=-1)] | None = None  # -1 or 0: off (vLLM / llama.cpp conventions)
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None

@@ -99,6 +99,7 @@ class UserMessage(Struct, tag_field="role", tag="user"):
 
 class AssistantMessage(Struct, tag_field="role", tag="assistant"):
     content: str | list[TextContent | RefusalContent] | None = None
+    refusal: str | None = None  # what the gateway answered a refusal with (`message.refusal`), sent back
     tool_calls: list[ToolCall] | None = None
     reasoning_content: str | None = None
     name: str | None = None

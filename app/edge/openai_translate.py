@@ -12,8 +12,9 @@ Mapping decisions (ingress.md; where it is silent, what OpenAI does):
 - messages map one to one and keep their content parts in order, so a canonical path
   `messages[i].content[j]` (the capability check at admission) is also the OpenAI path;
 - string content is one text part; `system`/`developer` stay their own role; an assistant's
-  `reasoning_content` becomes a thinking part before its text, `refusal` parts are text, tool
-  calls keep their argument string verbatim (`raw_arguments`, parsed into `arguments` when JSON);
+  `reasoning_content` becomes a thinking part before its text, `refusal` parts and the `refusal`
+  field (the gateway's own answer sent back) are text, tool calls keep their argument string
+  verbatim (`raw_arguments`, parsed into `arguments` when JSON);
   a `tool` message is one `tool_result` part (its text parts joined by newlines, as a user
   message's are on the way upstream: `providers.openai_request`);
 - `image_url` → image (https:// or data: URLs only), `input_audio` → audio (`wav` as audio/wav,
@@ -21,9 +22,9 @@ Mapping decisions (ingress.md; where it is silent, what OpenAI does):
   upload on OpenAI's side, cannot be served here: 400);
 - `max_completion_tokens` wins over `max_tokens`; `stop` a string or at most 4; `n` other than 1
   is a 400; `top_logprobs` needs `logprobs: true` (as OpenAI says);
-- `response_format` `json_schema` → `schema` (one without a schema → `json_object`), `json_object`
-  → `json_object`; `reasoning_effort` `minimal` → `low`, `none` → not sent (the canonical effort
-  has no "off");
+- `response_format` `json_schema` → `schema` with its name, strictness and description (one
+  without a schema → `json_object`), `json_object` → `json_object`; `reasoning_effort` `minimal`
+  → `low`, `none` → not sent (the canonical effort has no "off");
 - `stream_options.include_usage` is the renderer's business (the pipeline always asks upstreams for
   usage); `metadata` is validated and not forwarded.
 """
@@ -151,6 +152,8 @@ def to_request(chat: wire.ChatRequest) -> CompletionRequest:
         stop_sequences=[stop] if isinstance(stop, str) else stop or None,
         reasoning_effort=_EFFORTS[chat.reasoning_effort] if chat.reasoning_effort is not None else None,
     )
+    if schema is not None and schema.description is not None:
+        request.schema_description = schema.description
     head = (chat.seed, chat.top_k, chat.min_p, chat.repetition_penalty, chat.presence_penalty, chat.frequency_penalty)
     tail = (chat.logprobs, chat.top_logprobs, chat.parallel_tool_calls, chat.user, chat.continue_final_message)
     if head != _NO_HEAD or tail != _NO_TAIL:  # the usual request has none of them: two comparisons
@@ -239,6 +242,8 @@ def _assistant_parts(message: wire.AssistantMessage) -> list[ContentPart]:
         parts.append(TextPart(content))
     elif content is not None:
         parts += [TextPart(p.text if isinstance(p, wire.TextContent) else p.refusal) for p in content]
+    if message.refusal:  # the answer's `refusal` sent back as it came (an agent's history): text, as its parts
+        parts.append(TextPart(message.refusal))
     for call in message.tool_calls or ():
         raw = call.function.arguments
         data = ToolCallData(call.id, call.function.name, _arguments(raw), raw_arguments=raw)
