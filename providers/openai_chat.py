@@ -17,7 +17,9 @@ Wire quirks resolved here (see providers.md):
   arguments are a whole one already: `transformers serve` sends every call at index 0 under one
   id (whole, or name first and then arguments, each call closed by `finish_reason: "tool_calls"`);
 - `ToolCallStart` waits until the name is known (a call still without an id then gets
-  `call_<key>`, one whose id an earlier call has `<id>_<key>`); argument fragments seen before
+  `call_` and 24 random hex digits, unique across answers as OpenAI's and Anthropic's ids are: an
+  agent's history holds many answers' calls; one whose id an earlier call has `<id>_<key>`);
+  argument fragments seen before
   are buffered and sent as one `ToolCallArgs`;
 - a call never named by the end of the stream is still started (its arguments kept), and `stop`
   with calls returned reads as `tool_calls`.
@@ -32,6 +34,7 @@ import one module for the whole dialect.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import msgspec
@@ -241,12 +244,12 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
 
     def _start(self, call: _Call, events: list[Event], *, force: bool) -> None:
         """Start `call` once it has a name (`force`: without). Its id is its own: a call with none
-        gets `call_<key>`, and one whose id an earlier call has `<id>_<key>` (again, until no
-        call has it), since a client pairs each result with its call by id (`tool_call_id`)."""
+        gets a random one (module doc), and one whose id an earlier call has `<id>_<key>` (again,
+        until no call has it), since a client pairs each result with its call by id (`tool_call_id`)."""
         if call.id is None:
             if not force and call.name is None:
                 return
-            call.id = f"call_{call.key}"
+            call.id = f"call_{secrets.token_hex(12)}"
         while call.id in self._ids:  # an upstream may have sent `a_2` before `a`, `a` twice
             call.id = f"{call.id}_{call.key}"
         self._ids.add(call.id)

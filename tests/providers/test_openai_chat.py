@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -198,6 +199,20 @@ def feed(*payloads: str) -> list[Event]:
     return events + parser.finish()
 
 
+MADE_UP = re.compile(r"call_[0-9a-f]{24}")
+
+
+def made_up(events: list[Event]) -> list[Event]:
+    """`events` with each id the parser made up (`call_` and 24 random hex digits: unique across
+    answers, as OpenAI's and Anthropic's are) checked and written `made-<key>`."""
+    shown: list[Event] = []
+    for event in events:
+        if isinstance(event, ToolCallStart) and event.id.startswith("call_") and MADE_UP.fullmatch(event.id):
+            event = ToolCallStart(event.key, f"made-{event.key}", event.name)
+        shown.append(event)
+    return shown
+
+
 def call(
     index: int | None = None, call_id: str | None = None, name: str | None = None, args: str | None = None
 ) -> dict[str, Any]:
@@ -210,16 +225,18 @@ def call(
 
 
 def test_arguments_before_name_are_buffered_and_id_generated() -> None:
-    events = feed(
-        chunk(call(0, args='{"a"')),
-        chunk(call(0, name="f", args=":1}")),
-        chunk(call(1, name="g")),
-        chunk(finish="tool_calls"),
+    events = made_up(
+        feed(
+            chunk(call(0, args='{"a"')),
+            chunk(call(0, name="f", args=":1}")),
+            chunk(call(1, name="g")),
+            chunk(finish="tool_calls"),
+        )
     )
     assert events == [
-        ToolCallStart(0, "call_0", "f"),
+        ToolCallStart(0, "made-0", "f"),
         ToolCallArgs(0, '{"a":1}'),
-        ToolCallStart(1, "call_1", "g"),
+        ToolCallStart(1, "made-1", "g"),
         Finish("tool_calls"),
     ]
 
@@ -246,15 +263,17 @@ def test_two_calls_one_id_stay_two_calls(same: str) -> None:
     id (or an empty one) still sent two calls: at two indexes of a stream, or two entries of one
     list (a whole answer's, with no indexes). The second gets an id of its own: a client pairs
     each tool result with its call by id."""
-    streamed = feed(
-        chunk(call(0, same, "f", '{"a":')),
-        chunk(call(1, same, "g", '{"b":')),
-        chunk(call(1, args="2}")),
-        chunk(call(0, same, None, "1}")),
-        chunk(finish="tool_calls"),
-        "[DONE]",
+    streamed = made_up(
+        feed(
+            chunk(call(0, same, "f", '{"a":')),
+            chunk(call(1, same, "g", '{"b":')),
+            chunk(call(1, args="2}")),
+            chunk(call(0, same, None, "1}")),
+            chunk(finish="tool_calls"),
+            "[DONE]",
+        )
     )
-    first, second = ("same", "same_1") if same else ("call_0", "call_1")
+    first, second = ("same", "same_1") if same else ("made-0", "made-1")
     assert streamed == [
         ToolCallStart(0, first, "f"),
         ToolCallArgs(0, '{"a":'),
@@ -269,7 +288,7 @@ def test_two_calls_one_id_stay_two_calls(same: str) -> None:
         {"id": same, "type": "function", "function": {"name": "g", "arguments": '{"b":2}'}},
     ]
     whole = {"choices": [{"message": {"content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}]}
-    assert ChatStreamParser().parse_whole(msgspec.json.encode(whole)) == [
+    assert made_up(ChatStreamParser().parse_whole(msgspec.json.encode(whole))) == [
         ToolCallStart(0, first, "f"),
         ToolCallArgs(0, '{"a":1}'),
         ToolCallStart(1, second, "g"),
@@ -279,7 +298,9 @@ def test_two_calls_one_id_stay_two_calls(same: str) -> None:
 
 
 def test_ids_made_unique_never_meet_an_id_the_upstream_sent() -> None:
-    """`a_2, a, a` became `a_2, a, a_2`; a call named `call_1` beside one without an id, two `call_1`."""
+    """`a_2, a, a` became `a_2, a, a_2`; an id made up for a call without one is random, so it
+    meets neither an upstream's (`call_4`) nor one made up for another answer: an agent's history
+    holds the calls of many answers, and a client pairs each result with its call by id."""
     events = feed(
         chunk(call(0, "a_2", "f", "{}")),
         chunk(call(1, "a", "f", "{}")),
@@ -289,7 +310,12 @@ def test_ids_made_unique_never_meet_an_id_the_upstream_sent() -> None:
         chunk(finish="tool_calls"),
     )
     ids = [event.id for event in events if isinstance(event, ToolCallStart)]
-    assert ids == ["a_2", "a", "a_2_2", "call_4", "call_4_4"]
+    assert ids[:4] == ["a_2", "a", "a_2_2", "call_4"]
+    assert MADE_UP.fullmatch(ids[4])
+    answers = [feed(chunk(call(0, None, "f", "{}")), chunk(finish="tool_calls")) for _ in range(2)]
+    made = [event.id for answer in answers for event in answer if isinstance(event, ToolCallStart)]
+    assert len(set(made)) == 2
+    assert all(MADE_UP.fullmatch(made_id) for made_id in made)
 
 
 def test_a_call_that_never_got_a_name_is_still_reported() -> None:
@@ -460,8 +486,8 @@ def test_whole_answer_with_object_arguments_and_no_ids() -> None:
         b'{"choices":[{"message":{"role":"assistant","content":"","tool_calls":['
         b'{"function":{"name":"f","arguments":{"a":1}}}]},"finish_reason":"stop"}]}'
     )
-    assert ChatStreamParser().parse_whole(body) == [
-        ToolCallStart(0, "call_0", "f"),
+    assert made_up(ChatStreamParser().parse_whole(body)) == [
+        ToolCallStart(0, "made-0", "f"),
         ToolCallArgs(0, '{"a":1}'),
         Finish("tool_calls"),
     ]
