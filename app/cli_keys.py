@@ -115,7 +115,9 @@ def check_shared_limits(settings: Settings, keys: Iterable[KeyRecord]) -> None:
 
 
 async def _run(args: argparse.Namespace, settings: Settings, changes: KeyChanges | None) -> int:
-    create = args.keys_command != "list"  # a key may be made before the first start; a listing reads
+    # a key may be made before the first start; the others read or change what is there, and run
+    # against another directory's config they made an empty database and said "no key"
+    create = args.keys_command == "create"
     await schema_ready(settings.database.url, migrate=settings.migrate_on_start, create=create)
     engine = open_engine(settings.database.url)
     try:

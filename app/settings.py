@@ -121,7 +121,7 @@ class ProviderSettings(Struct, frozen=True, forbid_unknown_fields=True):
     kind: ProviderKind
     base_url: Annotated[str, Meta(pattern=r"^https?://")]
     api_key_env: str | None = None
-    priority: int = 0
+    priority: Annotated[int, Meta(ge=-MAX_COUNT - 1, le=MAX_COUNT)] = 0  # as a catalog deployment's
     max_concurrency: Count = 64
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
     max_queue: Annotated[int, Meta(ge=0, le=MAX_COUNT)] = 256

@@ -202,3 +202,31 @@ def test_an_escaped_sqlite_path_is_locked_where_sqlite_opens_it(tmp_path: Path) 
     config.write_text(config.read_text().replace(SQLITE_URL, 'url = "sqlite+aiosqlite:///pct%41.db"'))
     assert run_cli(tmp_path, "db", "upgrade", "--config", str(config)).returncode == 0
     assert sorted(path.name for path in tmp_path.glob("pct*")) == ["pctA.db"]
+
+
+@pytest.mark.parametrize(
+    ("key", "text", "url"),
+    [
+        ("providers.local.base_url", "http://127.0.0.1:9/v1", "http://127.0.0.1:99999/v1"),
+        ("database.url", "sqlite+aiosqlite:///switchyard.db", "postgresql+asyncpg://u@127.0.0.1:65536/db"),
+    ],
+)
+def test_a_port_out_of_range_exits_2_saying_so(tmp_path: Path, key: str, text: str, url: str) -> None:
+    """urllib's "out of range" was reported as "the port is not a number" (with advice on
+    percent-encoding a password the URL does not have)."""
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace(text, url, 1))
+    result = run_cli(tmp_path, "db", "upgrade", "--config", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"switchyard: {config}: {key}: ")
+    assert result.stderr.rstrip().endswith("(the port must be from 1 to 65535)")
+
+
+def test_a_provider_priority_past_32_bits_exits_2_naming_the_key(tmp_path: Path) -> None:
+    """README: every number in the config has an upper bound; a provider's priority had none (a
+    catalog deployment's is a 32-bit integer)."""
+    config = write_config(tmp_path, extra="priority = 9223372036854775807\n")
+    result = run_cli(tmp_path, "db", "upgrade", "--config", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"switchyard: {config}: providers.hosted.priority: Expected `int` <= 2147483647\n"
+    assert not (tmp_path / "switchyard.db").exists()

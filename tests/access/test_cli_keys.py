@@ -132,6 +132,17 @@ def test_create_json_and_bad_options(tmp_path: Path) -> None:
     assert len(_list(tmp_path)) == 4
 
 
+def test_update_or_revoke_run_beside_no_database_make_none(tmp_path: Path) -> None:
+    """Run from a directory without the database (the bundled config, another config), they made an
+    empty one there and said "no key", as if the key did not exist; a listing says what is wrong."""
+    config = str(write_config(tmp_path))
+    for command in (["revoke", "key_0123456789abcdef"], ["update", "key_0123456789abcdef", "--rpm", "5"]):
+        result = run_cli(tmp_path, "keys", *command, "--config", config)
+        assert (result.returncode, result.stdout) == (1, ""), command
+        assert "no database at " in result.stderr, (command, result.stderr)
+        assert not (tmp_path / "switchyard.db").exists(), command
+
+
 def test_serve_refuses_workers_with_limited_keys_and_no_redis(tmp_path: Path) -> None:
     config = write_config(tmp_path, extra=KEYS_MODE)
     _keys(tmp_path, "create", "--name", "free-for-all")
