@@ -55,7 +55,7 @@ def add_parser(commands: Any, config_option: Callable[[argparse.ArgumentParser],
     create = keys.add_parser("create", help="a new key; prints its secret once")
     create.add_argument("--name", required=True)
     _options(create, config_option)
-    update = keys.add_parser("update", help="change a key's options")
+    update = keys.add_parser("update", help="change a key's options (an option given as `none` is cleared)")
     update.add_argument("id")
     update.add_argument("--name")
     _options(update, config_option)
@@ -70,13 +70,13 @@ def add_parser(commands: Any, config_option: Callable[[argparse.ArgumentParser],
 
 def _options(parser: argparse.ArgumentParser, config_option: Callable[[argparse.ArgumentParser], None]) -> None:
     add = parser.add_argument
-    add("--owner")
+    add("--owner", help="who the key's usage is attributed to (free text, e.g. a team)")
     add("--models", help="comma-separated catalog ids (default: every model)")
-    add("--budget-usd")
-    add("--budget-period", choices=("day", "month", "total", _NONE))
-    add("--rpm")
-    add("--tpm")
-    add("--max-concurrency")
+    add("--budget-usd", help="USD the key may spend in each budget period")
+    add("--budget-period", choices=("day", "month", "total", _NONE), help="UTC calendar period (default: month)")
+    add("--rpm", help="requests per minute")
+    add("--tpm", help="tokens per minute (input and output)")
+    add("--max-concurrency", help="requests in flight at once")
     add("--expires", help="a date (UTC midnight) or an ISO 8601 date-time (UTC without an offset)")
     add("--format", choices=("table", "json"), default="table")
     config_option(parser)
