@@ -15,9 +15,10 @@ Rendering decisions:
   number, null when unpriced) and `cost_source`; no usage object at all when the upstream reported
   none (streamed: no usage chunk, even when `include_usage` asked for one);
 - streamed, the role comes alone in the first chunk, each tool call's `id`/`type`/`name` only in
-  its first delta, and the finish reason in a last chunk with an empty delta; log probabilities
-  ride on the chunk of the text they belong to (`LogprobChatStream` holds a text delta back until
-  its `Logprobs` event, which the fold emits right after it);
+  its first delta, and the finish reason in a last chunk with an empty delta (after a
+  `content: ""` chunk when the answer said nothing: it assembles as the JSON answer reads); log
+  probabilities ride on the chunk of the text they belong to (`LogprobChatStream` holds a text
+  delta back until its `Logprobs` event, which the fold emits right after it);
 - a failure after the stream started is `data: {"error": {message, type, code}}` and no `[DONE]`.
 """
 
@@ -234,11 +235,21 @@ class ChatStream(StreamRenderer):
         if outcome.error is not None:
             return self.error(outcome.error)
         last = self._chunks.finish(finish_reason_of(outcome))
+        if not _said_anything(outcome):  # `content: ""`, as the JSON answer and OpenAI's first chunk have it
+            last = self._chunks.content("") + last
         if self._include_usage and outcome.usage is not None:
             model, usage = outcome.model or "", usage_of(outcome)
             chunk = fmt.UsageChunk(id=self._ctx.request_id, created=self._created, model=model, usage=usage)
             last += fmt.data_line(chunk)
         return last + fmt.DONE
+
+
+def _said_anything(outcome: ev.Outcome) -> bool:
+    """Did the answer carry text, a refusal or a tool call? Without any, a streamed message would
+    assemble with `content: null`, which the SDK's stream helper hands back and a next turn that
+    sends it in the history is refused for (`messages[i].content`)."""
+    parts = outcome.message.content if outcome.message is not None else ()
+    return any(isinstance(part, (TextPart, ToolCallPart)) for part in parts)
 
 
 class LogprobChatStream(ChatStream):
