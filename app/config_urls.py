@@ -39,7 +39,7 @@ def database_url_problem(url: str) -> str | None:
     try:
         _port = parts.port
     except ValueError:  # urllib's message quotes the "port": with `/`, `?` or `#` in a password, its start
-        return f"not a database URL ({_port_problem(parts.netloc)})"
+        return f"not a database URL ({_port_problem(url, parts.netloc)})"
     database = parts.path.removeprefix("/")
     if url.startswith("sqlite") and (parts.netloc or not database):
         return f"{DATABASE_FORM} (a file path after the third slash)"
@@ -76,7 +76,7 @@ def url_problem(url: str, *, numbered_path: bool = False, base: bool = False) ->
     try:
         port = parts.port
     except ValueError:  # as in `database_url_problem`: never quote what may be a password
-        return f"not a URL ({_port_problem(parts.netloc)})"
+        return f"not a URL ({_port_problem(url, parts.netloc)})"
     if any(char.isspace() or not char.isprintable() for char in url):
         return "must not hold spaces or control characters"
     if not parts.hostname:
@@ -93,10 +93,13 @@ def url_problem(url: str, *, numbered_path: bool = False, base: bool = False) ->
     return None
 
 
-def _port_problem(netloc: str) -> str:
+def _port_problem(url: str, netloc: str) -> str:
     """Why urllib refused a URL's port: a number out of range (`:99999`, which it was told was no
-    number), or not a number (what it took for one may be a password's start: not quoted)."""
-    if netloc.rpartition(":")[2].isdigit():
+    number), or not a number (what it took for one may be a password's start: not quoted). An `@`
+    after the host is a password's `/`, `?` or `#` that ended it (`u:123456/x@host`): its digits
+    are no port."""
+    port = netloc.rpartition(":")[2]
+    if port.isascii() and port.isdigit() and "@" not in url.partition(netloc)[2]:
         return "the port must be from 1 to 65535"
     return f"the port is not a number; {_ESCAPE}"
 

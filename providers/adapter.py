@@ -130,7 +130,7 @@ class Provider:
                 if not 200 <= response.status_code < 300:
                     body = await _error_body(response, deadline)
                     raise classify_response(response.status_code, response.headers, body)
-                if stream or _event_stream(response):  # a whole answer asked for, a stream sent: read as one
+                if stream:
                     parser = dialect.stream_parser(self.config.api_key)
                     batches_of = _stream_batches(response, loop, deadline, parser)
                     async with contextlib.aclosing(batches_of) as batches:
@@ -140,7 +140,13 @@ class Provider:
                     whole = await response.aread(deadline)  # its reads keep `total`: no coroutine more
                     parser = dialect.stream_parser(self.config.api_key)
                     try:
-                        events = parser.parse_whole(whole)
+                        try:
+                            events = parser.parse_whole(whole)
+                        except UpstreamError:
+                            if not _event_stream(response):
+                                raise
+                            parser = dialect.stream_parser(self.config.api_key)
+                            events = _whole_stream(whole, parser)
                     except UpstreamError:
                         billed = parser.unreported()  # a failed answer's usage: those tokens were billed
                         if billed:
@@ -343,10 +349,27 @@ async def _after_failed_finish(
                     parser.feed(payload)
 
 
-def _event_stream(response: RawResponse) -> bool:
+def _event_stream(response: RawResponse | httpx.Response) -> bool:
     """The answer is an event stream: `transformers serve` (4.5x) streams `/chat/completions`
-    whatever `stream` said; read as JSON, a valid answer was a malformed one (502, and a cool-down)."""
+    whatever `stream` said; read as JSON, a valid answer was a malformed one (502, and a cool-down).
+    Asked only of a whole answer that is no JSON answer (`Provider.batches`): the headers' dict is
+    made per call, and a JSON answer labelled so is read as the JSON it is."""
     return response.headers.get("content-type", "").lstrip().lower().startswith("text/event-stream")
+
+
+def _whole_stream(whole: bytes, parser: OpenAIStreamParser[Any]) -> list[Event]:
+    """The events of an event stream read whole (`_event_stream`), as `_stream_batches` makes them."""
+    sse = SSEParser()
+    try:
+        payloads = [*sse.feed(whole), *sse.finish()]
+    except EventTooLarge as exc:
+        raise httpx.RemoteProtocolError(str(exc)) from exc
+    events: list[Event] = []
+    for payload in payloads:
+        events += parser.feed(payload)
+        if payload == "[DONE]":
+            break
+    return events + parser.finish()
 
 
 def _check_deadline(loop: asyncio.AbstractEventLoop, deadline: float) -> None:

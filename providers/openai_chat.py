@@ -142,7 +142,7 @@ class ChatStreamParser(OpenAIStreamParser[_Chunk]):
             self._delta(delta, events)
         if choice.logprobs is not None and choice.logprobs.content:
             events.append(Logprobs(choice.logprobs.content))
-        if choice.finish_reason is not None:
+        if choice.finish_reason:  # `""` is none (`apply`): SGLang 0.4 and Ollama sent it on every chunk
             self._matched = matched_stop(choice.stop_reason, choice.matched_stop)
             self._closed_calls = len(self._calls)
         return choice.finish_reason
@@ -272,11 +272,15 @@ def _parts(parts: list[_Part], events: list[Event]) -> None:
 
 
 def _whole_json(fragments: list[str]) -> bool:
-    if not fragments:
+    """Are a call's arguments a whole JSON object? Decoded only when they end as one (`}`): this
+    runs for each delta of a named call that begins an object (llama.cpp names every delta), and
+    decoding all the arguments each time was quadratic in their length."""
+    tail = next((fragment for fragment in reversed(fragments) if not fragment.isspace()), "")
+    if not tail.rstrip().endswith("}"):
         return False
     try:
         msgspec.json.decode("".join(fragments))
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested past msgspec's depth: no arguments to read
         return False
     return True
 

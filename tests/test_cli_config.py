@@ -13,7 +13,7 @@ import pytest
 from litestar import Litestar
 
 from app.application import create_app_from_env
-from app.config_urls import POSTGRES_URL_ARGUMENTS, SQLITE_URL_ARGUMENTS, database_url_problem
+from app.config_urls import POSTGRES_URL_ARGUMENTS, SQLITE_URL_ARGUMENTS, database_url_problem, url_problem
 from tests.support.cli import query, run_cli, write_config
 
 SQLITE_URL = 'url = "sqlite+aiosqlite:///switchyard.db"'
@@ -230,3 +230,33 @@ def test_a_provider_priority_past_32_bits_exits_2_naming_the_key(tmp_path: Path)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == f"switchyard: {config}: providers.hosted.priority: Expected `int` <= 2147483647\n"
     assert not (tmp_path / "switchyard.db").exists()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+asyncpg://switchyard:1234567/x@127.0.0.1:5432/db",
+        "postgresql+asyncpg://switchyard:70000?x@127.0.0.1/db",
+        "postgresql+asyncpg://switchyard:99999#x@127.0.0.1/db",
+    ],
+)
+def test_a_password_whose_slash_cut_the_host_short_is_no_port_out_of_range(url: str) -> None:
+    """A `/`, `?` or `#` in a password ends the host: urllib reads the password's start as the
+    port. Digits past 65535 are no port out of range: the advice is to percent-encode."""
+    assert database_url_problem(url) == (
+        "not a database URL (the port is not a number; percent-encode `/`, `?`, `#` and `@` in a user or "
+        "password: `%2F`, `%3F`, `%23`, `%40`)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("redis://:1234567/x@127.0.0.1:6379/0", "the port is not a number; "),
+        ("http://127.0.0.1:\u00b2/v1", "the port is not a number; "),  # a digit to `isdigit`, not to urllib
+        ("http://[::1]:99999/v1", "the port must be from 1 to 65535"),
+        ("http://u:p@127.0.0.1:99999/v1", "the port must be from 1 to 65535"),
+    ],
+)
+def test_a_port_problem_names_what_is_wrong(url: str, problem: str) -> None:
+    assert (url_problem(url) or "").startswith(f"not a URL ({problem}")

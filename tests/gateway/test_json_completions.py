@@ -12,7 +12,7 @@ from tests.support.catalog import catalog_toml, model
 from tests.support.client import post, user
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.ports import free_port
-from tests.support.upstream import ReplayUpstream, reply_json, reply_sse
+from tests.support.upstream import ReplayUpstream, Reply, reply_json, reply_sse
 
 ALONE = catalog_toml(model("solo-1", ("alone", "org/solo"), default=True))
 
@@ -445,3 +445,25 @@ async def test_a_whole_answer_sent_as_an_event_stream_is_read_as_one(
     assert [(row["status"], row["provider"], row["input_tokens"], row["output_tokens"]) for row in rows] == [
         ("ok", "primary", 12, 3)
     ]
+
+
+async def test_a_json_answer_labelled_an_event_stream_is_read_as_the_json_it_is(
+    gw: GatewayHandle, primary: ReplayUpstream
+) -> None:
+    """The other side of the test above: an answer is read as an event stream only when it is no
+    JSON answer, so a whole JSON body under `content-type: text/event-stream` stays a 200."""
+    body = {
+        "id": "chatcmpl-j1",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+    }
+    primary.enqueue(
+        Reply(status=200, headers=[("content-type", "text/event-stream")], chunks=[json.dumps(body).encode()])
+    )
+    response = await post(gw, {"model": "chat", "messages": [user("Capital of France?")]})
+
+    assert response.status_code == 200, response.text
+    assert response.json()["message"] == {"role": "assistant", "content": [{"kind": "text", "data": "Paris."}]}
+    rows = await gw.ledger_rows()
+    assert [(row["status"], row["input_tokens"], row["output_tokens"]) for row in rows] == [("ok", 12, 3)]
