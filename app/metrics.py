@@ -24,10 +24,16 @@ from decimal import Decimal
 from typing import Protocol
 
 from app.context import RequestContext
-from app.pipeline.events import Outcome
+from app.pipeline.events import Cost, Outcome
 from app.routing.router import Router
+from providers.events import Usage
 
 Series = tuple[str, tuple[str, ...]]  # a sample's name and its label values
+# What a finished request leaves to count: started, stream, model, provider, status, the error's
+# status code, finished, first content, usage, cost. Not its `Outcome`, whose message (the whole
+# answer, its log probabilities) and error (its traceback, and the frames' locals) stayed alive
+# until the 256th request or the next scrape: a few hundred agent answers of megabytes each.
+_Done = tuple[float, bool, str | None, str | None, str, int | None, float, float | None, Usage | None, Cost]
 LEDGER_PENDING = "switchyard_ledger_rows_pending"
 LEDGER_OLDEST = "switchyard_ledger_oldest_pending_seconds"
 LEDGER_WRITABLE = "switchyard_ledger_journal_writable"
@@ -58,7 +64,7 @@ def merged(total: dict[Series, float], series: Series, value: float) -> None:
         total[series] = held + value if combine is None else combine(held, value)
 
 
-PENDING_LIMIT = 256  # finished requests noted before they are counted (each keeps its Outcome)
+PENDING_LIMIT = 256  # finished requests noted before they are counted (`_Done`: not their Outcome)
 SUMMED_GAUGES = ("switchyard_backend_in_flight", "switchyard_backend_queued")
 _ZERO = Decimal(0)
 TOKEN_BUCKETS = ("input", "output", "reasoning", "cache_read", "cache_write")
@@ -174,7 +180,7 @@ class Histogram:
 
 class Metrics:
     def __init__(self) -> None:
-        self._pending: list[tuple[float, bool, Outcome]] = []  # finished requests not counted yet
+        self._pending: list[_Done] = []  # finished requests not counted yet
         self.ledger: LedgerGauges | None = None  # the service's ledger writer, once it runs
         self.requests = Counter(
             "switchyard_requests_total",
@@ -260,28 +266,50 @@ class Metrics:
         Only an append here: the requests are counted in batches (`_count_pending`) when the
         numbers are read (`samples`) or `PENDING_LIMIT` wait, a tight loop over a few hundred
         requests being cheaper than the same work spread between them."""
-        self._pending.append((ctx.started, ctx.stream, outcome))
+        error = outcome.error
+        self._pending.append(
+            (
+                ctx.started,
+                ctx.stream,
+                outcome.model,
+                outcome.provider,
+                outcome.status,
+                None if error is None else error.status_code,
+                outcome.finished,
+                outcome.first_content,
+                outcome.usage,
+                outcome.cost,
+            )
+        )
         if len(self._pending) >= PENDING_LIMIT:
             self._count_pending()
 
     def _count_pending(self) -> None:
         pending, self._pending = self._pending, []
-        for started, stream, outcome in pending:
-            self._count(started, stream, outcome)
+        for done in pending:
+            self._count(*done)
 
-    def _count(self, started: float, stream: bool, outcome: Outcome) -> None:
+    def _count(
+        self,
+        started: float,
+        stream: bool,
+        model: str | None,
+        provider: str | None,
+        status: str,
+        error_status: int | None,
+        finished: float,
+        first: float | None,
+        usage: Usage | None,
+        cost: Cost,
+    ) -> None:
         """First content and speed only for a stream: a whole answer's content comes at its end."""
-        model, provider = outcome.model or "", outcome.provider or ""
-        status = outcome.status
+        model, provider = model or "", provider or ""
         self.requests.inc((model, provider, status))
-        error = outcome.error
-        self.responses.inc(_CODES.get(error.status_code, ("500",)) if error is not None else _DONE[status])
+        self.responses.inc(_CODES.get(error_status, ("500",)) if error_status is not None else _DONE[status])
         key = (model, provider)
-        finished, first = outcome.finished, outcome.first_content
         self.duration.observe(key, finished - started)
         if first is not None and stream:
             self.first_token.observe(key, first - started)
-        usage = outcome.usage
         if usage is not None:
             output, reasoning = usage.output_tokens, usage.reasoning_tokens
             counts = (usage.input_tokens, output, reasoning, usage.cache_read_tokens, usage.cache_write_tokens)
@@ -289,7 +317,6 @@ class Metrics:
             generated = output + reasoning
             if first is not None and stream and generated > 0 and finished > first:
                 self.speed.observe(key, generated / (finished - first))
-        cost = outcome.cost
         if cost.usd is not None and cost.source is not None:
             self.cost.add((model, provider, cost.source), cost.usd)
 

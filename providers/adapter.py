@@ -55,6 +55,7 @@ from providers.transport import H1Transport, RawResponse, key_of
 from providers.types import AnyRequest
 
 _ERROR_BODY_LIMIT = 64 * 1024
+_JOIN_BELOW = 64 * 1024  # a request body this small leaves in one buffer with its head (`_send`)
 _PROBE_READ_TIMEOUT = 10.0
 PROBE_BODY_MAX = 16 << 20  # a probe's answer (`/health`, `/models` with prices, `/metrics`) past this is malformed
 USER_AGENT = "switchyard"
@@ -181,12 +182,18 @@ class Provider:
         (module doc) kept by the transport's own timers."""
         json_head, stream_head = self._routes[dialect.path]
         timeouts = self.config.timeouts
+        head = stream_head if stream else json_head
+        if len(body) < _JOIN_BELOW:  # one buffer, head and body; a large body is not copied behind its head
+            payload, body = b"%s%d\r\n\r\n%s" % (head, len(body), body), b""
+        else:
+            payload = b"%s%d\r\n\r\n" % (head, len(body))
         return await self._transport.exchange(
             self._key,
-            b"%s%d\r\n\r\n%s" % (stream_head if stream else json_head, len(body), body),
+            payload,
             connect_s=timeouts.connect,
             head_s=self._head_s,
             read_s=timeouts.idle if stream else timeouts.first_byte,
+            body=body,
         )
 
     async def probe(self, *, keyed: bool = False) -> bool:

@@ -100,20 +100,20 @@ class H1Transport(httpx.AsyncBaseTransport):
         head_s: float | None,
         read_s: float | None,
         head_only: bool = False,
+        body: bytes = b"",
     ) -> RawResponse:
-        """Send `payload` (a whole encoded request) to `key` (`key_of`) and read the answer's head,
-        without httpx's objects (a sixth of a proxied request's CPU: bench/RESULTS.md). `connect_s`
-        bounds a new connection, `head_s` the wait for the whole head, `read_s` each body read."""
+        """Send `payload` (a whole encoded request, or the head of `body`) to `key` (`key_of`) and read the
+        answer's head, without httpx's objects (a sixth of a proxied request's CPU: bench/RESULTS.md).
+        `connect_s` bounds a new connection, `head_s` the wait for the whole head, `read_s` each body read."""
         conn = self._take(key) or await self._connect(key, connect_s)
         try:
-            assert conn.transport is not None
-            conn.transport.write(payload)
+            conn.send(payload, body)
             head = await _read_head(conn, head_s)
         except BaseException:
             conn.close()  # a connection that failed is never pooled, and the request not sent again
             raise
-        body = _Body(self, key, conn, head, read_s, head_only or head.status in (204, 304))
-        return RawResponse(head.status, head.headers, body)
+        answer = _Body(self, key, conn, head, read_s, head_only or head.status in (204, 304))
+        return RawResponse(head.status, head.headers, answer)
 
     def _take(self, key: _Key) -> Connection | None:
         """The newest live pooled connection to `key`; those idle past `MAX_IDLE_S`, or with anything

@@ -52,6 +52,15 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.poller.register(transport.get_extra_info("socket").fileno(), select.POLLIN)
 
+    def send(self, payload: bytes, body: bytes = b"") -> None:
+        """Write a request: `payload`, then `body` when there is one, as it is (a large request
+        body, not copied once more behind its head: one `writev`)."""
+        assert self.transport is not None
+        if body:
+            self.transport.writelines((payload, body))
+        else:
+            self.transport.write(payload)
+
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         if len(self.buffer) > PAUSE_AT and not self.paused and self.transport is not None:

@@ -9,16 +9,21 @@ bucket bounds, except where a bound itself is the point (`le` is inclusive).
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.context import RequestContext
+from app.errors import AllBackendsFailed
+from app.metrics import Metrics
 from app.pipeline.events import UNPRICED, Cost, Outcome
 from catalog.records import LedgerStatus
 from providers.events import Usage
+from providers.types import Message, TextPart
 from tests.routing.conftest import launch
 from tests.support.client import complete, stream
 from tests.support.gateway import GatewayHandle, StartGateway
@@ -246,3 +251,24 @@ async def test_responses_are_counted_by_status_routed_or_refused_before_routing(
     samples = await scrape(gw)
     codes = {dict(labels)["code"]: v for (n, labels), v in samples.items() if n == "switchyard_responses_total"}
     assert codes == {"200": 1, "400": 1, "404": 1, "502": 1, "503": 1}
+
+
+def test_a_finished_request_leaves_the_metrics_nothing_of_its_answer() -> None:
+    """`request_done` keeps what it counts until the next scrape or the 256th request, not the
+    Outcome: its message is the whole answer (an agent's tool call of megabytes), and 255 of them
+    stayed alive in every worker between two scrapes."""
+    answer_text = "x" * 1_000_000
+    error = AllBackendsFailed("every backend failed")
+    alive = sys.getrefcount(answer_text), sys.getrefcount(error)
+    done = msgspec.structs.replace(
+        outcome("alpha", 0.4, 0.2, Usage(10, 20), status="error"),
+        message=Message(role="assistant", content=[TextPart(answer_text)]),
+        error=error,
+    )
+    metrics = Metrics()
+    metrics.request_done(context(), done)
+    del done
+    assert (sys.getrefcount(answer_text), sys.getrefcount(error)) == alive
+    samples = metrics.samples()
+    assert samples[("switchyard_requests_total", ("chat-1", "alpha", "error"))] == 1
+    assert samples[("switchyard_responses_total", ("502",))] == 1
