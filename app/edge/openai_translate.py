@@ -237,13 +237,16 @@ def _assistant_parts(message: wire.AssistantMessage) -> list[ContentPart]:
     parts: list[ContentPart] = []
     if message.reasoning_content:
         parts.append(ThinkingPart(ThinkingData(text=message.reasoning_content)))
-    content = message.content
+    content, refusal = message.content, message.refusal  # `refusal`: the answer's, sent back as it came
     if isinstance(content, str):
-        parts.append(TextPart(content))
+        if content or not refusal:  # `""` beside a refusal is no text of its own
+            parts.append(TextPart(content))
     elif content is not None:
         parts += [TextPart(p.text if isinstance(p, wire.TextContent) else p.refusal) for p in content]
-    if message.refusal:  # the answer's `refusal` sent back as it came (an agent's history): text, as its parts
-        parts.append(TextPart(message.refusal))
+        if any(not isinstance(p, wire.TextContent) for p in content):
+            refusal = None  # it came as a part already
+    if refusal:
+        parts.append(TextPart(refusal))
     for call in message.tool_calls or ():
         raw = call.function.arguments
         data = ToolCallData(call.id, call.function.name, _arguments(raw), raw_arguments=raw)

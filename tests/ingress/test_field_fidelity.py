@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import openai
+import pytest
 
 from tests.ingress.conftest import upstream_body
 from tests.support.replies import answer
@@ -60,6 +61,23 @@ async def test_a_refusal_beside_text_is_not_dropped(aclient: openai.AsyncOpenAI,
         "role": "assistant",
         "content": "Here is part of it.\nThe rest I won't.",
     }
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["", [{"type": "refusal", "refusal": "The rest I won't."}]],
+)
+async def test_a_refusal_goes_upstream_once_and_alone(
+    aclient: openai.AsyncOpenAI, primary: ReplayUpstream, content: Any
+) -> None:
+    """Beside `content: ""`, or beside a refusal part saying it already, the refusal is the turn's
+    one text: not a blank line before it, nor twice."""
+    primary.enqueue(answer())
+    assistant: Any = {"role": "assistant", "content": content, "refusal": "The rest I won't."}
+
+    await aclient.chat.completions.create(model="chat", messages=[*USER, assistant, {"role": "user", "content": "ok"}])
+
+    assert upstream_body(primary)["messages"][1] == {"role": "assistant", "content": "The rest I won't."}
 
 
 async def test_a_json_schema_keeps_its_description(aclient: openai.AsyncOpenAI, primary: ReplayUpstream) -> None:
