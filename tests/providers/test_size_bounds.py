@@ -103,7 +103,7 @@ async def test_a_large_request_body_is_not_copied_behind_its_head() -> None:
             held.append(sum(stat.size for stat in snapshot.statistics("filename") if stat.size >= 1 << 20))
             return respond(received)
 
-        upstream.respond = measured  # type: ignore[method-assign]
+        upstream.respond = measured  # type: ignore[method-assign,assignment]
         upstream.enqueue(answer("ok"))
         client = make_client()
         config = ProviderConfig(name="local", kind="openai_compatible", base_url=upstream.url)
@@ -115,3 +115,22 @@ async def test_a_large_request_body_is_not_copied_behind_its_head() -> None:
             await client.aclose()
     assert held
     assert held[0] <= 2 * len(prompt), f"{held[0]:,} bytes held for a {len(prompt):,}-byte prompt"
+
+
+def test_a_long_event_in_small_reads_holds_about_its_size() -> None:
+    """An event that comes in one-byte reads (a chunked body of one-byte chunks: one read each)
+    holds about its own bytes until its blank line, as `MAX_EVENT_BYTES` bounds it; kept as a
+    list of its reads, each read cost a bytes object and a list slot, forty times the event."""
+    parser = SSEParser()
+    parser.feed(b": open\n\n")
+    parser.feed(b"data: ")
+    size = 100_000
+    tracemalloc.start()
+    try:
+        for _ in range(size):
+            parser.feed(bytes(bytearray(b"x")))  # a new object at each read, as the socket gives
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held <= 4 * size, f"{held:,} bytes held for a {size:,}-byte event"
+    assert parser.feed(b"\n\n") == ["x" * size]
