@@ -16,11 +16,10 @@ Wire quirks resolved here (see providers.md):
   finish reason (the calls before it are closed) or when it begins a JSON value where the call's
   arguments are a whole one already: `transformers serve` sends every call at index 0 under one
   id (whole, or name first and then arguments, each call closed by `finish_reason: "tool_calls"`);
-- `ToolCallStart` waits until the name is known (a call still without an id then gets
-  `call_` and 24 random hex digits, unique across answers as OpenAI's and Anthropic's ids are: an
-  agent's history holds many answers' calls; one whose id an earlier call has `<id>_<key>`);
-  argument fragments seen before
-  are buffered and sent as one `ToolCallArgs`;
+- `ToolCallStart` waits until the name is known (a call still without an id then gets `call_`
+  and 24 random hex digits, unique across answers as OpenAI's and Anthropic's ids are: an agent's
+  history holds many answers' calls; one whose id an earlier call has gets `<id>_<key>`); argument
+  fragments seen before are buffered and sent as one `ToolCallArgs`;
 - a call never named by the end of the stream is still started (its arguments kept), and `stop`
   with calls returned reads as `tool_calls`.
 
