@@ -4,10 +4,13 @@ vLLM exposes `vllm:num_requests_waiting` (SGLang `sglang:num_queue_reqs`, llama.
 --metrics` `llamacpp:requests_deferred`): requests the server accepted but has not started.
 Routing adds it to the gateway's own in-flight count to find the least loaded of equally
 preferred backends. Only these gauges are read; every label set of a gauge
-is summed (one series per model served).
+is summed (one series per model served). A sample that is no count of requests (`NaN`, `±Inf`, a
+negative number) is skipped: a NaN load sorted before every number, and stuck to its backend.
 """
 
 from __future__ import annotations
+
+import math
 
 QUEUE_GAUGES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
 
@@ -20,7 +23,7 @@ def queue_depth(text: str) -> float | None:
         if not line.startswith(QUEUE_GAUGES):
             continue
         value = _sample_value(line)
-        if value is not None:
+        if value is not None and math.isfinite(value) and value >= 0:
             total += value
             found = True
     return total if found else None
