@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         period = parse_period(args.start, args.end)
     except QueryError as exc:
-        raise ConfigError(f"--{exc.message}") from None
+        raise ConfigError(exc.for_cli()) from None
     report = asyncio.run(_report(args.catalog_command, settings, period))
     if args.format == "json":
         print(msgspec.json.encode(report).decode())

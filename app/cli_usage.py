@@ -63,8 +63,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         query = parse_query(params, datetime.now(UTC))
     except QueryError as exc:
-        option = "--group-by" if exc.param == "group_by" else f"--{exc.param}"
-        print(f"switchyard usage: {option}: {exc.message.partition(': ')[2]}", file=sys.stderr)
+        print(f"switchyard usage: {exc.for_cli()}", file=sys.stderr)
         return 2
     report = asyncio.run(_report(settings, query))
     sys.stdout.write(render(report, args.format))

@@ -23,12 +23,26 @@ LATEST = datetime(9999, 12, 1, tzinfo=UTC)
 
 class QueryError(ValueError):
     """A bad report parameter; `param` is its name as the caller wrote it, and `message` starts
-    with it."""
+    with it. `other`: the one other parameter the message names, quoted (`'to'`)."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str, message: str, other: str | None = None) -> None:
         super().__init__(f"{param}: {message}")
         self.param = param
         self.message = f"{param}: {message}"
+        self._detail, self._other = message, other
+
+    def for_cli(self) -> str:
+        """The message in the CLI's words, its parameters named as options: `--from: must be
+        before --to` (the API's `from: must be before 'to'`)."""
+        detail = self._detail
+        if self._other is not None:
+            detail = detail.replace(repr(self._other), option(self._other))
+        return f"{option(self.param)}: {detail}"
+
+
+def option(param: str) -> str:
+    """A report parameter's command-line option: `group_by` → `--group-by`."""
+    return "--" + param.replace("_", "-")
 
 
 class Period(Struct, frozen=True):
@@ -56,5 +70,5 @@ def parse_period(start: str | None, end: str | None, now: datetime | None = None
     end_at = parse_instant("to", end) if end else (now or datetime.now(UTC))
     start_at = parse_instant("from", start) if start else end_at - DEFAULT_SPAN
     if start_at >= end_at:
-        raise QueryError("from", "must be before 'to'")
+        raise QueryError("from", "must be before 'to'", other="to")
     return Period(start_at, end_at)

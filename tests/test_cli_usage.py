@@ -123,6 +123,14 @@ def test_a_bad_option_exits_2_naming_it(tmp_path: Path, args: tuple[str, ...], o
     assert done.stderr.startswith(f"switchyard usage: {option}: ")
 
 
+@pytest.mark.parametrize("command", [("usage",), ("catalog", "drift"), ("catalog", "gpu-cost")])
+def test_a_reversed_period_names_both_options(tmp_path: Path, command: tuple[str, ...]) -> None:
+    config = write_config(tmp_path)
+    done = run_cli(tmp_path, *command, "--config", str(config), "--from", "2026-12-02", "--to", "2026-12-01")
+    assert done.returncode == 2
+    assert done.stderr.endswith(": --from: must be before --to\n")
+
+
 @pytest.mark.parametrize(
     "args", [("usage",), ("usage", "--format", "json"), ("keys", "list"), ("catalog", "drift"), ("catalog", "gpu-cost")]
 )
