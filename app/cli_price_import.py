@@ -6,7 +6,8 @@ cost.md: provider model lists that carry prices (primalabs `/models`) "can be im
 way, as a reviewed diff". The same way is the catalog files: this command asks the provider for its
 list (`GET {base_url}/models` with its key; the conventions read are `providers.model_prices`'),
 compares each rate with the catalog files' price in effect for the catalog model deployed on that
-upstream model, and proposes a `[[prices]]` row, effective now (or `--effective-from`), for every
+upstream model (`plain_model`: case aside, without a `models/` prefix, as the health probe reads a
+list), and proposes a `[[prices]]` row, effective now (or `--effective-from`), for every
 model whose listed rates differ or that has no price yet. Nothing reaches the database: the rows go
 to stdout (redirect them into a catalog file) or are appended to `--write FILE`; a person reviews
 them, and `switchyard catalog sync` makes them effective-dated rows as any other edit.
@@ -36,7 +37,7 @@ import msgspec
 from app.settings import Settings, key_missing, provider_configs
 from catalog.files import MONEY_KEYS, CatalogFile, PriceSpec, load_catalog
 from providers.adapter import Provider, make_client
-from providers.model_prices import ListedPrice, ModelList, read_model_list
+from providers.model_prices import ListedPrice, ModelList, plain_model, read_model_list
 
 COMMAND = "import"
 
@@ -121,15 +122,15 @@ def propose(
 ) -> tuple[list[PriceSpec], list[str]]:
     """The rows to add, and the summary's lines (module doc). A catalog model priced two ways by
     the list (deployed on two upstream models, or an id listed twice) gets no row: a conflict."""
-    deployed: dict[str, list[str]] = {}  # upstream model -> catalog models deployed on it here
+    deployed: dict[str, list[str]] = {}  # upstream model (`plain_model`) -> catalog models deployed on it here
     for model in catalog.models:
         for deployment in model.deployments:
             if deployment.provider == provider:
-                deployed.setdefault(deployment.upstream_model, []).append(model.id)
+                deployed.setdefault(plain_model(deployment.upstream_model), []).append(model.id)
     current = {m: _in_effect(catalog, provider, m, when) for models in deployed.values() for m in models}
     ways: dict[str, dict[tuple[Any, ...], tuple[PriceSpec, str]]] = {}  # model -> rates -> (row, upstream)
     for listed in listing.priced:
-        for model_id in deployed.get(listed.model, []):
+        for model_id in deployed.get(plain_model(listed.model), []):
             row = _row(provider, model_id, listed, when, current[model_id])
             ways.setdefault(model_id, {}).setdefault(_rates(row), (row, listed.model))
     rows: list[PriceSpec] = []
@@ -147,7 +148,7 @@ def propose(
             raise Collision(f"the files already price {model_id} on {provider} from {_stamp(when)}")
         rows.append(row)
         lines.append(_change(was, row, upstream))
-    return rows, [_head(provider, lines, len(ways)), *lines, *_notes(deployed, listing)]
+    return rows, [_head(provider, lines, len(ways)), *lines, *_notes(catalog, provider, listing)]
 
 
 def _rates(price: PriceSpec) -> tuple[Any, ...]:
@@ -160,14 +161,20 @@ def _head(provider: str, lines: list[str], priced: int) -> str:
     return f"{provider}: {changed} changed, {added} new, {unchanged} unchanged"
 
 
-def _notes(deployed: dict[str, list[str]], listing: ModelList) -> list[str]:
+def _notes(catalog: CatalogFile, provider: str, listing: ModelList) -> list[str]:
+    """What could not be matched, each model named as its side spells it (compared `plain_model`)."""
+    upstream = {d.upstream_model for m in catalog.models for d in m.deployments if d.provider == provider}
     listed = {price.model for price in listing.priced}
+    deployed, priced = {plain_model(name) for name in upstream}, {plain_model(name) for name in listed}
     notes = [
         (
             "not in the catalog here (listed with prices, no catalog model deployed on them)",
-            sorted(listed - set(deployed)),
+            sorted(name for name in listed if plain_model(name) not in deployed),
         ),
-        ("no price listed for (their catalog prices stay)", sorted(set(deployed) - listed)),
+        (
+            "no price listed for (their catalog prices stay)",
+            sorted(name for name in upstream if plain_model(name) not in priced),
+        ),
     ]
     found = [f"{what}: {_names(names)}" for what, names in notes if names]
     if listing.unreadable:

@@ -74,6 +74,12 @@ _decode_listing = msgspec.json.Decoder(_Listing | list[Any], float_hook=Decimal)
 _decode_ids = msgspec.json.Decoder(_Listing | list[Any])
 
 
+def plain_model(model: str) -> str:
+    """A model name as a provider's list and the catalog are compared (the health probe's model
+    list, `catalog import`): case aside, without a `models/` prefix."""
+    return model.lower().removeprefix("models/")
+
+
 def listed_ids(body: bytes) -> frozenset[str]:
     """The ids a model list names (`{"data": [...]}` or a bare list; an entry without a string
     `id` is skipped, as `read_model_list` skips it); `msgspec.DecodeError` / `ValidationError` for

@@ -40,6 +40,7 @@ from app.metrics import Metrics
 from app.routing.failover import disable_provider
 from app.routing.router import Backend, ProviderRuntime, Router
 from providers.errors import Failure
+from providers.model_prices import plain_model
 from providers.openai_stream import SECRET_MIN
 
 
@@ -169,15 +170,15 @@ class HealthMonitor:
             backend.state.evict()
 
     def _matched(self, runtime: ProviderRuntime, listed: frozenset[str] | None) -> frozenset[str] | None:
-        """The list's ids as `_plain` names, or None when it names none of the provider's upstream
+        """The list's ids as `plain_model` names, or None when it names none of the provider's upstream
         models: ids in another form than the catalog's (`Alpha/Chat-1`, `models/x`, aliases) would
         take every backend out, so such a list says nothing, logged once (`model_list_unmatched`,
         an error, with some of its ids) until a list matches again."""
         if listed is None:
             return None
         name = runtime.config.name
-        names = frozenset(_plain(entry) for entry in listed)
-        if any(_plain(backend.upstream_model) in names for backend in self.router.backends_of(name)):
+        names = frozenset(plain_model(entry) for entry in listed)
+        if any(plain_model(backend.upstream_model) in names for backend in self.router.backends_of(name)):
             self._unmatched.discard(name)
             return names
         if name not in self._unmatched:
@@ -192,7 +193,7 @@ class HealthMonitor:
     def _listing(self, backend: Backend, listed: frozenset[str] | None) -> None:
         """Out of rotation while its provider's model list leaves its upstream model out (no list,
         an empty one or one `_matched` set aside takes nothing out); logged when that changes."""
-        unlisted = listed is not None and _plain(backend.upstream_model) not in listed
+        unlisted = listed is not None and plain_model(backend.upstream_model) not in listed
         if unlisted == backend.state.unlisted:
             return
         backend.state.unlisted = unlisted
@@ -217,8 +218,3 @@ class HealthMonitor:
                 self.log.warning("probe_failed", provider=provider, cause=cause, error=None)
             else:
                 self.log.error("probe_failed", provider=provider, error=type(error).__name__, exc_info=error)
-
-
-def _plain(model: str) -> str:
-    """A model name as a list and the catalog are compared: case aside, without a `models/` prefix."""
-    return model.lower().removeprefix("models/")

@@ -146,6 +146,29 @@ def test_proposals_keep_unlisted_buckets_refuse_conflicts_and_write_valid_toml()
         propose(catalog, "p", listed, datetime(2026, 1, 1, tzinfo=UTC))
 
 
+def test_a_list_naming_models_in_another_case_or_with_models_prefix_is_matched_as_the_probe_matches_it() -> None:
+    """The health probe compares a list's ids with the catalog's case aside and without a
+    `models/` prefix; import compared them exactly, so such a list proposed nothing and called
+    every model unmatched. What stays unmatched is named as each side spells it."""
+    catalog = validate_catalog([("c.toml", parse_catalog(CATALOG_TEXT, "c.toml"))])
+    listed = read_model_list(
+        listing(
+            {"id": "models/UP-C", "pricing": {"input": "1.5", "output": "2"}},
+            {"id": "Up-R", "pricing": {"input": "3", "output": "4"}},
+            {"id": "Other-Model", "pricing": {"input": "1", "output": "1"}},
+        )
+    )
+    rows, summary = propose(catalog, "p", listed, datetime(2026, 12, 6, 12, tzinfo=UTC))
+    assert summary == [
+        "p: 1 changed, 1 new, 0 unchanged",
+        "~ m-2 (models/UP-C): input 1 -> 1.5",
+        "+ rocket\U0001f680 (Up-R): input 3, output 4",
+        "not in the catalog here (listed with prices, no catalog model deployed on them): Other-Model",
+        "no price listed for (their catalog prices stay): up-a, up-b",
+    ]
+    assert [(row.model, row.input) for row in rows] == [("m-2", Decimal("1.5")), ("rocket\U0001f680", Decimal(3))]
+
+
 async def test_a_list_that_trickles_past_the_limit_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """The client's 10 s bound each read: a provider sending a byte every 0.5 s kept it forever."""
     monkeypatch.setattr(cli_price_import, "LIST_TIMEOUT_S", 0.5)
