@@ -16,23 +16,29 @@ def refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now:
     """The 429 of a refused admission. A request that reserves more tokens than the key's `tpm`
     could never pass, however long it waited: it gets no `Retry-After` (a client would retry it
     forever), and access.md's message goes on to say what to change, as OpenAI's "Request too
-    large" does."""
+    large" does. A refusal no wait can lift (that one, a spent `total` budget) also says
+    `x-should-retry: false`: the OpenAI and Anthropic SDKs (and what is built on them) retry a
+    429 that has no `Retry-After`, twice by default, and each retry is refused again."""
     record = entry.record
     error: GatewayError
+    final = False
     if verdict.refused == "tpm" and ask.tokens > entry.tpm:
         message = (
             f"rate limit reached for this API key (tpm): this request alone reserves {ask.tokens} tokens "
             f"(its input and max_tokens), more than the limit of {entry.tpm} a minute; lower max_tokens"
         )
-        error = KeyRateLimited(message)
+        error, final = KeyRateLimited(message), True
     elif verdict.refused == "budget":
         period = record.budget_period or "total"
         _tag, _start, end = period_bounds(period, now)
         spent, budget = show_usd(from_nano(verdict.spent)), show_usd(record.budget_usd or Decimal(0))
         message = f"budget exceeded: spent ${spent} of ${budget} this {period}"
         error = BudgetExceeded(message, retry_after=seconds_until(end, now))
+        final = error.retry_after is None
     else:
         which = verdict.refused
         error = KeyRateLimited(f"rate limit reached for this API key ({which})", retry_after=verdict.retry_after)
     error.extra_headers = header_texts(headers)
+    if final:
+        error.extra_headers["x-should-retry"] = "false"
     return error
