@@ -164,6 +164,7 @@ class MessagesRequest(Struct):
     top_k: Annotated[int, Meta(ge=0)] | None = None
     thinking: ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive | None = None
     output_config: OutputConfig | None = None
+    output_format: JSONOutputFormat | None = None  # the structured-outputs beta's name for output_config.format
     metadata: Metadata | None = None
     stream: bool | None = None
 

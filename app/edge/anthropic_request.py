@@ -19,7 +19,10 @@ Mapping decisions (README, "Anthropic Messages ingress"):
   under 16384 `medium`, else `high`; the budget must be below `max_tokens`, as Anthropic requires.
   `disabled` and `adaptive` send no effort (the canonical request has no "none": the upstream's
   default applies). An explicit `output_config.effort` wins over the budget;
-- `output_config.format` (`json_schema`) → the canonical `schema`;
+- `output_config.format` (`json_schema`) → the canonical `schema`; so does the top-level
+  `output_format` of the structured-outputs beta (`client.beta.messages.create(output_format=…)`,
+  before the format moved into `output_config`) when `output_config.format` is absent: dropped,
+  the client asking for JSON got free text;
 - `tool_choice`: `auto`, `any` → `required`, `tool` → named, `none`; `disable_parallel_tool_use`
   → `parallel_tool_calls: false`;
 - `metadata.user_id` → `user`; `top_k`, `stop_sequences`, `temperature`, `top_p` as they are.
@@ -80,8 +83,11 @@ def to_request(wire: fmt.MessagesRequest) -> tuple[CompletionRequest, dict[str, 
     """The canonical request, and for each part that is not where its block was (a tool result's
     media) its canonical path → the Anthropic one."""
     tool_choice, parallel = _tool_choice(wire)
-    output = wire.output_config
+    output = wire.output_config.format if wire.output_config is not None else None
     moved: dict[str, str] = {}
+    if output is None and wire.output_format is not None:
+        output = wire.output_format
+        moved["schema"] = "output_format.schema"
     messages: list[Message] = []
     for i, turn in enumerate(_turns(wire.messages)):
         message = _message(turn, f"messages[{i}]", moved)
@@ -101,7 +107,7 @@ def to_request(wire: fmt.MessagesRequest) -> tuple[CompletionRequest, dict[str, 
         tools=[ToolDefinition(t.name, t.description, t.input_schema) for t in wire.tools] if wire.tools else None,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
-        schema=output.format.schema if output is not None and output.format is not None else None,
+        schema=output.schema if output is not None else None,
         stream=wire.stream,
         temperature=wire.temperature,
         top_p=wire.top_p,

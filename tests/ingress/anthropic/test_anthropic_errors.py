@@ -227,6 +227,11 @@ def tool_round(result: list[Any], *after: dict[str, Any], model: str = "chat-1")
             "output_config.format.schema",
             None,
         ),
+        (
+            {"max_tokens": 8, "messages": [USER], "output_format": {"type": "json_schema", "schema": DEEP}},
+            "output_format.schema",
+            None,
+        ),
         # a prompt over the context window, named by the part that holds most of it
         ({"max_tokens": 8, "messages": [USER], "system": "s" * 1_100_000}, "system", None),
         (

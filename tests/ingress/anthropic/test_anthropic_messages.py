@@ -145,6 +145,37 @@ async def test_thinking_disabled_sends_no_effort_and_output_config_effort_wins(
     assert second["reasoning_effort"] == "xhigh"
 
 
+async def test_the_structured_outputs_betas_output_format_is_the_schema_as_output_config_format_is(
+    client: anthropic.AsyncAnthropic, primary: ReplayUpstream
+) -> None:
+    """The beta's top-level `output_format` was dropped: the client asking for JSON got free text."""
+    primary.enqueue(answer('{"city": "Paris"}'), repeat=3)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    other = {"type": "object", "properties": {"tz": {"type": "string"}}}
+    beta = {"type": "json_schema", "schema": schema}
+    await client.messages.create(model="chat-1", max_tokens=64, messages=[USER], extra_body={"output_format": beta})
+    await client.messages.create(
+        model="chat-1",
+        max_tokens=64,
+        messages=[USER],
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+    await client.messages.create(  # both: output_config's, where the format lives now
+        model="chat-1",
+        max_tokens=64,
+        messages=[USER],
+        output_config={"format": {"type": "json_schema", "schema": other}},
+        extra_body={"output_format": beta},
+    )
+    sent = [request.json()["response_format"] for request in primary.requests]
+    assert (
+        sent[0]
+        == sent[1]
+        == {"type": "json_schema", "json_schema": {"name": "response", "schema": schema, "strict": True}}
+    )
+    assert sent[2] == {"type": "json_schema", "json_schema": {"name": "response", "schema": other, "strict": True}}
+
+
 async def test_tool_use_round_trip(
     gw: GatewayHandle, client: anthropic.AsyncAnthropic, primary: ReplayUpstream
 ) -> None:
