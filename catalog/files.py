@@ -9,6 +9,7 @@ compare equal on the next sync, and every sync would add a row.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime, time
@@ -31,6 +32,10 @@ _T = TypeVar("_T")
 INT32 = 2**31 - 1  # the columns are INTEGER: a 32-bit integer on PostgreSQL
 PositiveInt = Annotated[int, Meta(gt=0, le=INT32)]
 Name = Annotated[str, Meta(min_length=1, max_length=200)]
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""What no stored name holds (`_plain`): a NUL PostgreSQL's text refuses (a sync, a start-up, failed
+on a database error naming no key, where SQLite took it), a new line or an ESC that breaks the rows
+of `switchyard usage`; and the report's filters refuse them all (`catalog.usage_query`)."""
 
 
 class CatalogFileError(Exception):
@@ -144,10 +149,16 @@ def _effective_from(value: object, where: str) -> datetime:
 
 
 def _parse_model(model_id: str, raw: dict[str, Any], where: str) -> ModelSpec:
-    path = f'models."{model_id}"'
+    path = f"models.{msgspec.json.encode(model_id).decode()}"  # a control character shown escaped
     if not model_id or len(model_id) > 200:
         raise CatalogFileError(f"{where}: {path}: a model id has 1 to 200 characters")
+    _plain(model_id, f"{where}: {path}")
     spec = _convert(raw, _RawModel, where, path)
+    for index, alias in enumerate(spec.aliases):
+        _plain(alias, f"{where}: {path}.aliases[{index}]")
+    for index, deployment in enumerate(spec.deployments):
+        _plain(deployment.provider, f"{where}: {path}.deployments[{index}].provider")
+        _plain(deployment.upstream_model, f"{where}: {path}.deployments[{index}].upstream_model")
     return ModelSpec(
         id=model_id,
         context_window=spec.context_window,
@@ -159,9 +170,15 @@ def _parse_model(model_id: str, raw: dict[str, Any], where: str) -> ModelSpec:
     )
 
 
+def _plain(name: str, where: str) -> None:
+    if _CONTROL.search(name) is not None:
+        raise CatalogFileError(f"{where}: must not hold a control character")
+
+
 def _parse_price(index: int, raw: dict[str, Any], where: str) -> PriceSpec:
     path = f"prices[{index}]"
     spec = _convert(raw, _RawPrice, where, path)
+    _plain(spec.provider, f"{where}: {path}.provider")
     amounts = {key: _money(getattr(spec, key), f"{where}: {path}.{key}") for key in MONEY_KEYS}
     return PriceSpec(
         provider=spec.provider,

@@ -67,6 +67,8 @@ import httpx
 import msgspec
 from msgspec import Struct
 
+from providers.lenient_json import lenient_json, paired, scrubbed
+
 
 class Failure(enum.Enum):
     TRANSIENT = "transient"
@@ -164,7 +166,7 @@ def _classified(status: int, error: ErrorBody, retry_after: float | None, *, str
     if code is not None and not _CODE.fullmatch(code):
         code = None  # it is logged (`backend_forbidden`): never prose, nor the upstream's echo of the request
     if kind is Failure.CLIENT and error.message:
-        message = error.message[:_MESSAGE_LIMIT]
+        message = paired(error.message[:_MESSAGE_LIMIT])  # a lone surrogate: no JSON encoder takes it
     else:
         message = f"upstream returned {status}"
     return UpstreamError(kind, message, status=status, retry_after=retry_after, code=code, answered=True)
@@ -192,7 +194,13 @@ def _error_body(body: bytes) -> tuple[ErrorBody, bool]:
     `type` or `code`), not text or FastAPI's bare `detail`."""
     try:
         envelope = _envelope_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # nested too deep: no document
+    except msgspec.DecodeError:  # a lone surrogate, a byte that is no UTF-8, a BOM: the message kept
+        value = lenient_json(body)
+        try:
+            envelope = msgspec.convert(scrubbed(value), _ErrorEnvelope, strict=False)
+        except (msgspec.ValidationError, RecursionError):
+            return ErrorBody(), False
+    except (msgspec.ValidationError, RecursionError):  # nested too deep: no document
         return ErrorBody(), False
     if isinstance(envelope.error, ErrorBody):
         return envelope.error, True

@@ -20,9 +20,11 @@ not depend on what a choice carries, so they are written once:
   sequence). Only the Anthropic door reports it, and it never takes a text request;
 - a string with a lone UTF-16 surrogate escape (`"\\ud83d"`, which msgspec refuses: a server that
   slices text by UTF-16 code units can split an emoji's pair between two chunks) is decoded by the
-  stdlib instead, on that error path only; from then on the parser joins a high surrogate ending a
-  text, reasoning or tool-argument delta with the low one starting the next delta of the same
-  channel, and any surrogate still alone (and one in another field) becomes U+FFFD (`_mend`);
+  stdlib instead, on that error path only (so is a whole answer with bytes that are no UTF-8,
+  read as U+FFFD as its stream would be, or with a byte-order mark: `providers.lenient_json`);
+  from then on the parser joins a high surrogate ending a text, reasoning or tool-argument delta
+  with the low one starting the next delta of the same channel, and any surrogate still alone
+  (and one in another field) becomes U+FFFD (`_mend`);
 - the finish reason `tool_calls` is kept only when calls were returned (a server whose tool-call
   parser failed says `tool_calls` over plain text: that answer stopped, `stop`); vLLM's `abort`
   (the engine gave the request up) and OpenRouter's `error` (its provider failed mid-answer) are a
@@ -38,7 +40,6 @@ the chat dialect needs for tool calls.
 
 from __future__ import annotations
 
-import json
 import re
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -48,6 +49,7 @@ from msgspec import Struct
 
 from providers.errors import ErrorBody, Failure, UpstreamError, classify_error_chunk
 from providers.events import Event, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallArgs, UpstreamMeta
+from providers.lenient_json import lenient_json, paired, scrubbed
 from providers.usage import OpenAIUsage, counts_tokens, openai_report
 
 _FINISH_REASONS = {
@@ -182,7 +184,7 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         except RecursionError:  # nested deeper than any decoder goes: no answer of anyone's
             raise refused from None
         except msgspec.DecodeError:
-            value = _with_lone_surrogates(data)
+            value = lenient_json(data)
             if value is None:
                 raise refused from None
             if self._held is None:
@@ -242,12 +244,12 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
                 if text and "\ud800" <= text[-1] <= "\udbff":
                     held[channel], text = text[-1], text[:-1]
                 if text:
-                    mended.append(_delta(channel, _paired(text)))
+                    mended.append(_delta(channel, paired(text)))
             else:
                 try:
                     msgspec.json.encode(event)
                 except UnicodeEncodeError:  # a surrogate in a name, an id, a log-probability's token
-                    event = msgspec.convert(_scrubbed(msgspec.to_builtins(event)), type(event))
+                    event = msgspec.convert(scrubbed(msgspec.to_builtins(event)), type(event))
                 mended.append(event)
         return mended
 
@@ -275,7 +277,8 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         if self._usage is not None:
             events.append(openai_report(self._usage))
         reason = self._final_reason(self._finish or "stop")
-        events.append(Finish(reason=reason, stop_sequence=self._matched if reason == "stop" else None))
+        matched = self._matched if reason == "stop" else None  # an upstream's string: a lone surrogate, maybe
+        events.append(Finish(reason=reason, stop_sequence=None if matched is None else paired(matched)))
         return events
 
     def unreported(self) -> list[Event]:
@@ -314,48 +317,12 @@ class OpenAIStreamParser(ABC, Generic[ChunkT]):
         return events + self.finish()
 
 
-def _with_lone_surrogates(data: str | bytes) -> Any:
-    """`data` decoded by the stdlib, which takes a lone surrogate escape; None when it has none or
-    is not JSON all the same (NaN and Infinity included, which msgspec refuses too)."""
-    if _SURROGATE_ESCAPE.search(data if isinstance(data, bytes) else data.encode()) is None:
-        return None
-    try:
-        return json.loads(data, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
-        return None
-
-
 def _delta(channel: Any, text: str) -> Event:
     """The delta event of a `_mend` channel: a tool call's key, or the text or reasoning class."""
     if isinstance(channel, int):
         return ToolCallArgs(key=channel, fragment=text)
     delta: Event = channel(text=text)
     return delta
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(name)
-
-
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_LONE = re.compile("[\ud800-\udfff]")
-
-
-def _paired(text: str) -> str:
-    """`text` with each surrogate pair made the character it encodes and any other surrogate U+FFFD."""
-    if _LONE.search(text) is None:
-        return text
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-
-
-def _scrubbed(value: Any) -> Any:
-    if isinstance(value, str):
-        return _paired(value)
-    if isinstance(value, list):
-        return [_scrubbed(item) for item in value]
-    if isinstance(value, dict):
-        return {name: _scrubbed(item) for name, item in value.items()}
-    return value
 
 
 class _Indexed(Protocol):

@@ -13,7 +13,7 @@ What it implements of the WHATWG event-stream grammar:
   `data: [DONE]`, so such an event is dispatched as `{"error": <its value>}`, the payload of the
   in-stream error chunk every other server sends (`data: {"error": …}`); read as a field it would
   be skipped, and a cut-off answer would look finished;
-- a leading UTF-8 byte-order mark is dropped;
+- a leading UTF-8 byte-order mark is dropped, also one cut between reads;
 - an event still without its blank line past `MAX_EVENT_BYTES` raises `EventTooLarge` (the adapter:
   a malformed answer): an upstream that never ended one held its reads until the attempt's total
   timeout.
@@ -43,12 +43,13 @@ class EventTooLarge(ValueError):
 class SSEParser:
     """Feed it raw reads; it returns the `data` of each event completed by those reads."""
 
-    __slots__ = ("_pending", "_skip_lf", "_started")
+    __slots__ = ("_head", "_pending", "_skip_lf", "_started")
 
     def __init__(self) -> None:
         self._pending = bytearray()  # the event still open, normalised: grown in place, never scanned again
         self._skip_lf = False
         self._started = False
+        self._head = b""  # the stream's first bytes while they may still be a cut byte-order mark
 
     def feed(self, data: bytes) -> list[str]:
         """The payloads of the events that `data` completes, in order."""
@@ -63,7 +64,9 @@ class SSEParser:
         ):
             return [data[6:-2].decode("utf-8", "replace")]  # one whole single-line event: the usual read
         if not self._started:
-            if not data:
+            data, self._head = self._head + data, b""
+            if _BOM.startswith(data):  # nothing yet, or a mark cut between reads: wait for the rest
+                self._head = data
                 return []
             self._started = True
             if data.startswith(_BOM):
