@@ -16,9 +16,11 @@ def refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now:
     """The 429 of a refused admission. A request that reserves more tokens than the key's `tpm`
     could never pass, however long it waited: it gets no `Retry-After` (a client would retry it
     forever), and access.md's message goes on to say what to change, as OpenAI's "Request too
-    large" does. A refusal no wait can lift (that one, a spent `total` budget) also says
-    `x-should-retry: false`: the OpenAI and Anthropic SDKs (and what is built on them) retry a
-    429 that has no `Retry-After`, twice by default, and each retry is refused again."""
+    large" does. A refusal no short wait can lift (that one, a spent budget of any period) also
+    says `x-should-retry: false`, which the OpenAI and Anthropic SDKs read before anything else:
+    the Python ones retried a 429 without `Retry-After` (or with one past 60 s) twice, each refused
+    again, and the JS ones wait out any `Retry-After` — a `month` budget's had an agent loop sleep
+    until the month ended. The budget's `Retry-After` stays (access.md)."""
     record = entry.record
     error: GatewayError
     final = False
@@ -33,8 +35,7 @@ def refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now:
         _tag, _start, end = period_bounds(period, now)
         spent, budget = show_usd(from_nano(verdict.spent)), show_usd(record.budget_usd or Decimal(0))
         message = f"budget exceeded: spent ${spent} of ${budget} this {period}"
-        error = BudgetExceeded(message, retry_after=seconds_until(end, now))
-        final = error.retry_after is None
+        error, final = BudgetExceeded(message, retry_after=seconds_until(end, now)), True
     else:
         which = verdict.refused
         error = KeyRateLimited(f"rate limit reached for this API key ({which})", retry_after=verdict.retry_after)
