@@ -26,7 +26,9 @@ _TRUE = frozenset({"true", "1", "yes", "on", "t", "y"})  # SQLAlchemy's `asbool`
 POSTGRES_URL_ARGUMENTS = frozenset(
     {"host", "port", "user", "password", "passfile", "service", "servicefile", "database", "ssl", "direct_tls"}
     | {"command_timeout", "target_session_attrs", "krbsrvname", "gsslib", "prepared_statement_cache_size"}
+    | {"statement_cache_size"}  # 0 behind a pooler in transaction mode (PgBouncer: catalog.database)
 )
+_NUMBERS = ("statement_cache_size", "prepared_statement_cache_size")  # counts, which asyncpg takes as ints
 
 
 def database_url_problem(url: str) -> str | None:
@@ -64,6 +66,9 @@ def _arguments_problem(url: str, query: str) -> str | None:
     unknown = [name for name in names if name not in accepted]
     if unknown:
         return f"the driver takes no argument {unknown[0]!r} (it takes {', '.join(sorted(accepted))})"
+    counts = [f"{name}={value}" for name, value in pairs if name in _NUMBERS and not value.isdigit()]
+    if not sqlite and counts:
+        return f"{counts[0]}: a statement cache size is a whole number (0 behind PgBouncer in transaction mode)"
     return None
 
 

@@ -11,6 +11,16 @@ locked". PostgreSQL gets a connect timeout of `CONNECT_TIMEOUT_S` instead of asy
 database host that swallows packets (down, partitioned) would otherwise hold a start-up, each
 `/readyz` and a shutdown that waits for them for a minute per connection attempt.
 
+PostgreSQL behind a pooler in transaction mode (PgBouncer, the "transaction" poolers of managed
+databases): asyncpg names its prepared statements `__asyncpg_stmt_1__`, `_2__`, ... per client
+connection, and the pooler hands one server session to many clients in turn, so a client's first
+statement met another's: `prepared statement "__asyncpg_stmt_1__" already exists`, in `serve`
+and every command. A URL with asyncpg's own `statement_cache_size=0` (its answer for poolers)
+turns off both statement caches, asyncpg's and SQLAlchemy's: asyncpg (0.29 on) then prepares
+each statement unnamed, and SQLAlchemy runs it in the transaction that prepared it, on one
+server session; nothing is left in the session for the next client. The URL's text is made the
+number asyncpg takes (a string there failed at the first connection).
+
 A SQLite file that cannot be opened: aiosqlite stops its worker thread without waiting for it,
 and the thread's answer to that stop, posted to an event loop a command had closed meanwhile,
 printed "Exception in thread ... Event loop is closed" after the command's own one-line error
@@ -44,7 +54,13 @@ def sqlite_file(url: str) -> str | None:
 def open_engine(url: str, **options: Any) -> AsyncEngine:
     options.setdefault("hide_parameters", True)  # a statement's values (a key's hash) never in an error or a log line
     if url.startswith("postgresql"):
-        options.setdefault("connect_args", {}).setdefault("timeout", CONNECT_TIMEOUT_S)
+        connect_args = options.setdefault("connect_args", {})
+        connect_args.setdefault("timeout", CONNECT_TIMEOUT_S)
+        cache_size = make_url(url).query.get("statement_cache_size")
+        if isinstance(cache_size, str):  # a URL's text, which asyncpg takes only as a number
+            connect_args["statement_cache_size"] = int(cache_size)
+            if int(cache_size) == 0:  # a pooler in transaction mode (module doc)
+                connect_args.setdefault("prepared_statement_cache_size", 0)
     engine = create_async_engine(url, **options)
     if engine.dialect.name == "sqlite":
         event.listen(engine.sync_engine, "do_connect", _sqlite_connector)

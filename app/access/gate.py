@@ -146,6 +146,7 @@ class AccessGate:
         self._alone = processes == 1
         self._local = LocalLimiter(share=processes)
         self._outage = False
+        self._refusing = False  # fail closed: said once per outage (`limits_unavailable`)
         timeouts = [p.timeouts.total for p in settings.providers.values()] or [600.0]
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
         self._gpu_bounds = {  # the worst a request can cost on each provider priced by GPU time
@@ -292,9 +293,12 @@ class AccessGate:
             verdict = await limiter.admit(ask)  # `_decide`'s first step, without its coroutine
             if verdict.refused == "budget_missing":
                 verdict = await self._decide(limiter, ask, now, verdict)
-            self._outage = False
+            self._outage = self._refusing = False
         except LimiterDown as exc:
             if not self._fail_open:
+                if not self._refusing:  # the cause in the log (a refused AUTH says nothing anywhere else)
+                    self._refusing = True
+                    self._log.error("limits_unavailable", reason=str(exc), detail="keys with limits get 503")
                 raise LimitsUnavailable("limits cannot be checked") from None
             self._note_outage(exc)
             limiter = self._local
