@@ -242,6 +242,7 @@ def _uvicorn_config(settings: Settings, host: str, port: int) -> uvicorn.Config:
         port=port,
         workers=workers,
         log_level="warning",
+        log_config=None,  # uvicorn's lines reach the root logger: the service's JSON lines (`app.logging`)
         access_log=False,
         server_header=False,
         proxy_headers=False,

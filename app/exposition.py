@@ -92,9 +92,10 @@ class GatewayCollector:
         self.router = router
         self.clock = clock  # the event loop's `time()`, which backend state is kept in
         self.remote: Mapping[Series, float] = {}
+        self.own: Mapping[Series, float] | None = None  # this worker's samples as shared for the scrape
 
     def collect(self) -> Iterator[Metric]:
-        samples = self.metrics.samples()
+        samples = dict(self.own) if self.own is not None else self.metrics.samples()
         for series, value in self.remote.items():
             samples[series] = samples.get(series, 0.0) + value
         by_name: dict[str, list[tuple[tuple[str, ...], float]]] = {}

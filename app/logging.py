@@ -119,7 +119,34 @@ class LineWriter:
         self.flush()
 
 
+class _FromStdlib(logging.Handler):
+    """What reaches the standard `logging` module — uvicorn's own lines (an exception that escaped
+    the app, with its traceback), the libraries' warnings, `warnings.warn` — as the service's JSON
+    lines, `logger` naming where it came from: they went to stderr as plain text (a traceback over
+    many lines), which a line-oriented shipper cut into pieces."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            extra: dict[str, Any] = {"logger": record.name}
+            if record.exc_info:
+                extra["exc_info"] = record.exc_info
+            level = min(max(record.levelno, logging.DEBUG), logging.CRITICAL) // 10 * 10
+            structlog.get_logger(record.name).log(level, record.getMessage().strip(), **extra)
+        except Exception:
+            self.handleError(record)
+
+
+_FROM_STDLIB = _FromStdlib()
+
+
 def configure_logging(level: str) -> LineWriter:
+    """The service's JSON lines on stdout, for structlog and the standard `logging` module alike
+    (which passes on `warning` and above: httpx, say, logs every request at `info`)."""
+    root = logging.getLogger()
+    if _FROM_STDLIB not in root.handlers:
+        root.addHandler(_FROM_STDLIB)
+    root.setLevel(max(_LEVELS[level], logging.WARNING))
+    logging.captureWarnings(True)
     writer = LineWriter(sys.stdout.buffer, level=level)
     structlog.configure(
         processors=[

@@ -268,11 +268,13 @@ class Service:
         counter resets), but not their in-flight and queued gauges, which would stand still. A
         scrape waits `REMOTE_METRICS_S` at most for them (the read goes on, for the next scrape)."""
         assert self.collector is not None
-        remote = None
+        remote = own = None
         if self.cluster is not None:
             with contextlib.suppress(TimeoutError):  # a stalled Redis held a scrape 5 s (its socket timeout)
                 async with asyncio.timeout(REMOTE_METRICS_S):
+                    own = await self.cluster.share_now()  # first: a later scrape elsewhere reads them
                     remote = await self.cluster.remote_series()
+        self.collector.own = own
         if remote is not None:
             self.collector.remote = remote
         elif self.collector.remote:

@@ -57,6 +57,7 @@ from uvicorn.server import ServerState
 from app.edge import relay
 from app.edge.anthropic_format import error_document
 from app.edge.cycle import hold_head
+from app.edge.rejection import refused_by_connection
 from app.edge.unsent import unsent
 from app.errors import GatewayError, HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout, error_body
 from app.ids import uuid7
@@ -155,15 +156,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            if not isinstance(exc.__context__, _Refused):
-                self.logger.warning("Invalid HTTP request received.")
+            if not isinstance(exc.__context__, _Refused):  # logged as its `request` line, with its id
                 self.send_400_response("Invalid HTTP request received.")
             return
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            # another `Upgrade` (h2c) is ignored (RFC 9110): answered in HTTP/1.1 (uvicorn warned in plain text)
             return
         phase = self._phase
         if phase == _HEAD:
@@ -282,7 +281,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse_head(self, error: GatewayError) -> None:
         """Answer `error` and close; after the responses to the earlier (pipelined) requests when
         one is still being sent (`_refuse_later`)."""
-        answer = _raw_response(error, uuid7(), self.url)
+        answer = _raw_response(error, uuid7(), self.url, self.app)
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(answer)
             self.transport.close()
@@ -300,7 +299,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if not cycle.response_started:
             request_id = self.scope.get("state", {}).get("request_id") or uuid7()  # the app's, if it set one
-            answer = _raw_response(error, request_id, self.scope.get("raw_path", b""))
+            answer = _raw_response(error, request_id, self.scope.get("raw_path", b""), self.app)
             if self._queued(cycle):
                 self.pipeline.popleft()  # the newest: the request whose body broke
                 self._refuse_later(answer)
@@ -337,10 +336,10 @@ def declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int:
     return 0
 
 
-def _raw_response(error: GatewayError, request_id: str, target: bytes) -> bytes:
-    """`error`'s response, closing the connection; in Anthropic's shape for its door. Logged as
-    the app logs a refusal (`app.edge.rejection`): the request's `request` line, so the id the
-    client got is in the log, with the path's route words only (`_route_words`)."""
+def _raw_response(error: GatewayError, request_id: str, target: bytes, app: Any) -> bytes:
+    """`error`'s response, closing the connection; in Anthropic's shape for its door. Logged and
+    counted as the app does a refusal (`app.edge.rejection`): the request's `request` line, so the
+    id the client got is in the log, with the path's route words only (`_route_words`)."""
     path = target.split(b"?", 1)[0]
     get_logger("switchyard.errors").info(
         "request",
@@ -350,6 +349,7 @@ def _raw_response(error: GatewayError, request_id: str, target: bytes) -> bytes:
         error_status=error.status_code,
         error_type=error.type,
     )
+    refused_by_connection(app, error.status_code)
     own = b""
     if path == b"/v1/messages" or path.startswith(b"/v1/messages/"):
         body = error_document(error.status_code, error.message, error.param, request_id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from litestar import Request
+from litestar import Litestar, Request
 from litestar.exceptions import HTTPException
 
 from app.errors import (
@@ -58,6 +58,17 @@ def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[s
             error_type=error.type,
         )
     return request_id, error
+
+
+def refused_by_connection(app: Any, status_code: int) -> None:
+    """A request the connection answered itself (`app.edge.connection`: unparsable, too slow, its
+    headers too large), counted as those the app refuses; `app` is uvicorn's: the Litestar app, or
+    a middleware around it."""
+    while app is not None and not isinstance(app, Litestar):
+        app = getattr(app, "app", None)
+    service = getattr(app.state, "service", None) if app is not None else None
+    if service is not None:
+        refused(service.metrics, status_code)
 
 
 def _path_logged(request: Request[Any, Any, Any]) -> str:

@@ -274,7 +274,7 @@ class Pipeline:
         """The request's deadline cut an attempt: not the backend's fault (no cool-down), but counted."""
         self._release(run)
         cut = UpstreamError(Failure.TIMEOUT, "the request deadline passed")
-        log_attempt(self._log, backend, cut, None)
+        log_attempt(self._log, backend, cut, None, run.ctx.request_id)
         run.attempting = False
         self.metrics.attempts.inc((backend.name, cut.kind.value))
         return cut
@@ -290,7 +290,7 @@ class Pipeline:
         backend = run.backend
         run.attempting = False
         if backend is not None:
-            apply_failure(backend, exc, asyncio.get_running_loop().time(), self.metrics, self._log)
+            apply_failure(backend, exc, asyncio.get_running_loop().time(), self.metrics, self._log, run.ctx.request_id)
             self.metrics.attempts.inc((backend.name, exc.kind.value))
 
     def _release(self, run: _Run) -> None:

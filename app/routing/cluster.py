@@ -106,6 +106,7 @@ class ClusterLink:
         self._reading: asyncio.Future[Mapping[Series, float] | None] | None = None  # the scrapes' shared read
         self._written: dict[Series, float] = {}  # the metrics hash's fields as Redis last took them
         self._names: dict[Series, bytes] = {}  # each series' field name, encoded once
+        self._sharing = asyncio.Lock()  # one metrics write at a time, so Redis keeps the latest samples
 
     # -- life cycle ------------------------------------------------------------------------------
 
@@ -299,11 +300,26 @@ class ClusterLink:
                 except Exception:
                     self.log.exception("redis_metrics_failed", worker=self.worker_id)
 
-    async def write_metrics(self) -> None:
+    async def share_now(self) -> Mapping[Series, float] | None:
+        """For a scrape: this worker's samples, written to Redis before the scrape reads the other
+        workers' and shown as written, so that any later scrape, through whichever worker, sums at
+        least what this one showed. With the hash up to `METRICS_INTERVAL_S` old, a scrape through
+        the other worker missed what this one had just counted: the sums fell from one scrape to
+        the next, which Prometheus takes for counter resets. None when Redis does not answer."""
+        if not self.available or self._router is None:
+            return None
+        return await self.write_metrics()
+
+    async def write_metrics(self) -> dict[Series, float]:
         """This worker's samples and summed gauges, as a hash that lives `METRICS_TTL_S`: only the
         fields whose values changed since the last write Redis took (most of them do not, from one
         second to the next), every field when that write failed or found the hash gone (expired,
-        or lost with Redis's data), so a lost hash is whole again one write later."""
+        or lost with Redis's data), so a lost hash is whole again one write later. The samples are
+        taken under the lock, so writes reach Redis in the order of their samples. Returns them."""
+        async with self._sharing:
+            return await self._write_metrics()
+
+    async def _write_metrics(self) -> dict[Series, float]:
         assert self._router is not None
         series = self.metrics.series(self._router)
         written, names = self._written, self._names
@@ -325,9 +341,10 @@ class ClusterLink:
                 existed = (await pipe.execute())[0]
         except _ERRORS as exc:
             self._down(exc)
-            return
+            return series
         if existed or not written:  # a hash found gone got only the changed fields: all, next time
             self._written = series
+        return series
 
     async def remote_series(self) -> Mapping[Series, float] | None:
         """The sum of every other live worker's metrics; None when Redis does not answer. Scrapes

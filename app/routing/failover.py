@@ -158,25 +158,27 @@ def _cool_wait(backend: Backend, now: float, limit: float) -> float:
     return max(0.0, until - now)
 
 
-def apply_failure(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:
-    """What one failed attempt does to its backend and provider (announced to the other workers
-    through the provider's publisher, when there is one), logged as one `attempt_failed` line and,
-    when they change, `provider_disabled` / `breaker_open`."""
+def apply_failure(
+    backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any, request_id: str
+) -> None:
+    """What one failed attempt of request `request_id` does to its backend and provider (announced
+    to the other workers through the provider's publisher, when there is one), logged as one
+    `attempt_failed` line and, when they change, `provider_disabled` / `breaker_open`."""
     policy = backend.provider.policy
     if exc.kind in (Failure.CLIENT, Failure.LOCAL):  # the request's doing, or the gateway's own shortage
-        log_attempt(log, backend, exc, None)
+        log_attempt(log, backend, exc, None, request_id)
     elif exc.kind is Failure.CAPACITY:
         hint = exc.retry_after if exc.retry_after is not None else policy.capacity_cooldown_s
         cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s), "capacity", metrics)
-        log_attempt(log, backend, exc, cooled)
+        log_attempt(log, backend, exc, cooled, request_id)
     elif exc.kind is Failure.AUTH and exc.status == 403:
-        _forbidden(backend, exc, now, metrics, log)
+        _forbidden(backend, exc, now, metrics, log, request_id)
     elif exc.kind in (Failure.QUOTA, Failure.AUTH):
-        _disable(backend, exc, now, metrics, log)
+        _disable(backend, exc, now, metrics, log, request_id)
     else:
         hint = exc.retry_after if exc.retry_after is not None else policy.failure_cooldown_s
         cooled = _cool_down(backend, now, min(hint, policy.max_cooldown_s), "failure", metrics)
-        log_attempt(log, backend, exc, cooled)
+        log_attempt(log, backend, exc, cooled, request_id)
         if backend.state.record(False):
             _breaker_opened(backend, metrics, log)
 
@@ -201,23 +203,23 @@ def _breaker_opened(backend: Backend, metrics: Metrics, log: Any) -> None:
     log.warning("breaker_open", **names, source="attempt")
 
 
-def _forbidden(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:
+def _forbidden(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any, request_id: str) -> None:
     """A 403: the key may not use this upstream model (primalabs' `model_not_allowed`). providers.md
     disables that backend, not the provider: its other models still serve. The backend is out of
     rotation for the longest cool-down (`max_cooldown_s`), then tried again; no breaker count."""
     seconds = backend.provider.policy.max_cooldown_s
     cooled = _cool_down(backend, now, seconds, "failure", metrics)
-    log_attempt(log, backend, exc, cooled)
+    log_attempt(log, backend, exc, cooled, request_id)
     if cooled is not None:
         names = {"provider": backend.name, "model": backend.model_id, "upstream_model": backend.upstream_model}
         log.error("backend_forbidden", **names, status=exc.status, code=exc.code, out_for_s=seconds)
 
 
-def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any) -> None:
+def _disable(backend: Backend, exc: UpstreamError, now: float, metrics: Metrics, log: Any, request_id: str) -> None:
     """A refused key or an exhausted balance: the whole provider leaves rotation until a probe."""
     kind = "quota" if exc.kind is Failure.QUOTA else "auth"
     reason = f"{kind}: upstream returned {exc.status}"
-    log_attempt(log, backend, exc, None)
+    log_attempt(log, backend, exc, None, request_id)
     disable_provider(backend.provider, reason, now, metrics, log, status=exc.status, code=exc.code, source="attempt")
 
 
@@ -240,11 +242,13 @@ def disable_provider(
         log.error("provider_disabled", provider=provider.config.name, reason=reason, **fields)
 
 
-def log_attempt(log: Any, backend: Backend, exc: UpstreamError, cooldown_s: float | None) -> None:
-    """`attempt_failed`: which backend, what the upstream did (`status`, or the transport error's
-    class in `error`), the short `cause` the client's 502 names, and the cool-down it got."""
+def log_attempt(log: Any, backend: Backend, exc: UpstreamError, cooldown_s: float | None, request_id: str) -> None:
+    """`attempt_failed`: the request it was an attempt of (its `request` line, its ledger row),
+    which backend, what the upstream did (`status`, or the transport error's class in `error`), the
+    short `cause` the client's 502 names, and the cool-down it got."""
     (log.info if exc.kind is Failure.CLIENT else log.warning)(
         "attempt_failed",
+        request_id=request_id,
         provider=backend.name,
         model=backend.model_id,
         upstream_model=backend.upstream_model,

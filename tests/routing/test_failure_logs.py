@@ -24,7 +24,7 @@ from providers.errors import Failure, UpstreamError
 from tests.providers.test_adapter import REQUEST
 from tests.routing.conftest import CATALOG, PROBE_PATH, launch
 from tests.support.client import USER, complete
-from tests.support.gateway import StartGateway
+from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.logs import Logs
 from tests.support.observe import deployments, metric, scrape
 from tests.support.replies import answer, error, models_reply
@@ -53,6 +53,14 @@ def attempt(
         "cause": cause,
         "cooldown_s": cooldown,
     }
+
+
+def attempt_lines(logs: Logs, gw: GatewayHandle) -> list[dict[str, Any]]:
+    """The `attempt_failed` lines, each naming the request it was an attempt of, without that id
+    (`tests/gateway/test_observability.py` checks it is the request's)."""
+    lines = logs.lines("attempt_failed", gw)
+    assert all(isinstance(line.pop("request_id"), str) for line in lines), lines
+    return lines
 
 
 def closed_port() -> int:
@@ -84,7 +92,7 @@ async def test_a_503_then_failover_is_one_attempt_line_with_its_cool_down(
     message = {**USER, "content": [{"kind": "text", "data": PROMPT}]}
     response = await gw.client.post("/api/v1/completions", json={"model": "chat-1", "messages": [message]})
     assert response.json()["provider"] == "beta"
-    assert logs.lines("attempt_failed", gw) == [attempt("alpha", "transient", 503, None, "503", FAILURE_COOLDOWN)]
+    assert attempt_lines(logs, gw) == [attempt("alpha", "transient", 503, None, "503", FAILURE_COOLDOWN)]
     assert logs.lines("breaker_open") == []
     assert [line["attempts"] for line in logs.lines("request")] == [2]
     assert alpha.requests[0].headers["authorization"] == f"Bearer {SECRET}"
@@ -107,7 +115,7 @@ async def test_a_refused_connection_is_named_by_its_error_class(
     beta.enqueue(answer("from beta"))
     assert (await complete(gw)).json()["provider"] == "beta"
     expected = attempt("alpha", "transient", None, "ConnectionRefusedError", "connection refused", FAILURE_COOLDOWN)
-    assert logs.lines("attempt_failed", gw) == [expected]
+    assert attempt_lines(logs, gw) == [expected]
 
 
 async def test_a_reset_connection_and_a_malformed_answer(
@@ -118,7 +126,7 @@ async def test_a_reset_connection_and_a_malformed_answer(
     beta.enqueue(malformed())
     gamma.enqueue(answer("from gamma"))
     assert (await complete(gw)).json()["provider"] == "gamma"
-    assert logs.lines("attempt_failed", gw) == [
+    assert attempt_lines(logs, gw) == [
         attempt("alpha", "transient", None, "ConnectionResetError", "connection reset", None),
         attempt("beta", "transient", 502, None, "malformed response", None),
     ]
@@ -131,7 +139,7 @@ async def test_an_answer_that_is_not_http_1_1_is_a_malformed_response_not_a_conn
     alpha.enqueue(Reply(raw=b"HTTP/2 200 OK\r\ncontent-length: 2\r\n\r\n{}"))
     beta.enqueue(answer("from beta"))
     assert (await complete(gw)).json()["provider"] == "beta"
-    assert logs.lines("attempt_failed", gw) == [
+    assert attempt_lines(logs, gw) == [
         attempt("alpha", "transient", None, "HttpParserError", "malformed response", None)
     ]
 
@@ -144,7 +152,7 @@ async def test_a_request_the_upstream_refuses_is_an_info_line_without_a_cool_dow
     response = await complete(gw)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["message"] == "upstream says 400"
-    assert logs.lines("attempt_failed", gw) == [{**attempt("alpha", "client", 400, None, "400", None), "level": "info"}]
+    assert attempt_lines(logs, gw) == [{**attempt("alpha", "client", 400, None, "400", None), "level": "info"}]
 
 
 # -- the 502 names every attempt's cause ------------------------------------------------------------
@@ -191,7 +199,7 @@ async def test_a_401_is_an_attempt_line_and_one_provider_disabled_line(
     beta.enqueue(answer("from beta"), repeat=2)
     assert (await complete(gw)).json()["provider"] == "beta"
     assert (await complete(gw)).json()["provider"] == "beta"
-    assert logs.lines("attempt_failed", gw) == [attempt("alpha", "auth", 401, None, "401", None)]
+    assert attempt_lines(logs, gw) == [attempt("alpha", "auth", 401, None, "401", None)]
     assert logs.lines("provider_disabled") == [
         {
             "event": "provider_disabled",
@@ -214,7 +222,7 @@ async def test_the_breaker_opening_and_a_probe_closing_it_are_a_line_each(
     beta.enqueue(answer("from beta"), repeat=2)
     for _ in range(2):
         assert (await complete(gw)).json()["provider"] == "beta"
-    assert logs.lines("attempt_failed", gw) == [attempt("alpha", "transient", 502, None, "502", None)] * 2
+    assert attempt_lines(logs, gw) == [attempt("alpha", "transient", 502, None, "502", None)] * 2
     names = {"provider": "alpha", "model": "chat-1", "upstream_model": "alpha/chat-1"}
     assert logs.lines("breaker_open") == [{"event": "breaker_open", "level": "warning", **names, "source": "attempt"}]
 
