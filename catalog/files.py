@@ -9,8 +9,9 @@ compare equal on the next sync, and every sync would add a row.
 
 from __future__ import annotations
 
-import re
+import json
 import tomllib
+import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime, time
 from decimal import Decimal, InvalidOperation
@@ -32,10 +33,17 @@ _T = TypeVar("_T")
 INT32 = 2**31 - 1  # the columns are INTEGER: a 32-bit integer on PostgreSQL
 PositiveInt = Annotated[int, Meta(gt=0, le=INT32)]
 Name = Annotated[str, Meta(min_length=1, max_length=200)]
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-"""What no stored name holds (`_plain`): a NUL PostgreSQL's text refuses (a sync, a start-up, failed
-on a database error naming no key, where SQLite took it), a new line or an ESC that breaks the rows
-of `switchyard usage`; and the report's filters refuse them all (`catalog.usage_query`)."""
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def control(char: str) -> bool:
+    """What no stored name holds (a catalog name, a key's name and owner): C0/C1 controls and lone
+    surrogates (a NUL PostgreSQL's text refuses: a sync, a start-up, failed on a database error
+    naming no key, where SQLite took it); line and paragraph separators (a new line in a table);
+    the bidirectional embeddings, overrides and isolates, which reorder the columns of `keys list`
+    and `usage` around them (the joiners a script or an emoji needs are kept). The report's filters
+    refuse the controls too (`catalog.usage_query`)."""
+    return unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp") or char in _BIDI
 
 
 class CatalogFileError(Exception):
@@ -149,7 +157,7 @@ def _effective_from(value: object, where: str) -> datetime:
 
 
 def _parse_model(model_id: str, raw: dict[str, Any], where: str) -> ModelSpec:
-    path = f"models.{msgspec.json.encode(model_id).decode()}"  # a control character shown escaped
+    path = f"models.{json.dumps(model_id, ensure_ascii=not model_id.isprintable())}"  # a control shown escaped
     if not model_id or len(model_id) > 200:
         raise CatalogFileError(f"{where}: {path}: a model id has 1 to 200 characters")
     _plain(model_id, f"{where}: {path}")
@@ -171,7 +179,7 @@ def _parse_model(model_id: str, raw: dict[str, Any], where: str) -> ModelSpec:
 
 
 def _plain(name: str, where: str) -> None:
-    if _CONTROL.search(name) is not None:
+    if any(control(char) for char in name):
         raise CatalogFileError(f"{where}: must not hold a control character")
 
 
@@ -179,6 +187,7 @@ def _parse_price(index: int, raw: dict[str, Any], where: str) -> PriceSpec:
     path = f"prices[{index}]"
     spec = _convert(raw, _RawPrice, where, path)
     _plain(spec.provider, f"{where}: {path}.provider")
+    _plain(spec.model, f"{where}: {path}.model")
     amounts = {key: _money(getattr(spec, key), f"{where}: {path}.{key}") for key in MONEY_KEYS}
     return PriceSpec(
         provider=spec.provider,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-import unicodedata
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -30,7 +29,7 @@ from msgspec import UNSET, Struct, UnsetType
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from catalog.files import CatalogFile
+from catalog.files import CatalogFile, control
 from catalog.tables import ApiKey
 from catalog.usage_query import UsageQuery
 from catalog.usage_report import usage_report
@@ -258,16 +257,6 @@ KEY_ID = re.compile(r"key_[0-9a-f]{16}")  # what `create_key` makes: anything el
 MAX_TEXT = 200  # name and owner: VARCHAR(200) columns (PostgreSQL refuses longer, SQLite keeps any)
 
 
-_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
-def _control(char: str) -> bool:
-    """C0/C1 controls and lone surrogates; line and paragraph separators (a new line in a table);
-    the bidirectional embeddings, overrides and isolates, which reorder the columns of `keys list`
-    and `usage` around them (the joiners a script or an emoji needs are kept)."""
-    return unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp") or char in _BIDI
-
-
 def checked(changes: KeyChanges, current: KeyRecord | None = None) -> KeyChanges:
     """`changes` with the rules every way of making a key shares: a name that is not blank, a
     name and an owner without control characters that fit their columns, positive limits, a
@@ -280,7 +269,7 @@ def checked(changes: KeyChanges, current: KeyRecord | None = None) -> KeyChanges
         text = getattr(changes, option)
         if isinstance(text, str) and len(text) > MAX_TEXT:
             raise ValueError(f"{option}: at most {MAX_TEXT} characters")
-        if isinstance(text, str) and any(_control(char) for char in text):
+        if isinstance(text, str) and any(control(char) for char in text):
             raise ValueError(f"{option}: must not hold control characters")  # a NUL PostgreSQL refuses, an ESC
     if changes.models == ():
         raise ValueError("models: name at least one model (leave it out, or none, for every model)")

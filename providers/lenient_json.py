@@ -9,16 +9,18 @@ Three things an upstream sends that are no strict JSON text of UTF-8, and what e
 - a leading byte-order mark, which RFC 8259 lets a parser ignore (the event-stream parser drops
   one too).
 
-`lenient_json(data)` is the error path only (a body msgspec decoded never comes here): the Python
-value, or None when the body has none of the three or is not JSON all the same (NaN and Infinity
-included, which msgspec refuses too). Its strings may still hold lone surrogates: `scrubbed` makes
-each pair the character it encodes and any other surrogate U+FFFD (a JSON encoder refuses them).
+`lenient_json(data)` is the error path only (of an answer, an error body, a model list: a body
+msgspec decoded never comes here): the Python value, or None when the body has none of the three or
+is not JSON all the same (NaN and Infinity included, which msgspec refuses too). Its strings may
+still hold lone surrogates: `scrubbed` makes each pair the character it encodes and any other
+surrogate U+FFFD (a JSON encoder refuses them).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 BOM = b"\xef\xbb\xbf"
@@ -26,13 +28,16 @@ SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _LONE = re.compile("[\ud800-\udfff]")
 
 
-def lenient_json(data: str | bytes) -> Any:
-    """`data` decoded by the stdlib (module doc); None when it is no JSON for that reading either."""
+def lenient_json(data: str | bytes, parse_float: Callable[[str], Any] = float) -> Any:
+    """`data` decoded by the stdlib (module doc); None when it is no JSON for that reading either.
+    `parse_float`: as `json.loads` takes it (`Decimal`, where msgspec's `float_hook` is)."""
     raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
     if not (raw.startswith(BOM) or SURROGATE_ESCAPE.search(raw) is not None or not _is_utf8(raw)):
         return None
     try:
-        return json.loads(raw.removeprefix(BOM).decode("utf-8", "replace"), parse_constant=_no_constant)
+        return json.loads(
+            raw.removeprefix(BOM).decode("utf-8", "replace"), parse_float=parse_float, parse_constant=_no_constant
+        )
     except (ValueError, RecursionError):
         return None
 

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import decimal
 import re
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 import msgspec
 from msgspec import Struct
+
+from providers.lenient_json import lenient_json, scrubbed
 
 PER_TOKEN = {
     "input": "prompt",
@@ -80,18 +83,31 @@ def plain_model(model: str) -> str:
     return model.lower().removeprefix("models/")
 
 
+def _decoded(decoder: msgspec.json.Decoder[Any], body: bytes, parse_float: Callable[[str], Any] = float) -> Any:
+    """`body` decoded, or read as an answer is when msgspec refuses it (a leading byte-order mark, a
+    byte that is no UTF-8, a lone surrogate escape: `providers.lenient_json`); the `DecodeError` when
+    it is no JSON that way either. A list is one of those too: a probe that could not read it failed."""
+    try:
+        return decoder.decode(body)
+    except msgspec.DecodeError:
+        value = lenient_json(body, parse_float)
+        if value is None:
+            raise
+        return msgspec.convert(scrubbed(value), decoder.type)
+
+
 def listed_ids(body: bytes) -> frozenset[str]:
     """The ids a model list names (`{"data": [...]}` or a bare list; an entry without a string
     `id` is skipped, as `read_model_list` skips it); `msgspec.DecodeError` / `ValidationError` for
     a body that is no model list (the health probe's reading of fastrun's and primalabs' lists)."""
-    listing = _decode_ids.decode(body)
+    listing = _decoded(_decode_ids, body)
     entries = listing.data if isinstance(listing, _Listing) else listing
     return frozenset(entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str))
 
 
 def read_model_list(body: bytes) -> ModelList:
     """The list's rates; `msgspec.DecodeError` / `ValidationError` for a body that is no model list."""
-    listing = _decode_listing.decode(body)
+    listing = _decoded(_decode_listing, body, Decimal)
     entries = listing.data if isinstance(listing, _Listing) else listing
     found = ModelList([], [], [])
     for index, raw in enumerate(entries):

@@ -20,7 +20,10 @@ def refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now:
     says `x-should-retry: false`, which the OpenAI and Anthropic SDKs read before anything else:
     the Python ones retried a 429 without `Retry-After` (or with one past 60 s) twice, each refused
     again, and the JS ones wait out any `Retry-After` — a `month` budget's had an agent loop sleep
-    until the month ended. The budget's `Retry-After` stays (access.md)."""
+    until the month ended. The budget's `Retry-After` stays (access.md). The exception: a `total`
+    budget refused only for what requests still in flight reserved (its settled spend and this
+    request alone would pass): it has no `Retry-After`, and a retry passes once they settle for
+    less than their worst case, so the SDKs' own backoff may lift it."""
     record = entry.record
     error: GatewayError
     final = False
@@ -35,7 +38,8 @@ def refusal(entry: Entry, ask: Ask, verdict: Verdict, headers: RateHeaders, now:
         _tag, _start, end = period_bounds(period, now)
         spent, budget = show_usd(from_nano(verdict.spent)), show_usd(record.budget_usd or Decimal(0))
         message = f"budget exceeded: spent ${spent} of ${budget} this {period}"
-        error, final = BudgetExceeded(message, retry_after=seconds_until(end, now)), True
+        error = BudgetExceeded(message, retry_after=seconds_until(end, now))
+        final = error.retry_after is not None or verdict.spent + ask.cost > ask.budget
     else:
         which = verdict.refused
         error = KeyRateLimited(f"rate limit reached for this API key ({which})", retry_after=verdict.retry_after)

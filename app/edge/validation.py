@@ -13,17 +13,16 @@ that client-supplied values quoted in it (msgspec's "Invalid enum value '...'" i
 to a short prefix (`app.errors.clip`). The server never reads a client-named file or fetches a
 client-named URL: media URLs must be `https://` or `data:` and are passed through.
 
-Nesting: a request body may nest at most `MAX_JSON_DEPTH` (64) arrays and objects deep, counting
-the body's own object as level 1; deeper is a 400 whose `param` names the free-form field holding
-the nesting (`schema`, `tools[0].parameters`, `messages[0].content[0].data.arguments`,
+Nesting: a request body may nest at most `MAX_JSON_DEPTH` (64) arrays and objects deep, counting the
+body's own object as level 1; deeper is a 400 whose `param` names the free-form field holding the
+nesting (`schema`, `tools[0].parameters`, `messages[0].content[0].data.arguments`,
 `provider_options.local.top_k`, or an unknown key). Without the limit a body nested ~1,000 deep
 makes msgspec raise `RecursionError` (a 500), and one a little shallower decodes but fails later,
 when the pipeline re-encodes it a few frames deeper. The typed part of a request is at most six
 levels deep, so only the free-form values can be deep, and only those present are walked, in the
 loops that check them anyway: nothing for a plain chat request, about a microsecond per tool
 definition. The raw body is scanned only after msgspec has raised `RecursionError`, to name the
-field. (msgspec skips unknown keys without keeping them, so an unknown key is refused only when it
-is deep enough to stop msgspec.)
+field. (msgspec skips unknown keys, keeping none: one is refused only when deep enough to stop msgspec.)
 
 `max_tokens` above `MAX_TOKENS_LIMIT` (2**31 - 1) is a 400 for every model; `max_output` is admission's.
 """
@@ -357,7 +356,7 @@ def _key(body: bytes, start: int) -> str:
 # Containers of the typed part of a request, on every door that decodes with `decode_body` (an
 # index stands for any index, "*" for any key): the first step out of them is the free-form field
 # that `param` names — native `tools[0].parameters`, chat `tools[0].function.parameters` and
-# `response_format.json_schema.schema`, Anthropic `output_config.format.schema`.
+# `response_format.json_schema.schema`, Anthropic `output_config.format.schema`, `output_format.schema`.
 _TYPED: frozenset[tuple[str | int, ...]] = frozenset(
     {
         (),
@@ -373,6 +372,7 @@ _TYPED: frozenset[tuple[str | int, ...]] = frozenset(
         ("response_format", "json_schema"),
         ("output_config",),
         ("output_config", "format"),
+        ("output_format",),
         ("provider_options",),
         ("provider_options", "*"),
     }

@@ -1,0 +1,42 @@
+"""A `total` budget refused only because other requests' reservations are still held is lifted
+when they settle: that refusal must not say `x-should-retry: false`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.access.conftest import ADMIN, bearer, keyed_gateway
+from tests.support.gateway import GatewayHandle, StartGateway
+from tests.support.replies import answer
+from tests.support.upstream import ReplayUpstream, upstream_fixture
+
+up = upstream_fixture("up")
+REQUEST: Any = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+async def gw(start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch) -> GatewayHandle:
+    return await keyed_gateway(start_gateway, up, monkeypatch)
+
+
+async def test_a_total_budget_held_by_a_request_in_flight_is_not_final(gw: GatewayHandle, up: ReplayUpstream) -> None:
+    made = await gw.client.post(
+        "/api/v1/keys", json={"name": "k", "budget_usd": "0.003", "budget_period": "total"}, headers=bearer(ADMIN)
+    )
+    key = bearer(made.json()["secret"])
+    up.enqueue(answer("slow", first_byte_delay_s=1.5))
+    up.set_default(answer("ok"))
+    first = asyncio.create_task(gw.client.post("/v1/chat/completions", json=REQUEST, headers=key))
+    for _ in range(100):
+        if up.requests:
+            break
+        await asyncio.sleep(0.02)
+    refused = await gw.client.post("/v1/chat/completions", json=REQUEST, headers=key)
+    assert refused.status_code == 429, refused.text
+    assert (await first).status_code == 200
+    retried = await gw.client.post("/v1/chat/completions", json=REQUEST, headers=key)
+    assert retried.status_code == 200, retried.text  # a wait lifted it
+    assert "x-should-retry" not in refused.headers, refused.json()
