@@ -15,9 +15,12 @@ measured under load), and the timestamp's seconds part is formatted once per sec
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import MutableMapping
 from typing import Any, BinaryIO
 
@@ -27,6 +30,7 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _encoder = msgspec.json.Encoder()
 _REQUEST_LINE = b'{"event":"request","level":"info","timestamp":"%b",%b'
+_DROPPED = b'{"event":"log_lines_dropped","level":"warning","timestamp":"%b","lines":%d}\n'
 _MILLIS = tuple(f".{millis:03d}Z" for millis in range(1000))  # a timestamp's ending, made once, not per line
 
 
@@ -59,9 +63,17 @@ class LineWriter:
     call per request was a tenth of a proxied request's CPU, and `PYTHONUNBUFFERED=1` (common in
     containers) makes stdout's own buffer a pass-through, so the buffering is done here. The app's
     lifespan runs `flush_every`, so lines leave within a fraction of a second; an error line, or
-    64 KiB of lines, is flushed at once."""
+    64 KiB of lines, is flushed at once.
+
+    The write itself is the writer thread's, never the event loop's: stdout is usually a pipe (a
+    container runtime's, journald's, a `| tee`), and a reader that falls behind fills it (64 KiB);
+    a blocking write from the loop then froze the whole process, every stream mid-token, health
+    checks too (`switchyard serve` with its stdout unread stopped at its 72nd request). Lines wait
+    for a stalled reader up to `BACKLOG` bytes; past that they are dropped and counted (`dropped`),
+    and a line saying how many goes out once the reader is back."""
 
     _LIMIT = 64 * 1024
+    BACKLOG = 16 << 20  # bytes waiting for a stalled output; more are dropped
 
     def __init__(self, file: BinaryIO, *, level: str = "info") -> None:
         self._file = file
@@ -70,6 +82,13 @@ class LineWriter:
         self._timer: asyncio.TimerHandle | None = None
         self.stamp = _Timestamp()
         self.info_enabled = _LEVELS[level] <= logging.INFO
+        self.dropped = 0  # lines dropped for a stalled output (class doc)
+        self._queue: deque[bytes] = deque()  # handed to the writer thread, not yet written
+        self._queued = 0
+        self._ready = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False  # `stop`: the thread ends once the queue is empty
+        self._exit_hook = False
 
     def request_line(self, record_json: bytes) -> None:
         """The canonical `request` line of a routed request: the ledger row's own JSON (the bytes
@@ -84,30 +103,79 @@ class LineWriter:
         self._pending.append(message)
         self._size += len(message) + 1
         if self._size >= self._LIMIT:
-            self.flush()
+            self.hand_off()
 
     def err(self, message: bytes) -> None:
         self._pending.append(message)
-        self.flush()
+        self.hand_off()
 
     debug = info = warning = msg
     error = critical = exception = fatal = err
 
-    def flush(self) -> None:
+    def flush(self, within: float = 5.0) -> None:
+        """Write the lines so far, waiting up to `within` seconds for them to be out: a command's
+        or a test's flush, not the event loop's (`hand_off`)."""
+        self.hand_off()
+        self.drain(within)
+
+    def hand_off(self) -> None:
+        """Hand the lines to the writer thread (class doc); never waits for the output."""
         if not self._pending:
             return
+        count = len(self._pending)
         data = b"\n".join(self._pending) + b"\n"
         self._pending.clear()
         self._size = 0
-        self._file.write(data)
-        self._file.flush()
+        with self._ready:
+            if self._queued + len(data) > self.BACKLOG:
+                self.dropped += count
+                return
+            self._queue.append(data)
+            self._queued += len(data)
+            self._ready.notify()
+            if self._thread is None:
+                self._stopping = False
+                self._thread = threading.Thread(target=self._write, name="log-lines", daemon=True)
+                self._thread.start()
+                if not self._exit_hook:
+                    self._exit_hook = True
+                    atexit.register(self.drain, 1.0)
+
+    def _write(self) -> None:
+        """The writer thread: the queue's lines out, in order, until `stop` with nothing left."""
+        reported, stamp = 0, _Timestamp()
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self._queue or self._stopping)
+                if not self._queue:
+                    self._thread = None
+                    return
+                data, dropped = self._queue[0], self.dropped
+            out = data
+            if dropped != reported:
+                out += _DROPPED % (stamp.text().encode(), dropped - reported)
+                reported = dropped
+            try:
+                self._file.write(out)
+                self._file.flush()
+            except (OSError, ValueError):  # the output is gone: nothing more can be written
+                pass
+            with self._ready:
+                self._queue.popleft()
+                self._queued -= len(data)
+                self._ready.notify_all()
+
+    def drain(self, within: float) -> None:
+        """Wait up to `within` seconds for the lines handed over to be written (at shutdown)."""
+        with self._ready:
+            self._ready.wait_for(lambda: not self._queue, within)
 
     def flush_every(self, interval: float) -> None:
         """Flush every `interval` seconds on the running loop until `stop`."""
         loop = asyncio.get_running_loop()
 
         def tick() -> None:
-            self.flush()
+            self.hand_off()
             self._timer = loop.call_later(interval, tick)
 
         self._timer = loop.call_later(interval, tick)
@@ -116,7 +184,10 @@ class LineWriter:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.flush()
+        self.flush(1.0)
+        with self._ready:
+            self._stopping = True
+            self._ready.notify_all()
 
 
 class _FromStdlib(logging.Handler):

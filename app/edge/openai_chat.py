@@ -254,7 +254,10 @@ def _said_anything(outcome: ev.Outcome) -> bool:
 
 class LogprobChatStream(ChatStream):
     """`ChatStream` for a request that asked for log probabilities: a text delta waits for the
-    `Logprobs` event that follows it, so both leave in one chunk, as OpenAI sends them."""
+    `Logprobs` event that follows it, so both leave in one chunk, as OpenAI sends them. It waits
+    within its batch only (`flush`): an upstream chunk's text and log probabilities come in one
+    batch, and a delta the upstream sent none for left one upstream read late (each token a whole
+    inter-token gap behind, the last one before a pause held through it)."""
 
     def __init__(self, ctx: RequestContext, include_usage: bool) -> None:
         super().__init__(ctx, include_usage)
@@ -262,15 +265,15 @@ class LogprobChatStream(ChatStream):
 
     def render(self, event: ev.Event) -> bytes:
         if isinstance(event, ev.TextDelta):
-            flushed = self._flush()
+            flushed = self.flush()
             self._held = event.text
             return flushed
         if isinstance(event, ev.Logprobs):
             text, self._held = self._held, None
             return self._chunks.logprobs(text, logprobs_of(event.tokens))
-        return self._flush() + _RENDERERS[type(event)](self, event)
+        return self.flush() + _RENDERERS[type(event)](self, event)
 
-    def _flush(self) -> bytes:
+    def flush(self) -> bytes:
         if self._held is None:
             return b""
         text, self._held = self._held, None

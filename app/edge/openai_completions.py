@@ -135,7 +135,8 @@ class TextStream(StreamRenderer):
 
 class LogprobTextStream(TextStream):
     """`TextStream` for a request that asked for log probabilities: a text delta waits for the
-    `Logprobs` event that follows it, so both leave in one chunk."""
+    `Logprobs` event that follows it, so both leave in one chunk; within its batch only (`flush`,
+    as `LogprobChatStream`'s)."""
 
     def __init__(self, ctx: RequestContext, include_usage: bool) -> None:
         super().__init__(ctx, include_usage)
@@ -143,17 +144,17 @@ class LogprobTextStream(TextStream):
 
     def render(self, event: ev.Event) -> bytes:
         if isinstance(event, ev.TextDelta):
-            flushed = self._flush()
+            flushed = self.flush()
             self._held = event.text
             return flushed
         if isinstance(event, ev.Logprobs):
             held, self._held = self._held, None
             return self._logprobs(event, held or "")
         if isinstance(event, ev.Outcome):
-            return self._flush() + self._outcome(event)
-        return self._flush() + super().render(event)  # held text goes before what follows it
+            return self.flush() + self._outcome(event)
+        return self.flush() + super().render(event)  # held text goes before what follows it
 
-    def _flush(self) -> bytes:
+    def flush(self) -> bytes:
         if self._held is None:
             return b""
         text, self._held = self._held, None

@@ -54,6 +54,12 @@ class StreamRenderer(Protocol):
     def error(self, error: GatewayError) -> bytes:
         """The frame that ends a stream that failed after it started."""
 
+    def flush(self) -> bytes:
+        """What the format held back from the batch just rendered (a text delta waiting for its
+        log probabilities, which come in the same batch when the upstream sends them): sent with
+        that batch, never behind the next upstream read."""
+        return b""
+
     def opening(self, head: StreamHead) -> bytes:
         """The keep-alive that starts the response, before any event: `ping`, unless the format's
         stream must open otherwise (a renderer that subclasses this protocol inherits this)."""
@@ -79,11 +85,11 @@ class Relay:
         self._pump = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        render = self._renderer.render
+        render, flush = self._renderer.render, self._renderer.flush
         source = self._source
         try:
             async for batch in source:
-                data = b"".join([render(event) for event in batch])
+                data = b"".join([render(event) for event in batch]) + flush()
                 if data:
                     self._push(data)
                     if self._queued > BUFFER_BYTES and not await self._room():
