@@ -30,7 +30,7 @@ from app.edge.rejection import as_gateway_error
 from app.edge.unified import completions
 from app.errors import error_body
 from app.ids import uuid7
-from app.logging import configure_logging
+from app.logging import configure_logging, route_stdlib_logging
 from app.service import Service
 from app.settings import Settings, load_settings
 
@@ -86,7 +86,9 @@ def create_app_from_env() -> Litestar:
     if workers:
         server = msgspec.structs.replace(settings.server, workers=int(workers))
         settings = msgspec.structs.replace(settings, server=server)
-    return create_app(settings, prepare=False)
+    app = create_app(settings, prepare=False)
+    route_stdlib_logging(settings.server.log_level)  # a worker of `serve` (`app.cli`): its process
+    return app
 
 
 async def _with_request_id(response: Response[Any]) -> Response[Any]:

@@ -28,7 +28,7 @@ from alembic.util import CommandError
 from uvicorn.supervisors import Multiprocess
 
 from app import cli_cost, cli_keys, cli_price_import, cli_usage
-from app.logging import LineWriter, configure_logging, get_logger
+from app.logging import LineWriter, configure_logging, get_logger, route_stdlib_logging
 from app.settings import ConfigError, Settings, load_settings, provider_configs, worker_config
 from catalog.database import open_engine, sqlite_file
 from catalog.files import CatalogFileError, load_catalog
@@ -235,8 +235,11 @@ def _uvicorn_config(settings: Settings, host: str, port: int) -> uvicorn.Config:
     from app.edge.connection import protocol_factory
 
     workers = settings.server.workers
+    app = create_app(settings, prepare=False) if workers == 1 else "app.application:create_app_from_env"
+    if workers == 1:  # uvicorn's own lines, and the libraries', as JSON lines (the parent of several: `_announce`)
+        route_stdlib_logging(settings.server.log_level)
     return uvicorn.Config(
-        create_app(settings, prepare=False) if workers == 1 else "app.application:create_app_from_env",
+        app,
         factory=workers > 1,
         host=host,
         port=port,
@@ -351,6 +354,7 @@ def _announce(url: str, settings: Settings) -> LineWriter:
     without `[redis]`, that each worker's `/metrics` is its own (README, several workers). The
     parent's log, for what it says later."""
     writer = configure_logging(settings.server.log_level)
+    route_stdlib_logging(settings.server.log_level)
     log = get_logger("switchyard")
     log.info(f"listening on {url}", url=url)
     if settings.redis is None:

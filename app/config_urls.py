@@ -66,7 +66,10 @@ def _arguments_problem(url: str, query: str) -> str | None:
     unknown = [name for name in names if name not in accepted]
     if unknown:
         return f"the driver takes no argument {unknown[0]!r} (it takes {', '.join(sorted(accepted))})"
-    counts = [f"{name}={value}" for name, value in pairs if name in _NUMBERS and not value.isdigit()]
+    counts = [
+        f"{name}={value}" for name, value in pairs if name in _NUMBERS and not (value.isascii() and value.isdigit())
+    ]
+    counts += [f"{name} twice" for name in _NUMBERS if names.count(name) > 1]  # a list asyncpg would be given
     if not sqlite and counts:
         return f"{counts[0]}: a statement cache size is a whole number (0 behind PgBouncer in transaction mode)"
     return None

@@ -122,10 +122,10 @@ class LineWriter:
         """Hand the lines to the writer thread (class doc); never waits for the output."""
         if not self._pending:
             return
-        count = len(self._pending)
-        data = b"\n".join(self._pending) + b"\n"
-        self._pending.clear()
+        pending, self._pending = self._pending, []  # a line another thread adds meanwhile is in one or the other
         self._size = 0
+        count = len(pending)
+        data = b"\n".join(pending) + b"\n"
         with self._ready:
             if self._queued + len(data) > self.BACKLOG:
                 self.dropped += count
@@ -210,14 +210,40 @@ class _FromStdlib(logging.Handler):
 _FROM_STDLIB = _FromStdlib()
 
 
-def configure_logging(level: str) -> LineWriter:
-    """The service's JSON lines on stdout, for structlog and the standard `logging` module alike
-    (which passes on `warning` and above: httpx, say, logs every request at `info`)."""
+def route_stdlib_logging(level: str) -> None:
+    """The standard `logging` module's records (`warning` and above: httpx, say, logs every request
+    at `info`) and `warnings.warn` as the service's JSON lines: for the process `switchyard serve`
+    owns (`app.cli`, and its workers' `create_app_from_env`), not in `create_app`, which an
+    application of its own may call: its root logger's level and handlers, and its warnings, stay
+    its own. The level is the handler's, so the root logger's is left as it is."""
+    _FROM_STDLIB.setLevel(max(_LEVELS[level], logging.WARNING))
     root = logging.getLogger()
     if _FROM_STDLIB not in root.handlers:
         root.addHandler(_FROM_STDLIB)
-    root.setLevel(max(_LEVELS[level], logging.WARNING))
     logging.captureWarnings(True)
+    threading.excepthook = _thread_died  # Python's own tracebacks, printed on stderr over many lines
+    sys.unraisablehook = _unraisable
+
+
+def _thread_died(args: threading.ExceptHookArgs) -> None:
+    """An exception that ended a thread (the ledger's writer, say), as a JSON line."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+    logging.getLogger("py.threading").error("Exception in thread %s", name, exc_info=exc_info)  # type: ignore[arg-type]
+
+
+def _unraisable(args: Any) -> None:
+    """An exception Python could not raise (in a `__del__`, a finalizer), as a JSON line."""
+    exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+    message = f"{args.err_msg or 'Exception ignored in'}: {args.object!r}"
+    logging.getLogger("py.unraisable").error(message, exc_info=exc_info)
+
+
+def configure_logging(level: str) -> LineWriter:
+    """The service's JSON lines on stdout, from structlog (`route_stdlib_logging`: the standard
+    `logging` module's too)."""
     writer = LineWriter(sys.stdout.buffer, level=level)
     structlog.configure(
         processors=[

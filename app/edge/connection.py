@@ -57,7 +57,7 @@ from uvicorn.server import ServerState
 from app.edge import relay
 from app.edge.anthropic_format import error_document
 from app.edge.cycle import hold_head
-from app.edge.rejection import refused_by_connection
+from app.edge.rejection import answered_here, refused_by_connection
 from app.edge.unsent import unsent
 from app.errors import GatewayError, HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout, error_body
 from app.ids import uuid7
@@ -298,7 +298,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse_head(error)
             return
         if not cycle.response_started:
-            request_id = self.scope.get("state", {}).get("request_id") or uuid7()  # the app's, if it set one
+            request_id = answered_here(self.scope) or uuid7()  # the app's, if it set one
             answer = _raw_response(error, request_id, self.scope.get("raw_path", b""), self.app)
             if self._queued(cycle):
                 self.pipeline.popleft()  # the newest: the request whose body broke

@@ -34,6 +34,9 @@ from app.metrics import refused
 from catalog.database import database_unreachable
 
 _log = get_logger("switchyard.errors")
+ANSWERED = "answered_by_connection"
+"""The scope state's mark of a request the connection answered itself mid-body (`app.edge.connection`):
+counted and logged there; the app's own error for it (the client gone) is none the client got."""
 _SECRET = re.compile(r"sy-[^/]*")
 
 
@@ -43,6 +46,8 @@ def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[s
     its canonical `request` line here: the pipeline never wrote one."""
     request_id = getattr(request.state, "request_id", None) or uuid7()
     log = _logger(request)
+    if getattr(request.state, ANSWERED, False):
+        return request_id, InvalidRequest("the connection answered this request")  # nobody reads it
     error = _as_gateway_error(exc, request_id, log)
     if not getattr(request.state, "routed", False):
         service = getattr(request.app.state, "service", None)
@@ -69,6 +74,15 @@ def refused_by_connection(app: Any, status_code: int) -> None:
     service = getattr(app.state, "service", None) if app is not None else None
     if service is not None:
         refused(service.metrics, status_code)
+
+
+def answered_here(scope: Any) -> str | None:
+    """Marks a request the connection answers mid-body (`ANSWERED`): the app, hearing the client
+    gone, neither counts nor logs it again. The id the app gave it, if any."""
+    state: dict[str, Any] = scope.setdefault("state", {})
+    state[ANSWERED] = True
+    request_id: str | None = state.get("request_id")
+    return request_id
 
 
 def _path_logged(request: Request[Any, Any, Any]) -> str:

@@ -1,0 +1,48 @@
+"""rev2 review: README says nothing reaches stderr once `serve` runs and no line spans several; a
+thread that died and an exception Python could not raise (a `__del__`) printed tracebacks there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.cli import cli_env, write_config
+
+ESCAPED = """
+import sys, threading
+from app.cli import _uvicorn_config
+from app.settings import load_settings
+
+_uvicorn_config(load_settings(sys.argv[1]), "127.0.0.1", 0)  # what `serve` runs before uvicorn starts
+
+def fail():
+    raise RuntimeError("in a thread")
+
+thread = threading.Thread(target=fail, name="ledger")
+thread.start()
+thread.join()
+
+class Leaky:
+    def __del__(self):
+        raise ValueError("in a finalizer")
+
+Leaky()
+import structlog
+structlog.get_logger().error("flushed")  # an error line flushes the writer
+"""
+
+
+def test_a_dead_thread_and_an_unraisable_exception_are_json_lines(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    env = cli_env(SWITCHYARD_TEST_HOSTED_KEY="sk-test-hosted")
+    done = subprocess.run(
+        [sys.executable, "-c", ESCAPED, str(config)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(line.get("logger"), line["exception"].splitlines()[-1]) for line in lines[:2]] == [
+        ("py.threading", "RuntimeError: in a thread"),
+        ("py.unraisable", "ValueError: in a finalizer"),
+    ]
