@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Iterable
-from http import HTTPStatus
 from typing import Any
 
 import httptools
@@ -55,13 +54,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 from app.edge import relay
-from app.edge.anthropic_format import error_document
 from app.edge.cycle import hold_head
-from app.edge.rejection import answered_here, refused_by_connection
+from app.edge.rejection import answered_here, raw_response
 from app.edge.unsent import unsent
-from app.errors import GatewayError, HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout, error_body
+from app.errors import GatewayError, HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout
 from app.ids import uuid7
-from app.logging import get_logger
 from app.settings import ServerSettings
 from providers.timers import Handle, timers_of
 
@@ -107,6 +104,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # the reads wholly inside the unfinished head: at most its size
         self._refusal = b""  # an answer waiting for the earlier (pipelined) responses: `_refuse_later`
         self._write_stall: Handle | None = None  # armed while the client takes none of what we write
+        self._declined = False  # the request asks an `Upgrade` this server does not make (`_read_again`)
 
     def pause_writing(self) -> None:
         """The transport's buffer is full: a client that takes none of it for `CLIENT_STALL_S` is
@@ -153,17 +151,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if before == _HEAD:
             self._head_seen += len(data)
         self._unset_keepalive_if_required()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            if not isinstance(exc.__context__, _Refused):  # logged as its `request` line, with its id
-                self.send_400_response("Invalid HTTP request received.")
-            return
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            # another `Upgrade` (h2c) is ignored (RFC 9110): answered in HTTP/1.1 (uvicorn warned in plain text)
-            return
+        while True:  # once, but for a request read again without its `Upgrade` (`_read_again`)
+            try:
+                self.parser.feed_data(data)
+                break
+            except httptools.HttpParserError as exc:
+                if not isinstance(exc.__context__, _Refused):  # logged as its `request` line, with its id
+                    self.send_400_response("Invalid HTTP request received.")
+                return
+            except httptools.HttpParserUpgrade as upgrade:
+                if not self._declined:
+                    if self._should_upgrade():
+                        self.handle_websocket_upgrade()
+                    return
+                data = self._read_again() + data[upgrade.args[0] :]
+                self._chunk = len(data)
         phase = self._phase
         if phase == _HEAD:
             if before == _HEAD:
@@ -196,15 +198,38 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.expect_100_continue and declared_length(self.headers) > limits.max_body_bytes:
             self._refuse_head(PayloadTooLarge("request body too large"))
             raise _Refused
+        if self.parser.should_upgrade() and not self._should_upgrade() and self.parser.get_method() != b"CONNECT":
+            self._declined = True  # read again without its `Upgrade` (`_read_again`)
+            return
         self._phase = _BODY
         super().on_headers_complete()
         hold_head(self.cycle)  # the one uvicorn just made
+        self.headers = _TRAILER  # the scope keeps the head's
 
     def on_message_complete(self) -> None:
         if self._deadline is not None:
             self._disarm()
         self._phase = _IDLE
-        super().on_message_complete()
+        if not self._declined:
+            super().on_message_complete()
+
+    def _read_again(self) -> bytes:
+        """The head of a request whose `Upgrade` (not a WebSocket's: `curl --http2`'s `h2c`, on every
+        plain-HTTP request) is declined, without it, for a new parser to read again as HTTP/1.1 (RFC
+        9110 7.8: a server may ignore the header). httptools takes any `Upgrade` as accepted and
+        skips the body: the application got none (a 400 `not valid JSON`), and the connection read
+        nothing after it."""
+        self._declined = False
+        method, version = self.parser.get_method(), self.parser.get_http_version().encode()
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's
+        lines = [b"%s %s HTTP/%s" % (method, self.url, version)]
+        for name, value in self.headers:
+            if name == b"connection":
+                value = b",".join(token for token in value.split(b",") if token.strip().lower() != b"upgrade")
+            if name != b"upgrade" and value:
+                lines.append(b"%s: %s" % (name, value))
+        return b"\r\n".join(lines) + b"\r\n\r\n"
 
     def _head_size(self) -> int:
         return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
@@ -281,7 +306,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse_head(self, error: GatewayError) -> None:
         """Answer `error` and close; after the responses to the earlier (pipelined) requests when
         one is still being sent (`_refuse_later`)."""
-        answer = _raw_response(error, uuid7(), self.url, self.app)
+        answer = raw_response(error, uuid7(), self.url, self.app)
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(answer)
             self.transport.close()
@@ -299,7 +324,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if not cycle.response_started:
             request_id = answered_here(self.scope) or uuid7()  # the app's, if it set one
-            answer = _raw_response(error, request_id, self.scope.get("raw_path", b""), self.app)
+            answer = raw_response(error, request_id, self.scope.get("raw_path", b""), self.app)
             if self._queued(cycle):
                 self.pipeline.popleft()  # the newest: the request whose body broke
                 self._refuse_later(answer)
@@ -324,6 +349,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.flow.pause_reading()
 
 
+class _Trailer(list[tuple[bytes, bytes]]):
+    """Where uvicorn puts a chunked body's trailer fields, once the head is read: nowhere. They went
+    into the request's headers (`scope["headers"]` is uvicorn's list), a trailer's `authorization`
+    choosing the key or its `content-encoding` making a 415 (RFC 9110 6.5.1: a trailer field is not
+    merged into the header section); and no header limit counted them."""
+
+    def append(self, field: tuple[bytes, bytes]) -> None:
+        pass
+
+
+_TRAILER = _Trailer()
+
+
 def _call(callback: Callable[[], None]) -> None:
     callback()
 
@@ -334,55 +372,6 @@ def declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int:
         if name == b"content-length":
             return int(value) if value.isdigit() else 0  # a malformed one is httptools' to refuse
     return 0
-
-
-def _raw_response(error: GatewayError, request_id: str, target: bytes, app: Any) -> bytes:
-    """`error`'s response, closing the connection; in Anthropic's shape for its door. Logged and
-    counted as the app does a refusal (`app.edge.rejection`): the request's `request` line, so the
-    id the client got is in the log, with the path's route words only (`_route_words`)."""
-    path = target.split(b"?", 1)[0]
-    get_logger("switchyard.errors").info(
-        "request",
-        request_id=request_id,
-        path=_route_words(path),
-        status="rejected",
-        error_status=error.status_code,
-        error_type=error.type,
-    )
-    refused_by_connection(app, error.status_code)
-    own = b""
-    if path == b"/v1/messages" or path.startswith(b"/v1/messages/"):
-        body = error_document(error.status_code, error.message, error.param, request_id)
-        own = b"request-id: %s\r\n" % request_id.encode()
-    else:
-        body = error_body(error, request_id)
-    status = HTTPStatus(error.status_code)
-    head = (
-        f"HTTP/1.1 {status.value} {status.phrase}\r\n"
-        "content-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n"
-        f"x-request-id: {request_id}\r\n"
-    )
-    return head.encode("latin-1") + own + b"connection: close\r\n\r\n" + body
-
-
-_ROUTE_WORDS = frozenset(
-    b"api v1 completions chat messages keys me usage models catalog drift gpu-cost healthz readyz metrics".split()
-)
-
-
-def _route_words(path: bytes) -> str:
-    """`path` up to its first segment that is not a word of the gateway's routes (`/…` then): a
-    secret pasted into a path (a key, the admin's) is not the connection's to write, and it has
-    no key ring to mask one with, as the app does (`app.edge.rejection`)."""
-    segments = path.split(b"/")[1:]
-    kept = 0
-    while kept < len(segments) and segments[kept] in _ROUTE_WORDS:
-        kept += 1
-    if segments == [b""]:  # `/`
-        return "/"
-    shown = b"".join(b"/" + segment for segment in segments[:kept]).decode()
-    return shown + "/…" if kept < len(segments) else shown
 
 
 def connection_limits(server: ServerSettings) -> ConnectionLimits:

@@ -23,6 +23,19 @@ to 3.6 through uvicorn alone) for one `send` system call and one TCP segment few
 it buys is in bench/RESULTS.md. `GuardedHttpToolsProtocol` (`app.edge.connection`) gives each cycle its
 `HeldHead` once uvicorn has made the cycle (uvicorn builds it itself, in `on_headers_complete`).
 
+Two kinds of request, rare, get no `HeldHead` but a `FramedCycle`, which fixes what uvicorn's
+framing gets wrong for them:
+- an HTTP/1.0 request: uvicorn chunks a response without a length whatever the request's version,
+  and RFC 9112 (6.1) forbids `Transfer-Encoding` in an answer to HTTP/1.0, whose client reads the
+  chunk sizes as part of the body (hex lines between an SSE stream's frames). Its answer is
+  delimited by the close instead (HTTP/1.0 connections are not kept alive). Its `Expect:
+  100-continue` is ignored: no 1xx answer goes to an HTTP/1.0 client (RFC 9110 10.1.1, 15.2),
+  which reads `HTTP/1.1 100 Continue` as its whole answer;
+- a request that asked `Expect: 100-continue` and is answered before its body was asked for (a
+  404, a 405): the client never sent that body, so a kept-alive connection would read the client's
+  next request as it and answer nothing. The answer closes the connection (RFC 9110 10.1.1: the
+  server says it will not read the body), as Go's server does.
+
 The completion doors' heads are also built faster (`write_head`). uvicorn checks each header on its
 own — two regular-expression searches (≈ 14 instructions a byte), a `lower()` and three comparisons
 in Python per header, ≈ 5,700 instructions each (callgrind; keys mode's six `x-ratelimit-*` headers
@@ -45,6 +58,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
 _SPECIAL = frozenset((b"content-length", b"connection", b"transfer-encoding"))
@@ -58,12 +72,41 @@ _VALUE_OFF = bytes(b for b in range(256) if HEADER_VALUE_RE.search(bytes([b])))
 def hold_head(cycle: RequestResponseCycle) -> None:
     """Give `cycle` (just made by uvicorn, not yet run) a `HeldHead` in front of its transport;
     not a cycle whose client waits for `100 Continue`, which uvicorn writes at the application's
-    first `receive` and which must leave then, not in front of the response's head."""
+    first `receive` and which must leave then, not in front of the response's head: that one, and
+    an HTTP/1.0 request's, become `FramedCycle`s (module doc)."""
+    if cycle.scope.get("http_version") == "1.0":
+        cycle.waiting_for_100_continue = False  # RFC 9110 10.1.1: ignored in HTTP/1.0 (no 1xx answers)
+        cycle.__class__ = FramedCycle
+        return
     if cycle.waiting_for_100_continue:
+        cycle.__class__ = FramedCycle  # before its task runs: the application gets this `send`
         return
     held = HeldHead(cycle.transport, cycle.on_response)
     cycle.transport = held  # type: ignore[assignment]  # what the cycle calls of it: write, close, is_closing
     cycle.on_response = held.completed
+
+
+class FramedCycle(RequestResponseCycle):
+    """uvicorn's cycle for an HTTP/1.0 request or one that asked `Expect: 100-continue` (module
+    doc): an unframed answer to HTTP/1.0 is delimited by the close, not chunked; an answer given
+    before the body was all in or asked for closes the connection. Switched in by `hold_head`: a
+    switched class loses CPython's attribute caches, a cost only these rare requests pay."""
+
+    until_close = False  # the body runs to the close: each write is all uvicorn expects
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start" and not self.response_started:
+            if self.waiting_for_100_continue and self.more_body:  # a body nobody asked for, not all in
+                self.keep_alive = False
+            if self.scope["http_version"] == "1.0" and self.scope["method"] != "HEAD":
+                named = {name.lower() for name, _ in message.get("headers", ())}
+                if message["status"] not in (204, 304) and not named & {b"content-length", b"transfer-encoding"}:
+                    self.keep_alive = False
+                    self.chunked_encoding = False
+                    self.until_close = True
+        elif self.until_close and message["type"] == "http.response.body":
+            self.expected_content_length = len(message.get("body", b""))
+        await super().send(message)
 
 
 class HeldHead:

@@ -6,17 +6,21 @@ as they are, the framework's 404/405/413 and other 4xx mapped onto the tree, a d
 cannot be reached (a report or a key read during an outage) a 503 `unavailable` logged in one
 line, anything else an internal error logged with its traceback and said generically. A request
 rejected before the pipeline took it gets its canonical `request` log line here (`status:
-rejected`), since the pipeline never wrote one.
+rejected`), since the pipeline never wrote one. `raw_response` is the same answer and line, as
+bytes, for the refusals the connection writes itself, before any application code runs
+(`app.edge.connection`).
 """
 
 from __future__ import annotations
 
 import re
+from http import HTTPStatus
 from typing import Any
 
 from litestar import Litestar, Request
 from litestar.exceptions import HTTPException
 
+from app.edge.anthropic_format import error_document
 from app.errors import (
     DatabaseUnavailable,
     GatewayError,
@@ -26,6 +30,7 @@ from app.errors import (
     NotFound,
     PayloadTooLarge,
     clip,
+    error_body,
     unsecret,
 )
 from app.ids import uuid7
@@ -117,3 +122,52 @@ def _as_gateway_error(exc: Exception, request_id: str, log: Any) -> GatewayError
         return DatabaseUnavailable(DatabaseUnavailable.MESSAGE)
     log.error("unhandled_exception", request_id=request_id, exc_info=exc)
     return InternalError("internal error")
+
+
+def raw_response(error: GatewayError, request_id: str, target: bytes, app: Any) -> bytes:
+    """`error`'s response, closing the connection; in Anthropic's shape for its door. Logged and
+    counted as `as_gateway_error` does a refusal: the request's `request` line, so the id the
+    client got is in the log, with the path's route words only (`_route_words`)."""
+    path = target.split(b"?", 1)[0]
+    get_logger("switchyard.errors").info(
+        "request",
+        request_id=request_id,
+        path=_route_words(path),
+        status="rejected",
+        error_status=error.status_code,
+        error_type=error.type,
+    )
+    refused_by_connection(app, error.status_code)
+    own = b""
+    if path == b"/v1/messages" or path.startswith(b"/v1/messages/"):
+        body = error_document(error.status_code, error.message, error.param, request_id)
+        own = b"request-id: %s\r\n" % request_id.encode()
+    else:
+        body = error_body(error, request_id)
+    status = HTTPStatus(error.status_code)
+    head = (
+        f"HTTP/1.1 {status.value} {status.phrase}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        f"x-request-id: {request_id}\r\n"
+    )
+    return head.encode("latin-1") + own + b"connection: close\r\n\r\n" + body
+
+
+_ROUTE_WORDS = frozenset(
+    b"api v1 completions chat messages keys me usage models catalog drift gpu-cost healthz readyz metrics".split()
+)
+
+
+def _route_words(path: bytes) -> str:
+    """`path` up to its first segment that is not a word of the gateway's routes (`/…` then): a
+    secret pasted into a path (a key, the admin's) is not the connection's to write, and it has
+    no key ring to mask one with, as the app does (`app.edge.rejection`)."""
+    segments = path.split(b"/")[1:]
+    kept = 0
+    while kept < len(segments) and segments[kept] in _ROUTE_WORDS:
+        kept += 1
+    if segments == [b""]:  # `/`
+        return "/"
+    shown = b"".join(b"/" + segment for segment in segments[:kept]).decode()
+    return shown + "/…" if kept < len(segments) else shown
