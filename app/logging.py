@@ -83,6 +83,7 @@ class LineWriter:
         self.stamp = _Timestamp()
         self.info_enabled = _LEVELS[level] <= logging.INFO
         self.dropped = 0  # lines dropped for a stalled output (class doc)
+        self._reported = 0  # of `dropped`, those a line has said: the writer's, whichever thread it is
         self._queue: deque[bytes] = deque()  # handed to the writer thread, not yet written
         self._queued = 0
         self._ready = threading.Condition()
@@ -143,7 +144,7 @@ class LineWriter:
 
     def _write(self) -> None:
         """The writer thread: the queue's lines out, in order, until `stop` with nothing left."""
-        reported, stamp = 0, _Timestamp()
+        stamp = _Timestamp()
         while True:
             with self._ready:
                 self._ready.wait_for(lambda: self._queue or self._stopping)
@@ -152,9 +153,9 @@ class LineWriter:
                     return
                 data, dropped = self._queue[0], self.dropped
             out = data
-            if dropped != reported:
-                out += _DROPPED % (stamp.text().encode(), dropped - reported)
-                reported = dropped
+            if dropped != self._reported:
+                out += _DROPPED % (stamp.text().encode(), dropped - self._reported)
+                self._reported = dropped
             try:
                 self._file.write(out)
                 self._file.flush()

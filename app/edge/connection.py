@@ -198,8 +198,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.expect_100_continue and declared_length(self.headers) > limits.max_body_bytes:
             self._refuse_head(PayloadTooLarge("request body too large"))
             raise _Refused
-        if self.parser.should_upgrade() and not self._should_upgrade() and self.parser.get_method() != b"CONNECT":
-            self._declined = True  # read again without its `Upgrade` (`_read_again`)
+        if self.parser.should_upgrade() and self.parser.get_method() != b"CONNECT":
+            if not self._should_upgrade():
+                self._declined = True  # read again without its `Upgrade` (`_read_again`)
+                return
+            super().on_headers_complete()  # a WebSocket's: no cycle, the connection is handed over
             return
         self._phase = _BODY
         super().on_headers_complete()
@@ -210,8 +213,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._deadline is not None:
             self._disarm()
         self._phase = _IDLE
-        if not self._declined:
-            super().on_message_complete()
+        if self._declined:
+            return
+        super().on_message_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete and not cycle.keep_alive:  # lingering close (`_Lingering`)
+            self.transport.close()  # the body read after its answer; nothing after it is read
+            raise _Refused
 
     def _read_again(self) -> bytes:
         """The head of a request whose `Upgrade` (not a WebSocket's: `curl --http2`'s `h2c`, on every

@@ -34,7 +34,8 @@ framing gets wrong for them:
 - a request that asked `Expect: 100-continue` and is answered before its body was asked for (a
   404, a 405): the client never sent that body, so a kept-alive connection would read the client's
   next request as it and answer nothing. The answer closes the connection (RFC 9110 10.1.1: the
-  server says it will not read the body), as Go's server does.
+  server says it will not read the body), as Go's server does; a lingering close (`_Lingering`),
+  so a client that sends the body anyway still reads the answer.
 
 The completion doors' heads are also built faster (`write_head`). uvicorn checks each header on its
 own — two regular-expression searches (≈ 14 instructions a byte), a `lower()` and three comparisons
@@ -98,6 +99,7 @@ class FramedCycle(RequestResponseCycle):
         if message["type"] == "http.response.start" and not self.response_started:
             if self.waiting_for_100_continue and self.more_body:  # a body nobody asked for, not all in
                 self.keep_alive = False
+                self.transport = _Lingering(self.transport)  # type: ignore[assignment]  # write, close, is_closing
             if self.scope["http_version"] == "1.0" and self.scope["method"] != "HEAD":
                 named = {name.lower() for name, _ in message.get("headers", ())}
                 if message["status"] not in (204, 304) and not named & {b"content-length", b"transfer-encoding"}:
@@ -107,6 +109,33 @@ class FramedCycle(RequestResponseCycle):
         elif self.until_close and message["type"] == "http.response.body":
             self.expected_content_length = len(message.get("body", b""))
         await super().send(message)
+
+
+class _Lingering:
+    """The transport of an answer given before its expected body was asked for (`FramedCycle`):
+    uvicorn's close at its end only stops the writing (a `FIN`). The client sends that body anyway
+    once its wait for `100 Continue` is over (curl after 1 s, .NET after 350 ms), and a close met
+    it with a reset that discarded the answer the client had not read yet. The body is read and
+    dropped until it ends or `DRAIN_S` (`app.edge.connection`) closes the connection."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+
+    def write(self, data: bytes) -> None:
+        self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        closing: bool = self._transport.is_closing()
+        return closing
+
+    def close(self) -> None:
+        transport = self._transport
+        if transport.is_closing():
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:  # TLS: no half-close
+            transport.close()
 
 
 class HeldHead:
