@@ -259,6 +259,8 @@ class LogprobChatStream(ChatStream):
     batch, and a delta the upstream sent none for left one upstream read late (each token a whole
     inter-token gap behind, the last one before a pause held through it)."""
 
+    holds = True  # `flush`
+
     def __init__(self, ctx: RequestContext, include_usage: bool) -> None:
         super().__init__(ctx, include_usage)
         self._held: str | None = None

@@ -138,6 +138,8 @@ class LogprobTextStream(TextStream):
     `Logprobs` event that follows it, so both leave in one chunk; within its batch only (`flush`,
     as `LogprobChatStream`'s)."""
 
+    holds = True  # `flush`
+
     def __init__(self, ctx: RequestContext, include_usage: bool) -> None:
         super().__init__(ctx, include_usage)
         self._held: str | None = None
