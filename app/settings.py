@@ -76,6 +76,7 @@ class ServerSettings(Struct, frozen=True, forbid_unknown_fields=True):
     sse_keepalive_s: Seconds = 15.0
     header_timeout_s: Seconds = 10.0  # request line and headers, from the first byte (or connect)
     body_timeout_s: Seconds = 60.0  # the whole body, from the end of the headers
+    keep_alive_s: Seconds = 5.0  # an idle kept-alive connection is closed after this (uvicorn's default)
     max_header_bytes: Annotated[int, Meta(ge=1024, le=MAX_COUNT)] = 32 * 1024  # request line and headers; more is 431
     max_headers: Annotated[int, Meta(ge=8, le=MAX_COUNT)] = 100  # header fields; more is 431
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -72,6 +72,7 @@ class ConnectionLimits(Struct, frozen=True):
     max_header_bytes: int
     max_headers: int
     max_body_bytes: int
+    keep_alive_s: float
 
 
 # Where the connection is in its current request (ints, not an Enum: read on every callback).
@@ -96,6 +97,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.limits = limits
+        self.timeout_keep_alive = limits.keep_alive_s  # type: ignore[assignment]  # uvicorn's is an int
         self._timers = timers_of(self.loop)
         self._phase = _IDLE
         self._deadline: Handle | None = None
@@ -389,6 +391,7 @@ def connection_limits(server: ServerSettings) -> ConnectionLimits:
         max_header_bytes=server.max_header_bytes,
         max_headers=server.max_headers,
         max_body_bytes=server.max_body_bytes,
+        keep_alive_s=server.keep_alive_s,
     )
 
 

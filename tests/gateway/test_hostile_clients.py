@@ -148,9 +148,16 @@ async def test_a_body_in_pieces_within_the_deadline_is_served(guarded: GatewayHa
     assert msgspec.json.decode(answer.body)["message"]["content"] == [{"kind": "text", "data": "ok"}]
 
 
-async def test_an_idle_kept_alive_connection_is_closed_at_the_keep_alive_timeout(guarded: GatewayHandle) -> None:
-    """uvicorn's keep-alive timeout (5 s by default), armed after each response on a coarse timer."""
-    keep_alive = guarded.server.config.timeout_keep_alive
+@pytest.mark.parametrize("keep_alive", [None, 1.5])
+async def test_an_idle_kept_alive_connection_is_closed_at_the_keep_alive_timeout(
+    start_gateway: StartGateway, primary: ReplayUpstream, secondary: ReplayUpstream, keep_alive: float | None
+) -> None:
+    """`[server] keep_alive_s` (5 s by default, uvicorn's), armed after each response on a coarse
+    timer. Behind a load balancer it must exceed the balancer's idle timeout (config.example.toml):
+    there was no setting for it."""
+    server = LIMITS if keep_alive is None else {**LIMITS, "keep_alive_s": keep_alive}
+    guarded = await start_gateway(providers=providers_for(primary, secondary), catalog=CATALOG, server=server)
+    keep_alive = 5.0 if keep_alive is None else keep_alive
     host, port = guarded.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
