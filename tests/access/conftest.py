@@ -153,6 +153,14 @@ async def either_limiter(
     return await keyed_gateway(start_gateway, up, monkeypatch, **redis)
 
 
+async def new_secret(gw: GatewayHandle, **options: Any) -> str:
+    """The secret of a key made by the admin with `options` (access.md's fields)."""
+    response = await gw.client.post("/api/v1/keys", json={"name": "k", **options}, headers=bearer(ADMIN))
+    assert response.status_code == 201, response.text
+    secret: str = response.json()["secret"]
+    return secret
+
+
 @pytest.fixture
 def make_key(gw: GatewayHandle) -> MakeKey:
     async def make(**options: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.access.conftest import ADMIN, bearer, keyed_gateway
+from tests.access.conftest import bearer, keyed_gateway, new_secret
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.replies import answer
 from tests.support.upstream import ReplayUpstream, upstream_fixture
@@ -47,13 +47,6 @@ async def gw(start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytes
     return await keyed_gateway(start_gateway, up, monkeypatch)
 
 
-async def _secret(gw: GatewayHandle, **options: Any) -> str:
-    made = await gw.client.post("/api/v1/keys", json={"name": "k", **options}, headers=bearer(ADMIN))
-    assert made.status_code == 201, made.text
-    secret: str = made.json()["secret"]
-    return secret
-
-
 def _openai(gw: GatewayHandle, secret: str, sent: Sent) -> openai.AsyncOpenAI:
     """The SDK as the libraries build it: its default `max_retries` (2)."""
     client = openai.DefaultAsyncHttpxClient(event_hooks={"request": [sent.hook]})
@@ -71,7 +64,7 @@ async def test_a_spent_total_budget_is_refused_once_not_retried(
     """access.md: a spent budget is 429 `insufficient_quota`, with `Retry-After` until the period
     ends, "none for `total`": a `total` budget never renews, so no retry can pass. Without
     `x-should-retry: false` both SDKs sent the request three times, each refused."""
-    secret = await _secret(gw, budget_usd="0.0001", budget_period="total")
+    secret = await new_secret(gw, budget_usd="0.0001", budget_period="total")
 
     with pytest.raises(openai.RateLimitError) as chat:
         await _openai(gw, secret, sent).chat.completions.create(model="chat", messages=USER)
@@ -93,7 +86,7 @@ async def test_a_request_larger_than_the_tpm_is_refused_once_not_retried(
     """A request that alone reserves more than the key's `tpm` (its input and the model's 1000
     max output tokens, over 500) could never pass: no `Retry-After`, and `x-should-retry: false`,
     so the SDK gives up at once instead of sending it twice more."""
-    secret = await _secret(gw, tpm=500)
+    secret = await new_secret(gw, tpm=500)
 
     with pytest.raises(openai.RateLimitError) as refused:
         await _openai(gw, secret, sent).chat.completions.create(model="chat", messages=USER)
@@ -108,7 +101,7 @@ async def test_a_refusal_that_a_wait_lifts_is_still_retried(gw: GatewayHandle, u
     """The rpm refusal keeps its `Retry-After` and no `x-should-retry`: the SDK waits and retries it,
     as it should (a budget's refusal, whatever its period, says not to: tests/ingress/test_js_clients_wire.py)."""
     up.set_default(answer("ok"))
-    limited = bearer(await _secret(gw, rpm=1))
+    limited = bearer(await new_secret(gw, rpm=1))
     request = {"model": "chat", "messages": USER}
 
     first = await gw.client.post("/v1/chat/completions", json=request, headers=limited)

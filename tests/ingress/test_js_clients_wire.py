@@ -12,11 +12,9 @@ headers those clients act on, as read from their sources:
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from tests.access.conftest import ADMIN, bearer, keyed_gateway, up
+from tests.access.conftest import bearer, keyed_gateway, new_secret, up
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.replies import answer
 from tests.support.upstream import ReplayUpstream
@@ -34,19 +32,12 @@ async def keyed(start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: py
     return await keyed_gateway(start_gateway, up, monkeypatch)
 
 
-async def new_key(gw: GatewayHandle, **options: Any) -> str:
-    response = await gw.client.post("/api/v1/keys", json={"name": "js", **options}, headers=bearer(ADMIN))
-    assert response.status_code == 201, response.text
-    secret: str = response.json()["secret"]
-    return secret
-
-
 @pytest.mark.parametrize("period", ["day", "month", "total"])
 async def test_a_spent_budget_tells_the_sdks_not_to_retry(keyed: GatewayHandle, period: str) -> None:
     """openai-node and the Anthropic SDK slept out a day or month budget's Retry-After (up to 24
     days, the agent loop hung silently) before raising; a `total` one was retried twice for nothing.
     Retry-After stays (access.md); `x-should-retry: false` makes both SDKs raise at once."""
-    secret = await new_key(keyed, budget_usd="0.000001", budget_period=period)
+    secret = await new_secret(keyed, budget_usd="0.000001", budget_period=period)
 
     chat = await keyed.client.post(CHAT, json={"model": "chat", "messages": HI}, headers=bearer(secret))
     messages = await keyed.client.post(
@@ -65,7 +56,7 @@ async def test_a_spent_budget_tells_the_sdks_not_to_retry(keyed: GatewayHandle, 
 
 async def test_a_request_larger_than_tpm_tells_the_sdks_not_to_retry(keyed: GatewayHandle) -> None:
     """It could never pass (no Retry-After): the SDKs retried it twice all the same."""
-    secret = await new_key(keyed, tpm=100)
+    secret = await new_secret(keyed, tpm=100)
 
     response = await keyed.client.post(
         CHAT, json={"model": "chat", "messages": HI, "max_tokens": 500}, headers=bearer(secret)
@@ -78,7 +69,7 @@ async def test_a_request_larger_than_tpm_tells_the_sdks_not_to_retry(keyed: Gate
 
 async def test_an_rpm_refusal_stays_retryable(keyed: GatewayHandle) -> None:
     """A window that reopens within the minute: the SDKs wait its Retry-After and retry."""
-    secret = await new_key(keyed, rpm=1)
+    secret = await new_secret(keyed, rpm=1)
     first = await keyed.client.post(CHAT, json={"model": "chat", "messages": HI}, headers=bearer(secret))
     assert first.status_code == 200
 
