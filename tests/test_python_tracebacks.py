@@ -3,12 +3,9 @@ thread that died and an exception Python could not raise (a `__del__`) printed t
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.support.cli import cli_env, write_config
+from tests.support.cli import script_lines
 
 ESCAPED = """
 import sys, threading
@@ -35,13 +32,7 @@ structlog.get_logger().error("flushed")  # an error line flushes the writer
 
 
 def test_a_dead_thread_and_an_unraisable_exception_are_json_lines(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
-    env = cli_env(SWITCHYARD_TEST_HOSTED_KEY="sk-test-hosted")
-    done = subprocess.run(
-        [sys.executable, "-c", ESCAPED, str(config)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert (done.returncode, done.stderr) == (0, "")
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    lines = script_lines(tmp_path, ESCAPED)
     assert [(line.get("logger"), line["exception"].splitlines()[-1]) for line in lines[:2]] == [
         ("py.threading", "RuntimeError: in a thread"),
         ("py.unraisable", "ValueError: in a finalizer"),

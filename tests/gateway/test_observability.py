@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,7 +29,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.gateway.conftest import CATALOG, providers_for
-from tests.support.cli import Process, cli_env, processes, start_mock, write_config
+from tests.support.cli import Process, cli_env, processes, script_lines, start_mock, write_config
 from tests.support.client import complete
 from tests.support.gateway import GatewayHandle, StartGateway
 from tests.support.logs import Logs
@@ -169,13 +167,7 @@ except RuntimeError as exc:  # uvicorn's words for an exception that escaped the
 
 
 def test_uvicorn_tracebacks_and_library_warnings_are_one_json_line_each(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
-    env = cli_env(SWITCHYARD_TEST_HOSTED_KEY="sk-test-hosted")
-    done = subprocess.run(
-        [sys.executable, "-c", ESCAPED, str(config)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert (done.returncode, done.stderr) == (0, "")
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    lines = script_lines(tmp_path, ESCAPED)
     shown = [{k: v for k, v in line.items() if k not in ("timestamp", "exception")} for line in lines]
     assert shown == [
         {"logger": "py.warnings", "event": "<string>:7: UserWarning: a library's warning", "level": "warning"},

@@ -158,3 +158,15 @@ def complete(base: str, model: str, prompt: str) -> dict[str, Any]:
 def request_lines(stdout: str) -> list[dict[str, Any]]:
     lines = [json.loads(line) for line in stdout.splitlines() if line.strip()]
     return [line for line in lines if line["event"] == "request"]
+
+
+def script_lines(tmp_path: Path, script: str) -> list[dict[str, Any]]:
+    """The JSON lines a Python `script` (given a config file as `sys.argv[1]`) wrote on stdout; it
+    must exit 0 with nothing on stderr."""
+    config = write_config(tmp_path)
+    env = cli_env(SWITCHYARD_TEST_HOSTED_KEY="sk-test-hosted")
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(config)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    return [json.loads(line) for line in done.stdout.splitlines()]
