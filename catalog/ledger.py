@@ -51,7 +51,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from catalog.journal import Journal
 from catalog.ledger_store import store_for
 from catalog.loose_rows import LooseRows
-from catalog.outages import is_outage
+from catalog.outages import LedgerUnavailable, is_outage
 from catalog.records import RECORD_JSON, LedgerRecord
 
 _MAX_BACKOFF = 5.0
@@ -373,7 +373,10 @@ class LedgerWriter:
         once; the journal's rows leave memory). Returns the delay before the retry."""
         if self._failing_since is None:
             self._failing_since = time.monotonic()
-            log.warning("ledger_outage_started", error=type(exc).__name__, rows_pending=self.pending)
+            # the cause in the database's words ("database is locked", "database or disk is full"):
+            # an outage's message names the database's state, never a row's values
+            detail = str(exc) if isinstance(exc, LedgerUnavailable) else None
+            log.warning("ledger_outage_started", error=type(exc).__name__, detail=detail, rows_pending=self.pending)
         if self._journal is not None:
             self._queue.clear()  # these rows are in the journal: read back from it after the outage
             self._behind = True

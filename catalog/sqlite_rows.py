@@ -8,9 +8,12 @@ own process imports only the driver, msgspec and the roll-up sums, and starts in
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -129,16 +132,27 @@ _NONE: dict[object, None] = {}  # `_NONE.get(value)` is None for every value, in
 
 class SQLiteBatches(SQLiteRows):
     """Batches into the file at `path` on one connection of their own, opened on first use and
-    again after an outage; each batch one transaction. Not thread-safe: one caller at a time."""
+    again after an outage; each batch one transaction. Not thread-safe: one caller at a time.
+
+    The file is the one at `path` now: one deleted or replaced while the connection is open (an
+    operator's `rm`, a backup restored with `mv`), or its `-wal` deleted, is opened again before
+    the next batch (two `stat`s), or rows would be committed to a file no path reaches (and
+    released from the journal), or to a log no other connection reads.
+    The file is opened read-write, never made: with none there the batch is an outage and waits
+    (an empty file would have no table anyway)."""
 
     def __init__(self, plan: RowPlan, path: str) -> None:
         super().__init__(plan)
         self._path = path
+        self._uri = f"{Path(os.path.abspath(path)).as_uri()}?mode=rw"
         self._connection: sqlite3.Connection | None = None
+        self._files: tuple[tuple[int, int] | None, ...] = ()  # the files the connection opened (`_identity`)
 
     def write(self, records: Sequence[LedgerRecord]) -> None:
         """Insert `records` in one transaction, skipping request ids already present (the rest
         are then inserted one by one); the roll-ups in the same transaction."""
+        if self._connection is not None and self._identity() != self._files:
+            self._reopen()  # the file or its log deleted or replaced under the connection
         connection = self._connection or self._connect()
         try:
             cursor = connection.cursor()
@@ -155,15 +169,37 @@ class SQLiteBatches(SQLiteRows):
                 self.disconnect()  # the next attempt opens the file again
             raise
 
+    def _identity(self) -> tuple[tuple[int, int] | None, ...]:
+        """(device, inode) of the file at `path` and of its write-ahead log (None: not there)."""
+        return tuple(_file_id(name) for name in (self._path, f"{self._path}-wal"))
+
     def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(self._path, isolation_level=None)
+        connection = sqlite3.connect(self._uri, isolation_level=None, uri=True)
         for pragma in SQLITE_PRAGMAS:
             connection.execute(pragma)
+        self._files = self._identity()  # the log too: WAL mode opened it, and it stays while this connection does
         connection.create_function("decimal_add", 2, decimal_add, deterministic=True)
         self._connection = connection
         return connection
+
+    def _reopen(self) -> None:
+        """Close the connection to files moved away, its log's rows checkpointed into the file
+        first: a close checkpoints only when no other connection has the file open, and the
+        rows committed to a deleted log were in no other."""
+        assert self._connection is not None
+        with contextlib.suppress(sqlite3.Error):
+            self._connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        self.disconnect()
 
     def disconnect(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+def _file_id(name: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(name)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
