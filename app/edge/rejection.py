@@ -70,7 +70,7 @@ def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[s
     return request_id, error
 
 
-def refused_by_connection(app: Any, status_code: int) -> None:
+def _refused_by_connection(app: Any, status_code: int) -> None:
     """A request the connection answered itself (`app.edge.connection`: unparsable, too slow, its
     headers too large), counted as those the app refuses; `app` is uvicorn's: the Litestar app, or
     a middleware around it."""
@@ -137,7 +137,7 @@ def raw_response(error: GatewayError, request_id: str, target: bytes, app: Any) 
         error_status=error.status_code,
         error_type=error.type,
     )
-    refused_by_connection(app, error.status_code)
+    _refused_by_connection(app, error.status_code)
     own = b""
     if path == b"/v1/messages" or path.startswith(b"/v1/messages/"):
         body = error_document(error.status_code, error.message, error.param, request_id)
