@@ -320,7 +320,12 @@ class Journal:
         """The segment's bytes copied to a new file on the journal's thread (`restored`), the rows
         appended meanwhile then here, and the new file used from then on."""
         size, loop = segment.size, asyncio.get_running_loop()
-        fd, path = await loop.run_in_executor(self._thread, restored, segment.fd, size, segment.path, self.directory)
+        made = loop.run_in_executor(self._thread, restored, segment.fd, size, segment.path, self.directory)
+        try:
+            fd, path = await asyncio.shield(made)
+        except asyncio.CancelledError:  # shut down meanwhile: `close` restores it; no half copy left
+            made.add_done_callback(_discard_made)
+            raise
         if segment not in self.segments:  # every row of it committed meanwhile: not needed
             discard(fd, path)
             return
@@ -373,3 +378,10 @@ class Journal:
         for fd in self._to_close:
             os.close(fd)
         self.segments, self._to_close = [], []
+
+
+def _discard_made(made: asyncio.Future[tuple[int, Path]]) -> None:
+    """The file a restore cancelled mid-copy had made: closed and deleted (a copy of rows the
+    segment still holds; `Journal.close` writes the segment back whole)."""
+    if not made.cancelled() and made.exception() is None:
+        discard(*made.result())

@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from catalog.journal import Journal
+from catalog.journal_files import moved
 from catalog.ledger import LedgerWriter
 from catalog.migrate import upgrade_async
 from catalog.records import LedgerRecord
@@ -82,7 +83,8 @@ async def test_rows_of_a_journal_whose_directory_was_deleted_are_back_on_disk_wi
         assert journal.append(record(0))
         shutil.rmtree(directory)
         assert journal.append(record(1))
-        await wait_until(lambda: directory.exists() and len(segments(directory)) == 1, within=3.0)
+        await wait_until(lambda: not moved(journal.segments[-1]), within=3.0, what="the segment written back")
+        assert len(segments(directory)) == 1
         assert ids(directory) == [record(0).request_id, record(1).request_id]
         assert journal.append(record(2))  # to the restored file itself
         assert ids(directory) == [record(n).request_id for n in range(3)]
@@ -100,11 +102,45 @@ async def test_a_segment_whose_path_another_file_took_is_restored_beside_it(tmp_
         shutil.copytree(directory, tmp_path / "copy")
         shutil.rmtree(directory)
         (tmp_path / "copy").rename(directory)
-        await wait_until(lambda: len(segments(directory)) == 2, within=3.0)
+        await wait_until(lambda: not moved(journal.segments[-1]), within=3.0, what="the segment written back")
         assert journal.append(record(1))
     by_file = [[row.request_id for row in rows_in(path)] for path in segments(directory)]
     assert by_file == [[record(0).request_id], [record(0).request_id, record(1).request_id]]
     journal.close(0)
+
+
+async def test_a_restore_cut_short_by_shutdown_leaves_no_half_copy_and_close_writes_the_segment_back(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM while a moved segment is being copied back: the copy begun on the journal's thread
+    was left on disk with the rows of that moment, its descriptor leaked, and the rows appended
+    since were only in the file no path named. The half copy is deleted when the thread is done;
+    `close` writes the segment back whole. (The journal's thread held by a task queued before the
+    copy, so that shutdown comes while the copy waits.)"""
+    directory = tmp_path / "journal"
+    journal = opened(directory, fsync_interval=0.05)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        release.wait(5.0)
+
+    async with maintained(journal):
+        assert journal.append(record(0))
+        shutil.rmtree(directory)
+        journal._thread.submit(hold)  # the journal's one thread, held so the copy waits
+        await wait_until(held.is_set, within=3.0)
+        await asyncio.sleep(0.2)  # the next interval queues the copy behind `hold`
+        assert journal.append(record(1))
+    release.set()
+    await asyncio.wrap_future(journal._thread.submit(int))  # the copy done on the thread
+    await asyncio.sleep(0.05)  # its result handed to the loop
+    assert directory.is_dir()  # made by the copy
+    assert segments(directory) == []
+    journal.close(0)
+    assert [[row.request_id for row in rows_in(path)] for path in segments(directory)] == [
+        [record(0).request_id, record(1).request_id]
+    ]
 
 
 async def test_a_row_kept_in_memory_is_journaled_once_the_journal_takes_rows_again(
@@ -142,6 +178,7 @@ SHORT_HEADER = """
 import resource, sys
 from pathlib import Path
 from catalog.journal import Journal
+from catalog.journal_files import moved
 
 resource.setrlimit(resource.RLIMIT_FSIZE, (20, resource.RLIM_INFINITY))  # the header's first 20 bytes fit
 journal = Journal(Path(sys.argv[1]))
@@ -317,6 +354,7 @@ RESTORE_TOO_BIG = """
 import asyncio, resource, shutil, sys
 from pathlib import Path
 from catalog.journal import Journal
+from catalog.journal_files import moved
 from tests.catalog.test_ledger_writer import record
 
 async def main():
