@@ -25,11 +25,11 @@ from pathlib import Path
 import msgspec
 import uvicorn
 from alembic.util import CommandError
-from uvicorn.supervisors import Multiprocess
 
 from app import cli_cost, cli_keys, cli_price_import, cli_usage
 from app.logging import LineWriter, configure_logging, get_logger, route_stdlib_logging
 from app.settings import ConfigError, Settings, load_settings, provider_configs, worker_config
+from app.workers import Workers
 from catalog.database import open_engine, sqlite_file
 from catalog.files import CatalogFileError, load_catalog
 from catalog.keys import list_keys
@@ -203,7 +203,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                 sock.listen(config.backlog)  # connections wait in the backlog until a worker is up
                 writer = _announce(url, settings)
                 guard.started = True
-                _Workers(config, [sock], writer).run()
+                Workers(config, [sock], writer).run()
         except SystemExit as exc:  # uvicorn exits 1 or 3 when it cannot bind or start up; config.md says 1
             return 1 if exc.code else 0
     return 0 if guard.started else 1
@@ -318,35 +318,6 @@ class _Server(uvicorn.Server):
         if self.started:
             self.guard.started = True
             get_logger("switchyard").info(f"listening on {self.url}", url=self.url)
-
-
-class _Workers(Multiprocess):
-    """uvicorn's supervisor of several workers, saying in the service's log when it replaced one
-    that died (uvicorn says it at `info`, below the `warning` level it runs at: a worker killed
-    and restarted left no trace but a second `started` line), and letting go of the port when it
-    stops them (`terminate_all`)."""
-
-    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket], writer: LineWriter) -> None:
-        super().__init__(config, sockets=sockets)
-        self.writer = writer  # the parent's log (`_announce`), flushed by each line here
-
-    def terminate_all(self) -> None:
-        """Close the parent's copy of the listening socket, then stop the workers: it kept the port
-        open through their drain, so new connections waited in the backlog and were never answered
-        instead of being refused (with one worker the listener closes at once)."""
-        for sock in self.sockets:
-            sock.close()
-        super().terminate_all()
-
-    def keep_subprocess_alive(self) -> None:
-        before = list(self.processes)
-        super().keep_subprocess_alive()
-        for old, new in zip(before, self.processes, strict=True):
-            if old is not new:
-                get_logger("switchyard").warning(
-                    "worker_restarted", pid=old.pid, exit_code=old.exitcode, new_pid=new.pid
-                )
-                self.writer.flush()
 
 
 def _announce(url: str, settings: Settings) -> LineWriter:
