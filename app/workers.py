@@ -35,12 +35,9 @@ class Workers(Multiprocess):
     def __init__(self, config: uvicorn.Config, sockets: list[socket.socket], writer: LineWriter) -> None:
         super().__init__(config, sockets=sockets)
         self.writer = writer  # the parent's log (`_announce`), flushed by each line here
-        self._starting: dict[Process, float] = {}  # workers yet to answer once: when each was started
+        self._starting: dict[Process, float] = {}  # workers yet to answer once: when first seen
         self._pinged: set[Process] = set()  # of those, the ones with a ping not answered yet
-
-    def init_processes(self) -> None:
-        super().init_processes()
-        self._starting = dict.fromkeys(self.processes, time.monotonic())
+        self._checked: set[Process] = set()  # workers past their start: uvicorn's check
 
     def terminate_all(self) -> None:
         """Close the parent's copy of the listening socket, then stop the workers: it kept the port
@@ -61,9 +58,9 @@ class Workers(Multiprocess):
             after, self.processes = self.processes, list(every)
             for index, process in zip(checked, after, strict=True):
                 self.processes[index] = process
+        self._checked &= set(self.processes)
         for old, new in zip(every, self.processes, strict=True):
             if old is not new:
-                self._starting[new] = time.monotonic()
                 get_logger("switchyard").warning(
                     "worker_restarted", pid=old.pid, exit_code=old.exitcode, new_pid=new.pid
                 )
@@ -71,14 +68,16 @@ class Workers(Multiprocess):
 
     def _still_starting(self, process: Process) -> bool:
         """Whether the worker is alive, within its grace and has not answered yet; once it is not,
-        it is checked as uvicorn checks it from then on."""
-        started = self._starting.get(process)
-        if started is None:
+        it is checked as uvicorn checks it from then on. Any worker is new once: those of the
+        start, a replacement, one added by SIGTTIN."""
+        if process in self._checked:
             return False
+        started = self._starting.setdefault(process, time.monotonic())
         if process.process.is_alive() and time.monotonic() - started < START_GRACE_S and not self._answered(process):
             return True
         del self._starting[process]
         self._pinged.discard(process)
+        self._checked.add(process)
         return False
 
     def _answered(self, process: Process) -> bool:
