@@ -11,7 +11,9 @@ default the schema is brought up to date first (an older database gets its roll-
   costs are the exact decimal strings, right-aligned; a null group value reads `(none)`, a null
   figure (no known cost) `-`.
 - `csv`: a header and one line per row, the same fields and names as the JSON rows (an empty
-  cell is null); no totals line, which a spreadsheet would take for one more row to sum.
+  cell is null); no totals line, which a spreadsheet would take for one more row to sum. A group
+  value that a spreadsheet would read as a formula (an owner is free text: `=HYPERLINK(…)`,
+  `+cmd`, `@SUM(1)`) gets a `'` in front, as OWASP's "CSV injection" advises; figures never do.
 - `json`: exactly the body of `GET /api/v1/usage`.
 """
 
@@ -88,7 +90,8 @@ def render(report: UsageReport, form: str) -> str:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow([*report.group_by, *figures])
-        writer.writerows(rows)
+        groups = len(report.group_by)
+        writer.writerows([[_inert(cell) for cell in row[:groups]] + row[groups:] for row in rows])
         return out.getvalue()
     rows = [[cell or ("(none)" if i < len(report.group_by) else "-") for i, cell in enumerate(row)] for row in rows]
     head = list(report.group_by) or [""]
@@ -96,6 +99,14 @@ def render(report: UsageReport, form: str) -> str:
     total = ["total"] + [""] * (len(head) - 1) + totals
     lines = [[*head, *figures], *(rows if report.group_by else []), total]
     return f"usage from {report.start} to {report.end}\n" + _table(lines, len(head))
+
+
+def _inert(cell: str) -> str:
+    """A CSV cell a spreadsheet shows as text, not runs as a formula (module doc)."""
+    return "'" + cell if cell.startswith(_FORMULA) else cell
+
+
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _present(report: UsageReport, name: str) -> bool:

@@ -13,6 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from catalog.database import open_engine
@@ -68,6 +69,35 @@ def test_csv_parses_back_to_the_json_numbers(seeded: tuple[Path, list[dict[str, 
         assert [int(line[name]) for name in INTEGERS] == [row[name] for name in INTEGERS]
         assert (Decimal(line["cost_usd"]) if line["cost_usd"] else None) == _decimal(row["cost_usd"])
         assert Decimal(line["authoritative_cost_usd"]) == Decimal(row["authoritative_cost_usd"])
+
+
+FORMULAS = ('=HYPERLINK("http://x","y")', "+cmd|' /C calc'!A0", "-1+1", "@SUM(1)")
+
+
+def test_csv_owners_that_look_like_formulas_stay_text(tmp_path: Path) -> None:
+    """An owner is free text: a CSV cell starting with `=`, `+`, `-`, or `@` is a formula to
+    Excel and LibreOffice (OWASP "CSV injection"), so it gets a `'`; the figures are unchanged."""
+    config = write_config(tmp_path)
+    records = seeded_records(len(FORMULAS))
+    records = [msgspec.structs.replace(r, owner=owner) for r, owner in zip(records, FORMULAS, strict=True)]
+    asyncio.run(_write(f"sqlite+aiosqlite:///{tmp_path / 'switchyard.db'}", records))
+    period = ("--from", "2026-11-01", "--to", "2026-12-31", "--group-by", "owner")
+    answer = json.loads(usage(config, *period, "--format", "json"))
+    parsed = list(csv.DictReader(io.StringIO(usage(config, *period, "--format", "csv"))))
+    assert sorted(line["owner"] for line in parsed) == sorted("'" + owner for owner in FORMULAS)
+    for line, row in zip(parsed, answer["rows"], strict=True):
+        assert line["owner"] == "'" + row["owner"]
+        assert [int(line[name]) for name in INTEGERS] == [row[name] for name in INTEGERS]
+        assert line["cost_usd"] == ("" if row["cost_usd"] is None else row["cost_usd"])
+
+
+async def _write(url: str, records: list[Any]) -> None:
+    await upgrade_async(url)
+    engine = open_engine(url)
+    try:
+        await write_records(engine, records)
+    finally:
+        await engine.dispose()
 
 
 def _decimal(value: str | None) -> Decimal | None:

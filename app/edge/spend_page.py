@@ -52,12 +52,12 @@ const layout = (title, extra) => Object.assign(
 const bars = (series, horizontal) => [{type: 'bar', orientation: horizontal ? 'h' : 'v',
   x: horizontal ? series.values : series.labels, y: horizontal ? series.labels : series.values}];
 Promise.all([
-  Plotly.newPlot('chart-daily', data.daily.map(s => ({type: 'bar', name: s.name, x: s.x, y: s.y})),
+  Plotly.newPlot('chart-daily', data.daily.map(s => ({type: 'bar', name: s.name, x: s.x, y: s.y, width: 0.8 * 864e5})),
     layout('Spend per day (USD), by model', {barmode: 'stack'}), config),
   Plotly.newPlot('chart-keys', bars(data.keys, true),
-    layout('Top keys by cost (USD)', {yaxis: {autorange: 'reversed'}}), config),
+    layout('Top keys by cost (USD)', {yaxis: {autorange: 'reversed', automargin: true}}), config),
   Plotly.newPlot('chart-models', bars(data.models, true),
-    layout('Top models by cost (USD)', {yaxis: {autorange: 'reversed'}}), config),
+    layout('Top models by cost (USD)', {yaxis: {autorange: 'reversed', automargin: true}}), config),
   Plotly.newPlot('chart-tokens', bars(data.tokens, false), layout('Tokens by bucket'), config),
 ]).then(() => { document.body.dataset.charts = 'ready'; });
 """
@@ -112,7 +112,7 @@ def render_page(
     parts += [f"<div class='chart' id='chart-{name}'></div>" for name in ("daily", "keys", "models", "tokens")]
     parts.append("</div>")
     charts = _Charts(
-        daily=_stacks(daily.rows),
+        daily=_stacks(daily.rows, [_label(row.model) for row in reports["models"].rows]),
         keys=_top(reports["keys"].rows, "key"),
         models=_top(reports["models"].rows, "model"),
         tokens=_Series(list(_BUCKETS), [float(getattr(daily.totals, name)) for name in _BUCKETS]),
@@ -134,7 +134,8 @@ def _form(params: Mapping[str, str]) -> str:
         for value in choices
     )
     fields.append(f"<label>status<select name='status'>{options}</select></label>")
-    return f"<form method='get' action='/usage'>{''.join(fields)}<button type='submit'>Apply</button></form>"
+    # no `action`: the form is sent to the page's own URL, the proxy's prefix included (`plotly_path`)
+    return f"<form method='get'>{''.join(fields)}<button type='submit'>Apply</button></form>"
 
 
 def _input(name: str, params: Mapping[str, str], hint: str) -> str:
@@ -166,13 +167,19 @@ def _cost(row: UsageRow) -> float:
     return float(Decimal(row.cost_usd)) if row.cost_usd is not None else 0.0
 
 
-def _stacks(rows: list[UsageRow]) -> list[_Stack]:
-    """One trace per model, its cost on each day of the report."""
+def _stacks(rows: list[UsageRow], ranked: list[str]) -> list[_Stack]:
+    """One trace per model, its cost on each day of the report, costliest first (`ranked`, the
+    models report's order). Beyond `TOP` models the ones after the first `TOP - 1` are one trace,
+    `(other models)`: 200 traces made a 1.6 MB page, a legend to scroll and colours repeated every ten."""
+    shown = ranked if len(ranked) <= TOP else ranked[: TOP - 1]
+    other = "(other models)"
     days = sorted({_label(row.day) for row in rows})
-    costs: dict[str, dict[str, float]] = {}
+    costs: dict[str, dict[str, float]] = {name: {} for name in shown}
     for row in rows:
-        costs.setdefault(_label(row.model), {})[_label(row.day)] = _cost(row)
-    return [_Stack(model, days, [per_day.get(day, 0.0) for day in days]) for model, per_day in sorted(costs.items())]
+        model = _label(row.model)
+        per_day = costs.setdefault(model if model in shown else other, {})
+        per_day[_label(row.day)] = per_day.get(_label(row.day), 0.0) + _cost(row)
+    return [_Stack(model, days, [per_day.get(day, 0.0) for day in days]) for model, per_day in costs.items()]
 
 
 def _top(rows: list[UsageRow], group: str) -> _Series:

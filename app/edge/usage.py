@@ -5,6 +5,12 @@ Parameters are parsed once (`catalog.usage_query.parse_query`); a bad one is a 4
 error shape with `param` naming it (the page shows the same message in its own HTML, status 400).
 A parameter given twice (`model=a&model=b`) means both, like `model=a,b`.
 
+A report served here has at most `MAX_REPORT_ROWS` rows (about 16 MB of JSON); one with more is a
+400 naming `group_by` and saying to narrow the period, the filters or the groups (the database
+counts them before any is read). Unbounded, a decade grouped by hour x model x key was 644,091
+rows, 206 MB, took the process from 136 to 676 MB and stalled the requests it served for seconds.
+`switchyard usage` has no bound: it runs in its own process.
+
 Who sees what (access.md): with `[auth] mode = "keys"` every route here needs a key
 (`app.edge.key_guard`; the page asks a browser for it with HTTP Basic authentication), and a
 non-admin key's reports hold its own rows only (`visible_key`: None, everything, for the admin
@@ -42,6 +48,7 @@ from catalog.usage_query import UNREADABLE, UsageQuery, parse_query, undecodable
 from catalog.usage_report import usage_report
 
 _encoder = msgspec.json.Encoder()
+MAX_REPORT_ROWS = 50_000  # the most rows of a report served here (module doc)
 _JS_CACHE = "public, max-age=31536000, immutable"
 
 
@@ -97,7 +104,10 @@ def _service(state: State) -> Service:
 async def usage(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     engine = _service(state).engine
     assert engine is not None
-    report = await usage_report(engine, _query(request))
+    try:
+        report = await usage_report(engine, _query(request), max_rows=MAX_REPORT_ROWS)
+    except QueryError as exc:
+        raise InvalidRequest(exc.message, param=exc.param) from None
     return Response(_encoder.encode(report), media_type="application/json")
 
 
@@ -113,20 +123,26 @@ async def spend_page(request: Request[Any, Any, Any], state: State) -> Response[
         return Response(page, status_code=400, media_type="text/html", headers=PAGE_HEADERS)
     try:
         reports = {
-            name: await usage_report(engine, msgspec.structs.replace(base, group_by=groups))
+            name: await usage_report(engine, msgspec.structs.replace(base, group_by=groups), max_rows=MAX_REPORT_ROWS)
             for name, groups in (("daily", ("day", "model")), ("keys", ("key",)), ("models", ("model",)))
         }
+    except QueryError as exc:
+        page = render_page(params, None, error=exc.message)
+        return Response(page, status_code=400, media_type="text/html", headers=PAGE_HEADERS)
     except Exception as exc:
         if not database_unreachable(exc):
             raise
         page = render_page(params, None, error=DatabaseUnavailable.MESSAGE)
         return Response(page, status_code=503, media_type="text/html", headers=PAGE_HEADERS)
-    page = render_page(params, reports, script=plotly_path())
+    page = render_page(params, reports, script=plotly_path(request.scope.get("raw_path", b"").decode("latin-1")))
     return Response(page, media_type="text/html", headers=PAGE_HEADERS)
 
 
-def plotly_path() -> str:
-    return f"/usage/plotly/{metadata.version('plotly')}/plotly.min.js"
+def plotly_path(page: str) -> str:
+    """The bundle's URL relative to the page's path (`/usage`, or `/usage/`, which is served too):
+    behind a reverse proxy that serves the gateway under a prefix (`/switchyard/usage`) the browser
+    asks for it under that prefix, where an absolute `/usage/…` missed the gateway."""
+    return f"{'' if page.endswith('/') else 'usage/'}plotly/{metadata.version('plotly')}/plotly.min.js"
 
 
 @cache

@@ -172,6 +172,25 @@ async def test_an_empty_period(engine: AsyncEngine, seeded: list[dict[str, Any]]
     assert answer["totals"]["p50_ms"] is None
 
 
+@pytest.mark.parametrize("group_by", ["hour,model,key", "key,owner", "day"])
+async def test_max_rows_is_counted_by_the_database(
+    engine: AsyncEngine, seeded: list[dict[str, Any]], group_by: str
+) -> None:
+    """`max_rows` (the HTTP report's bound): a report of exactly that many rows is the unbounded
+    one; one more row is a QueryError naming `group_by` (PostgreSQL orders before its `LIMIT`,
+    SQLite after: either way only the count is used)."""
+    query = parse_query({**EDGES, "group_by": group_by}, NOW)
+    whole = await usage_report(engine, query)
+    assert len(whole.rows) > 2
+    assert await usage_report(engine, query, max_rows=len(whole.rows)) == whole
+    with pytest.raises(QueryError) as caught:
+        await usage_report(engine, query, max_rows=len(whole.rows) - 1)
+    assert (caught.value.param, caught.value.message) == (
+        "group_by",
+        f"group_by: the report has more than {len(whole.rows) - 1} rows: narrow the period, the filters or the groups",
+    )
+
+
 @pytest.mark.parametrize(
     ("params", "param"),
     [

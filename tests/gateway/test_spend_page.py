@@ -5,6 +5,10 @@ like markup shown as text, and a screenshot that is not blank."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -58,3 +62,33 @@ async def test_the_page_draws_its_charts_in_chromium(gw: GatewayHandle) -> None:
     assert (width, height) == (1280, 1000) or width >= 1000
     assert drawn > len(pixels) // 20, "the screenshot is (almost) blank"
     assert len(set(pixels)) > 20, "the screenshot has too few colours to hold charts"
+
+
+async def test_spend_per_day_shows_the_costliest_models_and_the_rest_as_one(gw: GatewayHandle) -> None:
+    """200 models made 200 traces: a 1.6 MB page, a legend to scroll and Plotly's ten colours
+    repeated. Over ten models the chart has the nine costliest, costliest first, and one
+    `(other models)` trace holding the rest's cost on each day."""
+    assert gw.service.engine is not None
+    base = seeded_records(30)
+    records = [
+        msgspec.structs.replace(
+            record,
+            started_at=datetime(2026, 11, 27 + n % 2, 12, tzinfo=UTC),
+            finished_at=datetime(2026, 11, 27 + n % 2, 12, 0, 1, tzinfo=UTC),
+            status="ok",
+            model=f"model-{n // 2:02d}",
+            cost_usd=Decimal(n // 2 + 1),  # model-14 the costliest, 15 dollars a day
+            cost_source="estimated",
+        )
+        for n, record in enumerate(base)
+    ]
+    await write_records(gw.service.engine, records)
+    page = await gw.client.get("/usage", params={"from": "2026-11-27", "to": "2026-11-29"})
+    found = re.search(r"<script type='application/json' id='usage-data'>(.*?)</script>", page.text)
+    assert found is not None
+    daily = json.loads(found.group(1))["daily"]
+    assert [trace["name"] for trace in daily] == [f"model-{n:02d}" for n in range(14, 5, -1)] + ["(other models)"]
+    for trace in daily:
+        assert trace["x"] == ["2026-11-27", "2026-11-28"]
+    assert daily[0]["y"] == [15.0, 15.0]
+    assert daily[-1]["y"] == [float(sum(range(1, 7)))] * 2  # model-00 to model-05: 1 + … + 6 dollars a day
