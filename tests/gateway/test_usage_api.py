@@ -241,3 +241,24 @@ async def test_a_report_with_more_rows_than_served_is_a_400_naming_group_by(
     page = await gw.client.get("/usage", params=PERIOD)
     assert page.status_code == 400
     assert "group_by: the report has more than 1 rows" in page.text
+
+
+async def test_reports_and_the_page_are_gzip_compressed_when_asked(gw: GatewayHandle) -> None:
+    """Reports of megabytes went out as they were (44 MB of JSON for an hour x model report);
+    compressed now when the client accepts gzip and the answer is larger than a packet."""
+    await seed(gw)
+    params = {**PERIOD, "group_by": "hour,model", "latency": "false"}
+    plain = await gw.client.get(USAGE, params=params, headers={"accept-encoding": "identity"})
+    packed = await gw.client.get(USAGE, params=params, headers={"accept-encoding": "gzip"})
+    assert "content-encoding" not in plain.headers
+    assert packed.headers["content-encoding"] == "gzip"
+    assert packed.headers["vary"] == plain.headers["vary"] == "accept-encoding"
+    assert int(packed.headers["content-length"]) < len(plain.content) // 3
+    assert packed.json() == plain.json()  # httpx decodes it
+    small = await gw.client.get(USAGE, params={**PERIOD, "model": "no-such"}, headers={"accept-encoding": "gzip"})
+    assert "content-encoding" not in small.headers  # under a packet: as it is
+    page = await gw.client.get("/usage", params=PERIOD, headers={"accept-encoding": "gzip"})
+    assert page.headers["content-encoding"] == "gzip"
+    assert page.headers["content-type"] == "text/html; charset=utf-8"
+    assert page.headers["content-security-policy"].startswith("default-src 'none'")
+    assert "<form method='get'>" in page.text
