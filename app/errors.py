@@ -151,6 +151,12 @@ class PayloadTooLarge(GatewayError):
     closes_connection = True
 
 
+def too_large(limit: int) -> str:
+    """The 413's message: the limit it broke, so a client knows how far to shrink (a 20 MB image
+    was told only "too large"; `[server] max_body_bytes`)."""
+    return f"request body too large (the limit is {limit} bytes)"
+
+
 class DeclaredTooLarge(PayloadTooLarge):
     """The 413 for a body declared over the limit, answered once its first piece is in
     (`app.edge.asgi.read_body`): the connection reads the rest and drops it for a while

@@ -54,6 +54,7 @@ from app.errors import (
     MethodNotAllowed,
     PayloadTooLarge,
     UsageNotRecordable,
+    too_large,
 )
 from app.ids import uuid7
 from app.pipeline.events import Outcome, RateHeaders, header_pairs, header_texts
@@ -190,12 +191,12 @@ async def read_body(receive: Receive, limit: int, headers: Iterable[tuple[bytes,
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge("request body too large")
+            raise PayloadTooLarge(too_large(limit))
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if len(chunks) == 1 and declared_length(headers) > limit:
-            raise DeclaredTooLarge("request body too large")
+            raise DeclaredTooLarge(too_large(limit))
 
 
 class DisconnectWatch:

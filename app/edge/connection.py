@@ -57,7 +57,7 @@ from app.edge import relay
 from app.edge.cycle import hold_head
 from app.edge.rejection import answered_here, raw_response
 from app.edge.unsent import unsent
-from app.errors import GatewayError, HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout
+from app.errors import GatewayError, HeadersTooLarge, InvalidRequest, PayloadTooLarge, RequestTimeout, too_large
 from app.ids import uuid7
 from app.settings import ServerSettings
 from providers.timers import Handle, timers_of
@@ -198,7 +198,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse_head(HeadersTooLarge("request headers too large"))
             raise _Refused
         if self.expect_100_continue and declared_length(self.headers) > limits.max_body_bytes:
-            self._refuse_head(PayloadTooLarge("request body too large"))
+            self._refuse_head(PayloadTooLarge(too_large(limits.max_body_bytes)))
             raise _Refused
         if self.parser.should_upgrade() and self.parser.get_method() != b"CONNECT":
             if not self._should_upgrade():

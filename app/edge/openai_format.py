@@ -193,6 +193,8 @@ class ChatRequest(Struct):
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
     continue_final_message: bool | None = None  # vLLM's: continue the last (assistant) message
+    modalities: list[str] | None = None  # only `["text"]` is served (`openai_translate._check`)
+    audio: dict[str, Any] | None = None  # audio output parameters: refused, as audio output is
 
 
 request_decoder = msgspec.json.Decoder(ChatRequest)

@@ -25,6 +25,8 @@ Mapping decisions (ingress.md; where it is silent, what OpenAI does):
 - `response_format` `json_schema` → `schema` with its name, strictness and description (one
   without a schema → `json_object`), `json_object` → `json_object`; `reasoning_effort` `minimal`
   → `low`, `none` → not sent (the canonical effort has no "off");
+- `modalities` other than `["text"]` and the `audio` output parameters are a 400: the answer is
+  text only, and a 200 without the audio asked for would fail the client later;
 - `stream_options.include_usage` is the renderer's business (the pipeline always asks upstreams for
   usage); `metadata` is validated and not forwarded.
 """
@@ -105,6 +107,10 @@ def _check(chat: wire.ChatRequest) -> None:
         raise _invalid("n", "only one choice per request is supported (n must be 1)")
     if chat.top_logprobs is not None and not chat.logprobs:
         raise _invalid("top_logprobs", "requires `logprobs: true`")
+    if chat.modalities is not None and set(chat.modalities) - {"text"}:  # a 200 in text would drop what was asked
+        raise _invalid("modalities", 'only text output is served here (`modalities: ["text"]`)')
+    if chat.audio is not None:
+        raise _invalid("audio", "audio output is not served here (only text)")
     schema = _schema(chat.response_format)
     if schema is not None and deeper(schema.schema, MAX_JSON_DEPTH - 3):
         raise too_deep("response_format.json_schema.schema")  # the body's level 4 (the native door's 2)

@@ -144,6 +144,8 @@ async def test_body_too_large_is_413(
     payload = {"messages": [{"role": "user", "content": [{"kind": "text", "data": "x" * 4096}]}]}
     response = await post(gw, payload)
     assert_error(response, 413, "invalid_request_error")
+    # the limit it broke, so a client knows how far to shrink (a big image was told only "too large")
+    assert response.json()["error"]["message"] == "request body too large (the limit is 2048 bytes)"
 
 
 async def test_upstream_client_error_is_400_with_upstream_message(gw: GatewayHandle, primary: ReplayUpstream) -> None:

@@ -199,6 +199,9 @@ async def test_expect_100_continue_for_a_body_over_the_limit_gets_413_at_once(gu
     head = HEAD + b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % (limit + 1)
     answer = await exchange(guarded, head)
     assert_refused(answer, 413)
+    assert (
+        msgspec.json.decode(answer.body)["error"]["message"] == f"request body too large (the limit is {limit} bytes)"
+    )
     assert answer.closed_after < TIMEOUT  # not the body deadline: nothing was waited for
 
 
@@ -208,7 +211,9 @@ async def test_a_declared_body_over_the_limit_gets_413_once_a_piece_of_it_is_in(
     limit = guarded.service.settings.server.max_body_bytes
     answer = await exchange(guarded, HEAD + b"content-length: %d\r\n\r\n" % (limit + 1) + BODY[:10])
     assert (answer.status, answer.body.count(b"HTTP/1.1")) == (413, 0), answer  # one answer, no 408 after it
-    assert msgspec.json.decode(answer.body)["error"]["message"] == "request body too large"
+    assert (
+        msgspec.json.decode(answer.body)["error"]["message"] == f"request body too large (the limit is {limit} bytes)"
+    )
 
 
 async def test_a_body_over_the_limit_still_being_sent_gets_its_413(guarded: GatewayHandle) -> None:

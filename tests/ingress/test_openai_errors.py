@@ -168,6 +168,10 @@ BAD = [
     ({"messages": [USER], "metadata": {"ok": "1", "a": 1}}, "metadata.a"),  # was `metadata[...]`
     ({"messages": [USER], "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
     ({"messages": [USER], "stop": ""}, "stop"),
+    # audio output: a 200 in text only would drop what the client asked for
+    ({"messages": [USER], "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "modalities"),
+    ({"messages": [USER], "modalities": ["audio"]}, "modalities"),
+    ({"messages": [USER], "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"messages": [USER], "stop": ["END", ""]}, "stop"),
     # a prompt over the context window, named by the part that holds most of it
     ({"messages": [{"role": "system", "content": "s" * 300_000}, USER]}, "messages"),
@@ -216,6 +220,8 @@ async def test_unknown_fields_and_nulls_are_ignored(gw: GatewayHandle, primary: 
         "service_tier": "auto",
         "store": False,
         "n": 1,
+        "modalities": ["text"],
+        "audio": None,
         "frobnicate": {"deep": [1, 2]},
     }
     response = await gw.client.post(CHAT, json=payload)
@@ -348,3 +354,21 @@ async def test_a_clients_tool_call_arguments_nested_past_the_decoders_depth_are_
     ]
     response = await gw.client.post(CHAT, json={"model": "chat-1", "messages": messages})
     assert response.status_code == 200, response.text
+
+
+async def test_audio_output_is_refused_through_the_sdk(client: openai.OpenAI, primary: ReplayUpstream) -> None:
+    """`modalities: ["text", "audio"]` was ignored: a 200 with text and no `message.audio`, which
+    the client then reads (`message.audio.data`) and fails on, after paying for the answer."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        await asyncio.to_thread(
+            client.chat.completions.create,
+            model="chat-1",
+            messages=[USER],
+            modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "wav"},
+        )
+    assert caught.value.status_code == 400
+    body: Any = caught.value.body
+    assert (body["type"], body["param"], body["code"]) == ("invalid_request_error", "modalities", 400)
+    assert body["message"] == 'modalities: only text output is served here (`modalities: ["text"]`)'
+    assert primary.requests == []

@@ -352,7 +352,7 @@ async def test_framework_errors_under_the_route(
     response = await gw.client.post(
         "/v1/messages", json={"max_tokens": 8, "messages": [{"role": "user", "content": "x" * 4096}]}
     )
-    assert_error(response, 413, "request_too_large", "request body too large")
+    assert_error(response, 413, "request_too_large", "request body too large (the limit is 2048 bytes)")
     response = await gw.client.get("/v1/messages")
     assert_error(response, 405, "invalid_request_error", "method not allowed")
     response = await gw.client.post("/v1/messages/count_tokens", json={"messages": [USER]})
