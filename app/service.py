@@ -27,6 +27,7 @@ import httpx
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.access.gate import AccessGate
@@ -283,19 +284,31 @@ class Service:
         return generate_latest(self.registry)
 
     async def database_ready(self) -> bool:
-        """`/readyz`'s database check: a `SELECT 1` answered within `READY_CHECK_S`."""
+        """`/readyz`'s database check: a `SELECT 1` answered within `READY_CHECK_S`. A pooled
+        connection the server ended (a restart, a failover, `pg_terminate_backend`) is dropped and
+        the check tried once more: it said "not ready" to the first probe after every such event,
+        on every replica at once, with the database answering."""
         if self.engine is None:
             return False
         try:
-            async with asyncio.timeout(READY_CHECK_S), self.engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
+            async with asyncio.timeout(READY_CHECK_S):
+                for retry in (False, True):
+                    try:
+                        async with self.engine.connect() as conn:
+                            await conn.execute(text("SELECT 1"))
+                        return True
+                    except DBAPIError as exc:
+                        if retry or not exc.connection_invalidated:
+                            raise
         except Exception:
             return False
-        return True
+        return False
 
     async def limits_state(self) -> str | None:
         """`/readyz`'s `limits`, with Redis's limiter (keys mode and `[redis]`): `ok` when it answers
-        `PING` within `READY_REDIS_S`; else `unavailable` (limited keys get 503) or `local` (each
+        a write within `READY_REDIS_S` (every admission writes: a Redis that answers `PING` but refuses
+        writes, a read-only replica after a failover or one out of memory under `noeviction`, gave
+        limited keys 503 while this said `ok`); else `unavailable` (limited keys get 503) or `local` (each
         process enforces its share: `fail_open`). Not a condition of readiness: every replica shares
         the one Redis, and keys without limits are served as ever. Checked beside the database and
         briefly, so that a hung Redis does not make a probe of a second or more time out (and every
@@ -305,7 +318,7 @@ class Service:
             return None
         try:
             async with asyncio.timeout(READY_REDIS_S):
-                await shared.redis.call("PING")
+                await shared.redis.call("SET", f"{shared.prefix}:ready", "1", "PX", "60000")
         except (RespError, TimeoutError):
             return "local" if self.settings.auth.fail_open else "unavailable"
         return "ok"

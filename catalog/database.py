@@ -89,11 +89,20 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+# SQLSTATE classes of a server that cannot take the connection or the statement now: connection
+# exception, out of connections (max_connections, a role's or database's limit), disk or memory,
+# shut down or starting up, I/O error. SQLAlchemy's asyncpg dialect raises them as a plain
+# `DBAPIError`, which answered a request 500 `internal error` where it is 503 `unavailable`.
+_PASSING_STATES = ("08", "53", "57", "58")
+
+
 def database_unreachable(exc: BaseException) -> bool:
-    """Whether `exc` says the database cannot be reached (down, refusing, gone mid-connection),
-    as opposed to a schema or data problem that a start must not paper over."""
+    """Whether `exc` says the database cannot be reached (down, refusing, gone mid-connection,
+    out of connections), as opposed to a schema or data problem that a start must not paper over."""
     if isinstance(exc, OSError | TimeoutError | DisconnectionError | PoolTimeout):
         return True
     if isinstance(exc, DBAPIError):
-        return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+        state = getattr(exc.orig, "sqlstate", None)
+        passing = isinstance(state, str) and state.startswith(_PASSING_STATES)
+        return exc.connection_invalidated or passing or isinstance(exc, OperationalError | InterfaceError)
     return False

@@ -361,7 +361,10 @@ class PostgresStore:
         stopped answering unclosed held the writer for good); any other is about the rows and
         propagates as it is. A failed write drops the connection; the next takes a new one."""
         document = self.document(records, lines)
-        driver = self._driver or await self._connect()
+        try:  # no connection is never the rows' fault (a database renamed, dropped, out of connections)
+            driver = self._driver or await self._connect()
+        except Exception as exc:
+            raise LedgerUnavailable(f"cannot connect: {type(exc).__name__}: {exc}") from exc
         try:
             await driver.execute(self.sql, document, timeout=WRITE_TIMEOUT_S)  # TimeoutError: an outage
         except Exception as exc:

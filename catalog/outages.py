@@ -52,7 +52,11 @@ def is_outage(exc: Exception) -> bool:
 
 def postgres_outages() -> tuple[type[BaseException], ...]:
     """asyncpg's errors that SQLAlchemy's asyncpg dialect makes `InterfaceError`,
-    `ProgrammingError` or `InternalError` (the writer's outages), and the network's."""
+    `ProgrammingError` or `InternalError` (the writer's outages), the network's, and the server's
+    states that pass: a read-only server (a failed-over standby, `default_transaction_read_only`),
+    a statement cancelled (`statement_timeout` behind a lock, an administrator), a lock or
+    serialization conflict, connections or disk exhausted, a shutdown or a start. Set aside as the
+    rows' fault, an outage's rows were lost for good (only classes 22 and 23 are the rows' own)."""
     import asyncpg  # only where PostgreSQL is the database
 
     return (
@@ -62,4 +66,11 @@ def postgres_outages() -> tuple[type[BaseException], ...]:
         asyncpg.SyntaxOrAccessError,
         asyncpg.InternalServerError,
         asyncpg.InvalidCachedStatementError,  # a migration changed a table under the prepared statement
+        asyncpg.PostgresConnectionError,  # 08
+        asyncpg.InvalidTransactionStateError,  # 25: 25006, read-only
+        asyncpg.TransactionRollbackError,  # 40: serialization failure, deadlock
+        asyncpg.InsufficientResourcesError,  # 53: disk full, out of memory, too many connections
+        asyncpg.ObjectNotInPrerequisiteStateError,  # 55: lock_timeout
+        asyncpg.OperatorInterventionError,  # 57: statement_timeout, a cancel, shutdown, starting up
+        asyncpg.PostgresSystemError,  # 58: I/O error
     )

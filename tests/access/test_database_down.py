@@ -7,9 +7,11 @@ needs the database while it is out of reach is, and not held for as long as the 
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
+import asyncpg
 import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -19,7 +21,7 @@ import app.access.keyring
 from catalog.migrate import upgrade_async
 from catalog.tables import ApiKey
 from tests.access.conftest import ADMIN, bearer, keyed_gateway
-from tests.catalog.conftest import PgDatabases
+from tests.catalog.conftest import PG_ADMIN_DSN, PgDatabases
 from tests.support.client import COMPLETIONS, body
 from tests.support.gateway import StartGateway
 from tests.support.logs import Logs
@@ -123,3 +125,64 @@ async def test_a_database_outage_is_logged_once_by_the_key_poll_not_every_poll(
     await asyncio.sleep(1.0)
     assert len(logs.lines("keys_reload_failed", gw)) == 1
     assert len(logs.lines("keys_reload_recovered", gw)) == 1
+
+
+@pytest.fixture
+async def limited_role() -> AsyncIterator[tuple[str, str]]:
+    """A database of its own and a role without superuser rights to use it (a superuser is never
+    held to a connection limit): its URL, and the role to limit."""
+    databases = PgDatabases()
+    url = await databases.create()
+    await upgrade_async(url)
+    role = f"switchyard_test_{secrets.token_hex(6)}"
+    name = url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(PG_ADMIN_DSN.rsplit("/", 1)[0] + f"/{name}")
+    try:
+        await admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        await admin.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{role}"')
+        await admin.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
+    finally:
+        await admin.close()
+    yield url.replace("postgres@", f"{role}@"), role
+    await databases.drop_all()
+    admin = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+    finally:
+        await admin.close()
+
+
+async def test_a_budget_whose_spend_cannot_be_read_for_want_of_connections_is_a_503(
+    start_gateway: StartGateway,
+    up: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    limited_role: tuple[str, str],
+) -> None:
+    """A server out of connections (max_connections, or a role's or database's limit) refuses a
+    new one with SQLSTATE 53300, which SQLAlchemy raises as a plain `DBAPIError`: the request that
+    had to read its key's spend was answered 500 `internal error` and logged as a crash."""
+    up.set_default(answer("ok"))
+    url, role = limited_role
+    gw = await keyed_gateway(start_gateway, up, monkeypatch, database_url=url)
+    secret = (
+        await gw.client.post(
+            "/api/v1/keys", json={"name": "b", "budget_usd": "1", "budget_period": "day"}, headers=bearer(ADMIN)
+        )
+    ).json()["secret"]
+    admin = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT 0')
+        await admin.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")  # noqa: S608
+        await asyncio.sleep(1.0)  # the key poll (every 0.5 s) met the ended sessions: none is pooled now
+        for _ in range(2):
+            refused = await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(secret), timeout=10)
+            error = refused.json()["error"]
+            assert (refused.status_code, error["type"], error["message"]) == (
+                503,
+                "unavailable",
+                "the database cannot be reached; try again shortly",
+            )
+        await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT -1')
+    finally:
+        await admin.close()
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(secret))).status_code == 200

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
+from redis.asyncio import Redis
 
 from catalog.keys import KeyChanges, create_key, revoke_key
 from tests.access.conftest import ADMIN, PrivateRedis, bearer, keyed_gateway
@@ -177,3 +178,40 @@ async def test_fail_open_spend_reaches_redis_once_it_answers(
         assert [await spend(), await spend()] == [200, 200]  # alone: $0.009 in all
         proxy.restore()
         assert [await spend(), await spend()] == [200, 429]  # Redis: $0.009 of $0.01, then $0.012
+
+
+@pytest.mark.parametrize("refusal", ["read_only_replica", "out_of_memory"])
+async def test_readyz_says_unavailable_while_redis_answers_but_refuses_writes(
+    start_gateway: StartGateway,
+    up: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    private_redis: PrivateRedis,
+    refusal: str,
+) -> None:
+    """A Redis made a replica (a failover's old primary: `READONLY`) or full under `noeviction`
+    (`OOM`) still answers `PING`: limited keys got 503 while /readyz said `limits: ok`."""
+    up.set_default(answer("ok"))
+    gw = await keyed_gateway(start_gateway, up, monkeypatch, redis={"url": private_redis.url, "key_prefix": "t"})
+    limited, plain = await _two_keys(gw)
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(limited))).status_code == 200
+    assert (await gw.client.get("/readyz")).json()["limits"] == "ok"
+    admin = Redis.from_url(private_redis.url)
+    if refusal == "read_only_replica":
+        await admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a primary that is not there
+    else:
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.config_set("maxmemory", "1")
+    ready = await gw.client.get("/readyz")
+    assert (ready.status_code, ready.json()["status"], ready.json()["limits"]) == (200, "ok", "unavailable")
+
+    async def refused() -> bool:  # once the lease this process holds is over
+        response = await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(limited))
+        return (response.status_code, response.text.count("limits cannot be checked")) == (503, 2)
+
+    await wait_until(refused, within=5.0, interval=0.1)
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(plain))).status_code == 200
+    await admin.execute_command("REPLICAOF", "NO", "ONE")
+    await admin.config_set("maxmemory", "0")
+    await admin.aclose()
+    assert (await gw.client.get("/readyz")).json()["limits"] == "ok"
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(limited))).status_code == 200

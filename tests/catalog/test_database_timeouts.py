@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 from sqlalchemy import text
 
@@ -19,6 +20,7 @@ import catalog.database
 from app.service import Service
 from app.settings import settings_from_mapping
 from catalog.database import database_unreachable, open_engine
+from tests.catalog.conftest import PG_ADMIN_DSN
 
 
 @pytest.fixture
@@ -86,3 +88,23 @@ async def test_a_sqlite_file_that_cannot_be_opened_leaves_no_worker_thread_behin
     workers = [thread for thread in threading.enumerate() if "_connection_worker_thread" in thread.name]
     await engine.dispose()
     assert workers == []
+
+
+async def test_readiness_is_not_failed_by_a_pooled_connection_the_server_ended(
+    tmp_path: Path, pg_catalog_url: str
+) -> None:
+    """After a PostgreSQL restart or failover every pooled connection is dead, the database answers:
+    the first /readyz of every replica said "not ready" (503) all the same."""
+    settings = settings_from_mapping({"database": {"url": pg_catalog_url}}, base_dir=tmp_path, source="test")
+    service = Service(settings)
+    service.engine = open_engine(pg_catalog_url)
+    assert await service.database_ready() is True  # its connection is pooled now
+    async with service.engine.connect() as connection:
+        pid = (await connection.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+    admin = await asyncpg.connect(PG_ADMIN_DSN)
+    try:
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid) is True
+    finally:
+        await admin.close()
+    assert await service.database_ready() is True
+    await service.engine.dispose()
