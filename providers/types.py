@@ -60,6 +60,15 @@ class ThinkingData(Struct):
     redacted: bool | None = False  # null is absent (api.md); `true` only on a `redacted_thinking` part
 
 
+class RedactedThinkingData(Struct):
+    """api.md: `{text, signature?, redacted: true}`: absent or null is true, false a 400 (as `true` is on a
+    `thinking` part): a client that says the blob is readable reasoning text means a `thinking` part."""
+
+    text: str
+    signature: str | None = None
+    redacted: Literal[True] | None = True
+
+
 class TextPart(Struct, tag_field="kind", tag="text"):
     data: str
 
@@ -89,7 +98,7 @@ class ThinkingPart(Struct, tag_field="kind", tag="thinking"):
 
 
 class RedactedThinkingPart(Struct, tag_field="kind", tag="redacted_thinking"):
-    data: ThinkingData
+    data: RedactedThinkingData
 
 
 ContentPart = (

@@ -47,6 +47,7 @@ from providers.types import (
     ImagePart,
     Message,
     ReasoningEffort,
+    RedactedThinkingData,
     RedactedThinkingPart,
     TextPart,
     ThinkingData,
@@ -201,7 +202,7 @@ def _part(block: fmt.InputBlock) -> ContentPart:
     if isinstance(block, fmt.ThinkingBlock):
         return ThinkingPart(ThinkingData(block.thinking, block.signature or None))
     if isinstance(block, fmt.RedactedThinkingBlock):
-        return RedactedThinkingPart(ThinkingData(block.data, redacted=True))
+        return RedactedThinkingPart(RedactedThinkingData(block.data))
     return TextPart(block.text)
 
 

@@ -20,6 +20,7 @@ from tests.support.upstream import ReplayUpstream
 USER = {"role": "user", "content": [{"kind": "text", "data": "hi"}]}
 IMAGE = "https://x.test/a.png"
 THINKING_REDACTED = {"kind": "thinking", "data": {"text": "OPAQUE", "signature": "s", "redacted": True}}
+NOT_REDACTED = {"kind": "redacted_thinking", "data": {"text": "OPAQUE", "signature": "s", "redacted": False}}
 JSON = {"content-type": "application/json"}
 
 
@@ -65,6 +66,12 @@ CASES = [
     Case(  # an opaque blob sent on as reasoning text, else
         "thinking marked redacted",
         body({"messages": [USER, {"role": "assistant", "content": [THINKING_REDACTED]}, USER]}),
+        400,
+        "messages[1].content[0].data.redacted",
+    ),
+    Case(  # accepted as it stood, while `redacted: true` on a `thinking` part is a 400 (api.md's table)
+        "redacted_thinking marked not redacted",
+        body({"messages": [USER, {"role": "assistant", "content": [NOT_REDACTED]}, USER]}),
         400,
         "messages[1].content[0].data.redacted",
     ),

@@ -84,6 +84,17 @@ def assert_error(
             "messages[0].content[0].data.url",
             None,
         ),
+        *(  # api.md's other local paths: `./x`, `~/x` (and a parent directory's)
+            (
+                {
+                    "messages": [{"role": "user", "content": [{"kind": "image", "data": {"url": url}}]}],
+                    "model": "vision-1",
+                },
+                "messages[0].content[0].data.url",
+                None,
+            )
+            for url in ("./a.png", "~/a.png", "../a.png")
+        ),
         *(
             (
                 {"messages": [{"role": "user", "content": [{"kind": "image", "data": {"url": url}}]}]},

@@ -401,7 +401,8 @@ async def test_null_is_absent_in_a_tool_calls_and_a_thinking_parts_data(
     primary.enqueue(reply_json(200, chat_response({"content": "ok"}, "stop", None)))
     call = {"kind": "tool_call", "data": {"id": "c1", "name": "f", "arguments": {}, "type": None}}
     thinking = {"kind": "thinking", "data": {"text": "hm", "redacted": None}}
-    history = [user("hi"), {"role": "assistant", "content": [thinking, call]}]
+    blob = {"kind": "redacted_thinking", "data": {"text": "opaque", "redacted": None}}  # `false` is a 400
+    history = [user("hi"), {"role": "assistant", "content": [thinking, blob, call]}]
     result = {"kind": "tool_result", "data": {"tool_call_id": "c1", "content": "18C"}}
     response = await post(gw, {"model": "chat", "messages": [*history, {"role": "tool", "content": [result]}]})
     assert response.status_code == 200, response.text
