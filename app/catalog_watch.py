@@ -11,6 +11,12 @@ reports outages); the catalog in use stands. So does one that does not answer wi
 watch for good: the read is cancelled, which drops that connection, and the next poll takes a new
 one).
 
+A catalog with no models is never taken in place of one that has some: a database dropped and made
+again (`switchyard db upgrade` on an empty one) while the service ran turned every request into a
+400 `unknown model`, which clients do not retry, until someone ran `catalog sync`; the catalog in
+use (and its saved copy) stands, `catalog_reload_refused` says why once, and the first sync that
+brings models back is taken as any change is.
+
 A price changed in place takes effect `catalog.sync.CHANGE_LEAD` after the sync, longer than this
 poll, so every process knows the new row before it applies and each request is priced at the row
 in effect when it started. (`tests/gateway/test_catalog_follow.py` checks the two agree.)
@@ -32,6 +38,7 @@ from catalog.snapshot import load_snapshot
 
 CATALOG_POLL_S = 5.0
 CATALOG_READ_S = 10.0  # a few hundred rows take milliseconds (module docstring)
+EMPTY = "the database's catalog has no models: the one in use stands until `switchyard catalog sync`"
 
 
 class CatalogWatch:
@@ -41,6 +48,7 @@ class CatalogWatch:
         self._directory = directory
         self._log = log
         self._task: asyncio.Task[None] | None = None
+        self._refused = False  # an empty catalog was read and not taken (logged once until it changes)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="catalog-watch")
@@ -67,6 +75,12 @@ class CatalogWatch:
             return False
         if snapshot.same_as(self._router.snapshot):
             return False
+        if not snapshot.models and self._router.snapshot.models:  # a database made again, not yet synced
+            if not self._refused:
+                self._refused = True
+                self._log.warning("catalog_reload_refused", models=0, detail=EMPTY)
+            return False
+        self._refused = False
         self._router.replace_snapshot(snapshot)
         self._log.info("catalog_reloaded", models=len(snapshot.models), prices=len(snapshot.prices))
         report_unconfigured(self._router, self._log)

@@ -6,17 +6,20 @@ before it at the old row; a backend that stays keeps its live state; a new deplo
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
+import asyncpg
 import pytest
+from sqlalchemy.engine import make_url
 
 import app.catalog_watch
 from app.routing.router import Router
 from catalog.migrate import upgrade_async
 from catalog.sync import CHANGE_LEAD
-from tests.catalog.conftest import PgDatabases
+from tests.catalog.conftest import PG_ADMIN_DSN, PgDatabases
 from tests.gateway.conftest import CATALOG, CHAT_1, primary_cost, providers_for
 from tests.gateway.test_json_completions import chat_response
 from tests.support.catalog import catalog_toml, model, price
@@ -37,14 +40,14 @@ CHANGED = catalog_toml(
 )
 
 
-def sync_changed(tmp_path: Path, url: str) -> None:
-    """`switchyard catalog sync` of `CHANGED` on the database `url`: one price added."""
+def sync_changed(tmp_path: Path, url: str, added: int = 1) -> None:
+    """`switchyard catalog sync` of `CHANGED` on the database `url`: `added` prices added."""
     (tmp_path / "catalog" / "test.toml").write_text(CHANGED)
     config = tmp_path / "sync.toml"
     config.write_text(f'[database]\nurl = "{url}"\n[catalog]\nfiles = ["catalog/*.toml"]\n')
     synced = run_cli(tmp_path, "catalog", "sync", "--config", str(config))
     assert synced.returncode == 0, synced.stderr
-    assert '"prices_added":1' in synced.stdout.replace(" ", "")
+    assert f'"prices_added":{added}' in synced.stdout.replace(" ", "")
 
 
 def vision_on_secondary(router: Router | None) -> bool:
@@ -123,3 +126,49 @@ async def test_a_database_connection_that_stopped_answering_does_not_stop_the_wa
 def test_a_changed_price_waits_longer_than_the_watch_polls() -> None:
     """Every process has polled the catalog once before a change applies (`catalog.sync`)."""
     assert CHANGE_LEAD.total_seconds() > app.catalog_watch.CATALOG_POLL_S
+
+
+async def test_an_empty_catalog_is_not_taken_in_place_of_the_one_in_use(
+    start_gateway: StartGateway,
+    primary: ReplayUpstream,
+    secondary: ReplayUpstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The database dropped and made again while serving (`switchyard db upgrade` on the new, empty
+    one: the operator audit): the watch took its empty catalog and every request was a 400 `unknown
+    model`, which clients do not retry, until a `catalog sync`. The catalog in use stands, the log
+    says why once, and the next sync is taken."""
+    monkeypatch.setattr(app.catalog_watch, "CATALOG_POLL_S", 0.05)
+    databases = PgDatabases()
+    url = await databases.create()
+    await upgrade_async(url)
+    try:
+        gw = await start_gateway(providers=providers_for(primary, secondary), catalog=CATALOG, database_url=url)
+        primary.set_default(reply_json(200, chat_response({"content": "ok"}, "stop", {"prompt_tokens": 1})))
+        name = make_url(url).database
+        admin = await asyncpg.connect(PG_ADMIN_DSN)
+        try:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await admin.close()
+        await upgrade_async(url)
+        logged: list[str] = []
+
+        def refused() -> bool:
+            lines = capfd.readouterr().out.splitlines()  # `catalog_reload_failed` too, before the upgrade
+            logged.extend(line for line in lines if '"catalog_reload_refused"' in line or '"catalog_reloaded"' in line)
+            return bool(logged)
+
+        await wait_until(refused, within=5.0, what="the empty catalog refused")
+        await asyncio.sleep(0.5)  # ten more polls of the empty catalog
+        refused()
+        assert [json.loads(line)["event"] for line in logged] == ["catalog_reload_refused"]
+        response = await post(gw, {"model": "chat", "messages": [user("hi")]})
+        assert response.status_code == 200, response.text
+        sync_changed(tmp_path, url, added=2)  # both prices: the database is new
+        await wait_until(lambda: vision_on_secondary(gw.service.router), within=5.0)
+    finally:
+        await databases.drop_all()
