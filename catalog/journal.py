@@ -54,7 +54,7 @@ import contextlib
 import errno
 import fcntl
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -320,10 +320,10 @@ class Journal:
         """The segment's bytes copied to a new file on the journal's thread (`restored`), the rows
         appended meanwhile then here, and the new file used from then on."""
         size, loop = segment.size, asyncio.get_running_loop()
-        made = loop.run_in_executor(self._thread, restored, segment.fd, size, segment.path, self.directory)
+        made = self._thread.submit(restored, segment.fd, size, segment.path, self.directory)
         try:
-            fd, path = await asyncio.shield(made)
-        except asyncio.CancelledError:  # shut down meanwhile: `close` restores it; no half copy left
+            fd, path = await asyncio.wrap_future(made, loop=loop)
+        except asyncio.CancelledError:  # shut down meanwhile: `close` restores it (`_discard_made`)
             made.add_done_callback(_discard_made)
             raise
         if segment not in self.segments:  # every row of it committed meanwhile: not needed
@@ -380,8 +380,11 @@ class Journal:
         self.segments, self._to_close = [], []
 
 
-def _discard_made(made: asyncio.Future[tuple[int, Path]]) -> None:
-    """The file a restore cancelled mid-copy had made: closed and deleted (a copy of rows the
-    segment still holds; `Journal.close` writes the segment back whole)."""
+def _discard_made(made: Future[tuple[int, Path]]) -> None:
+    """The file a restore cancelled mid-copy had made: closed and deleted on the journal's thread
+    as the copy ends, so before `Journal.close`'s `shutdown` returns and writes the segment back
+    whole at its own path (on the loop, the copy held that path through `close`: the segment went
+    to a second name and both files were on disk until the loop ran again). A copy still queued is
+    cancelled and never made."""
     if not made.cancelled() and made.exception() is None:
         discard(*made.result())

@@ -19,6 +19,7 @@ from typing import Any
 
 from litestar import Litestar, Request
 from litestar.exceptions import HTTPException
+from litestar.handlers import HTTPRouteHandler
 
 from app.edge.anthropic_format import error_document
 from app.errors import (
@@ -31,6 +32,7 @@ from app.errors import (
     PayloadTooLarge,
     clip,
     error_body,
+    too_large,
     unsecret,
 )
 from app.ids import uuid7
@@ -53,7 +55,7 @@ def as_gateway_error(request: Request[Any, Any, Any], exc: Exception) -> tuple[s
     log = _logger(request)
     if getattr(request.state, ANSWERED, False):
         return request_id, InvalidRequest("the connection answered this request")  # nobody reads it
-    error = _as_gateway_error(exc, request_id, log)
+    error = _as_gateway_error(exc, request_id, log, request)
     if not getattr(request.state, "routed", False):
         service = getattr(request.app.state, "service", None)
         if service is not None:
@@ -102,12 +104,12 @@ def _logger(request: Request[Any, Any, Any]) -> Any:
     return service.log if service is not None else _log
 
 
-def _as_gateway_error(exc: Exception, request_id: str, log: Any) -> GatewayError:
+def _as_gateway_error(exc: Exception, request_id: str, log: Any, request: Request[Any, Any, Any]) -> GatewayError:
     if isinstance(exc, GatewayError):
         return exc
     if isinstance(exc, HTTPException):
         if exc.status_code == 413:
-            return PayloadTooLarge("request body too large")
+            return _too_large(request)
         if exc.status_code == 404:
             return NotFound("no such endpoint")
         if exc.status_code == 405:
@@ -122,6 +124,14 @@ def _as_gateway_error(exc: Exception, request_id: str, log: Any) -> GatewayError
         return DatabaseUnavailable(DatabaseUnavailable.MESSAGE)
     log.error("unhandled_exception", request_id=request_id, exc_info=exc)
     return InternalError("internal error")
+
+
+def _too_large(request: Request[Any, Any, Any]) -> PayloadTooLarge:
+    """Litestar's 413 (a chunked body the app read past its route's limit) as the connection's:
+    stating the limit it broke (`app.errors.too_large`)."""
+    handler = request.scope.get("route_handler")
+    limit = handler.resolve_request_max_body_size() if isinstance(handler, HTTPRouteHandler) else None
+    return PayloadTooLarge(too_large(limit) if limit else "request body too large")
 
 
 def raw_response(error: GatewayError, request_id: str, target: bytes, app: Any) -> bytes:

@@ -332,3 +332,19 @@ async def test_a_key_objects_expires_at_is_taken_back_on_update(gw: GatewayHandl
     assert changed.status_code == 200, changed.text
     assert created.json()["expires_at"] is None
     assert changed.json()["expires_at"] == "2027-01-01T00:00:00Z"
+
+
+async def test_a_chunked_body_over_the_limit_on_the_admin_api_states_the_limit(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 413 states the limit it broke (README, `app.errors.too_large`): a chunked body, read by
+    the app rather than refused by the connection, was told only "request body too large"."""
+    gw = await keyed_gateway(start_gateway, up, monkeypatch, server={"max_body_bytes": 2048})
+
+    async def chunks() -> Any:
+        for _ in range(4):
+            yield b"x" * 1024
+
+    response = await gw.client.post("/api/v1/keys", content=chunks(), headers=bearer(ADMIN))
+    assert response.status_code == 413
+    assert response.json()["error"]["message"] == "request body too large (the limit is 2048 bytes)"
