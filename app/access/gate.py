@@ -59,7 +59,7 @@ from app.access.window_view import window_now
 from app.access.worstcase import (
     WorstRates,
     from_nano,
-    input_bound,
+    input_bounds,
     output_bound,
     period_bounds,
     seconds_until,
@@ -201,15 +201,16 @@ class AccessGate:
         by the two (keys mode's cost per request: bench/RESULTS.md)."""
         now = ctx.started_at
         budget, tpm = entry.budget_nano, entry.tpm
-        tokens = tokens_in = tokens_out = 0
+        tokens = tokens_in = priced_in = tokens_out = 0
         if budget >= 0 or tpm >= 0:
-            tokens_in, tokens_out = input_bound(request), request.max_tokens or output_bound(request, model)
+            tokens_in, priced_in = input_bounds(request, model.context_window)
+            tokens_out = request.max_tokens or output_bound(request, model)
             if tpm >= 0:
                 tokens = tokens_in + tokens_out
         plan = self._plans.get((entry, model.id, request.provider))
         if plan is None or plan.snapshot is not snapshot or not plan.start <= now < plan.end:
             plan = self._plan(entry, snapshot, model, request.provider, providers, now)
-        cost = worst_cost_nano(tokens_in, tokens_out, plan.rates) if plan.rates is not None else 0
+        cost = worst_cost_nano(priced_in, tokens_out, plan.rates) if plan.rates is not None else 0
         if cost < plan.floor:
             cost = plan.floor
         lane = plan.lane

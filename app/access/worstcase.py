@@ -8,6 +8,10 @@ list or vLLM's `documents` are prompt too) (JSON escaping only adds bytes, and t
 for a chat template's role markers), plus `MESSAGE_ALLOWANCE` per message and `TOOL_ALLOWANCE` per
 tool for the template's special tokens, plus `MEDIA_ALLOWANCE` per image, audio or document part
 (whose token count depends on the model's encoder; a part sent by URL has few bytes here).
+A budget's bound is more: a medium sent by reference (a URL other than `data:`) has no bytes here
+to bound it (a PDF by URL was 100,000 tokens where 8,192 were reserved, an image on Qwen2.5-VL up
+to 16,384), so its request reserves the model's context window, which no served prompt exceeds
+(`input_bounds`); `tpm` keeps the estimate, or every such request would pass no `tpm` below it.
 
 Output bound: `max_tokens`, else the model's `max_output`, else its context window; a model with
 none of them cannot be bounded, and a budgeted key gets a 400 asking for `max_tokens`.
@@ -44,7 +48,15 @@ import msgspec
 from app.errors import InvalidRequest, PermissionDenied
 from catalog.keys import BudgetPeriod
 from catalog.snapshot import CatalogSnapshot, ModelEntry, PriceRow
-from providers.types import MEDIA_PARTS, AnyRequest, CompletionRequest, TextCompletionRequest
+from providers.types import (
+    MEDIA_PARTS,
+    AnyRequest,
+    AudioPart,
+    CompletionRequest,
+    DocumentPart,
+    ImagePart,
+    TextCompletionRequest,
+)
 
 MESSAGE_ALLOWANCE = 16
 TOOL_ALLOWANCE = 16
@@ -55,13 +67,20 @@ NO_PRICE = "this model has no price, so a budget cannot be enforced"
 
 
 def input_bound(request: AnyRequest) -> int:
-    """At least as many tokens as the upstream can count in the prompt (module doc). Types are
-    compared exactly (`providers.types.MEDIA_PARTS` says why): `isinstance` was a third of this
-    function's cost, once per content part."""
+    """At least as many tokens as the upstream can count in the prompt's bytes (module doc)."""
+    return input_bounds(request, 0)[0]
+
+
+def input_bounds(request: AnyRequest, context_window: int) -> tuple[int, int]:
+    """(the input estimate `tpm` reserves, the bound a budget reserves: `context_window` at least
+    when a medium is sent by reference) (module doc). Types are compared exactly
+    (`providers.types.MEDIA_PARTS` says why): `isinstance` was a third of this function's cost,
+    once per content part."""
     extra = _options_bound(request.provider_options) if request.provider_options else 0
     if type(request) is not CompletionRequest:
         assert isinstance(request, TextCompletionRequest)  # a match: `isinstance`'s fast path
-        return len(request.prompt.encode()) + MESSAGE_ALLOWANCE + extra
+        size = len(request.prompt.encode()) + MESSAGE_ALLOWANCE + extra
+        return size, size
     size = len(_encode(request.messages)) + MESSAGE_ALLOWANCE * (len(request.messages) + 1) + extra
     if request.system:
         size += len(request.system.encode())
@@ -69,11 +88,15 @@ def input_bound(request: AnyRequest) -> int:
         size += len(_encode(request.tools)) + TOOL_ALLOWANCE * len(request.tools)
     if request.schema is not None:
         size += len(_encode(request.schema))
+    by_reference = False
     for message in request.messages:  # a loop, not a generator: this runs per request
         for part in message.content:
             if type(part) in MEDIA_PARTS:
                 size += MEDIA_ALLOWANCE
-    return size
+                assert isinstance(part, ImagePart | AudioPart | DocumentPart)
+                url = part.data.url
+                by_reference = by_reference or (url is not None and not url.startswith("data:"))
+    return size, max(size, context_window) if by_reference else size
 
 
 def _options_bound(options: dict[str, dict[str, Any]]) -> int:
