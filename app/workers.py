@@ -9,11 +9,13 @@ each restart a `worker_restarted` line, until the load fell. So a worker that ha
 once is given `START_GRACE_S` to do so, as long as its process is alive; it is pinged once and its
 answer looked for at each round without waiting. Once it has answered, or when its grace is over, it
 is checked as uvicorn checks it: a hung worker is still killed and replaced, and one that exits while
-starting still stops the service (uvicorn's "Child process failed to start").
+starting still stops the service (uvicorn's "Child process failed to start"). uvicorn's rolling
+restart on SIGHUP is its own: each new worker must be ready within its 5 s, or the old ones stay.
 """
 
 from __future__ import annotations
 
+import pickle
 import socket
 import time
 
@@ -58,7 +60,10 @@ class Workers(Multiprocess):
             after, self.processes = self.processes, list(every)
             for index, process in zip(checked, after, strict=True):
                 self.processes[index] = process
-        self._checked &= set(self.processes)
+        live = set(self.processes)  # ones SIGTTOU or SIGHUP removed meanwhile are forgotten
+        self._checked &= live
+        self._pinged &= live
+        self._starting = {process: since for process, since in self._starting.items() if process in live}
         for old, new in zip(every, self.processes, strict=True):
             if old is not new:
                 get_logger("switchyard").warning(
@@ -89,6 +94,6 @@ class Workers(Multiprocess):
             if not process.parent_conn.poll(0):
                 return False
             process.parent_conn.recv()
-        except (OSError, EOFError):
+        except (OSError, EOFError, pickle.UnpicklingError):  # as uvicorn's own check
             return False
         return True

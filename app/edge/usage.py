@@ -50,6 +50,7 @@ from catalog.usage_report import usage_report
 
 _encoder = msgspec.json.Encoder()
 MAX_REPORT_ROWS = 50_000  # the most rows of a report served here (module doc)
+PAGE_TOO_LARGE = "narrow the period (from, to) or the filters"
 _PACK_FROM = 1400  # bytes: a smaller answer fits one packet as it is
 _JS_CACHE = "public, max-age=31536000, immutable"
 
@@ -128,8 +129,8 @@ async def spend_page(request: Request[Any, Any, Any], state: State) -> Response[
             name: await usage_report(engine, msgspec.structs.replace(base, group_by=groups), max_rows=MAX_REPORT_ROWS)
             for name, groups in (("daily", ("day", "model")), ("keys", ("key",)), ("models", ("model",)))
         }
-    except QueryError as exc:
-        page = render_page(params, None, error=exc.message)
+    except QueryError:  # the page has no `group_by` to name: what to change instead
+        page = render_page(params, None, error=f"more than {MAX_REPORT_ROWS} rows: {PAGE_TOO_LARGE}")
         return Response(page, status_code=400, media_type="text/html", headers=PAGE_HEADERS)
     except Exception as exc:
         if not database_unreachable(exc):
