@@ -40,6 +40,7 @@ it stands); every other response to the key reads the window without admitting a
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -84,6 +85,7 @@ from providers.types import AnyRequest
 
 DAY_S = 86_400
 SPEND_READ_S = 30.0
+SAY_EVERY_S = 10.0  # `limits_unavailable` at most this often: a Redis answering now and then said it 58 times in 10 s
 """How long an admission waits for the ledger's spend of a key with a budget (read once a period,
 and again when Redis lost its record): a database that stops answering without closing its
 connection would otherwise hold the request for good. TimeoutError is a database out of reach:
@@ -147,6 +149,7 @@ class AccessGate:
         self._local = LocalLimiter(share=processes)
         self._outage = False
         self._refusing = False  # fail closed: said once per outage (`limits_unavailable`)
+        self._said_at = -SAY_EVERY_S  # when `limits_unavailable` was last said (a flapping Redis)
         timeouts = [p.timeouts.total for p in settings.providers.values()] or [600.0]
         self._hold_ms = int((settings.routing.request_deadline_s + max(timeouts)) * 1000)
         self._gpu_bounds = {  # the worst a request can cost on each provider priced by GPU time
@@ -299,7 +302,9 @@ class AccessGate:
             if not self._fail_open:
                 if not self._refusing:  # the cause in the log (a refused AUTH says nothing anywhere else)
                     self._refusing = True
-                    self._log.error("limits_unavailable", reason=str(exc), detail="keys with limits get 503")
+                    if (moment := time.monotonic()) - self._said_at >= SAY_EVERY_S:  # once a spell of flapping
+                        self._said_at = moment
+                        self._log.error("limits_unavailable", reason=str(exc), detail="keys with limits get 503")
                 raise LimitsUnavailable("limits cannot be checked") from None
             self._note_outage(exc)
             limiter = self._local

@@ -215,3 +215,33 @@ async def test_readyz_says_unavailable_while_redis_answers_but_refuses_writes(
     await admin.aclose()
     assert (await gw.client.get("/readyz")).json()["limits"] == "ok"
     assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=bearer(limited))).status_code == 200
+
+
+async def test_a_flapping_redis_says_limits_unavailable_once_a_spell(
+    start_gateway: StartGateway,
+    up: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    private_redis: PrivateRedis,
+    logs: Logs,
+) -> None:
+    """A Redis answering now and then (paused, sleeping, a flaky link: the operator audit) said
+    `limits_unavailable` at each refusal after an admission that passed: 58 lines in 10 s. Once
+    in `SAY_EVERY_S` now; every such request is still a 503."""
+    up.set_default(answer("ok"))
+    with TcpProxy(private_redis.port) as proxy:
+        redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "t"}
+        gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis)
+        made = await gw.client.post("/api/v1/keys", json={"name": "c", "max_concurrency": 4}, headers=bearer(ADMIN))
+        key = bearer(made.json()["secret"])  # max_concurrency: every admission asks Redis (no lease)
+
+        async def status() -> int:
+            return (await gw.client.post(COMPLETIONS, json=body("chat"), headers=key)).status_code
+
+        for _ in range(3):
+            assert await status() == 200
+            proxy.cut()
+            assert await status() == 503
+            proxy.restore()
+            await wait_until(lambda: _is(status(), 200), within=5.0, what="Redis answering again")
+    assert [line["event"] for line in logs.lines("limits_unavailable", gw)] == ["limits_unavailable"]
+    await gw.close()
