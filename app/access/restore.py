@@ -44,7 +44,12 @@ from app.access.lane import Lane
 from app.access.limiter import LimiterDown
 from app.access.redis_scripts import GENERATION
 from app.access.resp import Handler, RespClient, RespError, Script, bulk, encode
+from app.logging import get_logger
 
+LOST = (
+    "Redis lost the limiter's data (a restart without persistence, a flush, a failover): budgets are"
+    " restored from each process's reservations and the ledger; rpm and tpm windows start again"
+)
 RESTORE_WAIT_S = 1.0  # how old a new generation gets before a process that saw it change loads from the ledger
 RECONNECT_S = 0.25  # how often a process holding reservations reads the generation (reconnecting if need be)
 
@@ -91,6 +96,8 @@ class Restorer:
         known, self.generation = self.generation, generation
         if known != generation:
             self.reload_at = max(self.reload_at, self._loop.time() + RESTORE_WAIT_S - (now - made) / 1000)
+            if known is not None:  # nothing said it before (the operator audit): windows started again silently
+                get_logger("switchyard").warning("redis_data_lost", prefix=self.limiter.prefix, detail=LOST)
         if known is None or (known == generation and not self.unanswered):
             return []
         self.unanswered = False

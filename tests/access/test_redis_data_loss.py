@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+import structlog
 from redis import Redis
 
 from app.access.limiter import Ask, Verdict
@@ -222,3 +223,20 @@ async def test_a_settlement_written_before_a_restore_on_the_same_connection_is_n
     await a.restorer.restore(a.lane(_ask("a1")))
     await a.drain()
     assert await b.spend("k1", "total") == (0, COST)  # a1's reservation only
+
+
+async def test_a_loss_is_said_in_the_log_once_by_each_process_that_sees_it(
+    two: tuple[RedisLimiter, RedisLimiter],
+) -> None:
+    """A Redis that lost its data restarted every key's rpm and tpm windows with nothing in the
+    log (the operator audit): each process that knew the data says `redis_data_lost` once per loss."""
+    a, b = two
+    assert (await _admit(a, "a0")).refused is None
+    assert (await _admit(b, "b0")).refused is None
+    with structlog.testing.capture_logs() as captured:
+        await b.redis.call("FLUSHALL")
+        for limiter in (a, b, a):  # A twice: one loss, said once
+            await limiter.restorer.check()
+    assert [(line["event"], line["prefix"], line["log_level"]) for line in captured] == [
+        ("redis_data_lost", a.prefix, "warning")
+    ] * 2
