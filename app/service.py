@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.access.gate import AccessGate
 from app.access.keyring import KeyRing
 from app.access.resp import RespError
-from app.catalog_watch import CatalogWatch
+from app.catalog_watch import EMPTY, CatalogWatch
 from app.exposition import GatewayCollector
 from app.logging import LineWriter, get_logger
 from app.metrics import SUMMED_GAUGES, Metrics
@@ -48,6 +48,7 @@ from catalog.files import load_catalog
 from catalog.journal import Journal
 from catalog.ledger import LedgerWriter
 from catalog.migrate import schema_ready
+from catalog.outages import statement_timed_out
 from catalog.records import LedgerRecord
 from catalog.saved_snapshot import read_saved_snapshot, save_snapshot
 from catalog.snapshot import CatalogSnapshot, load_snapshot
@@ -58,7 +59,7 @@ _GC_YOUNG_THRESHOLD = 20_000
 LEDGER_CLOSE_S = 5.0  # at shutdown the ledger writes what it can this long; the rest stays in the journal
 ENGINE_DISPOSE_S = 2.0  # closing pooled connections to a database that is gone must not hang the exit
 READY_CHECK_S = 2.0  # a database slower than this to answer `SELECT 1` is not ready
-READY_REDIS_S = 0.5  # a limiter's Redis slower than this to answer `PING` is `unavailable` in /readyz
+READY_REDIS_S = 0.5  # a limiter's Redis slower than this to take a write is `unavailable` in /readyz
 REMOTE_METRICS_S = 1.0  # a scrape waits this long for the other workers' numbers, then takes the last read
 
 
@@ -240,7 +241,8 @@ class Service:
 
     async def _load_snapshot(self, engine: AsyncEngine) -> CatalogSnapshot:
         """The catalog from SQL, saved beside the journal; the saved copy when the database
-        cannot be reached (and none when there is no copy: the error stands)."""
+        cannot be reached (and none when there is no copy: the error stands), or when its catalog
+        is empty and the copy's is not (`app.catalog_watch`: a database made again, not synced)."""
         directory = self.settings.journal_dir
         try:
             snapshot = await load_snapshot(engine)
@@ -252,6 +254,9 @@ class Service:
                 message = f"the database is unreachable and no catalog snapshot was saved in {directory}"
                 raise RuntimeError(message) from exc
             self.log.warning("catalog_from_saved_snapshot", error=type(exc).__name__, directory=str(directory))
+            return saved
+        if not snapshot.models and (saved := read_saved_snapshot(directory)) is not None and saved.models:
+            self.log.warning("catalog_reload_refused", models=0, detail=EMPTY)  # a worker's start: as the watch
             return saved
         try:
             save_snapshot(snapshot, directory)
@@ -318,7 +323,12 @@ class Service:
             return None
         try:
             async with asyncio.timeout(READY_REDIS_S):
-                await shared.redis.call("SET", f"{shared.prefix}:ready", "1", "PX", "60000")
+                try:
+                    await shared.redis.call("SET", f"{shared.prefix}:ready", "1", "PX", "60000")
+                except RespError as exc:  # an ACL that keeps the user to the limiter's own keys: it answers
+                    if not str(exc).startswith("NOPERM"):
+                        raise
+                    await shared.redis.call("PING")
         except (RespError, TimeoutError):
             return "local" if self.settings.auth.fail_open else "unavailable"
         return "ok"
@@ -357,7 +367,7 @@ async def prepare_database(settings: Settings, engine: AsyncEngine) -> bool:
         if catalog is not None:
             await sync_catalog(engine, catalog)
     except Exception as exc:
-        if not database_unreachable(exc):
+        if not database_unreachable(exc) or statement_timed_out(exc):  # one that cancels a migration answers
             raise
         get_logger("switchyard").warning(
             "database_unreachable", error=type(exc).__name__, skipped="migrations and catalog sync"

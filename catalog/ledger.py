@@ -51,7 +51,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from catalog.journal import Journal
 from catalog.ledger_store import store_for
 from catalog.loose_rows import LooseRows
-from catalog.outages import LedgerUnavailable, is_outage
+from catalog.outages import LedgerUnavailable, is_outage, statement_timed_out
 from catalog.records import RECORD_JSON, LedgerRecord
 
 _MAX_BACKOFF = 5.0
@@ -347,7 +347,8 @@ class LedgerWriter:
             try:
                 await self._store.write(batch, lines)
             except Exception as exc:
-                if not is_outage(exc):
+                # a batch past the server's statement_timeout (one row is not: it waits out a lock)
+                if not is_outage(exc) or (len(batch) > 1 and statement_timed_out(exc)):
                     await self._isolate(batch, lines, exc)
                     return
                 if loose and self._journal_loose(in_hand=True) and not batch:  # every one journaled

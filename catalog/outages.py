@@ -50,13 +50,21 @@ def is_outage(exc: Exception) -> bool:
     return isinstance(exc, PoolTimeout | DisconnectionError | OSError)
 
 
+def statement_timed_out(exc: BaseException) -> bool:
+    """PostgreSQL cancelled the statement (57014: `statement_timeout`, or a cancel): an outage for
+    one row (it waits behind a lock), but a batch that always runs longer than the server lets a
+    statement run never gets through, so the writer writes its rows one by one, as for a bad row."""
+    return getattr(exc.__cause__, "sqlstate", None) == "57014" or getattr(exc, "sqlstate", None) == "57014"
+
+
 def postgres_outages() -> tuple[type[BaseException], ...]:
     """asyncpg's errors that SQLAlchemy's asyncpg dialect makes `InterfaceError`,
     `ProgrammingError` or `InternalError` (the writer's outages), the network's, and the server's
     states that pass: a read-only server (a failed-over standby, `default_transaction_read_only`),
     a statement cancelled (`statement_timeout` behind a lock, an administrator), a lock or
     serialization conflict, connections or disk exhausted, a shutdown or a start. Set aside as the
-    rows' fault, an outage's rows were lost for good (only classes 22 and 23 are the rows' own)."""
+    rows' fault, an outage's rows were lost for good (a value or constraint the database refuses,
+    classes 22 and 23, is still the rows' own)."""
     import asyncpg  # only where PostgreSQL is the database
 
     return (

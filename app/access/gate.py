@@ -85,11 +85,11 @@ from providers.types import AnyRequest
 
 DAY_S = 86_400
 SPEND_READ_S = 30.0
-SAY_EVERY_S = 10.0  # `limits_unavailable` at most this often: a Redis answering now and then said it 58 times in 10 s
 """How long an admission waits for the ledger's spend of a key with a budget (read once a period,
 and again when Redis lost its record): a database that stops answering without closing its
 connection would otherwise hold the request for good. TimeoutError is a database out of reach:
 503 `unavailable` (`app.errors`), as a refused connection is."""
+SAY_EVERY_S = 10.0  # `limits_unavailable` at most this often: a Redis answering now and then said it 58 times in 10 s
 _DAWN = datetime.min.replace(tzinfo=UTC)  # a span's start or end that has none
 _FOREVER = datetime.max.replace(tzinfo=UTC)
 
@@ -300,11 +300,12 @@ class AccessGate:
             self._outage = self._refusing = False
         except LimiterDown as exc:
             if not self._fail_open:
-                if not self._refusing:  # the cause in the log (a refused AUTH says nothing anywhere else)
-                    self._refusing = True
-                    if (moment := time.monotonic()) - self._said_at >= SAY_EVERY_S:  # once a spell of flapping
-                        self._said_at = moment
-                        self._log.error("limits_unavailable", reason=str(exc), detail="keys with limits get 503")
+                # the cause in the log (a refused AUTH says nothing anywhere else), once a spell of
+                # flapping; a spell not said yet (it began within `SAY_EVERY_S` of the last line) is
+                # said at its first refusal past it, not marked said and never logged
+                if not self._refusing and (moment := time.monotonic()) - self._said_at >= SAY_EVERY_S:
+                    self._refusing, self._said_at = True, moment
+                    self._log.error("limits_unavailable", reason=str(exc), detail="keys with limits get 503")
                 raise LimitsUnavailable("limits cannot be checked") from None
             self._note_outage(exc)
             limiter = self._local

@@ -51,10 +51,7 @@ from catalog.snapshot import CatalogSnapshot, ModelEntry, PriceRow
 from providers.types import (
     MEDIA_PARTS,
     AnyRequest,
-    AudioPart,
     CompletionRequest,
-    DocumentPart,
-    ImagePart,
     TextCompletionRequest,
 )
 
@@ -93,9 +90,9 @@ def input_bounds(request: AnyRequest, context_window: int) -> tuple[int, int]:
         for part in message.content:
             if type(part) in MEDIA_PARTS:
                 size += MEDIA_ALLOWANCE
-                assert isinstance(part, ImagePart | AudioPart | DocumentPart)
-                url = part.data.url
-                by_reference = by_reference or (url is not None and not url.startswith("data:"))
+                if not by_reference:  # the first medium by reference decides
+                    url = part.data.url  # type: ignore[union-attr]  # a medium's (`type` compared: above)
+                    by_reference = url is not None and url[:5].lower() != "data:"  # `DATA:` is inline too
     return size, max(size, context_window) if by_reference else size
 
 

@@ -245,3 +245,56 @@ async def test_a_flapping_redis_says_limits_unavailable_once_a_spell(
             await wait_until(lambda: _is(status(), 200), within=5.0, what="Redis answering again")
     assert [line["event"] for line in logs.lines("limits_unavailable", gw)] == ["limits_unavailable"]
     await gw.close()
+
+
+async def test_an_outage_that_starts_soon_after_a_blip_is_still_said(
+    start_gateway: StartGateway,
+    up: ReplayUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    private_redis: PrivateRedis,
+    logs: Logs,
+) -> None:
+    """A blip (said), Redis back, then down for good within `SAY_EVERY_S`: the refusal that began
+    the long outage was not said, yet it marked the outage as said, so nothing was ever logged
+    for it however long it lasted (the only line in the log was the blip's)."""
+    monkeypatch.setattr("app.access.gate.SAY_EVERY_S", 1.0)
+    up.set_default(answer("ok"))
+    with TcpProxy(private_redis.port) as proxy:
+        redis = {"url": f"redis://127.0.0.1:{proxy.port}/0", "key_prefix": "t"}
+        gw = await keyed_gateway(start_gateway, up, monkeypatch, redis=redis)
+        made = await gw.client.post("/api/v1/keys", json={"name": "c", "max_concurrency": 4}, headers=bearer(ADMIN))
+        key = bearer(made.json()["secret"])
+
+        async def status() -> int:
+            return (await gw.client.post(COMPLETIONS, json=body("chat"), headers=key)).status_code
+
+        assert await status() == 200
+        proxy.cut()
+        assert await status() == 503  # the blip: said
+        proxy.restore()
+        await wait_until(lambda: _is(status(), 200), within=5.0, what="Redis answering again")
+        proxy.cut()  # down for good, within the window of the blip's line
+        assert await status() == 503
+        await asyncio.sleep(1.2)
+        assert await status() == 503
+        assert len(logs.lines("limits_unavailable", gw)) == 2
+    await gw.close()
+
+
+async def test_readyz_says_ok_for_a_redis_user_kept_to_the_limiters_keys(
+    start_gateway: StartGateway, up: ReplayUpstream, monkeypatch: pytest.MonkeyPatch, private_redis: PrivateRedis
+) -> None:
+    """An ACL that keeps the gateway's user to its own keys (`{prefix}:lim:*`, `{prefix}:gen`, the
+    events channel: the README's least privilege) refuses the probe's `{prefix}:ready` with
+    NOPERM: /readyz said `limits: unavailable` while every limited key was admitted."""
+    admin = Redis.from_url(private_redis.url)
+    await admin.execute_command("ACL", "SETUSER", "gw", "on", ">pw", "~t:lim:*", "~t:gen", "&*", "+@all")
+    await admin.aclose()
+    up.set_default(answer("ok"))
+    url = f"redis://gw:pw@127.0.0.1:{private_redis.port}/0"
+    gw = await keyed_gateway(start_gateway, up, monkeypatch, redis={"url": url, "key_prefix": "t"})
+    made = await gw.client.post("/api/v1/keys", json={"name": "l", "rpm": 100}, headers=bearer(ADMIN))
+    limited = bearer(made.json()["secret"])
+    assert (await gw.client.post(COMPLETIONS, json=body("chat"), headers=limited)).status_code == 200
+    assert (await gw.client.get("/readyz")).json()["limits"] == "ok"
+    await gw.close()

@@ -18,6 +18,7 @@ from app.access.worstcase import (
     TOOL_ALLOWANCE,
     WorstRates,
     input_bound,
+    input_bounds,
     scaled,
     to_nano,
     worst_cost_nano,
@@ -108,6 +109,20 @@ def test_the_input_bound_counts_every_byte_sent_and_an_allowance_per_message_too
     sent = b'[{"role":"user","content":[{"kind":"text","data":"hi"}]}]'
     assert input_bound(plain) == len(sent) + 2 * MESSAGE_ALLOWANCE
     assert input_bound(TextCompletionRequest(prompt="na\u00efve")) == 6 + MESSAGE_ALLOWANCE
+
+
+@pytest.mark.parametrize("scheme", ["data", "DATA", "Data"])
+def test_a_data_url_in_any_case_is_inline_and_reserves_no_context_window(scheme: str) -> None:
+    """A URL's scheme is case-insensitive (RFC 3986; vLLM and httpx read `DATA:` as `data:`): the
+    medium is inline, its bytes counted. `DATA:` was taken for a reference and reserved the model's
+    whole context window (131,072 tokens for a few bytes of image)."""
+    inline = ImagePart(data=ImageData(url=f"{scheme}:image/png;base64,iVBORw0KGgo="))
+    request = CompletionRequest(messages=[Message(role="user", content=[inline])])
+    size = input_bound(request)
+    assert input_bounds(request, 131072) == (size, size)
+    fetched = ImagePart(data=ImageData(url="https://example.test/cat.png"))
+    request = CompletionRequest(messages=[Message(role="user", content=[fetched])])
+    assert input_bounds(request, 131072) == (input_bound(request), 131072)
 
 
 def _snapshot(*prices: tuple[str, str, str, str]) -> tuple[CatalogSnapshot, ModelEntry]:

@@ -14,13 +14,15 @@ from pathlib import Path
 import asyncpg
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 import app.service
 import catalog.database
-from app.service import Service
+from app.service import Service, prepare_database
 from app.settings import settings_from_mapping
 from catalog.database import database_unreachable, open_engine
-from tests.catalog.conftest import PG_ADMIN_DSN
+from catalog.migrate import upgrade_async
+from tests.catalog.conftest import PG_ADMIN_DSN, PgDatabases
 
 
 @pytest.fixture
@@ -108,3 +110,29 @@ async def test_readiness_is_not_failed_by_a_pooled_connection_the_server_ended(
         await admin.close()
     assert await service.database_ready() is True
     await service.engine.dispose()
+
+
+async def test_a_migration_cancelled_by_statement_timeout_fails_the_start(
+    tmp_path: Path, pg_databases: PgDatabases
+) -> None:
+    """The database answers, but cancels the migration's statement (57014: `statement_timeout`,
+    here behind a lock; a long table rewrite the same): taken for "unreachable", the start skipped
+    migrations and catalog sync with a warning and served on the old schema, its ledger rows
+    failing as an outage for good. The start fails with the database's error, as before."""
+    url = await pg_databases.create()
+    await upgrade_async(url)
+    name = url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(PG_ADMIN_DSN.rsplit("/", 1)[0] + f"/{name}")
+    try:
+        await admin.execute(f"ALTER DATABASE \"{name}\" SET statement_timeout = '200ms'")
+        await admin.execute("BEGIN; LOCK TABLE alembic_version IN ACCESS EXCLUSIVE MODE")
+        mapping = {"database": {"url": url, "auto_migrate": True}, "catalog": {"sync_on_start": False}}
+        settings = settings_from_mapping(mapping, base_dir=tmp_path, source="test")
+        engine = open_engine(url)
+        with pytest.raises(DBAPIError) as failed:
+            await prepare_database(settings, engine)
+        assert failed.value.orig.sqlstate == "57014"  # type: ignore[union-attr]
+        await engine.dispose()
+        await admin.execute("ROLLBACK")
+    finally:
+        await admin.close()

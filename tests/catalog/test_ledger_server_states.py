@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
 from catalog.database import open_engine
+from catalog.journal import Journal
 from catalog.ledger import LedgerWriter
 from catalog.migrate import upgrade_async
 from catalog.records import LedgerRecord
@@ -100,4 +102,34 @@ async def test_rows_wait_out_a_server_state_and_are_all_written_after_it(databas
     assert writer.rejected == []
     assert await written(database) == [f"state-{n:04d}" for n in range(6)]
     await writer.close()
+    await engine.dispose()
+
+
+@pytest.mark.parametrize("journaled", [True, False])
+async def test_a_batch_longer_than_the_statement_timeout_is_written_row_by_row(
+    database: str, journaled: bool, tmp_path: Path
+) -> None:
+    """A `statement_timeout` cancels a batch that runs longer than it (a busy server, a slow
+    trigger), every time: taken for an outage, the same batch was retried for good and the ledger
+    stayed `behind` with no row written (the rows one by one were written before 57014 was an
+    outage). One row still waits out a lock (`test_rows_wait_out_a_server_state...`)."""
+    await admin(
+        "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$; "
+        "CREATE TRIGGER slow_row BEFORE INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION slow_row()",
+        database,
+    )
+    await admin(f"ALTER DATABASE \"{database}\" SET statement_timeout = '200ms'")  # a batch of 60: 600 ms
+    engine = open_engine(f"postgresql+asyncpg://postgres@127.0.0.1:5432/{database}")
+    journal = Journal(tmp_path / "journal") if journaled else None
+    if journal is not None:
+        journal.open()
+    writer = LedgerWriter(engine, journal=journal, flush_interval=0.01)
+    writer.start()
+    for n in range(60):
+        writer.submit(record(n))
+    await asyncio.wait_for(writer.flush(), timeout=15)
+    assert (writer.state, writer.rejected) == ("ok", [])
+    assert await written(database) == [f"state-{n:04d}" for n in range(60)]
+    await writer.close()  # closes the journal too
     await engine.dispose()

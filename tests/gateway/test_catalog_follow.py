@@ -17,7 +17,11 @@ from sqlalchemy.engine import make_url
 
 import app.catalog_watch
 from app.routing.router import Router
-from catalog.migrate import upgrade_async
+from app.service import Service, prepare_database
+from app.settings import Settings, settings_from_mapping
+from catalog.database import open_engine
+from catalog.migrate import schema_ready, upgrade_async
+from catalog.saved_snapshot import read_saved_snapshot
 from catalog.sync import CHANGE_LEAD
 from tests.catalog.conftest import PG_ADMIN_DSN, PgDatabases
 from tests.gateway.conftest import CATALOG, CHAT_1, primary_cost, providers_for
@@ -172,3 +176,36 @@ async def test_an_empty_catalog_is_not_taken_in_place_of_the_one_in_use(
         await wait_until(lambda: vision_on_secondary(gw.service.router), within=5.0)
     finally:
         await databases.drop_all()
+
+
+async def test_a_process_started_on_an_emptied_catalog_keeps_the_saved_one(
+    primary: ReplayUpstream, secondary: ReplayUpstream, tmp_path: Path
+) -> None:
+    """The database made again and not synced (the watch's case above), then a process starts
+    without preparing the database (a worker of `serve --workers` replaced after a crash, or
+    SIGHUP's rolling restart): it took the empty catalog, answered every request 400 `unknown
+    model`, and saved it over the copy, which a later start without the database then used."""
+    (tmp_path / "catalog").mkdir()
+    (tmp_path / "catalog" / "test.toml").write_text(CATALOG)
+
+    def settings(name: str) -> Settings:
+        raw = {
+            "database": {"url": f"sqlite+aiosqlite:///{tmp_path / name}"},
+            "catalog": {"files": ["catalog/*.toml"]},
+            "providers": providers_for(primary, secondary),
+        }
+        return settings_from_mapping(raw, base_dir=tmp_path, source="test")
+
+    synced, emptied = settings("synced.db"), settings("emptied.db")
+    for config, prepare in ((synced, True), (emptied, False)):
+        service, engine = Service(config, prepare=prepare), open_engine(config.database.url)
+        if prepare:
+            assert await prepare_database(config, engine) is True
+        else:
+            await schema_ready(config.database.url, migrate=True)  # `db upgrade`: no catalog
+        snapshot = await service._load_snapshot(engine)
+        await engine.dispose()
+        assert "chat-1" in {entry.id for entry in snapshot.models}
+    saved = read_saved_snapshot(synced.journal_dir)
+    assert saved is not None
+    assert "chat-1" in {entry.id for entry in saved.models}
