@@ -48,12 +48,7 @@ import msgspec
 from app.errors import InvalidRequest, PermissionDenied
 from catalog.keys import BudgetPeriod
 from catalog.snapshot import CatalogSnapshot, ModelEntry, PriceRow
-from providers.types import (
-    MEDIA_PARTS,
-    AnyRequest,
-    CompletionRequest,
-    TextCompletionRequest,
-)
+from providers.types import MEDIA_PARTS, AnyRequest, CompletionRequest, TextCompletionRequest
 
 MESSAGE_ALLOWANCE = 16
 TOOL_ALLOWANCE = 16
@@ -61,11 +56,6 @@ MEDIA_ALLOWANCE = 8192
 NANO = Decimal(1_000_000_000)
 _encode = msgspec.json.encode
 NO_PRICE = "this model has no price, so a budget cannot be enforced"
-
-
-def input_bound(request: AnyRequest) -> int:
-    """At least as many tokens as the upstream can count in the prompt's bytes (module doc)."""
-    return input_bounds(request, 0)[0]
 
 
 def input_bounds(request: AnyRequest, context_window: int) -> tuple[int, int]:

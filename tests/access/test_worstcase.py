@@ -17,7 +17,6 @@ from app.access.worstcase import (
     MESSAGE_ALLOWANCE,
     TOOL_ALLOWANCE,
     WorstRates,
-    input_bound,
     input_bounds,
     scaled,
     to_nano,
@@ -31,6 +30,7 @@ from catalog.database import open_engine
 from catalog.keys import KeyRecord
 from catalog.snapshot import CatalogSnapshot, ModelEntry, PriceRow
 from providers.types import (
+    AnyRequest,
     AudioPart,
     CompletionRequest,
     DocumentPart,
@@ -42,6 +42,11 @@ from providers.types import (
     TextPart,
     ToolDefinition,
 )
+
+
+def input_bound(request: AnyRequest) -> int:
+    """The input estimate alone (what `tpm` reserves): `input_bounds` without a context window."""
+    return input_bounds(request, 0)[0]
 
 
 @pytest.mark.parametrize(
