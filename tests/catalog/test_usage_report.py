@@ -16,7 +16,7 @@ from typing import Any, get_args
 
 import msgspec
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.context import Ingress
@@ -178,13 +178,24 @@ async def test_max_rows_is_counted_by_the_database(
 ) -> None:
     """`max_rows` (the HTTP report's bound): a report of exactly that many rows is the unbounded
     one; one more row is a QueryError naming `group_by` (PostgreSQL orders before its `LIMIT`,
-    SQLite after: either way only the count is used)."""
+    SQLite after: either way only the count is used). The database stops at `max_rows + 1` groups
+    (its statement says `LIMIT`): reading them all first is the memory the bound is for."""
     query = parse_query({**EDGES, "group_by": group_by}, NOW)
     whole = await usage_report(engine, query)
     assert len(whole.rows) > 2
     assert await usage_report(engine, query, max_rows=len(whole.rows)) == whole
-    with pytest.raises(QueryError) as caught:
-        await usage_report(engine, query, max_rows=len(whole.rows) - 1)
+    sent: list[str] = []
+
+    def statement(_connection: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        sent.append(sql)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", statement)
+    try:
+        with pytest.raises(QueryError) as caught:
+            await usage_report(engine, query, max_rows=len(whole.rows) - 1)
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", statement)
+    assert sum(statement.endswith(f" LIMIT {len(whole.rows)}") for statement in sent) == 1
     assert (caught.value.param, caught.value.message) == (
         "group_by",
         f"group_by: the report has more than {len(whole.rows) - 1} rows: narrow the period, the filters or the groups",
